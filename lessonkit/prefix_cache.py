@@ -1,0 +1,701 @@
+"""A persistent prefix-KV cache: resume a long prompt from disk, never from a wrong state.
+
+A snapshot is the KV state of the first n tokens of a prompt, stored as one safetensors file
+(tensors "k", "v" [n_layers, n, n_kv_heads, head_dim] and "token_ids" int64 [n]) whose metadata
+holds a JSON header (format version, provenance fingerprint, token ids hash, n tokens, dtype, the
+chained block hashes, a SHA-256 of the payload). Layout of a cache directory DIR:
+
+    DIR/.lock                          fcntl.flock: one writer of the index at a time
+    DIR/index.json                     an acceleration only: rebuilt from the files when stale
+    DIR/kv/<fingerprint[:32]>/<token ids sha256[:40]>.safetensors
+
+Provenance: the fingerprint is a SHA-256 over the weight file hashes, the tokenizer, the model
+config, dtype, quantisation and the cache format version. Colibri's .coli_kv checks dimensions
+and vocabulary only, so a cache written by other weights of the same shape is served silently.
+
+Longest-prefix match uses chained block hashes in vLLM's style: h_i = H(h_{i-1}, tokens of block i),
+with h_0 derived from the fingerprint, so a prompt that shares only part of a saved prefix resumes
+from the deepest shared block (or the exact end of a saved prompt), and prefills the rest.
+
+Crash safety: a snapshot is written to a temporary file in the same directory, fsynced, renamed
+over its final name (os.replace) and the directory fsynced; a reader sees a whole file or none.
+A corrupt, truncated or foreign file is reported in one warning naming it, removed and recomputed.
+Stats follow vLLM: prefix_cache_queries and prefix_cache_hits are counted in tokens.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import math
+import os
+import struct
+import sys
+import time
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import torch
+
+from .errors import LessonkitError
+
+FORMAT = "lessonkit-prefix-kv"
+FORMAT_VERSION = 1
+META_KEY = "lessonkit_prefix_kv"
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_BUDGET_BYTES = 2 * 1024**3
+HASH_HEX = 32                      # 128-bit block and name hashes (hex chars)
+_CHUNK = 1 << 20                   # write in 1 MiB chunks
+_TMP_PREFIX = ".tmp-"
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
+           "I32": torch.int32, "U8": torch.uint8, "F64": torch.float64}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+class PrefixCacheWarning(UserWarning):
+    """A snapshot was found unusable (corrupt, truncated, foreign) and ignored."""
+
+
+class _BadSnapshot(Exception):
+    """Internal: why a file cannot be used."""
+
+
+# ---- provenance ---------------------------------------------------------------------------------
+def _canonical(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def file_sha256(path, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                return h.hexdigest()
+            h.update(b)
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def fingerprint(weight_files, tokenizer_json, config_dict: Mapping, dtype, quant=None) -> str:
+    """SHA-256 (hex) that keys the prefix cache: what must be equal for a KV state to be reusable.
+
+    weight_files: paths to the weight files (each file's contents is hashed, keyed by its base
+    name), or a mapping {file name: sha256 hex} (e.g. from a manifest). tokenizer_json: the text of
+    tokenizer.json (str or bytes) or a pathlib.Path to it; it is canonicalised (key order and
+    whitespace do not matter, any vocabulary/merge/normaliser change does). config_dict: the model
+    config. dtype: the compute dtype (torch.dtype or name). quant: quantisation scheme (None, str or
+    dict). The cache format version is included so a format change invalidates old snapshots.
+    """
+    if isinstance(weight_files, Mapping):
+        weights = sorted((str(k), str(v)) for k, v in weight_files.items())
+    else:
+        weights = sorted((Path(p).name, file_sha256(p)) for p in weight_files)
+    if not weights:
+        raise LessonkitError("fingerprint needs at least one weight file")
+    if isinstance(tokenizer_json, os.PathLike):
+        tokenizer_json = Path(tokenizer_json).read_text(encoding="utf-8")
+    if isinstance(tokenizer_json, bytes):
+        tokenizer_json = tokenizer_json.decode("utf-8")
+    if tokenizer_json is None:
+        tok = None
+    else:
+        try:
+            tok = _canonical(json.loads(tokenizer_json))
+        except json.JSONDecodeError as e:
+            raise LessonkitError(f"tokenizer_json is not valid JSON: {e}") from None
+    record = {
+        "cache_format": FORMAT, "cache_format_version": FORMAT_VERSION,
+        "weights": weights,
+        "tokenizer_sha256": None if tok is None else hashlib.sha256(tok.encode("utf-8")).hexdigest(),
+        "config": json.loads(_canonical(dict(config_dict))),
+        "dtype": _dtype_name(dtype),
+        "quant": quant,
+    }
+    return hashlib.sha256(_canonical(record).encode("utf-8")).hexdigest()
+
+
+def _cache_key(engine_fingerprint: str) -> str:
+    """The engine's fingerprint combined with this cache's format version."""
+    return hashlib.sha256(f"{FORMAT} v{FORMAT_VERSION}\0{engine_fingerprint}".encode()).hexdigest()
+
+
+# ---- chained block hashes -------------------------------------------------------------------------
+def _tokens_bytes(token_ids: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(token_ids)}q", *token_ids)
+
+
+def token_ids_sha256(token_ids: Sequence[int]) -> str:
+    return hashlib.sha256(_tokens_bytes(token_ids)).hexdigest()
+
+
+def root_hash(key: str) -> str:
+    """h_0: the parent of the first block; derived from the fingerprint so models never share blocks."""
+    return hashlib.sha256(f"prefix-root\0{key}".encode()).hexdigest()[:HASH_HEX]
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE, root: str = "") -> list[str]:
+    """Chained hashes of the full blocks: h_i = sha256(h_{i-1} | tokens of block i) (vLLM style).
+
+    Equal h_i means equal tokens [0, (i+1)*block_size) (barring a 128-bit collision); a partial last
+    block gets no hash, as in vLLM.
+    """
+    if block_size < 1:
+        raise LessonkitError(f"block_size must be >= 1, got {block_size}")
+    out, parent = [], root
+    for i in range(len(token_ids) // block_size):
+        block = token_ids[i * block_size:(i + 1) * block_size]
+        parent = hashlib.sha256(parent.encode() + b"|" + _tokens_bytes(block)).hexdigest()[:HASH_HEX]
+        out.append(parent)
+    return out
+
+
+def longest_prefix_match(query_hashes: Sequence[str], saved: Mapping[str, Sequence[str]]) -> tuple[str | None, int]:
+    """(name, depth): the saved entry sharing the most leading blocks with the query (0 if none).
+
+    saved maps an entry name to its chained block hashes. Because hashes are chained, the query's
+    block i matching an entry's block i implies every earlier block matches too, so the deepest
+    match is found by looking up the query's hashes from the deepest down.
+    """
+    where: dict[str, str] = {}
+    for name, hs in saved.items():
+        for h in hs:
+            where.setdefault(h, name)
+    for depth in range(len(query_hashes), 0, -1):
+        name = where.get(query_hashes[depth - 1])
+        if name is not None:
+            return name, depth
+    return None, 0
+
+
+# ---- the on-disk format ----------------------------------------------------------------------------
+def _payload_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(name.encode() + b"\0" + str(tuple(t.shape)).encode() + b"\0")
+        h.update(memoryview(t.view(torch.uint8).reshape(-1).numpy()) if t.numel() else b"")
+    return h.hexdigest()
+
+
+def encode_snapshot(tensors: Mapping[str, torch.Tensor], header: dict) -> bytes:
+    """Serialise tensors + header to safetensors bytes (the header goes in the metadata)."""
+    from safetensors.torch import save
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    header = dict(header, payload_sha256=_payload_sha256(tensors))
+    return save(tensors, metadata={META_KEY: json.dumps(header, sort_keys=True)})
+
+
+def read_header(path) -> dict:
+    """The JSON header of a snapshot file without reading its tensors (raises _BadSnapshot)."""
+    with open(path, "rb") as f:
+        return _parse_header(f, os.fstat(f.fileno()).st_size, path)[0]
+
+
+def _parse_header(f, size: int, path) -> tuple[dict, dict, int]:
+    raw = f.read(8)
+    if len(raw) < 8:
+        raise _BadSnapshot(f"truncated ({size} bytes, no safetensors header)")
+    (n,) = struct.unpack("<Q", raw)
+    if n > 100_000_000 or 8 + n > size:
+        raise _BadSnapshot(f"truncated or not a safetensors file (header length {n}, file {size} bytes)")
+    try:
+        meta = json.loads(f.read(n))
+        header = json.loads(meta["__metadata__"][META_KEY])
+    except (ValueError, KeyError, TypeError):
+        raise _BadSnapshot("no lessonkit prefix-KV header (not a snapshot, or edited header)") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise _BadSnapshot("not a lessonkit prefix-KV snapshot")
+    if header.get("format_version") != FORMAT_VERSION:
+        raise _BadSnapshot(f"format version {header.get('format_version')} (this lessonkit reads {FORMAT_VERSION})")
+    end = 0
+    for name, info in meta.items():
+        if name == "__metadata__":
+            continue
+        try:
+            end = max(end, int(info["data_offsets"][1]))
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise _BadSnapshot(f"malformed tensor entry {name!r}") from None
+    if 8 + n + end != size:
+        raise _BadSnapshot(f"truncated: {size} bytes on disk, the header describes {8 + n + end}")
+    return header, meta, 8 + n
+
+
+def load_snapshot(path, expect_key: str | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Read and fully verify one snapshot file; raises _BadSnapshot with the reason."""
+    with open(path, "rb") as f:
+        return _load_from_file(f, path, expect_key)
+
+
+def _load_from_file(f, path, expect_key: str | None):
+    size = os.fstat(f.fileno()).st_size
+    header, meta, data_start = _parse_header(f, size, path)
+    if expect_key is not None and header.get("fingerprint") != expect_key:
+        raise _BadSnapshot(f"foreign: written by another model/tokenizer/dtype (fingerprint "
+                           f"{str(header.get('fingerprint'))[:12]}..., expected {expect_key[:12]}...)")
+    buf = bytearray(size - data_start)
+    f.seek(data_start)
+    got = f.readinto(buf)
+    if got != len(buf):
+        raise _BadSnapshot(f"truncated while reading ({got} of {len(buf)} data bytes)")
+    tensors = {}
+    for name, info in meta.items():
+        if name == "__metadata__":
+            continue
+        dt = _DTYPES.get(info.get("dtype"))
+        if dt is None:
+            raise _BadSnapshot(f"unknown dtype {info.get('dtype')!r} for {name!r}")
+        a, b = info["data_offsets"]
+        shape = tuple(info["shape"])
+        t = torch.frombuffer(buf, dtype=torch.uint8, offset=a, count=b - a) if b > a else torch.empty(0, dtype=torch.uint8)
+        if t.numel() != math.prod(shape) * torch.empty(0, dtype=dt).element_size():
+            raise _BadSnapshot(f"tensor {name!r} size does not match its shape {shape}")
+        tensors[name] = t.view(dt).reshape(shape)
+    for need in ("k", "v", "token_ids"):
+        if need not in tensors:
+            raise _BadSnapshot(f"missing tensor {need!r}")
+    if _payload_sha256(tensors) != header.get("payload_sha256"):
+        raise _BadSnapshot("payload checksum mismatch (edited or damaged bytes)")
+    ids = tensors["token_ids"]
+    n = header.get("n_tokens")
+    if ids.dim() != 1 or ids.shape[0] != n or tensors["k"].shape[1] != n or tensors["k"].shape != tensors["v"].shape:
+        raise _BadSnapshot(f"shapes disagree with n_tokens={n}")
+    if token_ids_sha256(ids.tolist()) != header.get("token_ids_sha256"):
+        raise _BadSnapshot("token ids hash mismatch")
+    return header, tensors
+
+
+# ---- low-level crash-safe writes ---------------------------------------------------------------------
+def _write_all(fd: int, data) -> None:
+    """Write every byte (in chunks); the single place a test monkeypatches to simulate a full disk."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view[:_CHUNK])
+        view = view[n:]
+
+
+def _fsync_dir(path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_temp(directory: Path, data: bytes, fsync: bool = True) -> Path:
+    """Write data to a new temporary file in directory (fsynced); removes it on any error."""
+    tmp = directory / f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}.part"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        _write_all(fd, data)
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    return tmp
+
+
+def _disk_full(e: OSError) -> bool:
+    return e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# ---- the cache ------------------------------------------------------------------------------------
+@dataclass
+class PrefixCacheStats:
+    prefix_cache_queries: int = 0      # tokens looked up (vLLM counts tokens)
+    prefix_cache_hits: int = 0         # tokens restored from disk
+    lookups: int = 0
+    restores: int = 0
+    restore_s: float = 0.0
+    prefill_s_saved: float = 0.0       # recorded prefill time of the restored tokens minus restore_s
+    saves: int = 0
+    save_s: float = 0.0
+    bytes_written: int = 0
+    bytes_read: int = 0
+    evictions: int = 0
+    ignored_bad: int = 0
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["hit_rate"] = self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+        return d
+
+
+class PrefixCache:
+    """A directory of prefix-KV snapshots shared by processes, with a byte budget and LRU eviction.
+
+    PrefixCache(dir, engine): the key is derived from engine.fingerprint() and the expected shapes
+    from engine.config. Without an engine (tests with fake tensors) pass fingerprint=... instead.
+    """
+
+    def __init__(self, directory, engine=None, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
+                 block_size: int = DEFAULT_BLOCK_SIZE, fingerprint: str | None = None, fsync: bool = True):
+        if engine is None and fingerprint is None:
+            raise LessonkitError("PrefixCache needs an engine or an explicit fingerprint")
+        if block_size < 1:
+            raise LessonkitError(f"block_size must be >= 1, got {block_size}")
+        if budget_bytes <= 0:
+            raise LessonkitError(f"budget_bytes must be > 0, got {budget_bytes}")
+        self.dir = Path(directory)
+        self.engine = engine
+        self.key = _cache_key(fingerprint if fingerprint is not None else engine.fingerprint())
+        self.root = root_hash(self.key)
+        self.block_size = block_size
+        self.budget_bytes = int(budget_bytes)
+        self.fsync = fsync
+        self.stats = PrefixCacheStats()
+        self.subdir = self.dir / "kv" / self.key[:32]
+        try:
+            self.subdir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise LessonkitError(f"cannot create prefix cache directory {self.subdir}: {e.strerror}") from None
+        self._lock_path = self.dir / ".lock"
+        self._index_path = self.dir / "index.json"
+        self._warned: set[str] = set()
+        with self._locked():
+            self._remove_stale_temps()
+            self._write_index(self._load_index())
+
+    # -- locking and the index ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self):
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def _remove_stale_temps(self) -> list[str]:
+        """Temporary files of writers that died mid-save (their pid is gone, or older than a day)."""
+        removed = []
+        for p in [*self.dir.glob(f"{_TMP_PREFIX}*.part"), *(self.dir / "kv").glob(f"*/{_TMP_PREFIX}*.part")]:
+            try:
+                pid = int(p.name[len(_TMP_PREFIX):].split("-")[0])
+                dead = not _pid_alive(pid) or time.time() - p.stat().st_mtime > 86400
+            except (ValueError, OSError):
+                dead = True
+            if dead:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+                    removed.append(str(p))
+        return removed
+
+    def _snapshot_files(self) -> dict[str, os.stat_result]:
+        out = {}
+        for p in (self.dir / "kv").glob("*/*.safetensors"):
+            with contextlib.suppress(OSError):
+                out[str(p.relative_to(self.dir))] = p.stat()
+        return out
+
+    def _load_index(self) -> dict:
+        """The index reconciled with the files on disk (call under the lock)."""
+        entries = {}
+        try:
+            data = json.loads(self._index_path.read_text())
+            if data.get("format_version") == FORMAT_VERSION and isinstance(data.get("entries"), dict):
+                entries = data["entries"]
+        except (OSError, ValueError, AttributeError):
+            pass                                    # missing or damaged index: rebuilt below
+        files = self._snapshot_files()
+        out = {}
+        for rel, st in files.items():
+            e = entries.get(rel)
+            if e is not None and e.get("bytes") == st.st_size:
+                e["last_used"] = max(float(e.get("last_used", 0.0)), st.st_mtime)
+                out[rel] = e
+                continue
+            mine = rel.startswith(str(self.subdir.relative_to(self.dir)) + os.sep)
+            try:                                    # a file the index does not know: read its header
+                h = read_header(self.dir / rel)
+                if mine and h.get("fingerprint") != self.key:
+                    raise _BadSnapshot(f"foreign: written by another model/tokenizer/dtype (fingerprint "
+                                       f"{str(h.get('fingerprint'))[:12]}..., expected {self.key[:12]}...)")
+                out[rel] = {"fingerprint": h["fingerprint"], "n_tokens": int(h["n_tokens"]),
+                            "block_size": int(h["block_size"]), "block_hashes": list(h["block_hashes"]),
+                            "tail": list(h["tail"]), "bytes": st.st_size, "last_used": st.st_mtime,
+                            "prefill_s": h.get("prefill_s")}
+            except (_BadSnapshot, OSError, KeyError, TypeError, ValueError) as err:
+                if mine:
+                    self._reject(self.dir / rel, str(err))
+                else:                               # another model's namespace: counted, never matched
+                    out[rel] = {"fingerprint": None, "n_tokens": 0, "block_size": 1, "block_hashes": [],
+                                "tail": [], "bytes": st.st_size, "last_used": st.st_mtime}
+        return out
+
+    def _write_index(self, entries: dict, fsync: bool = False) -> None:
+        data = json.dumps({"format_version": FORMAT_VERSION, "entries": entries}, sort_keys=True).encode()
+        tmp = _write_temp(self.dir, data, fsync=fsync)
+        os.replace(tmp, self._index_path)
+        if fsync:
+            _fsync_dir(self.dir)
+
+    def _reject(self, path: Path, reason: str) -> None:
+        """One warning naming the file; the file is removed so it is recomputed, never used."""
+        self.stats.ignored_bad += 1
+        if str(path) not in self._warned:
+            self._warned.add(str(path))
+            warnings.warn(f"prefix cache: ignoring {path}: {reason}; removed, it will be recomputed",
+                          PrefixCacheWarning, stacklevel=3)
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+    # -- public API --------------------------------------------------------------------------------
+    def entries(self) -> dict:
+        with self._locked():
+            return self._load_index()
+
+    def total_bytes(self) -> int:
+        return sum(e["bytes"] for e in self.entries().values())
+
+    def _expected_shape(self, cache) -> tuple:
+        if self.engine is not None and hasattr(self.engine, "config"):
+            c = self.engine.config
+            return (c.n_layers, c.n_kv_heads, c.head_dim)
+        return (cache.k.shape[0], cache.k.shape[2], cache.k.shape[3])
+
+    def lookup(self, token_ids: Sequence[int]) -> tuple[str | None, int]:
+        """(relative path, estimated tokens) of the best saved snapshot for token_ids; no I/O of tensors."""
+        with self._locked():
+            entries = self._load_index()
+        return self._best(entries, list(token_ids))
+
+    def _best(self, entries: dict, token_ids: list[int], exclude=()) -> tuple[str | None, int]:
+        mine = {rel: e for rel, e in entries.items() if e.get("fingerprint") == self.key and rel not in exclude}
+        best, best_n = None, 0
+        for bs in sorted({e["block_size"] for e in mine.values()}):
+            group = {rel: e for rel, e in mine.items() if e["block_size"] == bs}
+            q = block_hashes(token_ids, bs, self.root)
+            _, depth = longest_prefix_match(q, {rel: e["block_hashes"] for rel, e in group.items()})
+            for rel, e in group.items():     # entries sharing `depth` blocks; the tail may add a few tokens
+                hs = e["block_hashes"]
+                if depth and (len(hs) < depth or hs[depth - 1] != q[depth - 1]):
+                    continue
+                n = depth * bs
+                if len(hs) == depth:
+                    for t_saved, t_q in zip(e["tail"], token_ids[n:]):
+                        if t_saved != t_q:
+                            break
+                        n += 1
+                n = min(n, e["n_tokens"])
+                if n > best_n or (n == best_n and n > 0 and e["last_used"] > entries[best]["last_used"]):
+                    best, best_n = rel, n
+        return best, best_n
+
+    def lookup_and_restore(self, token_ids: Sequence[int], cache, max_tokens: int | None = None) -> int:
+        """Restore the longest saved prefix of token_ids into cache (a fresh KVCache); returns n restored.
+
+        max_tokens caps the restore (generation restores at most len(prompt) - 1 tokens so that the
+        last prompt token is forwarded and yields logits). On a miss the cache is left untouched.
+        Every restored state is fully verified (format, fingerprint, shapes, dtype, payload hash,
+        token ids); an unusable file is reported once, removed, and the next best one tried.
+        """
+        token_ids = [int(t) for t in token_ids]
+        cap = len(token_ids) if max_tokens is None else max(0, min(int(max_tokens), len(token_ids)))
+        self.stats.lookups += 1
+        self.stats.prefix_cache_queries += len(token_ids)
+        t0 = time.perf_counter()
+        tried: set[str] = set()
+        for _ in range(8):
+            with self._locked():
+                entries = self._load_index()
+                rel, est = self._best(entries, token_ids[:cap], exclude=tried)
+                if rel is None or est == 0:
+                    return 0
+                try:
+                    f = open(self.dir / rel, "rb")   # open under the lock: eviction cannot race the open
+                except OSError:
+                    tried.add(rel)
+                    continue
+            tried.add(rel)
+            path = self.dir / rel
+            ino = os.fstat(f.fileno()).st_ino
+            try:
+                with f:
+                    header, tensors = _load_from_file(f, path, self.key)
+                    self._check_fits(header, tensors, cache)
+            except _BadSnapshot as err:
+                with self._locked():
+                    try:                        # only if nobody replaced it with a fresh file meanwhile
+                        same = os.stat(path).st_ino == ino
+                    except OSError:
+                        same = False
+                    if same:
+                        self._reject(path, str(err))
+                continue
+            saved = tensors["token_ids"].tolist()
+            n = 0
+            for a, b in zip(saved, token_ids[:cap]):
+                if a != b:
+                    break
+                n += 1
+            if n == 0:
+                continue
+            cache.restore({"k": tensors["k"][:, :n], "v": tensors["v"][:, :n]})
+            dt = time.perf_counter() - t0
+            self.stats.restores += 1
+            self.stats.prefix_cache_hits += n
+            self.stats.restore_s += dt
+            self.stats.bytes_read += path.stat().st_size if path.exists() else 0
+            if header.get("prefill_s"):
+                self.stats.prefill_s_saved += header["prefill_s"] * n / header["n_tokens"] - dt
+            self._touch(rel, ino)
+            return n
+        return 0
+
+    def _check_fits(self, header: dict, tensors: dict, cache) -> None:
+        k = tensors["k"]
+        want = self._expected_shape(cache)
+        got = (k.shape[0], k.shape[2], k.shape[3])
+        if got != want:
+            raise _BadSnapshot(f"KV shape {tuple(k.shape)} does not match this model (layers, kv heads, head dim) = {want}")
+        if k.dtype != cache.k.dtype or header.get("dtype") != _dtype_name(cache.k.dtype):
+            raise _BadSnapshot(f"dtype {header.get('dtype')} does not match the cache dtype {_dtype_name(cache.k.dtype)}")
+        if k.shape[1] > cache.k.shape[1]:
+            raise _BadSnapshot(f"{k.shape[1]} positions do not fit a cache of {cache.k.shape[1]}")
+
+    def _touch(self, rel: str, ino: int | None = None) -> None:
+        """Mark as recently used (LRU): file mtime and index entry."""
+        with self._locked():
+            path = self.dir / rel
+            with contextlib.suppress(OSError):
+                if ino is None or os.stat(path).st_ino == ino:
+                    os.utime(path)
+            entries = self._load_index()
+            if rel in entries:
+                entries[rel]["last_used"] = time.time()
+                with contextlib.suppress(OSError):
+                    self._write_index(entries)
+
+    def save(self, token_ids: Sequence[int], cache, *, prefill_s: float | None = None) -> Path | None:
+        """Save the KV state of token_ids (the first len(token_ids) positions of cache) atomically.
+
+        Returns the file path, or None when the snapshot alone exceeds the byte budget. Evicts the
+        least recently used snapshots to stay within budget. A full disk raises LessonkitError and
+        leaves the cache as it was.
+        """
+        token_ids = [int(t) for t in token_ids]
+        n = len(token_ids)
+        if n == 0:
+            return None
+        if cache.length < n:
+            raise LessonkitError(f"cannot save {n} tokens: the KV cache holds only {cache.length} positions")
+        t0 = time.perf_counter()
+        name = token_ids_sha256(token_ids)
+        final = self.subdir / f"{name[:40]}.safetensors"
+        rel = str(final.relative_to(self.dir))
+        hs = block_hashes(token_ids, self.block_size, self.root)
+        with self._locked():
+            entries = self._load_index()
+            e = entries.get(rel)
+            if e is not None and e.get("fingerprint") == self.key and e.get("block_size") == self.block_size:
+                e["last_used"] = time.time()
+                with contextlib.suppress(OSError):
+                    os.utime(final)
+                    self._write_index(entries)
+                return final
+        snap = cache.snapshot(n)
+        tensors = {"k": snap["k"], "v": snap["v"], "token_ids": torch.tensor(token_ids, dtype=torch.int64)}
+        header = {"format": FORMAT, "format_version": FORMAT_VERSION, "fingerprint": self.key,
+                  "n_tokens": n, "token_ids_sha256": name, "dtype": _dtype_name(snap["k"].dtype),
+                  "block_size": self.block_size, "block_hashes": hs, "tail": token_ids[len(hs) * self.block_size:],
+                  "prefill_s": prefill_s, "created_unix": time.time(),
+                  "model": getattr(self.engine, "name", None)}
+        data = encode_snapshot(tensors, header)
+        if len(data) > self.budget_bytes:
+            return None
+        try:
+            tmp = _write_temp(self.subdir, data, fsync=self.fsync)
+        except OSError as e:
+            if _disk_full(e):
+                raise LessonkitError(
+                    f"prefix cache: no space left on the device writing {final} ({len(data):,} bytes); "
+                    f"nothing was saved and the cache is unchanged") from None
+            raise LessonkitError(f"prefix cache: cannot write {final}: {e.strerror}") from None
+        try:
+            with self._locked():
+                entries = self._load_index()
+                self._evict(entries, len(data), keep=rel)
+                os.replace(tmp, final)
+                if self.fsync:
+                    _fsync_dir(self.subdir)
+                entries[rel] = {"fingerprint": self.key, "n_tokens": n, "block_size": self.block_size,
+                                "block_hashes": hs, "tail": header["tail"], "bytes": len(data),
+                                "last_used": time.time(), "prefill_s": prefill_s}
+                try:
+                    self._write_index(entries, fsync=self.fsync)
+                except OSError as e:        # the snapshot is complete; the index is rebuilt next time
+                    if _disk_full(e):
+                        raise LessonkitError(
+                            f"prefix cache: no space left on the device updating {self._index_path}; "
+                            f"the snapshot {final} is complete and the index will be rebuilt") from None
+                    raise
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()                # only still there if the rename did not happen
+        self.stats.saves += 1
+        self.stats.bytes_written += len(data)
+        self.stats.save_s += time.perf_counter() - t0
+        return final
+
+    def _evict(self, entries: dict, incoming: int, keep: str) -> None:
+        total = sum(e["bytes"] for rel, e in entries.items() if rel != keep)
+        for rel in sorted((r for r in entries if r != keep), key=lambda r: entries[r]["last_used"]):
+            if total + incoming <= self.budget_bytes:
+                break
+            with contextlib.suppress(OSError):
+                (self.dir / rel).unlink()
+            total -= entries.pop(rel)["bytes"]
+            self.stats.evictions += 1
+
+    def clear(self) -> None:
+        with self._locked():
+            for rel in self._load_index():
+                with contextlib.suppress(OSError):
+                    (self.dir / rel).unlink()
+            self._write_index({})
+
+    def verify(self) -> dict:
+        """Check every snapshot of this model fully; report problems (does not remove anything)."""
+        with self._locked():
+            entries = self._load_index()
+            files = self._snapshot_files()
+            temps = [str(p) for p in (self.dir / "kv").glob(f"*/{_TMP_PREFIX}*.part")]
+            bad, ok = [], 0
+            for rel, e in entries.items():
+                if e.get("fingerprint") != self.key:
+                    continue
+                try:
+                    load_snapshot(self.dir / rel, self.key)
+                    ok += 1
+                except (_BadSnapshot, OSError) as err:
+                    bad.append(f"{rel}: {err}")
+        return {"valid": ok, "bad": bad, "temp_files": temps,
+                "index_matches_files": set(entries) == set(files),
+                "total_bytes": sum(e["bytes"] for e in entries.values())}
+
+    def __repr__(self):
+        return f"PrefixCache({str(self.dir)!r}, key={self.key[:12]}, budget={self.budget_bytes:,} B, block={self.block_size})"
