@@ -1,0 +1,246 @@
+"""The engine's streaming layout, and conversion from / to Hugging Face checkpoints.
+
+A model directory holds:
+  config.json          lessonkit ModelConfig
+  dense.safetensors    embeddings, attention, norms, routers, output head (always resident)
+  experts.safetensors  `layers.{l}.experts.{e}`: [3, I, D] = gate, up, down^T, adjacent on disk
+  tokenizer.json       a `tokenizers` tokenizer
+  manifest.json        SHA-256 of every file (checked by `lessonkit doctor`)
+A dense model's MLP is stored as expert 0 of each layer (the one-expert case).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import ModelConfig
+from .errors import LessonkitError
+
+FORMAT_VERSION = 1
+_FILES = ("config.json", "dense.safetensors", "experts.safetensors", "tokenizer.json")
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
+
+
+def _atomic_save(tensors: dict, path: Path, metadata: dict | None = None) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _dense_shapes(c: ModelConfig) -> dict[str, tuple]:
+    s = {"embed": (c.vocab_size, c.dim), "norm": (c.dim,)}
+    if not c.tie_embeddings:
+        s["lm_head"] = (c.vocab_size, c.dim)
+    for l in range(c.n_layers):
+        p = f"layers.{l}."
+        s.update({p + "attn_norm": (c.dim,), p + "mlp_norm": (c.dim,),
+                  p + "wq": (c.n_heads * c.head_dim, c.dim), p + "wk": (c.n_kv_heads * c.head_dim, c.dim),
+                  p + "wv": (c.n_kv_heads * c.head_dim, c.dim), p + "wo": (c.dim, c.n_heads * c.head_dim)})
+        if c.qk_norm:
+            s[p + "q_norm"] = (c.n_heads * c.head_dim,)
+            s[p + "k_norm"] = (c.n_kv_heads * c.head_dim,)
+        if c.is_moe:
+            s[p + "router"] = (c.n_experts, c.dim)
+    return s
+
+
+# ---- Hugging Face -> streaming layout ---------------------------------------------------------
+def convert_hf_state_dict(hf_config: dict, state_dict: dict[str, torch.Tensor], out_dir: str | Path,
+                          tokenizer_json: str | None = None, dtype=torch.float32, source: str = "state dict") -> ModelConfig:
+    """Write a Llama / OLMoE / Mixtral state dict (HF names) in the streaming layout. Returns the config."""
+    c = ModelConfig.from_hf(hf_config, source=source)
+    sd = dict(state_dict)
+
+    def take(name):
+        if name not in sd:
+            raise LessonkitError(f"{source}: missing tensor {name}")
+        return sd.pop(name)
+
+    dense = {"embed": take("model.embed_tokens.weight"), "norm": take("model.norm.weight")}
+    if c.tie_embeddings:
+        sd.pop("lm_head.weight", None)
+    else:
+        dense["lm_head"] = take("lm_head.weight")
+    experts = {}
+    for l in range(c.n_layers):
+        p, q = f"model.layers.{l}.", f"layers.{l}."
+        dense[q + "attn_norm"] = take(p + "input_layernorm.weight")
+        dense[q + "mlp_norm"] = take(p + "post_attention_layernorm.weight")
+        for a, b in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
+            dense[q + a] = take(p + f"self_attn.{b}.weight")
+        if c.qk_norm:
+            dense[q + "q_norm"] = take(p + "self_attn.q_norm.weight")
+            dense[q + "k_norm"] = take(p + "self_attn.k_norm.weight")
+        if not c.is_moe:
+            g, u, d = (take(p + f"mlp.{n}.weight") for n in ("gate_proj", "up_proj", "down_proj"))
+            experts[q + "experts.0"] = torch.stack([g, u, d.T])
+            continue
+        moe = "block_sparse_moe." if p + "block_sparse_moe.gate.weight" in sd else "mlp."
+        dense[q + "router"] = take(p + moe + "gate.weight")
+        if p + moe + "experts.gate_up_proj" in sd:     # fused layout (transformers 5 in memory)
+            gu, dn = take(p + moe + "experts.gate_up_proj"), take(p + moe + "experts.down_proj")
+            for e in range(c.n_experts):
+                g, u = gu[e].chunk(2, dim=0)
+                experts[q + f"experts.{e}"] = torch.stack([g, u, dn[e].T])
+            continue
+        names = ("w1", "w3", "w2") if moe == "block_sparse_moe." else ("gate_proj", "up_proj", "down_proj")
+        for e in range(c.n_experts):
+            g, u, d = (take(p + moe + f"experts.{e}.{n}.weight") for n in names)
+            experts[q + f"experts.{e}"] = torch.stack([g, u, d.T])
+    leftover = [k for k in sd if "rotary_emb" not in k]
+    if leftover:
+        raise LessonkitError(f"{source}: unexpected tensors {leftover[:5]}{' ...' if len(leftover) > 5 else ''}")
+    want = _dense_shapes(c)
+    for k, v in dense.items():
+        if tuple(v.shape) != want[k]:
+            raise LessonkitError(f"{source}: tensor for {k} has shape {tuple(v.shape)}, config needs {want[k]}")
+    eshape = (3, c.intermediate_size, c.dim)
+    for k, v in experts.items():
+        if tuple(v.shape) != eshape:
+            raise LessonkitError(f"{source}: expert {k} has shape {tuple(v.shape)}, config needs {eshape}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"format": "lessonkit-stream", "version": str(FORMAT_VERSION)}
+    _atomic_save({k: v.to(dtype) for k, v in dense.items()}, out / "dense.safetensors", meta)
+    _atomic_save({k: v.to(dtype) for k, v in experts.items()}, out / "experts.safetensors", meta)
+    c.save(out / "config.json")
+    if tokenizer_json is not None:
+        (out / "tokenizer.json").write_text(tokenizer_json)
+    write_manifest(out)
+    return c
+
+
+def convert_hf_checkpoint(hf_dir: str | Path, out_dir: str | Path, dtype=torch.float32) -> ModelConfig:
+    """Convert a Hugging Face directory (config.json + *.safetensors [+ tokenizer.json]) once."""
+    hf_dir = Path(hf_dir)
+    cfg_path = hf_dir / "config.json"
+    if not cfg_path.exists():
+        raise LessonkitError(f"{cfg_path}: not found (is {hf_dir} a Hugging Face checkpoint directory?)")
+    hf_config = json.loads(cfg_path.read_text())
+    files = sorted(hf_dir.glob("*.safetensors"))
+    if not files:
+        raise LessonkitError(f"{hf_dir}: no *.safetensors weight files")
+    sd = {}
+    for f in files:
+        try:
+            sd.update(load_file(f))
+        except (SafetensorError, OSError) as e:
+            raise LessonkitError(f"{f}: cannot read safetensors ({e})") from None
+    tok = hf_dir / "tokenizer.json"
+    return convert_hf_state_dict(hf_config, sd, out_dir, tok.read_text() if tok.exists() else None, dtype,
+                                 source=str(hf_dir))
+
+
+# ---- streaming layout -> Hugging Face ---------------------------------------------------------
+def export_hf(stream_dir: str | Path, hf_dir: str | Path, dtype=torch.float32) -> Path:
+    """Write OlmoeForCausalLM / LlamaForCausalLM files (+ a fast tokenizer) that transformers can load."""
+    stream_dir, hf_dir = Path(stream_dir), Path(hf_dir)
+    c = ModelConfig.load(stream_dir / "config.json")
+    dense = load_dense(stream_dir, c)
+    experts = load_file(stream_dir / "experts.safetensors")
+    sd = {"model.embed_tokens.weight": dense["embed"], "model.norm.weight": dense["norm"]}
+    sd["lm_head.weight"] = dense["embed"] if c.tie_embeddings else dense["lm_head"]
+    for l in range(c.n_layers):
+        p, q = f"model.layers.{l}.", f"layers.{l}."
+        sd[p + "input_layernorm.weight"] = dense[q + "attn_norm"]
+        sd[p + "post_attention_layernorm.weight"] = dense[q + "mlp_norm"]
+        for a, b in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
+            sd[p + f"self_attn.{b}.weight"] = dense[q + a]
+        if c.qk_norm:
+            sd[p + "self_attn.q_norm.weight"] = dense[q + "q_norm"]
+            sd[p + "self_attn.k_norm.weight"] = dense[q + "k_norm"]
+        if c.is_moe:
+            sd[p + "mlp.gate.weight"] = dense[q + "router"]
+            for e in range(c.n_experts):
+                w = experts[q + f"experts.{e}"]
+                sd[p + f"mlp.experts.{e}.gate_proj.weight"] = w[0]
+                sd[p + f"mlp.experts.{e}.up_proj.weight"] = w[1]
+                sd[p + f"mlp.experts.{e}.down_proj.weight"] = w[2].T
+        else:
+            w = experts[q + "experts.0"]
+            sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = w[0], w[1]
+            sd[p + "mlp.down_proj.weight"] = w[2].T
+    if c.tie_embeddings:
+        sd.pop("lm_head.weight")
+    hf_dir.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.to(dtype).contiguous() for k, v in sd.items()}, hf_dir / "model.safetensors",
+              metadata={"format": "pt"})
+    (hf_dir / "config.json").write_text(json.dumps({**c.to_hf(), "torch_dtype": str(dtype).split(".")[-1]}, indent=2))
+    tok = stream_dir / "tokenizer.json"
+    if tok.exists():
+        (hf_dir / "tokenizer.json").write_text(tok.read_text())
+        special = _special_tokens(tok, c)
+        (hf_dir / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", **special}, indent=2))
+    return hf_dir
+
+
+def _special_tokens(tok_path: Path, c: ModelConfig) -> dict:
+    from tokenizers import Tokenizer
+    t = Tokenizer.from_file(str(tok_path))
+    out = {}
+    if c.bos_token_id is not None:
+        out["bos_token"] = t.id_to_token(c.bos_token_id)
+    if c.eos_ids:
+        out["eos_token"] = t.id_to_token(c.eos_ids[0])
+    return out
+
+
+# ---- loading & integrity ----------------------------------------------------------------------
+def load_dense(model_dir: Path, c: ModelConfig) -> dict[str, torch.Tensor]:
+    path = Path(model_dir) / "dense.safetensors"
+    if not path.exists():
+        raise LessonkitError(f"{path}: file not found")
+    try:
+        dense = load_file(path)
+    except (SafetensorError, OSError, Exception) as e:  # safetensors raises several types for corrupt files
+        raise LessonkitError(f"{path}: corrupt or truncated safetensors ({e})") from None
+    want = _dense_shapes(c)
+    missing = sorted(set(want) - set(dense))
+    if missing:
+        raise LessonkitError(f"{path}: missing tensors {missing[:5]}")
+    for k, shape in want.items():
+        if tuple(dense[k].shape) != shape:
+            raise LessonkitError(f"{path}: tensor {k} has shape {tuple(dense[k].shape)}, config.json needs {shape}")
+    return dense
+
+
+def write_manifest(model_dir: str | Path) -> dict:
+    model_dir = Path(model_dir)
+    files = {f: sha256_file(model_dir / f) for f in _FILES if (model_dir / f).exists()}
+    m = {"format_version": FORMAT_VERSION, "sha256": files}
+    (model_dir / "manifest.json").write_text(json.dumps(m, indent=2) + "\n")
+    return m
+
+
+def verify_manifest(model_dir: str | Path) -> dict[str, str]:
+    """File -> 'ok' / 'MISMATCH' / 'missing' (used by `lessonkit doctor`)."""
+    model_dir = Path(model_dir)
+    mpath = model_dir / "manifest.json"
+    if not mpath.exists():
+        return {"manifest.json": "missing"}
+    m = json.loads(mpath.read_text())
+    out = {}
+    for f, h in m["sha256"].items():
+        p = model_dir / f
+        out[f] = "missing" if not p.exists() else ("ok" if sha256_file(p) == h else "MISMATCH")
+    return out

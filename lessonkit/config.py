@@ -1,0 +1,168 @@
+"""Model configuration: one dataclass for the Llama family and the OLMoE / Mixtral family.
+
+A dense SwiGLU MLP is the one-expert special case of a MoE layer (n_experts=1, top_k=1, no router),
+so the engine has a single code path for both families.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import LessonkitError
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int          # per expert
+    n_experts: int = 1              # 1 = dense SwiGLU MLP
+    top_k: int = 1
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+    qk_norm: bool = False           # OLMoE: RMSNorm over the whole q / k projection
+    norm_topk_prob: bool = False    # renormalise the top-k router weights to sum to 1
+    clip_qkv: float | None = None
+    max_seq_len: int = 2048
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    arch: str = "llama"             # "llama" or "olmoe": which Hugging Face class exports it
+
+    def __post_init__(self):
+        if self.n_heads % self.n_kv_heads:
+            raise LessonkitError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if not 1 <= self.top_k <= self.n_experts:
+            raise LessonkitError(f"top_k={self.top_k} must be between 1 and n_experts={self.n_experts}")
+        if self.arch not in ("llama", "olmoe"):
+            raise LessonkitError(f"unknown arch {self.arch!r} (expected 'llama' or 'olmoe')")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 1
+
+    @property
+    def eos_ids(self) -> list[int]:
+        if self.eos_token_id is None:
+            return []
+        return list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id]
+
+    def expert_numel(self) -> int:
+        return 3 * self.intermediate_size * self.dim
+
+    def param_counts(self) -> dict:
+        """Total and active (per-token) parameter counts, with and without embeddings."""
+        d, hd = self.dim, self.head_dim
+        attn = d * hd * (self.n_heads * 2 + self.n_kv_heads * 2)
+        norms = 2 * d + (d + self.n_kv_heads * hd if self.qk_norm else 0)
+        router = self.n_experts * d if self.is_moe else 0
+        expert = self.expert_numel()
+        per_layer_total = attn + norms + router + self.n_experts * expert
+        per_layer_active = attn + norms + router + self.top_k * expert
+        emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        return {
+            "total": self.n_layers * per_layer_total + emb + d,
+            "active": self.n_layers * per_layer_active + emb + d,
+            "total_non_embedding": self.n_layers * per_layer_total + d,
+            "active_non_embedding": self.n_layers * per_layer_active + d,
+        }
+
+    # ---- serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict, *, source: str = "config") -> "ModelConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise LessonkitError(f"{source}: unknown config keys {sorted(unknown)}")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise LessonkitError(f"{source}: {e}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        try:
+            return cls.from_dict(json.loads(path.read_text()), source=str(path))
+        except FileNotFoundError:
+            raise LessonkitError(f"{path}: config file not found") from None
+        except json.JSONDecodeError as e:
+            raise LessonkitError(f"{path}: not valid JSON ({e})") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def from_hf(cls, hf: dict, *, source: str = "config.json") -> "ModelConfig":
+        """Translate a Hugging Face LlamaConfig / OlmoeConfig / MixtralConfig dict."""
+        mt = hf.get("model_type", "llama")
+        try:
+            n_heads = hf["num_attention_heads"]
+            dim = hf["hidden_size"]
+            rope = hf.get("rope_parameters") or {}
+            rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+            if mt == "olmoe":
+                n_exp, top_k, arch, qk = hf["num_experts"], hf["num_experts_per_tok"], "olmoe", True
+            elif mt == "mixtral":
+                n_exp, top_k, arch, qk = hf["num_local_experts"], hf["num_experts_per_tok"], "olmoe", False
+            elif mt == "llama":
+                n_exp, top_k, arch, qk = 1, 1, "llama", False
+            else:
+                raise LessonkitError(f"{source}: unsupported model_type {mt!r} (llama, olmoe, mixtral)")
+            return cls(
+                vocab_size=hf["vocab_size"], dim=dim, n_layers=hf["num_hidden_layers"], n_heads=n_heads,
+                n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+                head_dim=hf.get("head_dim") or dim // n_heads,
+                intermediate_size=hf["intermediate_size"], n_experts=n_exp, top_k=top_k,
+                norm_eps=hf.get("rms_norm_eps", 1e-5), rope_theta=float(rope_theta),
+                tie_embeddings=bool(hf.get("tie_word_embeddings", False)), qk_norm=qk,
+                norm_topk_prob=bool(hf.get("norm_topk_prob", mt == "mixtral")),
+                clip_qkv=hf.get("clip_qkv"), max_seq_len=min(int(hf.get("max_position_embeddings", 2048)), 8192),
+                bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"), arch=arch,
+            )
+        except KeyError as e:
+            raise LessonkitError(f"{source}: missing key {e.args[0]!r}") from None
+
+    def to_hf(self) -> dict:
+        common = dict(
+            vocab_size=self.vocab_size, hidden_size=self.dim, num_hidden_layers=self.n_layers,
+            num_attention_heads=self.n_heads, num_key_value_heads=self.n_kv_heads, head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size, rms_norm_eps=self.norm_eps,
+            rope_theta=self.rope_theta, tie_word_embeddings=self.tie_embeddings,
+            max_position_embeddings=self.max_seq_len, bos_token_id=self.bos_token_id,
+            eos_token_id=self.eos_token_id, hidden_act="silu", attention_bias=False,
+        )
+        if self.arch == "olmoe":
+            common.update(model_type="olmoe", architectures=["OlmoeForCausalLM"], num_experts=self.n_experts,
+                          num_experts_per_tok=self.top_k, norm_topk_prob=self.norm_topk_prob, clip_qkv=self.clip_qkv)
+        else:
+            common.update(model_type="llama", architectures=["LlamaForCausalLM"], mlp_bias=False)
+        return common
+
+
+# Named presets: the shapes used across the workbook (the trained models carry their own config.json).
+PRESETS: dict[str, dict] = {
+    "test-moe": dict(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                     intermediate_size=32, n_experts=8, top_k=2, qk_norm=True, arch="olmoe", max_seq_len=512),
+    "test-dense": dict(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                       intermediate_size=96, max_seq_len=512),
+    "tiny-moe": dict(vocab_size=4096, dim=256, n_layers=4, n_heads=8, n_kv_heads=4, head_dim=32,
+                     intermediate_size=256, n_experts=8, top_k=2, qk_norm=True, arch="olmoe", max_seq_len=1024),
+    "tiny-draft": dict(vocab_size=4096, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                       intermediate_size=192, tie_embeddings=True, max_seq_len=1024),
+}
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    if name not in PRESETS:
+        raise LessonkitError(f"unknown config preset {name!r}; known: {sorted(PRESETS)}")
+    return ModelConfig(**{**PRESETS[name], **overrides})

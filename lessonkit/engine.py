@@ -1,0 +1,94 @@
+"""Engine = transformer + expert store + tokenizer, loaded from a streaming-layout directory."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from .checkpoint import load_dense, sha256_file
+from .config import ModelConfig
+from .errors import LessonkitError
+from .expert_store import ExpertStore
+from .kv_cache import KVCache
+from .model import Transformer
+
+
+class Engine:
+    def __init__(self, model_dir: str | Path, *, name: str | None = None, expert_budget_mb: float | None = None,
+                 dtype=torch.float32, prefetch: bool = False, quantisation: str = "none"):
+        self.model_dir = Path(model_dir)
+        if not self.model_dir.is_dir():
+            raise LessonkitError(f"{self.model_dir}: model directory not found")
+        self.name = name or self.model_dir.name
+        self.config = ModelConfig.load(self.model_dir / "config.json")
+        self.dtype, self.quantisation = dtype, quantisation
+        c = self.config
+        budget = None if expert_budget_mb is None else int(expert_budget_mb * 2**20)
+        if budget is not None and budget <= 0:
+            raise LessonkitError(f"--expert-budget-mb must be positive, got {expert_budget_mb}")
+        self.store = ExpertStore(self.model_dir / "experts.safetensors", c.n_layers, c.n_experts,
+                                 (3, c.intermediate_size, c.dim), dtype=dtype, budget_bytes=budget, prefetch=prefetch)
+        self.model = Transformer(c, load_dense(self.model_dir, c), self.store, dtype=dtype)
+        tok = self.model_dir / "tokenizer.json"
+        self.tokenizer = None
+        if tok.exists():
+            from tokenizers import Tokenizer
+            try:
+                self.tokenizer = Tokenizer.from_file(str(tok))
+            except Exception as e:
+                raise LessonkitError(f"{tok}: cannot load tokenizer ({e})") from None
+        self._fingerprint: str | None = None
+
+    # ---- the model -----------------------------------------------------------------------------
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        return self.model.new_cache(max_len)
+
+    def forward(self, tokens, cache: KVCache, *, return_hidden: bool = False, last_only: bool = False):
+        return self.model.forward(tokens, cache, return_hidden=return_hidden, last_only=last_only)
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.store.expert_bytes
+
+    def stats(self) -> dict:
+        return {**self.store.counters(), "last_forward": dict(self.model.last_forward)}
+
+    # ---- text ----------------------------------------------------------------------------------
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise LessonkitError(f"{self.model_dir}: no tokenizer.json, so text cannot be encoded")
+        return self.tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self._need_tokenizer().encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        return self._need_tokenizer().decode(list(ids), skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for (byte-level BPE), for grammar and stop-string logic."""
+        return self.decode([token_id]).encode("utf-8", errors="surrogatepass")
+
+    # ---- provenance ----------------------------------------------------------------------------
+    def weight_files(self) -> list[Path]:
+        return [self.model_dir / "dense.safetensors", self.model_dir / "experts.safetensors"]
+
+    def fingerprint(self) -> str:
+        """SHA-256 over weights, tokenizer, config, dtype and quantisation: what a saved state belongs to."""
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            for f in self.weight_files():
+                h.update(f.name.encode() + b"=" + sha256_file(f).encode())
+            tok = self.model_dir / "tokenizer.json"
+            h.update(b"tokenizer=" + (sha256_file(tok).encode() if tok.exists() else b"none"))
+            h.update(json.dumps(self.config.to_dict(), sort_keys=True).encode())
+            h.update(f"dtype={self.dtype};quant={self.quantisation}".encode())
+            self._fingerprint = h.hexdigest()
+        return self._fingerprint
+
+    def __repr__(self):
+        c = self.config
+        return (f"Engine({self.name}: {c.n_layers} layers, D={c.dim}, E={c.n_experts}, top-{c.top_k}, "
+                f"V={c.vocab_size}, {self.dtype})")

@@ -1,0 +1,212 @@
+"""The disk-streaming expert store, modelled on Colibri's route -> union -> place -> overlap -> learn.
+
+Each expert's three matrices (gate, up, down^T) are one [3, I, D] tensor in `experts.safetensors`, so
+one expert is one contiguous `os.pread`. Experts live in an LRU cache with a byte budget; an optional
+pinned hot set (from recorded routing history) is never evicted; an optional background thread
+prefetches the experts the next layer's router is predicted to pick. Placement changes speed only:
+the bytes that reach the matmul are the bytes on disk, whatever the budget.
+
+Shapes: E experts per layer, I intermediate size, D hidden size.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+import time
+from collections import Counter, OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import LessonkitError
+
+_ST_DTYPES = {"F32": (np.float32, torch.float32), "BF16": (np.uint16, torch.bfloat16),
+              "F16": (np.float16, torch.float16)}
+
+
+def read_safetensors_header(path: str | Path) -> tuple[dict, int]:
+    """Parse a safetensors header by hand (we need the byte offsets for pread). Returns (entries, data_start)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise LessonkitError(f"{path}: truncated safetensors file ({size} bytes)")
+            (n,) = struct.unpack("<Q", raw)
+            if n > min(size - 8, 100_000_000):
+                raise LessonkitError(f"{path}: corrupt safetensors header (claims {n} bytes)")
+            header = json.loads(f.read(n))
+    except FileNotFoundError:
+        raise LessonkitError(f"{path}: file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise LessonkitError(f"{path}: corrupt safetensors header (not JSON)") from None
+    header.pop("__metadata__", None)
+    data_start = 8 + n
+    end = max((v["data_offsets"][1] for v in header.values()), default=0)
+    if data_start + end > size:
+        raise LessonkitError(f"{path}: truncated: header needs {data_start + end} bytes, file has {size}")
+    return header, data_start
+
+
+class ExpertStore:
+    """Experts of every layer, read on demand from one safetensors file.
+
+    budget_bytes: resident bytes allowed (None = unlimited). Counted in the compute dtype.
+    """
+
+    def __init__(self, path: str | Path, n_layers: int, n_experts: int, shape: tuple[int, int, int],
+                 *, dtype=torch.float32, budget_bytes: int | None = None, prefetch: bool = False):
+        self.path = Path(path)
+        self.n_layers, self.n_experts, self.shape, self.dtype = n_layers, n_experts, tuple(shape), dtype
+        header, self._data_start = read_safetensors_header(self.path)
+        self._entries = {}
+        for l in range(n_layers):
+            for e in range(n_experts):
+                name = f"layers.{l}.experts.{e}"
+                if name not in header:
+                    raise LessonkitError(f"{self.path}: missing tensor {name}")
+                h = header[name]
+                if tuple(h["shape"]) != self.shape:
+                    raise LessonkitError(f"{self.path}: tensor {name} has shape {h['shape']}, config needs {list(self.shape)}")
+                if h["dtype"] not in _ST_DTYPES:
+                    raise LessonkitError(f"{self.path}: tensor {name} has unsupported dtype {h['dtype']}")
+                a, b = h["data_offsets"]
+                self._entries[(l, e)] = (self._data_start + a, b - a, h["dtype"])
+        self.expert_bytes = int(np.prod(self.shape)) * torch.tensor([], dtype=dtype).element_size()
+        if budget_bytes is not None and budget_bytes < self.expert_bytes:
+            raise LessonkitError(
+                f"expert budget of {budget_bytes} bytes ({budget_bytes / 2**20:.3f} MB) is smaller than one expert "
+                f"({self.expert_bytes} bytes = {self.expert_bytes / 2**20:.3f} MB)")
+        self.budget_bytes = budget_bytes
+        self._fd = os.open(self.path, os.O_RDONLY)
+        self._cache: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
+        self._pinned: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()
+        self._inflight: dict[tuple[int, int], Future] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch") if prefetch else None
+        self.routing_counts: Counter = Counter()
+        self.reset_counters()
+
+    # ---- counters ------------------------------------------------------------------------------
+    def reset_counters(self) -> None:
+        self.hits = self.misses = self.bytes_read = self.prefetched = self.prefetch_hits = 0
+        self.io_s = 0.0
+
+    def counters(self) -> dict:
+        total = self.hits + self.misses
+        return {"expert_hits": self.hits, "expert_misses": self.misses, "bytes_read": self.bytes_read,
+                "expert_hit_rate": self.hits / total if total else None, "io_s": self.io_s,
+                "prefetched": self.prefetched, "prefetch_hits": self.prefetch_hits,
+                "resident_experts": len(self._cache)}
+
+    # ---- reading -------------------------------------------------------------------------------
+    def _read(self, key) -> torch.Tensor:
+        off, n, st_dtype = self._entries[key]
+        t0 = time.perf_counter()
+        buf = os.pread(self._fd, n, off)
+        if len(buf) != n:
+            raise LessonkitError(f"{self.path}: short read for expert {key} ({len(buf)} of {n} bytes): file truncated?")
+        np_dtype, t_dtype = _ST_DTYPES[st_dtype]
+        t = torch.from_numpy(np.frombuffer(buf, dtype=np_dtype).copy())
+        if st_dtype == "BF16":
+            t = t.view(torch.bfloat16)
+        t = t.reshape(self.shape).to(self.dtype)
+        self.io_s += time.perf_counter() - t0
+        self.bytes_read += n
+        return t
+
+    def _insert(self, key, t) -> None:
+        # caller holds the lock
+        self._cache[key] = t
+        self._cache.move_to_end(key)
+        if self.budget_bytes is None:
+            return
+        while len(self._cache) * self.expert_bytes > self.budget_bytes:
+            victim = next((k for k in self._cache if k not in self._pinned and k != key), None)
+            if victim is None:
+                break
+            del self._cache[victim]
+
+    def get(self, layer: int, expert: int) -> torch.Tensor:
+        """The [3, I, D] weights of one expert (gate, up, down^T)."""
+        key = (layer, expert)
+        self.routing_counts[key] += 1
+        with self._lock:
+            t = self._cache.get(key)
+            if t is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return t
+            fut = self._inflight.get(key)
+        if fut is not None:
+            t = fut.result()
+            with self._lock:
+                self.hits += 1
+                self.prefetch_hits += 1
+                if key not in self._cache:
+                    self._insert(key, t)
+            return t
+        t = self._read(key)
+        with self._lock:
+            self.misses += 1
+            self._insert(key, t)
+        return t
+
+    def prefetch(self, layer: int, experts) -> None:
+        """Start loading experts of `layer` in the background (no-op without a prefetch thread)."""
+        if self._pool is None:
+            return
+        for e in experts:
+            key = (layer, int(e))
+            with self._lock:
+                if key in self._cache or key in self._inflight:
+                    continue
+                fut = self._pool.submit(self._prefetch_one, key)
+                self._inflight[key] = fut
+
+    def _prefetch_one(self, key):
+        t = self._read(key)
+        with self._lock:
+            self.prefetched += 1
+            self._insert(key, t)
+            self._inflight.pop(key, None)
+        return t
+
+    # ---- placement policy ----------------------------------------------------------------------
+    def pin(self, keys) -> None:
+        """Pin a hot set: loaded now, never evicted. Must fit the budget with room for one more expert."""
+        keys = [tuple(k) for k in keys]
+        if self.budget_bytes is not None and (len(keys) + 1) * self.expert_bytes > self.budget_bytes:
+            raise LessonkitError(f"hot set of {len(keys)} experts does not fit the budget of {self.budget_bytes} bytes "
+                                 "with room for one streamed expert")
+        self._pinned = set(keys)
+        for l, e in keys:
+            self.get(l, e)
+
+    def hot_set(self, n: int) -> list[tuple[int, int]]:
+        """The n most frequently routed experts so far (the learned hot set)."""
+        return [k for k, _ in self.routing_counts.most_common(n)]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._cache.clear()
+            self._pinned.clear()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,193 @@
+"""The transformer forward: Llama (dense SwiGLU) and OLMoE / Mixtral (top-k of E SwiGLU experts).
+
+Shape legend: T new positions in this forward, D hidden, H query heads, G kv heads, hd head dim,
+E experts per layer, A activated experts per token (top_k), V vocabulary.
+
+Exactness. CPU BLAS picks different kernels for different row counts (on MKL, rows come in tiles of
+4 and the remainder rows take another path), so the logits of a position computed in a 1-row forward
+and inside a k-row verify forward can differ in the last bits and flip a near-tie. Two rules make
+every forward row-invariant, bit for bit:
+  1. every matmul gets a row count padded to a multiple of ROW_PAD (zero rows, dropped afterwards);
+  2. elementwise transcendental ops (silu, exp) run on the padded tensors too: ATen vectorises them and
+     computes the tail elements with a scalar routine that rounds differently;
+  3. attention runs per "key bucket": a row at position p attends over keys [0, ceil((p+1)/B)*B) with a
+     causal mask, so its reduction length depends on p only, not on what else is in the forward.
+Tests check `torch.equal` between a k-row forward and k 1-row forwards.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .expert_store import ExpertStore
+from .kv_cache import KVCache
+
+ROW_PAD = 8
+KEY_BUCKET = 64
+
+
+def _pad_rows(x: torch.Tensor) -> torch.Tensor:
+    m = x.shape[0]
+    mp = -(-m // ROW_PAD) * ROW_PAD
+    if mp == m:
+        return x
+    return torch.cat([x, x.new_zeros((mp - m,) + x.shape[1:])])
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Row-invariant x @ w.T for x [M, in]."""
+    m = x.shape[0]
+    return F.linear(_pad_rows(x), w)[:m]
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def rope_tables(c: ModelConfig, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
+    t = torch.arange(n_pos, dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x [T, heads, hd]; cos/sin [T, hd]; the rotate-half layout of Hugging Face Llama.
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rot * sin[:, None, :]
+
+
+class Transformer:
+    """Weights + expert store; `forward` runs T new positions against a KV cache."""
+
+    def __init__(self, config: ModelConfig, dense: dict[str, torch.Tensor], store: ExpertStore, dtype=torch.float32):
+        self.config, self.store, self.dtype = config, store, dtype
+        self.w = {k: v.to(dtype) for k, v in dense.items()}
+        if config.tie_embeddings:
+            self.w["lm_head"] = self.w["embed"]
+        self.alloc_len = -(-config.max_seq_len // KEY_BUCKET) * KEY_BUCKET
+        self.cos, self.sin = rope_tables(config, self.alloc_len)
+        self.last_forward: dict = {}
+        self.routing_log: list | None = None   # set to [] to record (layer, expert ids [T, A]) per forward
+
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        c = self.config
+        n = self.alloc_len if max_len is None else -(-max_len // KEY_BUCKET) * KEY_BUCKET
+        return KVCache(c.n_layers, n, c.n_kv_heads, c.head_dim, dtype=self.dtype)
+
+    # ---- blocks --------------------------------------------------------------------------------
+    def _attention(self, l: int, x: torch.Tensor, cache: KVCache, start: int, T: int) -> torch.Tensor:
+        # x: [Tp, D], rows >= T are padding
+        c, w, p = self.config, self.w, f"layers.{l}."
+        q, k, v = (linear(x, w[p + n])[:T] for n in ("wq", "wk", "wv"))
+        if c.clip_qkv is not None:
+            q, k, v = (t.clamp(-c.clip_qkv, c.clip_qkv) for t in (q, k, v))
+        if c.qk_norm:
+            q, k = rms_norm(q, w[p + "q_norm"], c.norm_eps), rms_norm(k, w[p + "k_norm"], c.norm_eps)
+        q = q.view(T, c.n_heads, c.head_dim)
+        k = k.view(T, c.n_kv_heads, c.head_dim)
+        v = v.view(T, c.n_kv_heads, c.head_dim)
+        cos, sin = self.cos[start:start + T].to(x.dtype), self.sin[start:start + T].to(x.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.k[l, start:start + T] = k
+        cache.v[l, start:start + T] = v
+        rep = c.n_heads // c.n_kv_heads
+        scale = 1.0 / math.sqrt(c.head_dim)
+        pos = torch.arange(start, start + T)
+        bucket = (pos // KEY_BUCKET + 1) * KEY_BUCKET
+        out = x.new_zeros(x.shape[0], c.n_heads, c.head_dim)
+        for b in torch.unique(bucket).tolist():
+            rows = (bucket == b).nonzero().flatten()
+            m = rows.numel()
+            keys = cache.k[l, :b].permute(1, 0, 2)                       # [G, b, hd]
+            vals = cache.v[l, :b].permute(1, 0, 2)
+            keys = keys[:, None].expand(c.n_kv_heads, rep, b, c.head_dim).reshape(c.n_heads, b, c.head_dim)
+            vals = vals[:, None].expand(c.n_kv_heads, rep, b, c.head_dim).reshape(c.n_heads, b, c.head_dim)
+            qb = _pad_rows(q[rows]).transpose(0, 1)                       # [H, m_pad, hd]
+            prow = _pad_rows(pos[rows])                                    # padded rows see key 0 only
+            s = torch.matmul(qb, keys.transpose(1, 2)) * scale            # [H, m_pad, b]
+            mask = torch.arange(b)[None, :] > prow[:, None]
+            s = s.masked_fill(mask, float("-inf"))
+            pr = torch.softmax(s.float(), dim=-1).to(x.dtype)
+            out[rows] = torch.matmul(pr, vals).transpose(0, 1)[:m]
+        return linear(out.reshape(x.shape[0], c.n_heads * c.head_dim), w[p + "wo"])
+
+    @staticmethod
+    def _expert(x: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
+        """SwiGLU of one expert on row-padded x: down(silu(gate x) * up x)."""
+        m = x.shape[0]
+        x = _pad_rows(x)
+        h = F.silu(F.linear(x, ew[0])) * F.linear(x, ew[1])
+        return F.linear(h, ew[2].T)[:m]
+
+    def _moe(self, l: int, x: torch.Tensor, stats: dict, T: int) -> torch.Tensor:
+        # x: [Tp, D], rows >= T are padding (not routed, output 0)
+        c, p = self.config, f"layers.{l}."
+        if not c.is_moe:
+            ew = self.store.get(l, 0)
+            stats["unique_experts"] += 1
+            return self._expert(x, ew)
+        logits = linear(x, self.w[p + "router"])[:T].float()
+        probs = torch.softmax(logits, dim=-1)
+        topw, topi = torch.topk(probs, c.top_k, dim=-1)                   # [T, A]
+        if c.norm_topk_prob:
+            topw = topw / topw.sum(-1, keepdim=True)
+        topw = _pad_rows(topw.to(x.dtype))                                 # padding rows weigh 0
+        if self.routing_log is not None:
+            self.routing_log.append((l, topi.clone()))
+        if l + 1 < c.n_layers and self.store._pool is not None:
+            # one-layer-ahead prefetch: route this hidden state with the next layer's router (a guess)
+            nxt = torch.topk(linear(x, self.w[f"layers.{l + 1}.router"])[:T], c.top_k, dim=-1).indices
+            self.store.prefetch(l + 1, torch.unique(nxt).tolist())
+        slots = x.new_zeros(x.shape[0], c.top_k, c.dim)
+        experts = torch.unique(topi).tolist()                              # batch-union: each expert once
+        stats["unique_experts"] += len(experts)
+        for e in experts:
+            ew = self.store.get(l, e)
+            rows, slot = (topi == e).nonzero(as_tuple=True)
+            slots[rows, slot] = self._expert(x[rows], ew)
+        y = slots[:, 0] * topw[:, 0:1]
+        for a in range(1, c.top_k):
+            y = y + slots[:, a] * topw[:, a:a + 1]
+        return y
+
+    # ---- forward -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, tokens, cache: KVCache, *, return_hidden: bool = False, last_only: bool = False):
+        """Run T new tokens at positions cache.length .. +T-1; returns float32 logits [T, V] (or [1, V])."""
+        c = self.config
+        tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
+        T = tokens.numel()
+        cache.check_room(T)
+        start = cache.length
+        if T == 0:
+            raise ValueError("forward needs at least one token")
+        if int(tokens.max()) >= c.vocab_size or int(tokens.min()) < 0:
+            from .errors import LessonkitError
+            raise LessonkitError(f"token id {int(tokens.max())} outside the vocabulary of {c.vocab_size}")
+        t0 = time.perf_counter()
+        io0 = self.store.io_s
+        stats = {"unique_experts": 0}
+        x = _pad_rows(self.w["embed"][tokens])                            # [Tp, D]
+        for l in range(c.n_layers):
+            p = f"layers.{l}."
+            x = x + self._attention(l, rms_norm(x, self.w[p + "attn_norm"], c.norm_eps), cache, start, T)
+            x = x + self._moe(l, rms_norm(x, self.w[p + "mlp_norm"], c.norm_eps), stats, T)
+        cache.length = start + T
+        h = rms_norm(x, self.w["norm"], c.norm_eps)
+        logits = linear(h[T - 1:T] if last_only else h, self.w["lm_head"])[: 1 if last_only else T].float()
+        x = x[:T]
+        wall = time.perf_counter() - t0
+        self.last_forward = {"rows": T, "unique_experts": stats["unique_experts"], "wall_s": wall,
+                             "io_s": self.store.io_s - io0}
+        if return_hidden:
+            return logits, x
+        return logits

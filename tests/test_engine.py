@@ -1,0 +1,146 @@
+"""Engine correctness against transformers, and exactness of the k-row forward."""
+import pytest
+import torch
+
+from lessonkit.engine import Engine
+from lessonkit.errors import LessonkitError
+from tests.hf_tiny import make_hf
+
+KINDS = ["olmoe", "llama", "llama-tied"]
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def pair(request, tmp_path_factory):
+    model, stream = make_hf(request.param, tmp_path_factory.mktemp(request.param))
+    return request.param, model, stream
+
+
+def _tokens(n, seed=1, vocab=300):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g)
+
+
+def test_logits_match_transformers(pair):
+    kind, hf, stream = pair
+    eng = Engine(stream)
+    toks = _tokens(64)
+    ours = eng.forward(toks, eng.new_cache())
+    with torch.no_grad():
+        ref = hf(toks[None]).logits[0].float()
+    diff = (ours - ref).abs().max().item()
+    assert diff <= 1e-4, f"{kind}: max |logit diff| {diff}"
+
+
+def test_greedy_matches_transformers(pair):
+    kind, hf, stream = pair
+    eng = Engine(stream)
+    prompt = _tokens(8, seed=2)
+    with torch.no_grad():
+        ref = hf.generate(prompt[None], max_new_tokens=32, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)[0, 8:].tolist()
+    cache = eng.new_cache()
+    logits = eng.forward(prompt, cache)[-1]
+    out = []
+    for _ in range(32):
+        t = int(logits.argmax())
+        out.append(t)
+        logits = eng.forward([t], cache)[-1]
+    assert out == ref
+
+
+def test_prefill_equals_incremental_exactly(pair):
+    """Row-invariance: one T-row forward and T one-row forwards give bit-identical logits."""
+    kind, _, stream = pair
+    eng = Engine(stream)
+    toks = _tokens(100, seed=3)
+    full = eng.forward(toks, eng.new_cache())
+    cache = eng.new_cache()
+    step = torch.cat([eng.forward(toks[i:i + 1], cache) for i in range(len(toks))])
+    assert torch.equal(full, step), f"max diff {(full - step).abs().max().item()}"
+    assert torch.equal(full.argmax(-1), step.argmax(-1))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 9])
+def test_verify_forward_equals_one_row_forwards(pair, k):
+    kind, _, stream = pair
+    eng = Engine(stream)
+    toks = _tokens(60 + k, seed=4)
+    cache = eng.new_cache()
+    eng.forward(toks[:60], cache)
+    verify = eng.forward(toks[60:], cache)
+    cache.rollback(60)
+    single = torch.cat([eng.forward(toks[60 + i:61 + i], cache) for i in range(k)])
+    assert torch.equal(verify, single)
+
+
+def test_rollback_recomputes_identically(pair):
+    _, _, stream = pair
+    eng = Engine(stream)
+    toks = _tokens(40, seed=5)
+    cache = eng.new_cache()
+    a = eng.forward(toks, cache)
+    cache.rollback(10)
+    b = eng.forward(toks[10:], cache)
+    assert torch.equal(a[10:], b)
+
+
+def test_expert_budget_changes_speed_not_results(tmp_path):
+    _, stream = make_hf("olmoe", tmp_path)
+    toks = _tokens(48, seed=6)
+    unlimited = Engine(stream)
+    one = Engine(stream, expert_budget_mb=unlimited.expert_bytes / 2**20)
+    pre = Engine(stream, expert_budget_mb=3 * unlimited.expert_bytes / 2**20, prefetch=True)
+    a = unlimited.forward(toks, unlimited.new_cache())
+    b = one.forward(toks, one.new_cache())
+    c = pre.forward(toks, pre.new_cache())
+    assert torch.equal(a, b) and torch.equal(a, c)
+    for eng in (unlimited, one, pre):       # decode token by token: now the budget matters
+        cache = eng.new_cache()
+        steps = torch.cat([eng.forward(toks[i:i + 1], cache) for i in range(len(toks))])
+        assert torch.equal(steps, a)
+    assert one.store.misses > unlimited.store.misses
+    assert one.store.bytes_read > unlimited.store.bytes_read
+
+
+def test_batch_union_loads_each_expert_once(tmp_path):
+    _, stream = make_hf("olmoe", tmp_path)
+    eng = Engine(stream)
+    eng.forward(_tokens(32, seed=7), eng.new_cache())
+    # 2 layers x 8 experts: a 32-row forward cannot read more than 16 experts
+    assert eng.store.misses <= 16
+    assert eng.store.bytes_read == eng.store.misses * eng.store.expert_bytes // 1
+
+
+def test_budget_smaller_than_one_expert_is_a_clear_error(tmp_path):
+    _, stream = make_hf("olmoe", tmp_path)
+    with pytest.raises(LessonkitError, match="smaller than one expert"):
+        Engine(stream, expert_budget_mb=0.001)
+
+
+def test_truncated_and_corrupt_files_are_named(tmp_path):
+    _, stream = make_hf("olmoe", tmp_path)
+    data = (stream / "experts.safetensors").read_bytes()
+    (stream / "experts.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(LessonkitError, match="experts.safetensors.*truncated"):
+        Engine(stream)
+    (stream / "experts.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(LessonkitError, match="experts.safetensors"):
+        Engine(stream)
+    (stream / "dense.safetensors").write_bytes(b"garbage")
+    with pytest.raises(LessonkitError, match="dense.safetensors"):
+        Engine(stream)
+
+
+def test_config_and_weight_shapes_disagree(tmp_path):
+    import json
+    _, stream = make_hf("llama", tmp_path)
+    cfg = json.loads((stream / "config.json").read_text())
+    cfg["dim"] = 80
+    (stream / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LessonkitError, match="shape"):
+        Engine(stream)
+
+
+def test_missing_model_dir(tmp_path):
+    with pytest.raises(LessonkitError, match="not found"):
+        Engine(tmp_path / "nope")
