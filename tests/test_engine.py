@@ -126,6 +126,7 @@ def test_truncated_and_corrupt_files_are_named(tmp_path):
     (stream / "experts.safetensors").write_bytes(b"\xff" * 64)
     with pytest.raises(LessonkitError, match="experts.safetensors"):
         Engine(stream)
+    (stream / "experts.safetensors").write_bytes(data)
     (stream / "dense.safetensors").write_bytes(b"garbage")
     with pytest.raises(LessonkitError, match="dense.safetensors"):
         Engine(stream)
