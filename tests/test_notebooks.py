@@ -1,0 +1,44 @@
+"""Every notebook executes headlessly (papermill, SMOKE=True, INTERACTIVE=False): lessons, exercises
+(with their stubs) and solutions. New notebooks are covered automatically."""
+import json
+from pathlib import Path
+
+import pytest
+
+from lessonkit.runner import execute_notebook, extract_figures
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "notebooks" / "exercises").glob("*.ipynb")) \
+    + sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb"))
+
+
+def _rel(p):
+    return str(p.relative_to(ROOT / "notebooks"))
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=_rel)
+def test_notebook_conventions(nb):
+    d = json.loads(nb.read_text())
+    assert d["metadata"]["kernelspec"]["name"] == "python3"
+    code = [c for c in d["cells"] if c["cell_type"] == "code"]
+    assert code and "parameters" in code[0].get("metadata", {}).get("tags", []), "first code cell must be tagged parameters"
+    src = "".join(code[0]["source"])
+    for name in ("SMOKE", "INTERACTIVE", "SEED"):
+        assert name in src, f"parameters cell lacks {name}"
+    for c in code:
+        text = "".join(c["source"])
+        assert not c.get("outputs"), "committed notebooks carry no outputs"
+        assert "%%time" not in text and "matplotlib.use" not in text
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=_rel)
+def test_notebook_executes(nb, tmp_path):
+    out = tmp_path / nb.name
+    execute_notebook(nb, out, smoke=True, build_dir=tmp_path / "build")
+    executed = json.loads(out.read_text())
+    errors = [o for c in executed["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors
+    if nb.parent.name == "notebooks":
+        # a lesson records its headline figures and shows at least one plot
+        assert list((tmp_path / "build" / "results").glob("*.json")), "lesson did not call record_results"
+        assert extract_figures(out, tmp_path / "figs"), "lesson produced no figure"
