@@ -699,3 +699,142 @@ class PrefixCache:
 
     def __repr__(self):
         return f"PrefixCache({str(self.dir)!r}, key={self.key[:12]}, budget={self.budget_bytes:,} B, block={self.block_size})"
+
+
+# ---- engine integration: batch scoring behind one shared prefix ----------------------------------------
+@dataclass
+class ScoreResult:
+    """Per item: log p(item tokens | prefix, earlier item tokens), and the logits after the item.
+
+    logprobs[i] = sum of token_logprobs[i]; last_logits[i] is the next-token distribution after
+    prefix + item i (float32 [V]). stats: mode (off / cold / warm), total_s, ttft_s (time until the
+    first item is scored), prefill_s (prefix prefill actually run), restore_s, prefix_cache_queries
+    and prefix_cache_hits (tokens), prefill_s_saved, save_s.
+    """
+    logprobs: list[float]
+    token_logprobs: list[torch.Tensor]
+    last_logits: torch.Tensor
+    stats: dict = field(default_factory=dict)
+
+
+def _rows_to_scores(rows: torch.Tensor, item: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows [L+1, V]: logits at the last prefix position and at each item position."""
+    lp = torch.log_softmax(rows[:-1], dim=-1)
+    tok = lp.gather(1, torch.tensor(list(item), dtype=torch.long)[:, None])[:, 0] if len(item) else lp.new_zeros(0)
+    return tok, rows[-1].clone()
+
+
+def score(engine, prefix_ids: Sequence[int], items: Sequence[Sequence[int]], *, prefix_cache: PrefixCache | None = None,
+          progress: bool = False) -> ScoreResult:
+    """Score many items behind one shared prefix (a long system prompt, an instruction, few-shot examples).
+
+    prefix_cache=None: the cache is off, every item pays a fresh prefill of the prefix (each request
+    on its own, as without prefix caching). With a PrefixCache: the prefix is restored from disk if
+    saved (warm), else prefilled once and saved (cold); then each item runs from the shared state.
+    Scores are bit-identical in all modes (the forward is row-invariant).
+    """
+    prefix_ids = [int(t) for t in prefix_ids]
+    items = [[int(t) for t in it] for it in items]
+    P = len(prefix_ids)
+    if P < 1:
+        raise LessonkitError("score needs a prefix of at least one token")
+    if not items:
+        raise LessonkitError("score needs at least one item")
+    max_len = P + max(len(it) for it in items) + 1
+    base = prefix_ids[:-1]                  # the shared state: all but the last prefix token
+    st = {"mode": "off" if prefix_cache is None else "cold", "items": len(items), "prefix_tokens": P,
+          "item_tokens": sum(len(it) for it in items), "prefill_s": 0.0, "restore_s": 0.0, "save_s": 0.0,
+          "prefix_cache_queries": 0, "prefix_cache_hits": 0, "prefill_s_saved": 0.0, "ttft_s": None}
+    before = prefix_cache.stats.as_dict() if prefix_cache is not None else None
+    t_start = time.perf_counter()
+    cache = None
+    if prefix_cache is not None:
+        cache = engine.new_cache(max_len)
+        n = prefix_cache.lookup_and_restore(base, cache) if base else 0
+        if n < len(base):
+            t0 = time.perf_counter()
+            engine.forward(base[n:], cache, last_only=True)
+            st["prefill_s"] += time.perf_counter() - t0
+        st["mode"] = "warm" if n else "cold"
+    tok_lps, lasts = [], []
+    bar = _progress(items, progress, f"score ({st['mode']})")
+    for i, item in enumerate(bar):
+        if prefix_cache is None:
+            cache = engine.new_cache(max_len)
+            if base:
+                t0 = time.perf_counter()
+                engine.forward(base, cache, last_only=True)
+                st["prefill_s"] += time.perf_counter() - t0
+        else:
+            cache.rollback(len(base))
+        rows = engine.forward([prefix_ids[-1]] + item, cache)
+        tok, last = _rows_to_scores(rows, item)
+        tok_lps.append(tok)
+        lasts.append(last)
+        if i == 0:
+            st["ttft_s"] = time.perf_counter() - t_start
+            if prefix_cache is not None and st["mode"] == "cold":
+                t0 = time.perf_counter()
+                prefix_cache.save(prefix_ids, cache, prefill_s=st["prefill_s"])
+                st["save_s"] = time.perf_counter() - t0
+    st["total_s"] = time.perf_counter() - t_start
+    if prefix_cache is not None:
+        after = prefix_cache.stats.as_dict()
+        for k in ("prefix_cache_queries", "prefix_cache_hits", "restore_s", "prefill_s_saved"):
+            st[k] = after[k] - before[k]
+    return ScoreResult([float(t.sum()) for t in tok_lps], tok_lps, torch.stack(lasts), st)
+
+
+def _progress(it, on: bool, desc: str):
+    if not on:
+        return it
+    from tqdm.auto import tqdm
+    return tqdm(it, desc=desc, leave=False)
+
+
+def results_identical(a: ScoreResult, b: ScoreResult) -> bool:
+    """Bit-identical scores (==, float32) for every item."""
+    return (len(a.token_logprobs) == len(b.token_logprobs)
+            and all(torch.equal(x, y) for x, y in zip(a.token_logprobs, b.token_logprobs))
+            and torch.equal(a.last_logits, b.last_logits))
+
+
+# ---- generation with a prefix cache ----------------------------------------------------------------------
+def generate_with_prefix_cache(engine, prompt_ids: Sequence[int], prefix_cache: PrefixCache | None, **gen_kwargs):
+    """lessonkit.generate.generate(), resuming the prompt from the prefix cache and saving it after.
+
+    Restores at most len(prompt) - 1 tokens (the last prompt token is forwarded to get logits),
+    runs generate() on the resumed cache, then saves the prompt's KV state if it was not already
+    covered. Adds prefix_cache_queries / prefix_cache_hits (tokens), restore_s, prefill_s_saved,
+    ttft_s and total_s to the result's stats. With prefix_cache=None it is plain generate().
+    """
+    from .generate import generate
+    prompt_ids = [int(t) for t in prompt_ids]
+    if prefix_cache is None:
+        return generate(engine, prompt_ids, **gen_kwargs)
+    if not prompt_ids:
+        raise LessonkitError("generate needs a non-empty prompt")
+    t_start = time.perf_counter()
+    before = prefix_cache.stats.as_dict()
+    max_new = int(gen_kwargs.get("max_new_tokens", 0) or 0)
+    cache = gen_kwargs.pop("cache", None) or engine.new_cache(len(prompt_ids) + max_new + 1)
+    n = prefix_cache.lookup_and_restore(prompt_ids, cache, max_tokens=len(prompt_ids) - 1)
+    first = {}
+    user_cb = gen_kwargs.pop("callback", None)
+
+    def callback(*a, **k):
+        first.setdefault("t", time.perf_counter())
+        return user_cb(*a, **k) if user_cb is not None else None
+
+    res = generate(engine, prompt_ids, cache=cache, callback=callback, **gen_kwargs)
+    after = prefix_cache.stats.as_dict()
+    if n < len(prompt_ids) - 1 and cache.length >= len(prompt_ids):
+        prefix_cache.save(prompt_ids, cache, prefill_s=(res.stats or {}).get("prefill_s"))
+    stats = dict(res.stats or {})
+    for k in ("prefix_cache_queries", "prefix_cache_hits", "restore_s", "prefill_s_saved"):
+        stats[k] = after[k] - before[k]
+    if "t" in first:
+        stats["ttft_s"] = first["t"] - t_start
+    stats["total_s"] = time.perf_counter() - t_start
+    res.stats = stats
+    return res
