@@ -169,7 +169,7 @@ class SchemaCompiler:
         todo, done = sorted(self.used), set()
         while todo:
             h = todo.pop()
-            if h in done:
+            if h in done or h == "ws":
                 continue
             done.add(h)
             body, deps = _HELPERS[h]

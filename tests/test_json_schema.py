@@ -1,0 +1,273 @@
+"""JSON Schema -> grammar: property tests with jsonschema as the oracle, plus fail-closed errors.
+
+Valid instances come from hypothesis-jsonschema (it cannot generate from recursive $ref or
+prefixItems: those schemas use hand-written instances). Each instance is put in the schema's key
+order (the grammar fixes key order, see docs/grammar.md) and serialised compactly and with random
+JSON whitespace; both must be accepted. Mutated instances that jsonschema rejects must be rejected.
+"""
+import copy
+import os
+import functools
+import json
+import random
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis_jsonschema import from_schema
+
+from lessonkit.errors import LessonkitError
+from lessonkit.json_schema import compile_schema, order_like_schema, schema_grammar
+
+SCHEMA_DIR = Path(__file__).parent / "schemas"
+SCHEMAS = sorted(p.stem for p in SCHEMA_DIR.glob("*.json"))
+
+HAND_WRITTEN = {   # schemas hypothesis-jsonschema cannot generate from: valid instances by hand
+    "tree": [{"label": "root", "children": [{"label": "a"}, {"label": "b", "children": [{"label": "c", "children": []}]}]},
+             {"label": ""}],
+    "linked_list": [{"value": 1, "next": {"value": -2, "next": {"value": 30, "next": None}}}, {"value": 0, "next": None}],
+    "expression_tree": [3.5, {"op": "+", "args": [1, {"op": "*", "args": [2, -0.5]}]}, {"op": "/", "args": [0, 1e-3]}],
+    "geo_point": [{"type": "Point", "coordinates": [13.4, 52.52]}, {"type": "Point", "coordinates": [0, -1]}],
+    "rgb_tuple": [[255, 0, 17], [0, 0, 0]],
+    "csv_row": [["name", 3], ["é\"q", -1, "y", "extra", ""], ["", 0, "n"]],
+}
+GENERATED = [s for s in SCHEMAS if s not in HAND_WRITTEN]
+MAX_EXAMPLES = int(os.environ.get("LESSONKIT_HYPOTHESIS_EXAMPLES", "30"))
+CUSTOM_FORMATS = {"uuid": st.uuids().map(str)}   # hypothesis-jsonschema has no uuid strategy
+WS = ["", "", "", " ", "\n", "\t", "  ", "\r\n", " \n  "]
+POOL = [None, True, False, 0, -7, 2.5, 1e21, "", "x", "2024-02-30", "AB-1234", "not an email",
+        [], [1], {}, {"zz": 1}, "12345678-1234-1234-1234-1234567890ab"]
+
+
+def load(name):
+    return json.loads((SCHEMA_DIR / f"{name}.json").read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def _validator(text):
+    schema = json.loads(text)
+    return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+
+
+def validator(schema):
+    return _validator(json.dumps(schema, sort_keys=True))
+
+
+def compact(v) -> bytes:
+    return json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def dumps_ws(v, rnd: random.Random) -> bytes:
+    """Serialise with arbitrary JSON whitespace between tokens."""
+    def w():
+        return rnd.choice(WS)
+
+    def go(x):
+        if isinstance(x, dict):
+            if not x:
+                return "{" + w() + "}"
+            return "{" + w() + ("," + w()).join(
+                json.dumps(k, ensure_ascii=False) + w() + ":" + w() + go(val) + w() for k, val in x.items()) + "}"
+        if isinstance(x, list):
+            if not x:
+                return "[" + w() + "]"
+            return "[" + w() + ("," + w()).join(go(e) + w() for e in x) + "]"
+        return json.dumps(x, ensure_ascii=False)
+
+    return (w() + go(v) + w()).encode()
+
+
+def mutate(v, rnd: random.Random):
+    """A random small change somewhere in v (may or may not keep it valid)."""
+    v = copy.deepcopy(v)
+    nodes = []
+
+    def walk(x, parent, key):
+        nodes.append((x, parent, key))
+        if isinstance(x, dict):
+            for k, c in x.items():
+                walk(c, x, k)
+        elif isinstance(x, list):
+            for i, c in enumerate(x):
+                walk(c, x, i)
+
+    walk(v, None, None)
+    x, parent, key = rnd.choice(nodes)
+    op = rnd.randrange(4)
+    if op == 0 or isinstance(x, (bool, type(None))):
+        new = copy.deepcopy(rnd.choice(POOL))
+    elif isinstance(x, dict):
+        if x and rnd.random() < 0.5:
+            del x[rnd.choice(list(x))]
+        else:
+            x[rnd.choice(["zz", "id", "name", "extra", *x.keys()])] = copy.deepcopy(rnd.choice(POOL))
+        new = x
+    elif isinstance(x, list):
+        if x and rnd.random() < 0.5:
+            x.pop(rnd.randrange(len(x)))
+        else:
+            x.append(copy.deepcopy(rnd.choice(x + POOL)))
+        new = x
+    elif isinstance(x, str):
+        new = rnd.choice([x + "Z", x[:-1], x[1:], x.upper(), "0" + x, x + "é", x * 3])
+    else:
+        new = rnd.choice([x + 0.5, str(x), -x - 1, x * 10 ** 6])
+    if parent is None:
+        return new
+    parent[key] = new
+    return v
+
+
+@pytest.fixture(scope="module")
+def grammars():
+    return {n: (schema_grammar(load(n), whitespace="compact", source=n),
+                schema_grammar(load(n), whitespace="flexible", source=n)) for n in SCHEMAS}
+
+
+def check_instance(name, schema, g_compact, g_flex, inst, rnd):
+    v = validator(schema)
+    assert v.is_valid(inst), f"{name}: test instance is invalid: {inst!r}"
+    ordered = order_like_schema(inst, schema)
+    assert g_compact.matches(compact(ordered)), f"{name}: compact {compact(ordered)!r} rejected"
+    text = dumps_ws(ordered, rnd)
+    assert g_flex.matches(text), f"{name}: {text!r} rejected"
+    rejected = 0
+    for _ in range(4):
+        bad = mutate(inst, rnd)
+        if not v.is_valid(bad):
+            rejected += 1
+            ob = order_like_schema(bad, schema)
+            assert not g_compact.matches(compact(ob)), f"{name}: invalid {compact(ob)!r} accepted (compact)"
+            assert not g_flex.matches(dumps_ws(ob, rnd)), f"{name}: invalid {compact(ob)!r} accepted (flexible)"
+    return rejected
+
+
+def test_at_least_30_schemas_all_compile_fast():
+    assert len(SCHEMAS) >= 30
+    slow = {}
+    for n in SCHEMAS:
+        best = min(_timed(lambda: schema_grammar(load(n), whitespace="compact")) for _ in range(3))
+        if best >= 0.050:
+            slow[n] = best
+    assert not slow, f"compile time >= 50 ms: {slow}"
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+@pytest.mark.parametrize("name", GENERATED)
+def test_generated_instances_accepted_and_mutations_rejected(name, grammars):
+    schema = load(name)
+    g_compact, g_flex = grammars[name]
+
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(from_schema(copy.deepcopy(schema), custom_formats=CUSTOM_FORMATS), st.randoms(use_true_random=False))
+    def run(inst, rnd):
+        check_instance(name, schema, g_compact, g_flex, inst, rnd)
+
+    run()
+
+
+@pytest.mark.parametrize("name", sorted(HAND_WRITTEN))
+def test_hand_written_instances(name, grammars):
+    schema = load(name)
+    g_compact, g_flex = grammars[name]
+    rnd = random.Random(0)
+    rejected = 0
+    for inst in HAND_WRITTEN[name]:
+        for _ in range(10):
+            rejected += check_instance(name, schema, g_compact, g_flex, inst, rnd)
+    assert rejected >= 10, "the mutations should produce invalid instances"  # the test can fail
+
+
+def test_compact_grammar_rejects_whitespace_and_forces_keys():
+    s = load("sentiment")
+    g = schema_grammar(s, whitespace="compact")
+    assert g.matches(b'{"label":"neutral","confidence":0.5}')
+    assert not g.matches(b'{ "label":"neutral","confidence":0.5}')
+    assert g.initial().forced_continuation() == b'{"label":"'
+    st_ = g.initial().advance_bytes(b'{"label":"neg')
+    assert st_.forced_continuation() == b'ative","confidence":'
+
+
+def test_key_order_is_the_schema_order():
+    g = schema_grammar(load("sentiment"), whitespace="compact")
+    assert not g.matches(b'{"confidence":0.5,"label":"neutral"}')
+    assert order_like_schema({"confidence": 0.5, "label": "x"}, load("sentiment")) == {"label": "x", "confidence": 0.5}
+
+
+def test_additional_properties_cannot_shadow_declared_keys():
+    g = schema_grammar(load("extra_props_schema"), whitespace="compact")
+    assert g.matches(b'{"id":1,"name":"a","x":3,"idx":4}')
+    assert not g.matches(b'{"id":1,"id":2}')       # a declared key again, through additionalProperties
+    assert not g.matches(b'{"id":1,"name":"a","x":"s"}')
+
+
+def test_ndjson_schema_grammar():
+    g = schema_grammar(load("sentiment"), whitespace="compact", ndjson=True)
+    assert g.matches(b'{"label":"positive","confidence":1}\n{"label":"neutral","confidence":0}\n')
+    assert not g.matches(b'{"label":"positive","confidence":1}')
+    st_ = g.initial().advance_bytes(b'{"label":"positive","confidence":1')
+    assert st_.advance(ord("}")).forced_continuation() == b"\n"
+    flex = schema_grammar(load("sentiment"), ndjson=True)
+    assert flex.matches(b' { "label" : "positive", "confidence": 1 }\t\n')
+    assert not flex.matches(b'{"label":\n"positive","confidence":1}\n')
+
+
+def test_date_format_knows_the_calendar():
+    g = schema_grammar({"type": "string", "format": "date"}, whitespace="compact")
+    for d, ok in [("2024-02-29", True), ("2023-02-29", False), ("2000-02-29", True), ("1900-02-29", False),
+                  ("2023-04-31", False), ("2023-12-31", True), ("0000-01-01", False), ("2023-1-01", False)]:
+        assert g.matches(json.dumps(d).encode()) == ok, d
+        assert validator({"format": "date"}).is_valid(d) == ok, d
+
+
+@pytest.mark.parametrize("schema,keyword,where", [
+    ({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}, "minimum", "#/properties/age/minimum"),
+    ({"allOf": [{"type": "string"}]}, "allOf", "#/allOf"),
+    ({"type": "string", "format": "ipv4"}, "ipv4", "#/format"),
+    ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties", "#/patternProperties"),
+    ({"type": "array", "uniqueItems": True}, "uniqueItems", "#/uniqueItems"),
+    ({"$defs": {"a": {"not": {}}}, "$ref": "#/$defs/a"}, "not", "#/$defs/a/not"),
+    ({"type": "number", "multipleOf": 2}, "multipleOf", "#/multipleOf"),
+    ({"properties": {"a/b": {"type": "array", "items": {"contains": {}}}}}, "contains", "#/properties/a~1b/items/contains"),
+    ({"type": "string", "pattern": "(?=a)b"}, "pattern", "#/pattern"),
+    ({"type": "string", "pattern": "^a\\b"}, "pattern", "#/pattern"),
+    ({"properties": {"x": {"$ref": "#/$defs/missing"}}}, "does not resolve", "#/properties/x/$ref"),
+    ({"$ref": "https://example.com/s.json"}, "local references", "#/$ref"),
+    ({"type": "string", "format": "date", "maxLength": 3}, "maxLength", "#/maxLength"),
+    ({"type": "integer", "$ref": "#"}, "type", "#/type"),
+    ({"type": "strin"}, "strin", "#/type"),
+    ({"if": {}, "then": {}}, "if", "#/if"),
+])
+def test_unsupported_keywords_fail_closed_naming_keyword_and_location(schema, keyword, where):
+    with pytest.raises(LessonkitError) as e:
+        compile_schema(schema, source="s.json")
+    msg = str(e.value)
+    assert keyword in msg and where in msg and msg.startswith("s.json:"), msg
+
+
+def test_left_recursive_ref_is_an_error():
+    with pytest.raises(LessonkitError, match="left-recursive"):
+        schema_grammar({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})
+
+
+def test_pattern_subset():
+    def m(pattern, s):
+        return schema_grammar({"type": "string", "pattern": pattern}, whitespace="compact").matches(
+            json.dumps(s, ensure_ascii=False).encode())
+
+    assert m("^[a-c]+x?$", "abcx") and not m("^[a-c]+x?$", "abd")
+    assert m("b", "abc") and not m("b", "acd")            # unanchored = search
+    assert m("^(?:ab|cd){2}$", "abcd") and not m("^(?:ab|cd){2}$", "ab")
+    assert m('^[^"]*$', "no quotes é") and not m('^[^"]*$', 'a"b')
+    assert m("^a.c$", "a\"c") and not m("^a.c$", "a\nc")
+    assert m("^é{2,3}$", "ééé") and not m("^é{2,3}$", "é")
+    assert m(r"^\d{3}-\w+$", "123-ab_9") and not m(r"^\d{3}-\w+$", "12-a")
