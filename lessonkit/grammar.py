@@ -206,14 +206,17 @@ class _Parser:
             raise self.err("unfinished escape")
         c = self.s[self.i]
         self.i += 1
+        start = self.i - 2          # the backslash, for error positions
         width = {"x": 2, "u": 4, "U": 8}.get(c)
         if width:
             digits = self.s[self.i:self.i + width]
             if len(digits) != width or any(d not in "0123456789abcdefABCDEF" for d in digits):
+                self.i = start
                 raise self.err(f"bad \\{c} escape: expected {width} hex digits")
             self.i += width
             return int(digits, 16)
         if c not in _ESCAPES:
+            self.i = start
             raise self.err(f"unknown escape \\{c}")
         return _ESCAPES[c]
 
@@ -238,6 +241,8 @@ class _Parser:
             out += c.encode("utf-8")
 
     def class_char(self) -> int:
+        if self.i >= len(self.s):
+            raise self.err("unterminated character class")
         c = self.s[self.i]
         self.i += 1
         if c == "\\":

@@ -35,7 +35,7 @@ HAND_WRITTEN = {   # schemas hypothesis-jsonschema cannot generate from: valid i
     "csv_row": [["name", 3], ["é\"q", -1, "y", "extra", ""], ["", 0, "n"]],
 }
 GENERATED = [s for s in SCHEMAS if s not in HAND_WRITTEN]
-MAX_EXAMPLES = int(os.environ.get("LESSONKIT_HYPOTHESIS_EXAMPLES", "30"))
+MAX_EXAMPLES = int(os.environ.get("LESSONKIT_HYPOTHESIS_EXAMPLES", "25"))
 CUSTOM_FORMATS = {"uuid": st.uuids().map(str)}   # hypothesis-jsonschema has no uuid strategy
 WS = ["", "", "", " ", "\n", "\t", "  ", "\r\n", " \n  "]
 POOL = [None, True, False, 0, -7, 2.5, 1e21, "", "x", "2024-02-30", "AB-1234", "not an email",
