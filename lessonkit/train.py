@@ -1,0 +1,521 @@
+"""Train the workbook's own models on data/corpus/: tiny-moe (OLMoE-style target) and tiny-draft.
+
+  tiny-moe    OlmoeForCausalLM: 8 experts, top-2, 4 layers, width 256, GQA 8/4 heads, qk-norm,
+              untied embeddings, router load-balancing loss (coef 0.01) so routing does not collapse.
+  tiny-draft  LlamaForCausalLM: dense, width 96, 2 layers, tied embeddings; at most 1/8 of the target's
+              active parameters counted with or without embeddings; distilled from tiny-moe
+              (loss = (1 - a) * CE + a * KL(target || draft)).
+
+Training is deterministic on CPU (fixed seed, torch.use_deterministic_algorithms, a fixed number of
+threads: 1 by default, because on a busy shared 2-core machine two OpenMP threads that wait for
+each other ran about 10x slower than one); batches are windows of `seq_len + 1` tokens drawn with a seeded generator from the
+token streams of the three corpus kinds, mixed by `mix`. The result is saved in Hugging Face format
+under build/hf/<name>/ and converted to the engine's streaming layout under data/models/<name>/
+(bf16 storage), with train_log.json, loss_curve.png and card.md.
+
+Shapes: B batch, T sequence, V vocabulary, E experts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from lessonkit.corpus import CORPUS_DIR, EOT, KINDS, load_documents
+from lessonkit.errors import LessonkitError
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS_DIR = ROOT / "data" / "models"
+HF_DIR = ROOT / "build" / "hf"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    name: str
+    arch: str                       # "olmoe" or "llama"
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    intermediate_size: int
+    n_experts: int = 1
+    top_k: int = 1
+    tie_embeddings: bool = False
+    router_aux_loss_coef: float = 0.01
+    seq_len: int = 256
+    batch_size: int = 8
+    steps: int = 1200
+    lr: float = 2e-3
+    min_lr_frac: float = 0.1
+    warmup: int = 60
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    threads: int = 1                 # 1 thread: faster than 2 on a shared, busy 2-core machine
+    mix: tuple = (("prose", 0.3), ("code", 0.35), ("records", 0.35))
+    distill_from: str | None = None  # teacher model name (its HF checkpoint under build/hf/)
+    distill_alpha: float = 0.5
+    eval_every: int = 50
+    eval_windows: int = 12           # held-out windows per kind for the logged held-out loss
+    log_every: int = 10
+
+
+PRESETS = {
+    "tiny-moe": TrainConfig(name="tiny-moe", arch="olmoe", dim=256, n_layers=4, n_heads=8, n_kv_heads=4,
+                            intermediate_size=384, n_experts=8, top_k=2, batch_size=4, steps=700, lr=3e-3,
+                            warmup=40),
+    "tiny-draft": TrainConfig(name="tiny-draft", arch="llama", dim=96, n_layers=2, n_heads=3, n_kv_heads=1,
+                              intermediate_size=288, tie_embeddings=True, batch_size=4, steps=500, lr=4e-3,
+                              warmup=40,
+                              distill_from="tiny-moe"),
+}
+
+
+# ----------------------------------------------------------------------------- data
+def load_tokenizer(corpus_dir: str | Path = CORPUS_DIR):
+    from tokenizers import Tokenizer
+    path = Path(corpus_dir) / "tokenizer.json"
+    if not path.exists():
+        raise LessonkitError(f"tokenizer {path} is missing; build it with `lessonkit corpus build`")
+    return Tokenizer.from_file(str(path))
+
+
+def token_stream(tokenizer, kind: str, split: str, corpus_dir: str | Path = CORPUS_DIR) -> torch.Tensor:
+    """All documents of one corpus part as one LongTensor, each document followed by EOT."""
+    eot = tokenizer.token_to_id(EOT)
+    ids: list[int] = []
+    for enc in tokenizer.encode_batch(load_documents(kind, split, corpus_dir)):
+        ids.extend(enc.ids)
+        ids.append(eot)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def heldout_windows(tokenizer, n_per_kind: int, seq_len: int = 256,
+                    corpus_dir: str | Path = CORPUS_DIR) -> dict[str, torch.Tensor]:
+    """Fixed held-out windows per kind: the first n non-overlapping [seq_len + 1] slices."""
+    out = {}
+    for kind in KINDS:
+        s = token_stream(tokenizer, kind, "heldout", corpus_dir)
+        n = min(n_per_kind, len(s) // (seq_len + 1))
+        out[kind] = s[: n * (seq_len + 1)].view(n, seq_len + 1)
+    return out
+
+
+def unigram_loss(tokenizer, windows: dict[str, torch.Tensor], corpus_dir: str | Path = CORPUS_DIR) -> dict:
+    """Cross-entropy (nats/token) of an add-one unigram model fit on the train split."""
+    V = tokenizer.get_vocab_size()
+    counts = torch.ones(V, dtype=torch.float64)
+    for kind in KINDS:
+        counts += torch.bincount(token_stream(tokenizer, kind, "train", corpus_dir), minlength=V).double()
+    logp = torch.log(counts / counts.sum())
+    per = {k: float(-logp[w[:, 1:]].mean()) for k, w in windows.items()}
+    per["mean"] = float(np.mean([per[k] for k in windows]))
+    return per
+
+
+class Batches:
+    """Seeded windows of seq_len + 1 tokens; each row picks a kind by `mix` weight."""
+
+    def __init__(self, streams: dict[str, torch.Tensor], mix, seq_len: int, batch_size: int, seed: int):
+        self.kinds = [k for k, _ in mix]
+        self.weights = torch.tensor([w for _, w in mix], dtype=torch.float64)
+        self.streams, self.T, self.B = streams, seq_len, batch_size
+        self.g = torch.Generator().manual_seed(seed)
+
+    def next(self) -> torch.Tensor:
+        rows = []
+        kinds = torch.multinomial(self.weights, self.B, replacement=True, generator=self.g)
+        for k in kinds.tolist():
+            s = self.streams[self.kinds[k]]
+            i = int(torch.randint(0, len(s) - self.T - 1, (1,), generator=self.g))
+            rows.append(s[i: i + self.T + 1])
+        return torch.stack(rows)
+
+
+# ----------------------------------------------------------------------------- models
+def hf_config(cfg: TrainConfig, tokenizer):
+    from transformers import LlamaConfig, OlmoeConfig
+    eot = tokenizer.token_to_id(EOT)
+    common = dict(vocab_size=tokenizer.get_vocab_size(), hidden_size=cfg.dim, num_hidden_layers=cfg.n_layers,
+                  num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+                  intermediate_size=cfg.intermediate_size, max_position_embeddings=1024,
+                  tie_word_embeddings=cfg.tie_embeddings, bos_token_id=eot, eos_token_id=eot,
+                  pad_token_id=eot, rms_norm_eps=1e-5, rope_theta=10000.0)
+    if cfg.arch == "olmoe":
+        return OlmoeConfig(num_experts=cfg.n_experts, num_experts_per_tok=cfg.top_k, norm_topk_prob=False,
+                           router_aux_loss_coef=cfg.router_aux_loss_coef, output_router_logits=False, **common)
+    if cfg.arch == "llama":
+        return LlamaConfig(head_dim=cfg.dim // cfg.n_heads, **common)
+    raise LessonkitError(f"unknown arch {cfg.arch!r} (expected 'olmoe' or 'llama')")
+
+
+def build_model(cfg: TrainConfig, tokenizer):
+    from transformers import LlamaForCausalLM, OlmoeForCausalLM
+    torch.manual_seed(cfg.seed)
+    cls = OlmoeForCausalLM if cfg.arch == "olmoe" else LlamaForCausalLM
+    return cls(hf_config(cfg, tokenizer))
+
+
+def parameter_counts(model) -> dict:
+    """Total and active parameters (per token), with and without the embedding matrices."""
+    c = model.config
+    total = sum(p.numel() for p in model.parameters())
+    emb = model.get_input_embeddings().weight.numel()
+    if not c.tie_word_embeddings:
+        emb += model.get_output_embeddings().weight.numel()
+    expert = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    n_exp = getattr(c, "num_experts", 1) or 1
+    top_k = getattr(c, "num_experts_per_tok", 1) if n_exp > 1 else 1
+    active = total - expert + expert * top_k // n_exp
+    return {"total": total, "embedding": emb, "total_excl_embeddings": total - emb,
+            "active": active, "active_excl_embeddings": active - emb}
+
+
+def load_hf(name_or_dir: str | Path):
+    """A trained model in HF format: build/hf/<name>/ if present, else exported from data/models/<name>/."""
+    from transformers import AutoModelForCausalLM
+    p = Path(name_or_dir)
+    if not p.is_dir():
+        p = HF_DIR / str(name_or_dir)
+        if not (p / "config.json").exists():
+            src = MODELS_DIR / str(name_or_dir)
+            if not (src / "config.json").exists():
+                raise LessonkitError(f"no trained model {name_or_dir!r}: neither {p} nor {src} exists")
+            from lessonkit.checkpoint import export_hf
+            export_hf(src, p)
+    m = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32)
+    return m.eval()
+
+
+@torch.no_grad()
+def evaluate(model, windows: dict[str, torch.Tensor], batch: int = 8) -> dict:
+    """Held-out cross-entropy (nats/token) per kind and their mean."""
+    model.eval()
+    out = {}
+    for kind, w in windows.items():
+        tot, n = 0.0, 0
+        for i in range(0, len(w), batch):
+            x = w[i: i + batch]
+            logits = model(input_ids=x[:, :-1]).logits
+            tot += float(F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(), reduction="sum"))
+            n += x[:, 1:].numel()
+        out[kind] = tot / n
+    out["mean"] = float(np.mean([out[k] for k in windows]))
+    model.train()
+    return out
+
+
+@torch.no_grad()
+def expert_load(model, windows: dict[str, torch.Tensor]) -> list[list[float]]:
+    """Share of routed token slots per expert, per layer, on held-out windows: [layers][E]."""
+    c = model.config
+    counts = torch.zeros(c.num_hidden_layers, c.num_experts)
+    for w in windows.values():
+        out = model(input_ids=w[:, :-1], output_router_logits=True)
+        for l, rl in enumerate(out.router_logits):
+            top = rl.topk(c.num_experts_per_tok, dim=-1).indices
+            counts[l] += torch.bincount(top.flatten(), minlength=c.num_experts).float()
+    return (counts / counts.sum(-1, keepdim=True)).tolist()
+
+
+@torch.no_grad()
+def top1_agreement(draft, target, windows: dict[str, torch.Tensor]) -> dict:
+    """Fraction of held-out positions where the greedy next token of draft equals target's."""
+    out = {}
+    for kind, w in windows.items():
+        a = draft(input_ids=w[:, :-1]).logits.argmax(-1)
+        b = target(input_ids=w[:, :-1]).logits.argmax(-1)
+        out[kind] = float((a == b).float().mean())
+    out["mean"] = float(np.mean([out[k] for k in windows]))
+    return out
+
+
+# ----------------------------------------------------------------------------- training
+def _lr(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    p = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def _save_hf(model, tokenizer_path: Path, out: Path) -> None:
+    from transformers import PreTrainedTokenizerFast
+    if out.exists():
+        shutil.rmtree(out)
+    model.save_pretrained(str(out))
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_path), bos_token=EOT, eos_token=EOT,
+                                  pad_token=EOT, unk_token=None)
+    tok.save_pretrained(str(out))
+
+
+def train(cfg: TrainConfig, *, corpus_dir: str | Path = CORPUS_DIR, hf_out: str | Path | None = None,
+          progress: bool = True) -> dict:
+    """Train one model; saves it in HF format to hf_out (default build/hf/<name>) and returns the log."""
+    from tqdm.auto import tqdm
+
+    torch.set_num_threads(cfg.threads)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(cfg.seed)
+    tokenizer = load_tokenizer(corpus_dir)
+    streams = {k: token_stream(tokenizer, k, "train", corpus_dir) for k in KINDS}
+    windows = heldout_windows(tokenizer, cfg.eval_windows, cfg.seq_len, corpus_dir)
+    teacher = load_hf(cfg.distill_from) if cfg.distill_from else None
+    model = build_model(cfg, tokenizer)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    batches = Batches(streams, cfg.mix, cfg.seq_len, cfg.batch_size, cfg.seed)
+    log = {"name": cfg.name, "config": asdict(cfg), "params": parameter_counts(model),
+           "train_tokens": {k: len(v) for k, v in streams.items()}, "steps": [], "eval": []}
+    t0 = time.perf_counter()
+    bar = tqdm(range(cfg.steps), desc=f"train {cfg.name}", disable=not progress, mininterval=2.0)
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = _lr(cfg, step)
+        x = batches.next()
+        inp, tgt = x[:, :-1], x[:, 1:]
+        if cfg.arch == "olmoe":
+            out = model(input_ids=inp, output_router_logits=True)
+            aux = out.aux_loss
+        else:
+            out = model(input_ids=inp)
+            aux = torch.zeros(())
+        V = out.logits.shape[-1]
+        ce = F.cross_entropy(out.logits.reshape(-1, V), tgt.reshape(-1))
+        loss = ce + cfg.router_aux_loss_coef * aux if cfg.arch == "olmoe" else ce
+        kl = torch.zeros(())
+        if teacher is not None:
+            with torch.no_grad():
+                t_logp = F.log_softmax(teacher(input_ids=inp).logits.reshape(-1, V), -1)
+            kl = F.kl_div(F.log_softmax(out.logits.reshape(-1, V), -1), t_logp, log_target=True,
+                          reduction="batchmean")
+            loss = (1 - cfg.distill_alpha) * ce + cfg.distill_alpha * kl
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        if step % cfg.log_every == 0 or step == cfg.steps - 1:
+            log["steps"].append({"step": step, "ce": round(float(ce), 5), "aux": round(float(aux), 5),
+                                 "kl": round(float(kl), 5), "lr": _lr(cfg, step),
+                                 "elapsed_s": round(time.perf_counter() - t0, 2)})
+            bar.set_postfix(ce=f"{float(ce):.3f}")
+        if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
+            ev = evaluate(model, windows)
+            log["eval"].append({"step": step + 1, **{k: round(v, 5) for k, v in ev.items()}})
+    log["train_time_s"] = round(time.perf_counter() - t0, 1)
+    log["tokens_seen"] = cfg.steps * cfg.batch_size * cfg.seq_len
+    log["heldout_loss"] = evaluate(model, windows)
+    log["unigram_loss"] = unigram_loss(tokenizer, windows, corpus_dir)
+    if cfg.arch == "olmoe":
+        log["expert_load"] = expert_load(model, windows)
+    if teacher is not None:
+        log["top1_agreement_with_" + cfg.distill_from] = top1_agreement(model.eval(), teacher, windows)
+        log["teacher_params"] = parameter_counts(teacher)
+    log["machine"] = {"platform": platform.platform(), "python": platform.python_version(),
+                      "torch": torch.__version__, "threads": cfg.threads, "cpu_count": os.cpu_count()}
+    out = Path(hf_out) if hf_out else HF_DIR / cfg.name
+    _save_hf(model, Path(corpus_dir) / "tokenizer.json", out)
+    (out / "train_log.json").write_text(json.dumps(log, indent=1))
+    return log
+
+
+# ----------------------------------------------------------------------------- shipping
+def loss_curve_figure(log: dict):
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    steps = [s["step"] for s in log["steps"]]
+    ax.plot(steps, [s["ce"] for s in log["steps"]], lw=0.8, alpha=0.6, label="train (batch)")
+    for kind in KINDS + ("mean",):
+        ax.plot([e["step"] for e in log["eval"]], [e[kind] for e in log["eval"]],
+                lw=1.8 if kind == "mean" else 1.0, marker="o" if kind == "mean" else None, ms=3,
+                label=f"held-out {kind}")
+    ax.axhline(log["unigram_loss"]["mean"], color="gray", ls="--", lw=1, label="unigram baseline")
+    ax.set_xlabel("training step (batches of %d x %d tokens)" % (log["config"]["batch_size"],
+                                                                log["config"]["seq_len"]))
+    ax.set_ylabel("cross-entropy (nats / token)")
+    ax.set_title(f"{log['name']}: held-out loss {log['heldout_loss']['mean']:.2f} vs unigram "
+                 f"{log['unigram_loss']['mean']:.2f} nats/token")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _card(log: dict, files: dict) -> str:
+    c, p = log["config"], log["params"]
+    lines = [f"# {log['name']}", "",
+             {"olmoe": "OLMoE-style mixture-of-experts target (transformers `OlmoeForCausalLM`).",
+              "llama": "Dense drafter (transformers `LlamaForCausalLM`)."}[c["arch"]], "",
+             "## Architecture", "",
+             f"- width {c['dim']}, {c['n_layers']} layers, {c['n_heads']} query heads / {c['n_kv_heads']} KV heads "
+             f"(head dim {c['dim'] // c['n_heads']}), intermediate {c['intermediate_size']}"
+             + (f" per expert, {c['n_experts']} experts, top-{c['top_k']}, qk-norm, router aux loss coef "
+                f"{c['router_aux_loss_coef']}" if c["arch"] == "olmoe" else "")
+             + f", {'tied' if c['tie_embeddings'] else 'untied'} embeddings, vocabulary 4096 (byte-level BPE), "
+             f"trained at sequence length {c['seq_len']}",
+             f"- parameters: total {p['total']:,}; excluding embeddings {p['total_excl_embeddings']:,}",
+             f"- active per token: {p['active']:,} including embeddings, {p['active_excl_embeddings']:,} excluding",
+             ]
+    if "teacher_params" in log:
+        tp = log["teacher_params"]
+        lines.append(f"- vs target {c['distill_from']}: {p['active'] / tp['active']:.3f} of its active parameters "
+                     f"including embeddings, {p['active_excl_embeddings'] / tp['active_excl_embeddings']:.3f} "
+                     f"excluding (limit 1/8 = 0.125)")
+    lines += ["", "## Corpus", "",
+              "data/corpus/ (see PROVENANCE.md): Python standard-library prose and sources (PSF licence) and "
+              "seeded NDJSON monitoring records; train split only. Training mix per batch row: "
+              + ", ".join(f"{k} {w}" for k, w in c["mix"]) + ".", "",
+              "## Held-out loss (nats/token, %d windows of %d tokens per kind)" % (c["eval_windows"], c["seq_len"]), "",
+              "| kind | model | unigram baseline |", "|---|---|---|"]
+    for k in KINDS + ("mean",):
+        lines.append(f"| {k} | {log['heldout_loss'][k]:.3f} | {log['unigram_loss'][k]:.3f} |")
+    agree = [k for k in log if k.startswith("top1_agreement_with_")]
+    for k in agree:
+        a = log[k]
+        lines += ["", f"Greedy next-token (top-1) agreement with {k.split('_with_')[1]} on the held-out windows: "
+                  + ", ".join(f"{kk} {a[kk]:.1%}" for kk in KINDS) + f"; mean {a['mean']:.1%}."]
+    if "expert_load" in log:
+        lo = min(min(r) for r in log["expert_load"])
+        hi = max(max(r) for r in log["expert_load"])
+        lines += ["", f"Routing on held-out text: each expert's share of routed slots per layer lies in "
+                  f"[{lo:.1%}, {hi:.1%}] (uniform = {1 / c['n_experts']:.1%})."]
+    lines += ["", "## Training", "",
+              f"- {c['steps']} steps x {c['batch_size']} x {c['seq_len']} tokens = {log['tokens_seen']:,} tokens, "
+              f"AdamW lr {c['lr']} (warmup {c['warmup']}, cosine to {c['min_lr_frac']}x), seed {c['seed']}, "
+              f"{c['threads']} threads, deterministic algorithms"
+              + (f"; distilled from {c['distill_from']} (alpha {c['distill_alpha']})" if c["distill_from"] else ""),
+              f"- training time: {log['train_time_s'] / 60:.1f} min on {log['machine']['platform']} "
+              f"(shared CPU, torch {log['machine']['torch']})",
+              "- loss curve: loss_curve.png; full log: train_log.json", "",
+              "## Reproduce", "", "```", f"lessonkit train {log['name']}", "```", "",
+              "Weights are stored as bfloat16 in the engine's streaming layout; `lessonkit export "
+              f"{log['name']} OUT_DIR` writes a Hugging Face checkpoint.", "",
+              "## Files", ""]
+    lines += [f"- {k}: {v:,} bytes" for k, v in files.items()]
+    return "\n".join(lines) + "\n"
+
+
+def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | None = None) -> Path:
+    """Convert build/hf/<name> to data/models/<name> (bf16), with train_log.json, loss_curve.png, card.md."""
+    from lessonkit.checkpoint import convert_hf_checkpoint
+    hf = Path(hf_dir) if hf_dir else HF_DIR / name
+    out = Path(out_dir) if out_dir else MODELS_DIR / name
+    if not (hf / "train_log.json").exists():
+        raise LessonkitError(f"{hf} has no train_log.json; run `lessonkit train {name}` first")
+    log = json.loads((hf / "train_log.json").read_text())
+    convert_hf_checkpoint(hf, out, dtype=torch.bfloat16)
+    (out / "train_log.json").write_text(json.dumps(log, indent=1))
+    fig = loss_curve_figure(log)
+    fig.savefig(out / "loss_curve.png", dpi=80)
+    files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.name != "card.md"}
+    (out / "card.md").write_text(_card(log, files))
+    try:
+        from lessonkit.checkpoint import write_manifest
+        write_manifest(out)
+    except ImportError:  # pragma: no cover
+        pass
+    return out
+
+
+# ----------------------------------------------------------------------------- for the notebooks
+def expert_load_figure(load: list[list[float]], name: str = "tiny-moe"):
+    """Bars of each expert's share of routed token slots, one group per layer; load is [layers][E]."""
+    import matplotlib.pyplot as plt
+    L, E = len(load), len(load[0])
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    width = 0.8 / L
+    for l, row in enumerate(load):
+        ax.bar([e + (l - (L - 1) / 2) * width for e in range(E)], [100 * v for v in row], width, label=f"layer {l}")
+    ax.axhline(100 / E, color="gray", ls="--", lw=1, label=f"uniform ({100 / E:.1f}%)")
+    ax.set_xticks(range(E))
+    ax.set_xlabel("expert")
+    ax.set_ylabel("share of routed token slots (%)")
+    lo = min(min(r) for r in load)
+    ax.set_title(f"{name}: routing is not collapsed (every expert gets >= {100 * lo:.1f}% of tokens)")
+    ax.legend(fontsize=7, ncol=L + 1)
+    fig.tight_layout()
+    return fig
+
+
+def continuation_prompts(n_per_kind: int = 1, prompt_chars: int = 160) -> list[dict]:
+    """Held-out prompts per kind: a document's first ~prompt_chars characters (records: whole lines
+    plus the start of the next record, '{"ts":"')."""
+    out = []
+    for kind in KINDS:
+        docs = [d for d in load_documents(kind, "heldout") if len(d) > 2 * prompt_chars]
+        if kind == "records":
+            docs = [d for d in docs if not d.startswith("{\n")]
+        for d in docs[:n_per_kind]:
+            if kind == "records":
+                lines = d.splitlines(keepends=True)
+                prompt = "".join(lines[:2]) + '{"ts":"'
+            else:
+                cut = d.rfind(" ", 0, prompt_chars)
+                prompt = d[: cut if cut > 0 else prompt_chars]
+            out.append({"kind": kind, "prompt": prompt})
+    return out
+
+
+def continuation_samples(engine, n_per_kind: int = 1, max_new_tokens: int = 60) -> list[dict]:
+    """Greedy continuations of held-out prompts of each kind (records stop at the end of the line)."""
+    from lessonkit.generate import generate
+    rows = []
+    for p in continuation_prompts(n_per_kind):
+        stop = ("\n",) if p["kind"] == "records" else ()
+        r = generate(engine, engine.encode(p["prompt"]), max_new_tokens, stop_strings=stop)
+        rows.append({**p, "continuation": r.text})
+    return rows
+
+
+# ----------------------------------------------------------------------------- CLI
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train tiny-moe or tiny-draft on data/corpus/ (deterministic)")
+    p.add_argument("name", choices=sorted(PRESETS))
+    p.add_argument("--steps", type=int, default=None, help="override the preset's step count (quick checks)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: the preset's, 1)")
+    p.add_argument("--out", default=None, help="streaming-layout output dir (default data/models/NAME)")
+    p.add_argument("--no-ship", action="store_true", help="only write the HF checkpoint under build/hf/")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cli_train)
+    e = subparsers.add_parser("export", help="export a model in the streaming layout to Hugging Face format")
+    e.add_argument("name", help="model name (tiny-moe, tiny-draft) or a streaming-layout directory")
+    e.add_argument("out_dir")
+    e.set_defaults(func=_cli_export)
+
+
+def _cli_train(args) -> int:
+    cfg = PRESETS[args.name]
+    if args.steps is not None:
+        cfg = replace(cfg, steps=args.steps)
+    if getattr(args, "threads", None):
+        cfg = replace(cfg, threads=args.threads)
+    hf = HF_DIR / cfg.name if args.steps is None else HF_DIR / f"{cfg.name}-steps{args.steps}"
+    log = train(cfg, hf_out=hf, progress=not args.json)
+    summary = {"name": cfg.name, "heldout_loss": log["heldout_loss"], "unigram_loss": log["unigram_loss"],
+               "train_time_s": log["train_time_s"], "params": log["params"], "hf_dir": str(hf)}
+    if not args.no_ship:
+        summary["model_dir"] = str(ship(cfg.name, hf_dir=hf, out_dir=args.out))
+    print(json.dumps(summary) if args.json else json.dumps(summary, indent=1))
+    return 0
+
+
+def _cli_export(args) -> int:
+    from lessonkit.checkpoint import export_hf
+    src = Path(args.name)
+    if not (src / "config.json").exists():
+        src = MODELS_DIR / args.name
+    if not (src / "config.json").exists():
+        raise LessonkitError(f"no model {args.name!r}: not a streaming-layout dir and not under {MODELS_DIR}")
+    print(export_hf(src, args.out_dir))
+    return 0
