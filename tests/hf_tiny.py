@@ -7,6 +7,17 @@ import transformers
 from lessonkit.checkpoint import convert_hf_checkpoint
 
 
+def byte_tokenizer_json() -> str:
+    """A byte-level BPE with no merges: 256 tokens, one per byte (enough for tests)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok.to_str()
+
+
 def make_hf(kind: str, out_dir, seed: int = 0, **over):
     torch.manual_seed(seed)
     common = dict(vocab_size=300, hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -32,6 +43,7 @@ def make_hf(kind: str, out_dir, seed: int = 0, **over):
     model.eval()
     hf_dir = out_dir / f"hf-{kind}"
     model.save_pretrained(hf_dir)
+    (hf_dir / "tokenizer.json").write_text(byte_tokenizer_json())
     stream = out_dir / f"stream-{kind}"
     convert_hf_checkpoint(hf_dir, stream)
     return model, stream

@@ -1,0 +1,72 @@
+"""The command line: one JSON object with --json, clear errors with exit code 2, benches that run."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lessonkit.cli import main
+from tests.hf_tiny import make_hf
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    _, stream = make_hf("olmoe", tmp_path_factory.mktemp("cli"))
+    return stream
+
+
+def test_generate_json(moe_dir, capsys):
+    assert main(["generate", "--model", str(moe_dir), "--prompt", "hello", "--max-new-tokens", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == moe_dir.name and len(out["token_ids"]) == 5
+    for k in ("new_tokens", "forwards", "wall_s", "tokens_per_s", "expert_hits", "expert_misses", "bytes_read"):
+        assert k in out["stats"]
+    assert out["stats"]["forwards"] == 5 and out["stats"]["new_tokens"] == 5
+
+
+def test_generate_is_deterministic_under_sampling(moe_dir, capsys):
+    args = ["generate", "--model", str(moe_dir), "--prompt", "abc", "--max-new-tokens", "8", "--json",
+            "--temperature", "0.9", "--top-p", "0.9", "--seed", "7"]
+    main(args)
+    a = json.loads(capsys.readouterr().out)["token_ids"]
+    main(args)
+    b = json.loads(capsys.readouterr().out)["token_ids"]
+    assert a == b
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["generate", "--model", "no-such-model", "--prompt", "x"], "unknown model 'no-such-model'"),
+    (["generate", "--model", "/nonexistent/dir", "--prompt", "x"], "unknown model"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_budget_below_one_expert_via_cli(moe_dir, capsys):
+    rc = main(["generate", "--model", str(moe_dir), "--prompt", "x", "--expert-budget-mb", "0.0001"])
+    assert rc == 2 and "smaller than one expert" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point(moe_dir):
+    r = subprocess.run([sys.executable, "-m", "lessonkit", "generate", "--model", str(moe_dir / "missing"),
+                        "--prompt", "x"], capture_output=True, text=True)
+    assert r.returncode == 2 and "lessonkit: error:" in r.stderr
+
+
+def test_bench_engine_smoke(moe_dir, capsys):
+    assert main(["bench", "engine", "--smoke", "--json", "--model", str(moe_dir)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bench"] == "engine" and out["rows"] and out["targets"]
+    assert all(r["identical_to_plain"] for r in out["rows"])
+
+
+def test_compare_reports_moves(tmp_path, capsys):
+    a = {"lessons": {"01": {"figures": {"speedup": 1.0, "acc": 0.5}}}}
+    b = {"lessons": {"01": {"figures": {"speedup": 1.5, "acc": 0.52}}}}
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 1
+    out = capsys.readouterr().out
+    assert "01.speedup" in out and "01.acc" not in out
