@@ -1,0 +1,145 @@
+"""Experiments for lesson 00 (the worked engine). Each returns data (a DataFrame) and a Figure."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .generate import generate
+from .registry import load_model
+
+
+def token_path(engine, text: str, top: int = 5) -> pd.DataFrame:
+    """How the last token of `text` flows through the engine: per layer the experts its router picks
+    (with weights), the residual-stream norm, and at the end the top next-token candidates."""
+    c = engine.config
+    ids = engine.encode(text)
+    engine.model.routing_log = []
+    cache = engine.new_cache()
+    captured = {}
+    orig = engine.model._moe
+
+    def spy(l, x, stats, T):
+        captured[l] = float(x[T - 1].float().norm())
+        return orig(l, x, stats, T)
+
+    engine.model._moe = spy
+    try:
+        logits = engine.forward(ids, cache)[-1]
+    finally:
+        engine.model._moe = orig
+        log, engine.model.routing_log = engine.model.routing_log, None
+    rows = []
+    for l in range(c.n_layers):
+        picks = [r for (ll, r) in log if ll == l]
+        experts = picks[0][-1].tolist() if picks else [0]
+        rows.append({"stage": f"layer {l}", "experts (top-k)": experts, "|x| entering MLP": round(captured.get(l, 0), 2)})
+    p = torch.softmax(logits, -1)
+    pv, pi = torch.topk(p, top)
+    rows.append({"stage": "output head", "experts (top-k)": "-",
+                 "|x| entering MLP": ", ".join(f"{engine.decode([int(i)])!r}: {float(v):.2f}" for v, i in zip(pv, pi))})
+    return pd.DataFrame(rows)
+
+
+def routing_heat(engine, texts: list[str]):
+    """Tokens routed to each expert per layer over `texts` (load per expert), as a heat map."""
+    import matplotlib.pyplot as plt
+    c = engine.config
+    counts = np.zeros((c.n_layers, c.n_experts))
+    engine.model.routing_log = []
+    try:
+        for t in tqdm(texts, desc="routing", leave=False):
+            engine.forward(engine.encode(t), engine.new_cache())
+    finally:
+        log, engine.model.routing_log = engine.model.routing_log, None
+    for l, idx in log:
+        counts[l] += np.bincount(idx.flatten().numpy(), minlength=c.n_experts)
+    share = counts / counts.sum(1, keepdims=True)
+    fig, ax = plt.subplots(figsize=(7, 3))
+    im = ax.imshow(share, aspect="auto", cmap="viridis")
+    ax.set_xlabel("expert")
+    ax.set_ylabel("layer")
+    ax.set_title(f"Routing load per expert ({engine.name}): no expert is starved (min share {share.min():.1%})")
+    fig.colorbar(im, ax=ax, label="share of routed tokens")
+    df = pd.DataFrame(share, index=[f"layer {l}" for l in range(c.n_layers)],
+                      columns=[f"e{e}" for e in range(c.n_experts)])
+    return df, fig
+
+
+def budget_sweep(model: str, prompt: str, fractions=(0.125, 0.25, 0.5, 0.75, 1.0), n_new: int = 48):
+    """Expert hit rate, bytes read per token and tokens per second against the expert-cache budget."""
+    import matplotlib.pyplot as plt
+    base = load_model(model)
+    c = base.config
+    n_total = c.n_layers * c.n_experts
+    ids = base.encode(prompt)
+    ref = generate(base, ids, n_new, use_eos=False).token_ids
+    rows = []
+    for f in tqdm(fractions, desc="budgets", leave=False):
+        n_exp = max(1, int(round(f * n_total)))
+        eng = load_model(model, expert_budget_mb=n_exp * base.expert_bytes / 2**20)
+        r = generate(eng, ids, n_new, use_eos=False)
+        decode_s = r.stats["wall_s"] - r.stats["ttft_s"]
+        rows.append({"budget_experts": n_exp, "budget_fraction": n_exp / n_total,
+                     "hit_rate": r.stats["expert_hit_rate"], "bytes_read_per_token": r.stats["bytes_read_per_token"],
+                     "tokens_per_s": (r.stats["new_tokens"] - 1) / decode_s if decode_s > 0 else float("nan"),
+                     "identical_tokens": r.token_ids == ref})
+    df = pd.DataFrame(rows)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
+    a1.plot(df.budget_fraction * 100, df.hit_rate * 100, "o-", label="hit rate")
+    a1.set_xlabel("expert budget (% of all experts)")
+    a1.set_ylabel("expert hit rate (%)")
+    a1b = a1.twinx()
+    a1b.plot(df.budget_fraction * 100, df.bytes_read_per_token / 2**20, "s--", color="C1", label="MB read / token")
+    a1b.set_ylabel("MB read from disk per token", color="C1")
+    a1.set_title("A bigger budget turns disk reads into hits")
+    a2.plot(df.budget_fraction * 100, df.tokens_per_s, "o-", color="C2")
+    a2.set_xlabel("expert budget (% of all experts)")
+    a2.set_ylabel("decode tokens per second")
+    a2.set_title("Placement changes speed, never tokens" if df.identical_tokens.all() else "TOKENS CHANGED")
+    fig.tight_layout()
+    return df, fig
+
+
+def batch_union(engine, text: str, sizes=(1, 2, 4, 8, 16, 32)):
+    """Unique experts loaded per position when N positions share one forward (batch-union)."""
+    import matplotlib.pyplot as plt
+    c = engine.config
+    ids = engine.encode(text)
+    cache = engine.new_cache()
+    engine.forward(ids, cache)                       # fill the cache once; each window rolls back to its start
+    rows = []
+    for n in sizes:
+        if n > len(ids):
+            break
+        loads = []
+        starts = list(range(0, len(ids) - n + 1, n))
+        for s in starts[:: max(1, len(starts) // 12)]:   # at most ~12 windows per size
+            cache.rollback(s)
+            engine.forward(ids[s:s + n], cache)
+            loads.append(engine.model.last_forward["unique_experts"])
+        rows.append({"positions_per_forward": n, "unique_experts_per_forward": float(np.mean(loads)),
+                     "experts_loaded_per_position": float(np.mean(loads)) / n,
+                     "without_union": c.n_layers * c.top_k})
+    df = pd.DataFrame(rows)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(df.positions_per_forward, df.experts_loaded_per_position, "o-", label="with batch-union")
+    ax.plot(df.positions_per_forward, df.without_union, "k--", label="one load per routed slot")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("positions sharing one forward")
+    ax.set_ylabel("expert loads per position")
+    ax.set_title("Batch-union: a shared forward loads each expert once")
+    ax.legend()
+    return df, fig
+
+
+def decode_profile(engine, prompt: str, n_new: int = 32) -> dict:
+    """Where decode time goes: expert I/O vs everything else (seconds per token)."""
+    r = generate(engine, engine.encode(prompt), n_new, use_eos=False)
+    n = max(r.stats["new_tokens"], 1)
+    return {"tokens_per_s": r.stats["tokens_per_s"], "io_s_per_token": r.stats["io_s"] / n,
+            "compute_s_per_token": (r.stats["wall_s"] - r.stats["io_s"]) / n,
+            "expert_hit_rate": r.stats["expert_hit_rate"], "text": r.text}
