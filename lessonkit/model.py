@@ -134,6 +134,8 @@ class Transformer:
         if not c.is_moe:
             ew = self.store.get(l, 0)
             stats["unique_experts"] += 1
+            if self.routing_log is not None:
+                self.routing_log.append((l, torch.zeros(T, 1, dtype=torch.long)))
             return self._expert(x, ew)
         logits = linear(x, self.w[p + "router"])[:T].float()
         probs = torch.softmax(logits, dim=-1)
