@@ -145,3 +145,27 @@ def test_config_and_weight_shapes_disagree(tmp_path):
 def test_missing_model_dir(tmp_path):
     with pytest.raises(LessonkitError, match="not found"):
         Engine(tmp_path / "nope")
+
+
+def test_bfloat16_is_row_invariant_too(tmp_path):
+    _, stream = make_hf("olmoe", tmp_path)
+    eng = Engine(stream, dtype=torch.bfloat16)
+    toks = _tokens(40, seed=8)
+    full = eng.forward(toks, eng.new_cache())
+    cache = eng.new_cache()
+    step = torch.cat([eng.forward(toks[i:i + 1], cache) for i in range(len(toks))])
+    assert full.dtype == torch.float32 and torch.equal(full, step)
+
+
+def test_generate_stop_strings_and_callback(tmp_path):
+    from lessonkit.generate import generate
+    _, stream = make_hf("llama", tmp_path)
+    eng = Engine(stream)
+    ids = eng.encode("hello")
+    seen = []
+    full = generate(eng, ids, 24, callback=seen.append)
+    assert seen == full.token_ids and full.stats["forwards"] == 24
+    stop = full.text[5:7]
+    cut = generate(eng, ids, 24, stop_strings=[stop])
+    assert stop not in cut.text and full.text.startswith(cut.text)
+    assert cut.token_ids == full.token_ids[:len(cut.token_ids)]
