@@ -447,8 +447,12 @@ def generate_with_grammar(eng, prompt_ids: list[int], max_new_tokens: int, *, gr
     res.stats.update(st)
     res.stats["mode"] = "draft"
     res.stats["forced_fraction"] = st["accepted"] / new
-    end = drafter.sync(list(prompt_ids) + list(res.token_ids))
+    gen = list(res.token_ids)
+    while gen and gen[-1] in eng.config.eos_ids:
+        gen.pop()
+    end = drafter.sync(list(prompt_ids) + gen)
     res.stats["complete"] = bool(end is not None and end.is_complete)
+    res.stats["left_grammar"] = end is None
     return res
 
 
