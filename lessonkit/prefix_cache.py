@@ -548,7 +548,7 @@ class PrefixCache:
                 continue
             saved = tensors["token_ids"].tolist()
             n = 0
-            for a, b in zip(saved, token_ids[:cap]):
+            for a, b in zip(saved, token_ids[:min(cap, cache.k.shape[1])]):
                 if a != b:
                     break
                 n += 1
@@ -574,8 +574,6 @@ class PrefixCache:
             raise _BadSnapshot(f"KV shape {tuple(k.shape)} does not match this model (layers, kv heads, head dim) = {want}")
         if k.dtype != cache.k.dtype or header.get("dtype") != _dtype_name(cache.k.dtype):
             raise _BadSnapshot(f"dtype {header.get('dtype')} does not match the cache dtype {_dtype_name(cache.k.dtype)}")
-        if k.shape[1] > cache.k.shape[1]:
-            raise _BadSnapshot(f"{k.shape[1]} positions do not fit a cache of {cache.k.shape[1]}")
 
     def _touch(self, rel: str, ino: int | None = None) -> None:
         """Mark as recently used (LRU): file mtime and index entry."""
@@ -800,18 +798,21 @@ def results_identical(a: ScoreResult, b: ScoreResult) -> bool:
 
 
 # ---- generation with a prefix cache ----------------------------------------------------------------------
-def generate_with_prefix_cache(engine, prompt_ids: Sequence[int], prefix_cache: PrefixCache | None, **gen_kwargs):
+def generate_with_prefix_cache(engine, prompt_ids: Sequence[int], prefix_cache, **gen_kwargs):
     """lessonkit.generate.generate(), resuming the prompt from the prefix cache and saving it after.
 
+    prefix_cache: a PrefixCache, or a directory (as `lessonkit generate --prefix-cache DIR` gives).
     Restores at most len(prompt) - 1 tokens (the last prompt token is forwarded to get logits),
     runs generate() on the resumed cache, then saves the prompt's KV state if it was not already
     covered. Adds prefix_cache_queries / prefix_cache_hits (tokens), restore_s, prefill_s_saved,
-    ttft_s and total_s to the result's stats. With prefix_cache=None it is plain generate().
+    ttft_s (from the call, restore included) and total_s to the result's stats.
     """
     from .generate import generate
     prompt_ids = [int(t) for t in prompt_ids]
     if prefix_cache is None:
         return generate(engine, prompt_ids, **gen_kwargs)
+    if not isinstance(prefix_cache, PrefixCache):
+        prefix_cache = PrefixCache(prefix_cache, engine)
     if not prompt_ids:
         raise LessonkitError("generate needs a non-empty prompt")
     t_start = time.perf_counter()
@@ -829,7 +830,7 @@ def generate_with_prefix_cache(engine, prompt_ids: Sequence[int], prefix_cache: 
     res = generate(engine, prompt_ids, cache=cache, callback=callback, **gen_kwargs)
     after = prefix_cache.stats.as_dict()
     if n < len(prompt_ids) - 1 and cache.length >= len(prompt_ids):
-        prefix_cache.save(prompt_ids, cache, prefill_s=(res.stats or {}).get("prefill_s"))
+        prefix_cache.save(prompt_ids, cache, prefill_s=(res.stats or {}).get("ttft_s") if n == 0 else None)
     stats = dict(res.stats or {})
     for k in ("prefix_cache_queries", "prefix_cache_hits", "restore_s", "prefill_s_saved"):
         stats[k] = after[k] - before[k]
@@ -838,3 +839,335 @@ def generate_with_prefix_cache(engine, prompt_ids: Sequence[int], prefix_cache: 
     stats["total_s"] = time.perf_counter() - t_start
     res.stats = stats
     return res
+
+
+# ---- lesson helpers: workload, experiments, figures ------------------------------------------------------
+SYSTEM_PROMPT = """You are a careful reviewer for an online shop. You read one customer review at a time and \
+answer with a single word: positive, negative or mixed. Follow these rules exactly.
+1. Judge the review as a whole, not its first sentence. Customers often start with praise and end with a \
+complaint, or the other way round; the last word they leave you with usually carries the most weight.
+2. A complaint about delivery, packaging or customer service counts, even when the product itself is fine. \
+A late parcel that arrived intact is a mild complaint; a broken product is a strong one.
+3. Sarcasm is common. "Great, it broke after two days" is negative. Read tone, not only words.
+4. Comparisons matter: "better than my old one" is positive only if the old one was acceptable.
+5. A refund or a replacement that was handled well can turn a negative experience into a mixed one, \
+but rarely into a positive one.
+6. Ignore star ratings quoted in the text; they are often inconsistent with what the customer writes.
+7. If the review is about a different product than the one listed, answer mixed.
+8. Reviews in other languages are judged the same way; do not translate them in your answer.
+9. Never explain your answer, never add punctuation, never repeat the review.
+10. When in doubt between two labels, prefer mixed over a strong label.
+"""
+_RULE_TOPICS = ["battery life", "noise", "size", "colour", "smell", "instructions", "warranty", "price",
+                "weight", "setup time", "durability", "comfort", "the app", "spare parts", "the charger"]
+_ITEM_TEMPLATES = ["Review: The {t} is {a}, and {b}.\nLabel:", "Review: {b}; the {t} was {a}.\nLabel:",
+                   "Review: Honestly the {t} is {a}. {b}.\nLabel:"]
+_ADJ = ["excellent", "terrible", "fine", "disappointing", "better than expected", "awful", "great"]
+_TAIL = ["delivery was fast", "it broke after a week", "support never answered", "I would buy it again",
+         "the box was crushed", "my kids love it", "it does the job"]
+
+
+def system_prompt_ids(engine, n_tokens: int = 552) -> list[int]:
+    """Exactly n_tokens of a long, realistic instruction (the shared prefix of a batch-scoring job)."""
+    text, i = SYSTEM_PROMPT, 11
+    ids = engine.encode(text)
+    while len(ids) < n_tokens:
+        t = _RULE_TOPICS[i % len(_RULE_TOPICS)]
+        text += (f"{i}. Remarks about {t} count like any other remark: weigh them by how much they would "
+                 f"matter to a typical buyer, not by how long the customer wrote about them.\n")
+        i += 1
+        ids = engine.encode(text)
+    return ids[:n_tokens]
+
+
+def make_items(engine, n: int, seed: int = 0) -> list[list[int]]:
+    """n short reviews to score behind the system prompt (seeded)."""
+    import random
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        tpl = rng.choice(_ITEM_TEMPLATES)
+        out.append(engine.encode(tpl.format(t=rng.choice(_RULE_TOPICS), a=rng.choice(_ADJ), b=rng.choice(_TAIL))))
+    return out
+
+
+def tiny_random_model(out_dir, seed: int = 0, vocab: int = 512, tokenizer_json: str | None = None) -> Path:
+    """A tiny random OLMoE-style model in the streaming layout (2 layers, 4 experts): for fast demos
+    and tests. Two seeds give two models with identical shapes and vocabulary, different weights."""
+    from .checkpoint import convert_hf_state_dict
+    g = torch.Generator().manual_seed(seed)
+    D, I, H, KV, hd, E, L = 32, 32, 4, 2, 8, 4, 2
+    cfg = dict(model_type="olmoe", vocab_size=vocab, hidden_size=D, intermediate_size=I, num_hidden_layers=L,
+               num_attention_heads=H, num_key_value_heads=KV, num_experts=E, num_experts_per_tok=2,
+               max_position_embeddings=2048, rms_norm_eps=1e-5)
+
+    def r(*s):
+        return torch.randn(*s, generator=g) * 0.5
+
+    sd = {"model.embed_tokens.weight": r(vocab, D), "model.norm.weight": torch.ones(D), "lm_head.weight": r(vocab, D)}
+    for l in range(L):
+        p = f"model.layers.{l}."
+        sd[p + "input_layernorm.weight"] = torch.ones(D)
+        sd[p + "post_attention_layernorm.weight"] = torch.ones(D)
+        for n, s in (("q_proj", (H * hd, D)), ("k_proj", (KV * hd, D)), ("v_proj", (KV * hd, D)), ("o_proj", (D, H * hd))):
+            sd[p + f"self_attn.{n}.weight"] = r(*s)
+        sd[p + "self_attn.q_norm.weight"] = torch.ones(H * hd)
+        sd[p + "self_attn.k_norm.weight"] = torch.ones(KV * hd)
+        sd[p + "mlp.gate.weight"] = r(E, D)
+        for e in range(E):
+            for n, s in (("gate_proj", (I, D)), ("up_proj", (I, D)), ("down_proj", (D, I))):
+                sd[p + f"mlp.experts.{e}.{n}.weight"] = r(*s)
+    convert_hf_state_dict(cfg, sd, out_dir, tokenizer_json, source=f"tiny random model seed {seed}")
+    return Path(out_dir)
+
+
+def _load(model):
+    if not isinstance(model, (str, os.PathLike)):
+        return model
+    from .registry import load_model
+    return load_model(str(model))
+
+
+def score_in_new_process(model, cache_dir, prefix_ids, items, *, block_size: int = DEFAULT_BLOCK_SIZE,
+                         budget_bytes: int = DEFAULT_BUDGET_BYTES, timeout: float = 3600) -> ScoreResult:
+    """Run score() with the prefix cache in a fresh Python process (a real restart: nothing in memory).
+
+    model: a registry name or model directory. The child's stats gain load_s (model load and
+    fingerprint, not counted in total_s) and pid. Scores come back bit-exact (a safetensors file).
+    """
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "job.json"
+        job.write_text(json.dumps({"model": str(model), "cache_dir": str(cache_dir), "prefix_ids": list(prefix_ids),
+                                   "items": [list(i) for i in items], "block_size": block_size,
+                                   "budget_bytes": budget_bytes, "out": str(Path(tmp) / "out.safetensors")}))
+        root = str(Path(__file__).resolve().parents[1])
+        env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        r = subprocess.run([sys.executable, "-m", "lessonkit.prefix_cache", str(job)], capture_output=True,
+                           text=True, timeout=timeout, env=env)
+        if r.returncode != 0:
+            raise LessonkitError(f"prefix cache worker failed: {r.stderr.strip().splitlines()[-1:] or r.returncode}")
+        from safetensors.torch import load_file
+        out = load_file(Path(tmp) / "out.safetensors")
+        stats = json.loads((Path(tmp) / "out.json").read_text())
+    lengths = [len(i) for i in items]
+    toks = list(torch.split(out["token_logprobs"], lengths)) if lengths else []
+    return ScoreResult([float(t.sum()) for t in toks], [t.clone() for t in toks], out["last_logits"], stats)
+
+
+def _worker_main(job_path: str) -> int:
+    from safetensors.torch import save_file
+    job = json.loads(Path(job_path).read_text())
+    t0 = time.perf_counter()
+    eng = _load(job["model"])
+    pc = PrefixCache(job["cache_dir"], eng, budget_bytes=job["budget_bytes"], block_size=job["block_size"])
+    load_s = time.perf_counter() - t0
+    res = score(eng, job["prefix_ids"], job["items"], prefix_cache=pc)
+    save_file({"token_logprobs": torch.cat(res.token_logprobs) if res.token_logprobs else torch.zeros(0),
+               "last_logits": res.last_logits.contiguous()}, job["out"])
+    Path(job["out"]).with_suffix(".json").write_text(json.dumps({**res.stats, "load_s": load_s, "pid": os.getpid()}))
+    return 0
+
+
+def batch_scoring_experiment(model, cache_dir, n_prefix: int = 552, n_items: int = 50, seed: int = 0,
+                             progress: bool = True):
+    """Cache off, cold, and warm after a restart (a second process): total time, TTFT, identical scores.
+
+    Returns (DataFrame, results dict). The cache directory is cleared first so "cold" is cold.
+    """
+    import pandas as pd
+    eng = _load(model)
+    prefix, items = system_prompt_ids(eng, n_prefix), make_items(eng, n_items, seed)
+    pc = PrefixCache(cache_dir, eng)
+    pc.clear()
+    off = score(eng, prefix, items, progress=progress)
+    cold = score(eng, prefix, items, prefix_cache=pc, progress=progress)
+    model_ref = model if isinstance(model, (str, os.PathLike)) else str(eng.model_dir)
+    warm = score_in_new_process(model_ref, cache_dir, prefix, items)
+    res = {"off": off, "cold": cold, "warm after restart": warm}
+    rows = []
+    for mode, r in res.items():
+        rows.append({"mode": mode, "items": r.stats["items"], "prefix tokens": r.stats["prefix_tokens"],
+                     "total s": r.stats["total_s"], "TTFT s": r.stats["ttft_s"],
+                     "prefill s": r.stats["prefill_s"], "restore s": r.stats["restore_s"],
+                     "prefix_cache_hits": r.stats["prefix_cache_hits"],
+                     "prefix_cache_queries": r.stats["prefix_cache_queries"],
+                     "speed-up vs off": off.stats["total_s"] / r.stats["total_s"],
+                     "identical to off": results_identical(off, r)})
+    return pd.DataFrame(rows), res
+
+
+def restore_vs_prefill(engine, cache_dir, lengths=(64, 128, 256, 552), repeats: int = 3, progress: bool = True):
+    """Prefill time vs restore time (fresh cache, full verification) as the prefix grows.
+
+    Returns (DataFrame, Figure). Restore includes reading the file, checking its SHA-256 and copying
+    into the KV cache; the page cache is warm (the file was just written), as in a server restart.
+    """
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from .bench_util import median_time
+    ids = system_prompt_ids(engine, max(lengths))
+    pc = PrefixCache(cache_dir, engine)
+    rows = []
+    for n in _progress(list(lengths), progress, "restore vs prefill"):
+        prefix = ids[:n]
+        c = engine.new_cache(n)
+        t_pre, _ = median_time(lambda: engine.forward(prefix, engine.new_cache(n), last_only=True), repeats, warmup=0)
+        engine.forward(prefix, c, last_only=True)
+        path = pc.save(prefix, c)
+
+        def restore():
+            got = pc.lookup_and_restore(prefix, engine.new_cache(n))
+            assert got == n, got
+        t_res, _ = median_time(restore, repeats, warmup=1)
+        rows.append({"prefix tokens": n, "prefill s": t_pre, "restore s": t_res, "restore / prefill": t_res / t_pre,
+                     "bytes on disk": path.stat().st_size, "bytes per token": path.stat().st_size / n})
+    df = pd.DataFrame(rows)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(df["prefix tokens"], df["prefill s"], "o-", label="prefill (compute)")
+    ax.plot(df["prefix tokens"], df["restore s"], "s-", label="restore from disk (verified)")
+    ax.set_xlabel("prefix length (tokens)")
+    ax.set_ylabel("time (s)")
+    ax.set_yscale("log")
+    ax.legend()
+    worst = df["restore / prefill"].max()
+    ax.set_title(f"{getattr(engine, 'name', 'model')}: restoring costs at most {worst:.1%} of prefill")
+    fig.tight_layout()
+    return df, fig
+
+
+def kv_bytes_per_token(config, dtype=torch.float32) -> int:
+    """K and V for one position: 2 x layers x kv heads x head dim x bytes per element."""
+    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
+def provenance_demo(engine_a, engine_b, prompt_ids, cache_dir, n_new: int = 8) -> dict:
+    """What a cache keyed only by shape would serve after swapping weights, and what ours does.
+
+    engine_b has the same shapes and vocabulary as engine_a, other weights. The state saved by b is
+    restored into a (a shape check passes) and a continues greedily: the continuation differs from
+    a fresh prefill by a. Our PrefixCache, keyed by the fingerprint, refuses b's state.
+    """
+    prompt_ids = list(prompt_ids)
+
+    def greedy_from(cache, logits):
+        out = []
+        for _ in range(n_new):
+            t = int(torch.argmax(logits[-1]))
+            out.append(t)
+            logits = engine_a.forward([t], cache)
+        return out
+
+    fresh_cache = engine_a.new_cache(len(prompt_ids) + n_new + 1)
+    fresh_logits = engine_a.forward(prompt_ids, fresh_cache)
+    fresh = greedy_from(fresh_cache, fresh_logits)
+    cb = engine_b.new_cache(len(prompt_ids))
+    engine_b.forward(prompt_ids[:-1], cb, last_only=True)
+    snap = cb.snapshot()
+    shape_ok = snap["k"].shape[2:] == engine_a.new_cache(1).k.shape[2:] and snap["k"].shape[0] == engine_a.config.n_layers
+    wrong_cache = engine_a.new_cache(len(prompt_ids) + n_new + 1)
+    wrong_cache.restore(snap)                   # what a shape-keyed cache would do
+    wrong_logits = engine_a.forward(prompt_ids[-1:], wrong_cache)
+    wrong = greedy_from(wrong_cache, wrong_logits)
+    PrefixCache(cache_dir, engine_b).save(prompt_ids[:-1], cb)
+    ours = PrefixCache(cache_dir, engine_a).lookup_and_restore(prompt_ids, engine_a.new_cache(len(prompt_ids)))
+    return {"same shapes and vocabulary": bool(shape_ok and engine_a.config.vocab_size == engine_b.config.vocab_size),
+            "fingerprints differ": engine_a.fingerprint() != engine_b.fingerprint(),
+            "fresh greedy continuation": fresh, "continuation from the other model's state": wrong,
+            "shape-keyed cache changes the output": fresh != wrong,
+            "max |logit difference| at the next token": float((fresh_logits[-1] - wrong_logits[-1]).abs().max()),
+            "tokens our cache restored from the other model's state": ours}
+
+
+# ---- benchmark and CLI ----------------------------------------------------------------------------------
+def bench(args) -> dict:
+    """`lessonkit bench prefix`: prefill vs restore of a 552-token prefix; batch scoring off / cold / warm."""
+    import tempfile
+    from .bench_util import machine_info, median_time, target
+    smoke = bool(getattr(args, "smoke", False))
+    repeats = max(1, int(getattr(args, "repeats", 3) or 3))
+    n_prefix, n_items = (96, 6) if smoke else (552, 50)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = getattr(args, "model", None)
+        if model is None:
+            if smoke:
+                from .registry import MODELS_DIR
+                model = "tiny-moe" if (MODELS_DIR / "tiny-moe" / "config.json").exists() else \
+                    str(tiny_random_model(Path(tmp) / "tiny", tokenizer_json=_fallback_tokenizer()))
+            else:
+                model = "smollm2-135m"
+        eng = _load(model)
+        prefix, items = system_prompt_ids(eng, n_prefix), make_items(eng, n_items, 0)
+        cdir = Path(tmp) / "cache"
+        pc = PrefixCache(cdir, eng)
+        t_pre, _ = median_time(lambda: eng.forward(prefix, eng.new_cache(n_prefix), last_only=True),
+                               repeats, warmup=0 if not smoke else 1)
+        c = eng.new_cache(n_prefix)
+        eng.forward(prefix, c, last_only=True)
+        size = pc.save(prefix, c).stat().st_size
+
+        def restore():
+            assert PrefixCache(cdir, eng).lookup_and_restore(prefix, eng.new_cache(n_prefix)) == n_prefix
+        t_res, _ = median_time(restore, repeats, warmup=1)
+        pc.clear()
+        off = score(eng, prefix, items)
+        cold = score(eng, prefix, items, prefix_cache=PrefixCache(cdir, eng))
+        warms = [score(eng, prefix, items, prefix_cache=PrefixCache(cdir, eng)) for _ in range(repeats)]
+        warm = sorted(warms, key=lambda r: r.stats["total_s"])[len(warms) // 2]
+    rows = []
+    for name, r in (("cache off", off), ("cold (prefill + save)", cold), ("warm (restore)", warm)):
+        rows.append({"name": f"score {n_items} items: {name}", "tokens_per_s": (r.stats["item_tokens"] + n_items) / r.stats["total_s"],
+                     "total_s": r.stats["total_s"], "ttft_s": r.stats["ttft_s"],
+                     "prefix_cache_hits": r.stats["prefix_cache_hits"],
+                     "prefix_cache_queries": r.stats["prefix_cache_queries"],
+                     "identical_to_plain": results_identical(off, r)})
+    rows.append({"name": f"prefill {n_prefix} tokens", "tokens_per_s": n_prefix / t_pre, "total_s": t_pre,
+                 "identical_to_plain": True})
+    rows.append({"name": f"restore {n_prefix} tokens", "tokens_per_s": n_prefix / t_res, "total_s": t_res,
+                 "bytes_on_disk": size, "bytes_per_token": size / n_prefix, "identical_to_plain": True})
+    ratio, speedup = t_res / t_pre, off.stats["total_s"] / warm.stats["total_s"]
+    ident = all(r["identical_to_plain"] for r in rows)
+    return {"bench": "prefix", "machine": machine_info(),
+            "model": getattr(eng, "name", str(model)), "smoke": smoke, "repeats": repeats,
+            "rows": rows,
+            "targets": [target(f"restore / prefill time, {n_prefix}-token prefix", round(ratio, 4), "<= 0.05", ratio <= 0.05),
+                        target(f"batch scoring {n_items} items: off / warm total time", round(speedup, 2), ">= 3", speedup >= 3),
+                        target("scores identical (==) off / cold / warm", ident, "True", ident)]}
+
+
+def _fallback_tokenizer() -> str:
+    """A word-level tokenizer over 512 ids (for the tiny random model when no trained model exists)."""
+    vocab = {"[UNK]": 0}
+    words = sorted({w.strip(".,;:!?\"'0123456789").lower() for w in
+                    (SYSTEM_PROMPT + " ".join(_RULE_TOPICS + _ADJ + _TAIL) + " review label remarks count like any "
+                     "other remark weigh them by how much they would matter to a typical buyer not long the customer "
+                     "wrote about").split()} - {""})
+    for w in words[:500]:
+        vocab[w] = len(vocab)
+    return json.dumps({"version": "1.0", "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
+                       "pre_tokenizer": {"type": "Whitespace"}, "decoder": None})
+
+
+def _cmd(args) -> int:
+    eng = _load(args.model)
+    pc = PrefixCache(args.dir, eng)
+    if args.action == "clear":
+        pc.clear()
+    rep = pc.verify() if args.action == "verify" else {"entries": len(pc.entries()), "total_bytes": pc.total_bytes()}
+    rep["dir"] = str(args.dir)
+    print(json.dumps(rep) if args.json else "\n".join(f"{k}: {v}" for k, v in rep.items()))
+    return 0 if not rep.get("bad") else 1
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser("prefix-cache", help="inspect, verify or clear a persistent prefix-KV cache directory")
+    p.add_argument("action", choices=["info", "verify", "clear"])
+    p.add_argument("dir")
+    p.add_argument("--model", default="smollm2-135m", help="the model whose snapshots to check (its fingerprint)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1]))

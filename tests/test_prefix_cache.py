@@ -371,35 +371,6 @@ def test_two_processes_share_a_directory_without_losing_or_tearing(tmp_path):
 
 
 # ---- with the engine: a tiny random MoE (same shapes, other seeds = "other weights") ------------------
-def tiny_engine_dir(out, seed=0, vocab=512, tokenizer_json=None):
-    """A tiny random OLMoE-style model in the streaming layout (fast to build and run)."""
-    from lessonkit.checkpoint import convert_hf_state_dict
-    g = torch.Generator().manual_seed(seed)
-    D, I, H, KV, hd, E, L = 32, 32, 4, 2, 8, 4, 2
-    cfg = dict(model_type="olmoe", vocab_size=vocab, hidden_size=D, intermediate_size=I, num_hidden_layers=L,
-               num_attention_heads=H, num_key_value_heads=KV, num_experts=E, num_experts_per_tok=2,
-               max_position_embeddings=1024, rms_norm_eps=1e-5)
-
-    def r(*s):
-        return torch.randn(*s, generator=g) * 0.5
-
-    sd = {"model.embed_tokens.weight": r(vocab, D), "model.norm.weight": torch.ones(D), "lm_head.weight": r(vocab, D)}
-    for l in range(L):
-        p = f"model.layers.{l}."
-        sd[p + "input_layernorm.weight"] = torch.ones(D)
-        sd[p + "post_attention_layernorm.weight"] = torch.ones(D)
-        for n, s in (("q_proj", (H * hd, D)), ("k_proj", (KV * hd, D)), ("v_proj", (KV * hd, D)), ("o_proj", (D, H * hd))):
-            sd[p + f"self_attn.{n}.weight"] = r(*s)
-        sd[p + "self_attn.q_norm.weight"] = torch.ones(H * hd)
-        sd[p + "self_attn.k_norm.weight"] = torch.ones(KV * hd)
-        sd[p + "mlp.gate.weight"] = r(E, D)
-        for e in range(E):
-            for n, s in (("gate_proj", (I, D)), ("up_proj", (I, D)), ("down_proj", (D, I))):
-                sd[p + f"mlp.experts.{e}.{n}.weight"] = r(*s)
-    convert_hf_state_dict(cfg, sd, out, tokenizer_json)
-    return Path(out)
-
-
 TOKENIZER = json.dumps({"version": "1.0", "model": {"type": "WordLevel", "vocab": {f"t{i}": i for i in range(512)},
                                                      "unk_token": "t0"}, "pre_tokenizer": {"type": "Whitespace"}})
 
@@ -407,8 +378,8 @@ TOKENIZER = json.dumps({"version": "1.0", "model": {"type": "WordLevel", "vocab"
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    return {"a": tiny_engine_dir(root / "a", seed=0, tokenizer_json=TOKENIZER),
-            "b": tiny_engine_dir(root / "b", seed=1, tokenizer_json=TOKENIZER)}
+    return {"a": pcm.tiny_random_model(root / "a", seed=0, tokenizer_json=TOKENIZER),
+            "b": pcm.tiny_random_model(root / "b", seed=1, tokenizer_json=TOKENIZER)}
 
 
 def engine(path):
@@ -512,3 +483,27 @@ def test_other_weights_or_tokenizer_never_resume_the_state(tmp_path, tiny):
         c = a.new_cache()
         assert PrefixCache(tmp_path / "pc", a).lookup_and_restore(PROMPT, c) == 0
     assert len(rec) == 1 and str(path_a) in str(rec[0].message) and c.length == 0
+
+
+def test_generate_with_prefix_cache_equals_plain_generate(tmp_path, tiny):
+    from lessonkit.generate import generate
+    from lessonkit.prefix_cache import generate_with_prefix_cache
+    e = engine(tiny["a"])
+    other = PROMPT[:100] + [5, 6, 7]
+    plain, plain2 = generate(e, PROMPT, 10), generate(e, other, 10)
+    r1 = generate_with_prefix_cache(e, PROMPT, str(tmp_path), max_new_tokens=10)   # a directory, as the CLI passes
+    r2 = generate_with_prefix_cache(e, other, PrefixCache(tmp_path, e), max_new_tokens=10)
+    r3 = generate_with_prefix_cache(e, PROMPT, PrefixCache(tmp_path, e), max_new_tokens=10)
+    assert r1.token_ids == plain.token_ids == r3.token_ids and r2.token_ids == plain2.token_ids
+    assert r1.stats["prefix_cache_hits"] == 0 and r1.stats["prefix_cache_queries"] == len(PROMPT)
+    assert r2.stats["prefix_cache_hits"] == 100          # shares 100 tokens with the saved prompt
+    assert r3.stats["prefix_cache_hits"] == len(PROMPT) - 1
+    assert r3.stats["ttft_s"] > 0 and r3.stats["restore_s"] > 0
+
+
+def test_bench_smoke_runs_and_reports_targets():
+    import argparse
+    r = pcm.bench(argparse.Namespace(smoke=True, repeats=1, model=None))
+    assert r["bench"] == "prefix" and len(r["rows"]) == 5 and len(r["targets"]) == 3
+    assert all(row["identical_to_plain"] for row in r["rows"])
+    assert json.loads(json.dumps(r)) == r
