@@ -108,6 +108,8 @@ class ExpertStore:
     def _read(self, key) -> torch.Tensor:
         off, n, st_dtype = self._entries[key]
         t0 = time.perf_counter()
+        if self._fd is None:
+            raise LessonkitError(f"{self.path}: expert store is closed")
         buf = os.pread(self._fd, n, off)
         if len(buf) != n:
             raise LessonkitError(f"{self.path}: short read for expert {key} ({len(buf)} of {n} bytes): file truncated?")
@@ -200,10 +202,10 @@ class ExpertStore:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        try:
-            os.close(self._fd)
-        except OSError:
-            pass
+            self._pool = None
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
     def __del__(self):
         try:
