@@ -140,6 +140,19 @@ def test_tokenizer_vocab_and_special_tokens(smol):
     assert tok.encode("12345").ids == [tok.token_to_id(d) for d in "12345"]  # smollm: digits one by one
 
 
+def test_digits_split_like_llama_cpp(smol):
+    """llama.cpp's "smollm" pre-tokenizer (and SmolLM2's own tokenizer.json) splits every \\p{N} char off
+    first. transformers' GGUF tokenizer (5.x) skips that split; it only shows on a space before a
+    non-ASCII digit (" \u0663": ours [216, 164, 113], transformers [16936, 113]), so that case is
+    checked against llama.cpp's rule here rather than against transformers."""
+    tok = smol.tokenizer
+    text = "x\u00b2 \u0663 \uff13"  # superscript two, Arabic-Indic three, full-width three
+    ids = tok.encode(text).ids
+    pieces = ["x", "\u00b2", " ", "\u0663", " ", "\uff13"]
+    assert ids == [i for p in pieces for i in tok.encode(p).ids]
+    assert tok.decode(ids) == text
+
+
 def test_chat_template(smol, hf_gguf_tokenizer):
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     text = smol.apply_chat_template(messages)
@@ -166,21 +179,24 @@ def test_logits_match_transformers_gguf(smol, hf_model):
 
 
 # ---- quality with transformers' Llama on our state dict -------------------------------------
-def test_nll_paragraph_transformers(smol, hf_model):
+@pytest.fixture(scope="module")
+def paragraph_nll(smol, hf_model):
     ids = _ids(smol, PARAGRAPH)[0]
     with torch.no_grad():
-        nll = _mean_nll(hf_model(ids[None]).logits[0], ids)
-    assert nll <= NLL_BAR, f"mean NLL {nll:.3f} nats/token"
+        return _mean_nll(hf_model(ids[None]).logits[0], ids)
 
 
-def test_unpermuting_q_k_matters(smol, hf_model):
+def test_nll_paragraph_transformers(paragraph_nll):
+    assert paragraph_nll <= NLL_BAR, f"mean NLL {paragraph_nll:.3f} nats/token"
+
+
+def test_unpermuting_q_k_matters(smol, hf_model, paragraph_nll):
     """Leaving q/k in llama.cpp's layout must visibly hurt: the test can fail."""
     ids = _ids(smol, PARAGRAPH)[0]
     heads, kv = smol.hf_config["num_attention_heads"], smol.hf_config["num_key_value_heads"]
     saved = {}
     try:
         with torch.no_grad():
-            good = _mean_nll(hf_model(ids[None]).logits[0], ids)
             for layer in hf_model.model.layers:
                 for proj, h in ((layer.self_attn.q_proj, heads), (layer.self_attn.k_proj, kv)):
                     saved[proj] = proj.weight.data
@@ -191,24 +207,28 @@ def test_unpermuting_q_k_matters(smol, hf_model):
     finally:
         for proj, w in saved.items():
             proj.weight.data = w
-    assert bad > 1.5 * good, (good, bad)
+    assert bad > 1.5 * paragraph_nll, (paragraph_nll, bad)
 
 
 def test_greedy_paris_transformers(smol, hf_model):
     ids = _ids(smol, PROMPT)
-    out = hf_model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=2)
+    out = hf_model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=2)
     text = smol.tokenizer.decode(out[0, ids.shape[1]:].tolist())
     assert "Paris" in text, text
 
 
 # ---- the same bars on lessonkit's engine ----------------------------------------------------
-@pytest.fixture(scope="module", params=["checkpoint", "registry"])
-def engine(request, smol, tmp_path_factory):
-    if request.param == "registry":
-        registry = pytest.importorskip("lessonkit.registry")
+@pytest.fixture(scope="module")
+def engine(smol, tmp_path_factory):
+    """The registered model when lessonkit.registry exists, else a fresh conversion of our state dict."""
+    try:
+        registry = importlib.import_module("lessonkit.registry")
+    except ImportError:
+        registry = None
+    if registry is not None:
         return registry.load_model("smollm2-135m")
     checkpoint = pytest.importorskip("lessonkit.checkpoint")
-    engine_mod = importlib.import_module("lessonkit.engine")
+    engine_mod = pytest.importorskip("lessonkit.engine")
     out = tmp_path_factory.mktemp("smollm2-stream")
     checkpoint.convert_hf_state_dict(smol.hf_config, smol.state_dict, out, smol.tokenizer_json(),
                                      source=str(smol.path))
@@ -227,8 +247,9 @@ def test_engine_greedy_paris(engine):
     cache = engine.new_cache()
     logits = engine.forward(ids, cache)
     new = []
-    for _ in range(8):
+    for step in range(4):
         new.append(int(logits[-1].argmax()))
-        logits = engine.forward([new[-1]], cache)
+        if step < 3:
+            logits = engine.forward([new[-1]], cache)
     text = engine.decode(new)
     assert "Paris" in text, text
