@@ -3,16 +3,22 @@
 Shape legend: T new positions in this forward, D hidden, H query heads, G kv heads, hd head dim,
 E experts per layer, A activated experts per token (top_k), V vocabulary.
 
-Exactness. CPU BLAS picks different kernels for different row counts (on MKL, rows come in tiles of
-4 and the remainder rows take another path), so the logits of a position computed in a 1-row forward
-and inside a k-row verify forward can differ in the last bits and flip a near-tie. Two rules make
-every forward row-invariant, bit for bit:
-  1. every matmul gets a row count padded to a multiple of ROW_PAD (zero rows, dropped afterwards);
-  2. elementwise transcendental ops (silu, exp) run on the padded tensors too: ATen vectorises them and
-     computes the tail elements with a scalar routine that rounds differently;
-  3. attention runs per "key bucket": a row at position p attends over keys [0, ceil((p+1)/B)*B) with a
-     causal mask, so its reduction length depends on p only, not on what else is in the forward.
-Tests check `torch.equal` between a k-row forward and k 1-row forwards.
+Exactness. CPU BLAS picks different kernels for different row counts (MKL: a 1-row product is a GEMV;
+a GEMM computes rows in tiles of 4 and the remainder rows take another path), so a position's logits in
+a 1-row decode forward and inside a k-row verify forward can differ in the last bits and flip a
+near-tie. The rules that make them agree bit for bit:
+  1. a forward of at most ROWWISE_MAX rows (decode, speculative verify) computes every matmul one row
+     at a time, so each row takes exactly the decode step's GEMV path (this costs little while weights
+     sit in cache, and is what a memory-bound verify costs anyway: the weights are read per row);
+  2. longer products (prefill chunks) use one GEMM padded to a multiple of ROW_PAD rows, which is
+     row-invariant among GEMMs (an expert's share of a long forward follows the same rule by its own
+     row count, so two chunkings of a prefill agree to ~1e-6, not always bit for bit);
+  3. elementwise transcendental ops (silu) run on row-padded tensors: ATen vectorises them and
+     computes tail elements with a scalar routine that rounds differently;
+  4. attention runs per "key bucket": a row at position p attends over keys [0, ceil((p+1)/B)*B) with
+     a causal mask, so its reduction length depends on p only, not on what else is in the forward.
+A prefill chunk (GEMM) and token-by-token decoding (GEMV) still differ by about 1e-6 in the logits
+(measured in tests/test_engine.py); speculative decoding never compares those two paths.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from .expert_store import ExpertStore
 from .kv_cache import KVCache
 
 ROW_PAD = 8
+ROWWISE_MAX = 16
 KEY_BUCKET = 64
 
 
@@ -39,8 +46,12 @@ def _pad_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Row-invariant x @ w.T for x [M, in]."""
+    """Row-invariant x @ w.T for x [M, in] (see the module docstring)."""
     m = x.shape[0]
+    if m == 1:
+        return F.linear(x, w)
+    if m <= ROWWISE_MAX:
+        return torch.cat([F.linear(x[i:i + 1], w) for i in range(m)])
     return F.linear(_pad_rows(x), w)[:m]
 
 
@@ -85,9 +96,8 @@ class Transformer:
 
     # ---- blocks --------------------------------------------------------------------------------
     def _attention(self, l: int, x: torch.Tensor, cache: KVCache, start: int, T: int) -> torch.Tensor:
-        # x: [Tp, D], rows >= T are padding
         c, w, p = self.config, self.w, f"layers.{l}."
-        q, k, v = (linear(x, w[p + n])[:T] for n in ("wq", "wk", "wv"))
+        q, k, v = (linear(x, w[p + n]) for n in ("wq", "wk", "wv"))
         if c.clip_qkv is not None:
             q, k, v = (t.clamp(-c.clip_qkv, c.clip_qkv) for t in (q, k, v))
         if c.qk_norm:
@@ -103,7 +113,7 @@ class Transformer:
         scale = 1.0 / math.sqrt(c.head_dim)
         pos = torch.arange(start, start + T)
         bucket = (pos // KEY_BUCKET + 1) * KEY_BUCKET
-        out = x.new_zeros(x.shape[0], c.n_heads, c.head_dim)
+        out = x.new_empty(T, c.n_heads, c.head_dim)
         for b in torch.unique(bucket).tolist():
             rows = (bucket == b).nonzero().flatten()
             m = rows.numel()
@@ -118,18 +128,16 @@ class Transformer:
             s = s.masked_fill(mask, float("-inf"))
             pr = torch.softmax(s.float(), dim=-1).to(x.dtype)
             out[rows] = torch.matmul(pr, vals).transpose(0, 1)[:m]
-        return linear(out.reshape(x.shape[0], c.n_heads * c.head_dim), w[p + "wo"])
+        return linear(out.reshape(T, c.n_heads * c.head_dim), w[p + "wo"])
 
     @staticmethod
     def _expert(x: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
         """SwiGLU of one expert on row-padded x: down(silu(gate x) * up x)."""
         m = x.shape[0]
-        x = _pad_rows(x)
-        h = F.silu(F.linear(x, ew[0])) * F.linear(x, ew[1])
-        return F.linear(h, ew[2].T)[:m]
+        h = F.silu(_pad_rows(linear(x, ew[0]))) * _pad_rows(linear(x, ew[1]))
+        return linear(h[:m], ew[2].T)
 
     def _moe(self, l: int, x: torch.Tensor, stats: dict, T: int) -> torch.Tensor:
-        # x: [Tp, D], rows >= T are padding (not routed, output 0)
         c, p = self.config, f"layers.{l}."
         if not c.is_moe:
             ew = self.store.get(l, 0)
@@ -137,19 +145,19 @@ class Transformer:
             if self.routing_log is not None:
                 self.routing_log.append((l, torch.zeros(T, 1, dtype=torch.long)))
             return self._expert(x, ew)
-        logits = linear(x, self.w[p + "router"])[:T].float()
+        logits = linear(x, self.w[p + "router"]).float()
         probs = torch.softmax(logits, dim=-1)
         topw, topi = torch.topk(probs, c.top_k, dim=-1)                   # [T, A]
         if c.norm_topk_prob:
             topw = topw / topw.sum(-1, keepdim=True)
-        topw = _pad_rows(topw.to(x.dtype))                                 # padding rows weigh 0
+        topw = topw.to(x.dtype)
         if self.routing_log is not None:
             self.routing_log.append((l, topi.clone()))
         if l + 1 < c.n_layers and self.store._pool is not None:
             # one-layer-ahead prefetch: route this hidden state with the next layer's router (a guess)
-            nxt = torch.topk(linear(x, self.w[f"layers.{l + 1}.router"])[:T], c.top_k, dim=-1).indices
+            nxt = torch.topk(linear(x, self.w[f"layers.{l + 1}.router"]), c.top_k, dim=-1).indices
             self.store.prefetch(l + 1, torch.unique(nxt).tolist())
-        slots = x.new_zeros(x.shape[0], c.top_k, c.dim)
+        slots = x.new_zeros(T, c.top_k, c.dim)
         experts = torch.unique(topi).tolist()                              # batch-union: each expert once
         stats["unique_experts"] += len(experts)
         for e in experts:
@@ -178,15 +186,14 @@ class Transformer:
         t0 = time.perf_counter()
         io0 = self.store.io_s
         stats = {"unique_experts": 0}
-        x = _pad_rows(self.w["embed"][tokens])                            # [Tp, D]
+        x = self.w["embed"][tokens]                                         # [T, D]
         for l in range(c.n_layers):
             p = f"layers.{l}."
             x = x + self._attention(l, rms_norm(x, self.w[p + "attn_norm"], c.norm_eps), cache, start, T)
             x = x + self._moe(l, rms_norm(x, self.w[p + "mlp_norm"], c.norm_eps), stats, T)
         cache.length = start + T
         h = rms_norm(x, self.w["norm"], c.norm_eps)
-        logits = linear(h[T - 1:T] if last_only else h, self.w["lm_head"])[: 1 if last_only else T].float()
-        x = x[:T]
+        logits = linear(h[T - 1:T] if last_only else h, self.w["lm_head"]).float()
         wall = time.perf_counter() - t0
         self.last_forward = {"rows": T, "unique_experts": stats["unique_experts"], "wall_s": wall,
                              "io_s": self.store.io_s - io0}

@@ -48,19 +48,35 @@ def test_greedy_matches_transformers(pair):
     assert out == ref
 
 
-def test_prefill_equals_incremental_exactly(pair):
-    """Row-invariance: one T-row forward and T one-row forwards give bit-identical logits."""
+def test_prefill_vs_incremental(pair):
+    """A 100-row prefill is one GEMM per matrix; token-by-token decoding is GEMV. MKL rounds the two
+    differently (see lessonkit/model.py), by about 1e-6 here: within 1e-5 and the same argmax."""
     kind, _, stream = pair
     eng = Engine(stream)
     toks = _tokens(100, seed=3)
     full = eng.forward(toks, eng.new_cache())
     cache = eng.new_cache()
     step = torch.cat([eng.forward(toks[i:i + 1], cache) for i in range(len(toks))])
-    assert torch.equal(full, step), f"max diff {(full - step).abs().max().item()}"
+    diff = (full - step).abs().max().item()
+    assert diff <= 1e-5, f"max diff {diff}"
     assert torch.equal(full.argmax(-1), step.argmax(-1))
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 5, 9])
+def test_short_forwards_equal_token_by_token_exactly(pair):
+    """Forwards of up to ROWWISE_MAX rows (decode, speculative verify) are bit-identical to 1-row ones."""
+    from lessonkit.model import ROWWISE_MAX
+    kind, _, stream = pair
+    eng = Engine(stream)
+    toks = _tokens(3 * ROWWISE_MAX, seed=9)
+    chunked, cache = [], eng.new_cache()
+    for s in range(0, len(toks), ROWWISE_MAX):
+        chunked.append(eng.forward(toks[s:s + ROWWISE_MAX], cache))
+    cache = eng.new_cache()
+    step = torch.cat([eng.forward(toks[i:i + 1], cache) for i in range(len(toks))])
+    assert torch.equal(torch.cat(chunked), step)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 9, 16])
 def test_verify_forward_equals_one_row_forwards(pair, k):
     kind, _, stream = pair
     eng = Engine(stream)
@@ -81,7 +97,12 @@ def test_rollback_recomputes_identically(pair):
     a = eng.forward(toks, cache)
     cache.rollback(10)
     b = eng.forward(toks[10:], cache)
-    assert torch.equal(a[10:], b)
+    assert (a[10:] - b).abs().max().item() <= 1e-5
+    cache.rollback(37)
+    c = eng.forward(toks[37:], cache)     # short forwards after a rollback: exact against token by token
+    cache.rollback(37)
+    d = torch.cat([eng.forward(toks[i:i + 1], cache) for i in range(37, 40)])
+    assert torch.equal(c, d)
 
 
 def test_expert_budget_changes_speed_not_results(tmp_path):
@@ -94,10 +115,12 @@ def test_expert_budget_changes_speed_not_results(tmp_path):
     b = one.forward(toks, one.new_cache())
     c = pre.forward(toks, pre.new_cache())
     assert torch.equal(a, b) and torch.equal(a, c)
+    ref = None
     for eng in (unlimited, one, pre):       # decode token by token: now the budget matters
         cache = eng.new_cache()
         steps = torch.cat([eng.forward(toks[i:i + 1], cache) for i in range(len(toks))])
-        assert torch.equal(steps, a)
+        ref = steps if ref is None else ref
+        assert torch.equal(steps, ref)
     assert one.store.misses > unlimited.store.misses
     assert one.store.bytes_read > unlimited.store.bytes_read
 
