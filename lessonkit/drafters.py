@@ -1,0 +1,281 @@
+"""Drafters: cheap sources of guesses that the target model verifies (one protocol for the workbook).
+
+A drafter proposes k tokens after a context; `speculative.speculative_generate` verifies them in one
+(k+1)-row forward of the target and tells the drafter how many it kept. The protocol is the same
+shape as Hugging Face's candidate generator (get_candidates / update_candidate_strategy):
+
+    reset(prompt_ids)              a new sequence starts
+    propose(context, k) -> Draft   up to k tokens after `context` (fewer or none is allowed)
+    update(context, num_accepted)  context now holds the accepted drafts + the target's bonus token
+
+`Draft.probs` is the draft distribution q [len(tokens), V] the tokens were sampled from, when the
+drafter samples; None means the tokens were chosen deterministically (q is one-hot), which is what
+greedy drafters, prompt lookup and the oracle do. Modified rejection sampling needs q; greedy
+verification ignores it.
+
+Implementations here: ModelDrafter (a small model, e.g. tiny-draft, with its own KV cache rolled back
+on rejection), NGramDrafter (prompt lookup), OracleDrafter (the target's own greedy tokens, each
+corrupted with probability P, so acceptance can be dialled in). Later lessons add theirs to
+`DRAFTERS` (name -> factory(target, arg, **kw)), which `speculative.make_drafter` reads.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol, runtime_checkable
+
+import torch
+
+from .errors import LessonkitError
+from .generate import probs_from_logits
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    probs: "torch.Tensor | None" = None   # [len(tokens), V] draft distribution when sampling, else None
+
+    def __len__(self):
+        return len(self.tokens)
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+
+    def reset(self, prompt_ids: list[int]) -> None: ...
+
+    def propose(self, context: list[int], k: int) -> Draft: ...
+
+    def update(self, context: list[int], num_accepted: int) -> None: ...
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class _CachedModel:
+    """A model + KV cache that follows a context: rolls back to the common prefix, feeds the rest."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.cache = engine.new_cache()
+        self.ids: list[int] = []             # tokens whose K/V are in the cache
+        self.forwards = 0
+
+    def reset(self):
+        self.cache.rollback(0)
+        self.ids = []
+
+    def logits_after(self, context: list[int]) -> torch.Tensor:
+        """Logits [V] for the position after `context`, reusing every cached position that still matches."""
+        n = _common_prefix(self.ids, context)
+        n = min(n, len(context) - 1)           # the last token must be fed to get its logits
+        if n < 0:
+            raise LessonkitError("a drafter needs a non-empty context")
+        self.cache.rollback(n)                 # rejection: forget the drafts the target did not keep
+        self.ids = self.ids[:n]
+        logits = self.engine.forward(context[n:], self.cache, last_only=True)[-1]
+        self.forwards += 1
+        self.ids = list(context)
+        return logits
+
+    def feed(self, token: int) -> torch.Tensor:
+        logits = self.engine.forward([token], self.cache)[-1]
+        self.forwards += 1
+        self.ids.append(token)
+        return logits
+
+
+class ModelDrafter:
+    """A small language model as drafter (tiny-draft for tiny-moe), with its own KV cache.
+
+    Greedy (temperature 0) it proposes its argmax tokens; with temperature > 0 it samples them and
+    returns q. `speculative_generate` calls `configure(temperature, top_p, seed)` so the drafter
+    samples at the same temperature as the target (any q is lossless; a matching one accepts more).
+    Its cache keeps every position whose token the target accepted; the rest is rolled back.
+    """
+
+    def __init__(self, engine, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, name: str | None = None):
+        self.engine = engine
+        self.name = name or f"model:{engine.name}"
+        self.model = _CachedModel(engine)
+        self.configure(temperature, top_p, seed)
+
+    def configure(self, temperature: float, top_p: float = 1.0, seed: int = 0) -> None:
+        self.temperature, self.top_p = temperature, top_p
+        self.gen = torch.Generator().manual_seed(seed + 1_000_003)
+
+    def check_vocab(self, target) -> None:
+        if self.engine.config.vocab_size != target.config.vocab_size:
+            raise LessonkitError(f"drafter {self.engine.name} has a vocabulary of {self.engine.config.vocab_size} tokens, "
+                                 f"target {target.name} has {target.config.vocab_size}: they must share a tokenizer")
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.model.reset()
+
+    def propose(self, context: list[int], k: int) -> Draft:
+        if k <= 0:
+            return Draft([])
+        logits = self.model.logits_after(context)
+        toks, rows = [], []
+        for i in range(k):
+            if self.temperature == 0:
+                t = int(torch.argmax(logits))
+            else:
+                q = probs_from_logits(logits, self.temperature, self.top_p)
+                t = int(torch.multinomial(q, 1, generator=self.gen))
+                rows.append(q)
+            toks.append(t)
+            if i + 1 < k:
+                logits = self.model.feed(t)
+        return Draft(toks, torch.stack(rows) if rows else None)
+
+    def update(self, context: list[int], num_accepted: int) -> None:
+        pass                                   # rollback happens lazily in the next propose
+
+
+class NGramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the context's last n tokens (n from
+    max_ngram down to min_ngram) and propose the tokens that followed it. Costs no forward at all;
+    pays off on input-grounded text (code edits, records, quoting)."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, name: str = "ngram"):
+        if not 1 <= min_ngram <= max_ngram:
+            raise LessonkitError(f"n-gram sizes must satisfy 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram, self.name = max_ngram, min_ngram, name
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def propose(self, context: list[int], k: int) -> Draft:
+        if k <= 0:
+            return Draft([])
+        L = len(context)
+        for n in range(min(self.max_ngram, L - 1), self.min_ngram - 1, -1):
+            tail = context[L - n:]
+            for start in range(L - n - 1, -1, -1):          # latest match first
+                if context[start:start + n] == tail:
+                    follow = context[start + n:start + n + k]
+                    if follow:
+                        return Draft(list(follow))
+        return Draft([])
+
+    def update(self, context: list[int], num_accepted: int) -> None:
+        pass
+
+
+class OracleDrafter:
+    """Proposes the target's own greedy next tokens, each replaced by a wrong token with probability
+    `error_rate`: acceptance under greedy verification is then (1 - error_rate) per position, dialled in.
+
+    It runs a private copy of the target (own expert store, so the target's expert cache and counters
+    are untouched). On reset it computes `horizon` greedy tokens ahead before the clock starts, so
+    within a greedy run proposing costs nothing: a free drafter (c = 0), which isolates the cost of
+    verification. If the context leaves the greedy path (sampling), it recomputes from there.
+    """
+
+    def __init__(self, target, error_rate: float, seed: int = 0, *, horizon: int = 128, chunk: int = 32):
+        if not 0.0 <= error_rate <= 1.0:
+            raise LessonkitError(f"oracle error rate must be between 0 and 1, got {error_rate}")
+        from .engine import Engine
+        self.error_rate, self.seed, self.horizon, self.chunk = float(error_rate), seed, horizon, chunk
+        self.name = f"oracle:{error_rate:g}"
+        self.vocab = target.config.vocab_size
+        self.engine = Engine(target.model_dir, name=f"{target.name}-oracle", dtype=target.dtype)
+        self.model = _CachedModel(self.engine)
+        self.base: list[int] = []              # context the truth continues
+        self.truth: list[int] = []             # the target's greedy tokens after base
+        self.rng = random.Random(seed)
+        self.reset_s = 0.0
+
+    def _extend_from(self, context: list[int], n: int) -> None:
+        self.base, self.truth = list(context), []
+        logits = self.model.logits_after(context)
+        for i in range(n):
+            t = int(torch.argmax(logits))
+            self.truth.append(t)
+            if i + 1 < n:
+                logits = self.model.feed(t)
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        t0 = time.perf_counter()
+        self.rng = random.Random(self.seed)
+        self.model.reset()
+        self._extend_from(list(prompt_ids), self.horizon)
+        self.reset_s = time.perf_counter() - t0
+
+    def greedy_after(self, context: list[int], k: int) -> list[int]:
+        nb = len(self.base)
+        m = len(context) - nb
+        on_path = m >= 0 and context[:nb] == self.base and context[nb:] == self.truth[:m]
+        if not on_path:
+            self._extend_from(context, k)
+            return self.truth[:k]
+        if m + k > len(self.truth):            # ran out of look-ahead: extend along the path
+            logits = self.model.logits_after(self.base + self.truth)
+            for i in range(m + k - len(self.truth) + self.chunk):
+                t = int(torch.argmax(logits))
+                self.truth.append(t)
+                logits = self.model.feed(t)
+        return self.truth[m:m + k]
+
+    def propose(self, context: list[int], k: int) -> Draft:
+        if k <= 0:
+            return Draft([])
+        toks = self.greedy_after(list(context), k)
+        out = []
+        for t in toks:
+            if self.rng.random() < self.error_rate:
+                t = (t + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab   # any token but the right one
+            out.append(t)
+        return Draft(out)
+
+    def update(self, context: list[int], num_accepted: int) -> None:
+        pass
+
+
+# ---- registry: name -> factory(target, arg: str | None, **kw) -> Drafter ----------------------------
+def _model_factory(target, arg, **kw):
+    from .registry import load_model
+    eng = load_model(arg or "tiny-draft")
+    d = ModelDrafter(eng, name=arg or "tiny-draft", **{k: v for k, v in kw.items() if k in ("temperature", "top_p", "seed")})
+    d.check_vocab(target)
+    return d
+
+
+def _tiny_draft_factory(target, arg, **kw):
+    return _model_factory(target, "tiny-draft", **kw)
+
+
+def _ngram_factory(target, arg, **kw):
+    if arg is None:
+        return NGramDrafter()
+    try:
+        n = int(arg)
+    except ValueError:
+        raise LessonkitError(f"ngram:N needs an integer n-gram size, got {arg!r}") from None
+    return NGramDrafter(max_ngram=n)
+
+
+def _oracle_factory(target, arg, **kw):
+    if arg is None:
+        raise LessonkitError("the oracle drafter needs an error rate: oracle:P with P in [0, 1], e.g. oracle:0.3")
+    try:
+        p = float(arg)
+    except ValueError:
+        raise LessonkitError(f"oracle:P needs a number P in [0, 1], got {arg!r}") from None
+    return OracleDrafter(target, p, seed=kw.get("seed", 0), horizon=kw.get("horizon", 128))
+
+
+DRAFTERS: dict[str, Callable] = {
+    "tiny-draft": _tiny_draft_factory,
+    "model": _model_factory,          # model:NAME_OR_DIR
+    "ngram": _ngram_factory,          # ngram or ngram:N
+    "oracle": _oracle_factory,        # oracle:P
+}

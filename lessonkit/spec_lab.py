@@ -1,0 +1,277 @@
+"""Experiments for lesson 1 (speculative decoding): each returns a DataFrame and a matplotlib Figure.
+
+  prompts_by_kind      held-out prompts of each kind of text (prose, code, records)
+  acceptance_by_kind   acceptance and per-position acceptance for each drafter x kind of text
+  speedup_vs_k         measured speed-up against k, next to Leviathan's formula (measured a, c) and the
+                       refined prediction (per-position acceptance + measured verify cost curve)
+  break_even_surface   speed-up over acceptance (oracle error rate) x expert budget x depth, with unique
+                       experts and bytes read per emitted token: where speculation loses when disk-bound
+"""
+from __future__ import annotations
+
+import random
+import time
+
+import pandas as pd
+import torch
+
+from .corpus import KINDS, load_documents
+from .generate import generate
+from .speculative import (cost_curve, expected_tokens_per_pos, leviathan_speedup, measure_cost_curve,
+                          speculative_generate)
+
+
+def _progress(it, desc, total=None):
+    try:
+        from tqdm.auto import tqdm
+        return tqdm(it, desc=desc, total=total, leave=False)
+    except Exception:   # pragma: no cover
+        return it
+
+
+# ---- prompts -----------------------------------------------------------------------------------------
+def prompts_by_kind(engine=None, n: int = 20, max_tokens: int = 48, *, seed: int = 0, kinds=KINDS,
+                    split: str = "heldout") -> dict[str, list[list[int]]]:
+    """n prompts per kind of text from the held-out corpus, cut at line starts, at most max_tokens tokens.
+
+    With an engine that has a tokenizer, its tokenizer encodes them; otherwise (tiny random test models)
+    the corpus tokenizer does and ids are taken modulo the engine's vocabulary.
+    """
+    if engine is not None and engine.tokenizer is not None:
+        encode = engine.encode
+    else:
+        from .train import load_tokenizer
+        tok = load_tokenizer()
+        V = engine.config.vocab_size if engine is not None else None
+        encode = (lambda s: [i % V for i in tok.encode(s).ids]) if V else (lambda s: tok.encode(s).ids)
+    rng = random.Random(seed)
+    out = {}
+    for kind in kinds:
+        text = "\n".join(load_documents(kind, split))
+        starts = [i + 1 for i, ch in enumerate(text) if ch == "\n" and i + 1 < len(text) - 400]
+        prompts = []
+        for s in rng.sample(starts, min(len(starts), 4 * n)):
+            ids = encode(text[s:s + max_tokens * 8])[:max_tokens]
+            if len(ids) >= 8:
+                prompts.append(ids)
+            if len(prompts) == n:
+                break
+        out[kind] = prompts
+    return out
+
+
+def _totals(results) -> dict:
+    tot = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "new_tokens": 0, "forwards": 0,
+           "wall_s": 0.0, "draft_s": 0.0, "verify_s": 0.0, "bytes_read": 0, "unique_experts": 0,
+           "expert_hits": 0, "expert_misses": 0}
+    per_pos = []
+    for st in results:
+        for key in tot:
+            tot[key] += st.get(key) or 0
+        pp = st.get("num_accepted_tokens_per_pos") or []
+        per_pos = [a + b for a, b in zip(per_pos + [0] * (len(pp) - len(per_pos)), pp + [0] * (len(per_pos) - len(pp)))]
+    tot["num_accepted_tokens_per_pos"] = per_pos
+    tot["acceptance_rate"] = tot["num_accepted_tokens"] / tot["num_draft_tokens"] if tot["num_draft_tokens"] else None
+    tot["mean_acceptance_length"] = 1 + tot["num_accepted_tokens"] / tot["num_drafts"] if tot["num_drafts"] else None
+    tot["tokens_per_forward"] = tot["new_tokens"] / tot["forwards"] if tot["forwards"] else None
+    tot["tokens_per_s"] = tot["new_tokens"] / tot["wall_s"] if tot["wall_s"] else None
+    n = tot["new_tokens"] or 1
+    tot["unique_experts_per_token"] = tot["unique_experts"] / n
+    tot["bytes_read_per_token"] = tot["bytes_read"] / n
+    hm = tot["expert_hits"] + tot["expert_misses"]
+    tot["expert_hit_rate"] = tot["expert_hits"] / hm if hm else None
+    return tot
+
+
+def conditional_per_pos(per_pos: list[int], num_drafts: int) -> list[float]:
+    """a_i = P(position i accepted | positions < i accepted), from vLLM-style cumulative counts."""
+    out, prev = [], num_drafts
+    for c in per_pos:
+        out.append(c / prev if prev else 0.0)
+        prev = c
+    return out
+
+
+# ---- experiment 1: acceptance per drafter and kind of text ------------------------------------------
+def acceptance_by_kind(target, drafters: dict, prompts: dict[str, list[list[int]]], *, k: int = 4,
+                       max_new_tokens: int = 32):
+    """Greedy runs of every drafter on every prompt; returns (DataFrame, Figure)."""
+    import matplotlib.pyplot as plt
+    rows = []
+    jobs = [(dn, kind) for dn in drafters for kind in prompts]
+    for dn, kind in _progress(jobs, "acceptance"):
+        sts = [speculative_generate(target, drafters[dn], p, max_new_tokens, k=k).stats for p in prompts[kind]]
+        t = _totals(sts)
+        cond = conditional_per_pos(t["num_accepted_tokens_per_pos"], t["num_drafts"])
+        rows.append({"drafter": dn, "kind": kind, "acceptance_rate": t["acceptance_rate"],
+                     "mean_acceptance_length": t["mean_acceptance_length"],
+                     "tokens_per_forward": t["tokens_per_forward"], "num_drafts": t["num_drafts"],
+                     **{f"a{i + 1}": c for i, c in enumerate(cond)}})
+    df = pd.DataFrame(rows)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    piv = df.pivot(index="kind", columns="drafter", values="acceptance_rate")
+    piv.plot.bar(ax=ax1, rot=0)
+    ax1.set_ylabel("acceptance rate (accepted / drafted)")
+    ax1.set_xlabel("kind of text")
+    ax1.set_ylim(0, 1)
+    for _, r in df.iterrows():
+        ys = [r[f"a{i + 1}"] for i in range(k) if f"a{i + 1}" in r and pd.notna(r[f"a{i + 1}"])]
+        ax2.plot(range(1, len(ys) + 1), ys, marker="o", label=f"{r['drafter']} / {r['kind']}")
+    ax2.set_xlabel("draft position i")
+    ax2.set_ylabel("P(accept i | 1..i-1 accepted)")
+    ax2.set_ylim(0, 1.05)
+    ax2.legend(fontsize=7)
+    fig.suptitle(f"Acceptance depends on the drafter and the kind of text (k={k}, greedy, {target.name})")
+    fig.tight_layout()
+    return df, fig
+
+
+# ---- experiment 2: speed-up against k, next to Leviathan's formula ----------------------------------
+def _timed_runs(fn, prompts, repeats):
+    best = None
+    for _ in range(repeats):
+        sts = [fn(p).stats for p in prompts]
+        tot = _totals(sts)
+        if best is None or tot["wall_s"] < best["wall_s"]:
+            best = tot
+    return best
+
+
+def speedup_vs_k(target, drafter, prompts: list[list[int]], *, ks=(1, 2, 3, 4, 6, 8), max_new_tokens: int = 32,
+                 repeats: int = 2, cost: list[float] | None = None):
+    """Measured speed-up of greedy speculative decoding vs plain greedy, for each k, with predictions.
+
+    a: acceptance at the first draft position (Leviathan assumes i.i.d. acceptance);
+    c: measured draft seconds per draft token / plain seconds per token;
+    Leviathan: (1 - a^(k+1)) / ((1 - a)(k c + 1));
+    refined: E(k) from per-position acceptance / ((T(k+1) + k t_draft) / T(1)), T the measured cost curve.
+    """
+    import matplotlib.pyplot as plt
+    kmax = max(ks)
+    cost = cost if cost is not None else measure_cost_curve(target, kmax)
+    plain = _timed_runs(lambda p: generate(target, p, max_new_tokens), prompts, repeats)
+    t_tok = plain["wall_s"] / plain["new_tokens"]
+    runs = {}
+    for k in _progress(ks, "speed-up vs k"):
+        runs[k] = _timed_runs(lambda p: speculative_generate(target, drafter, p, max_new_tokens, k=k), prompts, repeats)
+    deep = runs[kmax]
+    cond = conditional_per_pos(deep["num_accepted_tokens_per_pos"], deep["num_drafts"])
+    a = runs[min(ks)]["num_accepted_tokens_per_pos"][0] / max(runs[min(ks)]["num_drafts"], 1)
+    rows = []
+    for k in ks:
+        r = runs[k]
+        t_draft = r["draft_s"] / r["num_draft_tokens"] if r["num_draft_tokens"] else 0.0
+        c = t_draft / t_tok
+        cond_k = conditional_per_pos(r["num_accepted_tokens_per_pos"], r["num_drafts"])
+        e_meas = expected_tokens_per_pos(cond_k, k)
+        rows.append({"k": k, "measured_speedup": plain["wall_s"] / r["wall_s"],
+                     "leviathan_speedup": leviathan_speedup(min(a, 0.999999), k, c),
+                     "refined_speedup": e_meas * cost[0] / (cost[k] + k * t_draft),
+                     "a_first_pos": a, "c": c, "cost_ratio": cost[k] / cost[0],
+                     "acceptance_rate": r["acceptance_rate"], "tokens_per_forward": r["tokens_per_forward"],
+                     "E_tokens_per_verify": e_meas, "tokens_per_s": r["tokens_per_s"],
+                     "plain_tokens_per_s": plain["tokens_per_s"]})
+    df = pd.DataFrame(rows)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    ax1.plot(df.k, df.measured_speedup, "o-", label="measured")
+    ax1.plot(df.k, df.leviathan_speedup, "s--", label=f"Leviathan (a={a:.2f}, c={df.c.iloc[0]:.2f})")
+    ax1.plot(df.k, df.refined_speedup, "^:", label="per-position a_i + measured T(k)")
+    ax1.axhline(1.0, color="grey", lw=0.8)
+    ax1.set_xlabel("draft length k (tokens)")
+    ax1.set_ylabel("speed-up over plain greedy (x)")
+    ax1.legend(fontsize=8)
+    ax2.plot(range(1, len(cond) + 1), cond, "o-", label="P(accept i | previous accepted)")
+    ax2.plot(range(1, kmax + 2), [x / cost[0] for x in cost[:kmax + 1]], "s-", label="verify cost T(k+1)/T(1)")
+    ax2.set_xlabel("position i / draft length k")
+    ax2.legend(fontsize=8)
+    fig.suptitle(f"Speed-up vs k with {getattr(drafter, 'name', 'drafter')} on {target.name}: "
+                 "the formula misses decaying acceptance and rising verify cost")
+    fig.tight_layout()
+    return df, fig
+
+
+# ---- experiment 3: the break-even surface -------------------------------------------------------------
+def simulate_disk(engine, mb_per_s: float | None) -> None:
+    """Make every expert miss cost bytes / (mb_per_s MB/s) of extra wall time (a slow-disk model);
+    None restores plain reads (which on this machine come from the page cache at memory speed)."""
+    store = engine.store
+    if not hasattr(store, "_spec_lab_read"):
+        store._spec_lab_read = store._read
+    real = store._spec_lab_read
+    if mb_per_s is None:
+        store._read = real
+        return
+
+    def slow_read(key):
+        t0 = time.perf_counter()
+        t = real(key)
+        wait = store._entries[key][1] / (mb_per_s * 2**20) - (time.perf_counter() - t0)
+        end = time.perf_counter() + max(wait, 0.0)
+        while time.perf_counter() < end:        # busy-wait: sleep() granularity is too coarse here
+            pass
+        store.io_s += max(wait, 0.0)
+        return t
+    store._read = slow_read
+
+
+def break_even_surface(model_dir, prompts: list[list[int]], *, error_rates=(0.0, 0.25, 0.5, 0.75, 1.0),
+                       budget_experts=(2, 8, None), ks=(1, 2, 4), max_new_tokens: int = 24,
+                       disk_mb_s: float | None = None, dtype=torch.float32):
+    """Speed-up of greedy speculative decoding (oracle drafter, so acceptance ~ 1 - error rate) over plain
+    greedy at the same expert budget (experts resident per model; None = all), for each depth k.
+    Each run starts from an empty expert cache. Returns (DataFrame, Figure)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from .drafters import OracleDrafter
+    from .engine import Engine
+    rows = []
+    for nb in budget_experts:
+        probe = Engine(model_dir, dtype=dtype)
+        total = probe.config.n_layers * probe.config.n_experts
+        mb = None if nb is None else nb * probe.expert_bytes / 2**20
+        eng = Engine(model_dir, name=f"budget-{nb or 'all'}", expert_budget_mb=mb, dtype=dtype)
+        simulate_disk(eng, disk_mb_s)
+
+        def run(fn):
+            sts = []
+            for p in prompts:
+                eng.store.clear()
+                sts.append(fn(p).stats)
+            return _totals(sts)
+        plain = run(lambda p: generate(eng, p, max_new_tokens))
+        oracles = {P: OracleDrafter(eng, P, seed=0, horizon=max_new_tokens + max(ks) + 2) for P in error_rates}
+        for P in _progress(error_rates, f"budget {nb or 'all'}"):
+            for k in ks:
+                t = run(lambda p: speculative_generate(eng, oracles[P], p, max_new_tokens, k=k))
+                verify_wall = t["wall_s"]
+                rows.append({"budget_experts": nb or total, "budget_frac": (nb or total) / total, "error_rate": P,
+                             "k": k, "acceptance_rate": t["acceptance_rate"],
+                             "tokens_per_forward": t["tokens_per_forward"],
+                             "speedup": plain["wall_s"] / verify_wall,
+                             "unique_experts_per_token": t["unique_experts_per_token"],
+                             "plain_unique_experts_per_token": plain["unique_experts_per_token"],
+                             "bytes_read_per_token": t["bytes_read_per_token"],
+                             "plain_bytes_read_per_token": plain["bytes_read_per_token"],
+                             "expert_hit_rate": t["expert_hit_rate"], "plain_expert_hit_rate": plain["expert_hit_rate"]})
+    df = pd.DataFrame(rows)
+    budgets = sorted(df.budget_experts.unique())
+    fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 3.8), squeeze=False)
+    for ax, b in zip(axes[0], budgets):
+        sub = df[df.budget_experts == b].pivot(index="k", columns="error_rate", values="speedup")
+        acc = 1 - np.array(sub.columns, dtype=float)
+        im = ax.imshow(sub.values, origin="lower", aspect="auto", cmap="RdYlGn", vmin=0.5, vmax=2.0,
+                       extent=[-0.5, len(acc) - 0.5, -0.5, len(sub.index) - 0.5])
+        for i in range(sub.shape[0]):
+            for j in range(sub.shape[1]):
+                v = sub.values[i, j]
+                ax.text(j, i, f"{v:.2f}" + ("" if v >= 1 else "\nloses"), ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(acc)), [f"{a:.2f}" for a in acc])
+        ax.set_yticks(range(len(sub.index)), [str(k) for k in sub.index])
+        hr = df[df.budget_experts == b].plain_expert_hit_rate.iloc[0]
+        ax.set_title(f"{b} experts resident (plain hit rate {hr:.0%})" if hr is not None else f"{b} experts", fontsize=9)
+        ax.set_xlabel("oracle acceptance (1 - error rate)")
+        ax.set_ylabel("draft depth k")
+    fig.colorbar(im, ax=axes[0].tolist(), label="speed-up over plain greedy (x)")
+    disk = f"simulated disk {disk_mb_s:g} MB/s" if disk_mb_s else "page-cache reads"
+    fig.suptitle(f"Break-even: speculation loses at low acceptance, and sooner when few experts fit ({disk})", fontsize=10)
+    return df, fig
