@@ -1,0 +1,266 @@
+"""The monitoring judge: reads one item and answers whether it needs action (True = "yes").
+
+Its fresh answer is the ground truth a semantic cache must reproduce; it does not need to be right
+about the world. Three implementations share one protocol, ``judge(item) -> bool`` plus a
+``fingerprint`` string that goes into the cache's scope key:
+
+- ``LogitJudge``: smollm2-135m (instruct) on the lead's engine. The item is put into a fixed
+  instruction, rendered with the GGUF's chat template (generation prompt on), and the judge
+  compares the next-token logits of "yes" against "no" (log-sum-exp over the spellings yes/Yes and
+  no/No). The constant part of the prompt is run once and its KV snapshot reused per item.
+- ``RuleJudge``: a deterministic fake for fast tests (intended labels, then a keyword rule).
+- ``RecordedJudge``: answers read from a ground-truth file of fresh answers that a given judge
+  gave earlier (for notebook speed), falling back to that live judge for anything missing.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from lessonkit.errors import LessonkitError
+
+INSTRUCTION = (
+    "You triage alerts for an on-call engineer. Answer with one word: yes if an engineer must act "
+    "on the monitoring item now, no if nothing needs doing.\n"
+    "Does this item need action?\n"
+    "Item:\n{item}")
+YES_SPELLINGS = ("yes", "Yes")
+NO_SPELLINGS = ("no", "No")
+JUDGE_BIAS = -0.6   # decision boundary on the log-odds; see data/semcache/README.md
+GROUND_TRUTH_PATH = Path(__file__).resolve().parent.parent / "data" / "semcache" / "judge_answers.json"
+
+
+def instruction_fingerprint(instruction: str = INSTRUCTION) -> str:
+    """Hash of the instruction template and the decision rule (part of the cache scope key)."""
+    rule = "argmax logsumexp" + repr((YES_SPELLINGS, NO_SPELLINGS))
+    return hashlib.sha256((instruction + "\x00" + rule).encode()).hexdigest()[:16]
+
+
+@runtime_checkable
+class Judge(Protocol):
+    fingerprint: str
+
+    def __call__(self, item: str) -> bool: ...
+
+
+class RuleJudge:
+    """Deterministic fake judge: a known label if given, else a keyword rule. Fast, for tests."""
+
+    def __init__(self, labels: dict[str, bool] | None = None):
+        self.labels = dict(labels or {})
+        self.fingerprint = "rule-judge-v1:" + hashlib.sha256(
+            json.dumps(sorted(self.labels.items())).encode()).hexdigest()[:12]
+        self.calls = 0
+
+    def __call__(self, item: str) -> bool:
+        self.calls += 1
+        if item in self.labels:
+            return self.labels[item]
+        t = item.lower()
+        negated = bool(re.search(r"\bnot\b|n't\b|\bnever\b", t))
+        alarm = bool(re.search(r"fail|error|refused|down|critical|denied|\b5\d\d\b", t))
+        return alarm != negated
+
+
+class LogitJudge:
+    """smollm2-135m scoring yes/no after the chat-templated instruction, on the lessonkit engine.
+
+    ``score(item)`` is the log-odds log P(yes) - log P(no) of the next token; the answer is
+    ``score > bias``. The bias is part of the judge (and of its fingerprint): this small model
+    leans towards "no", so a bias of 0 would answer "no" to everything.
+    """
+
+    def __init__(self, engine, chat_template_fn, instruction: str = INSTRUCTION,
+                 bias: float | None = None, reuse_prefix: bool = True):
+        if "{item}" not in instruction:
+            raise LessonkitError("judge instruction must contain the placeholder {item}")
+        self.engine, self.instruction = engine, instruction
+        self.bias = JUDGE_BIAS if bias is None else float(bias)
+        marker = "\x00ITEM\x00"
+        rendered = chat_template_fn([{"role": "user", "content": instruction.replace("{item}", marker)}])
+        if rendered.count(marker) != 1:
+            raise LessonkitError("chat template did not keep the item placeholder exactly once")
+        self.head, self.tail = rendered.split(marker)
+        self.head_ids = engine.encode(self.head)
+        self.yes_ids = [self._single_token(s) for s in YES_SPELLINGS]
+        self.no_ids = [self._single_token(s) for s in NO_SPELLINGS]
+        self.reuse_prefix = reuse_prefix
+        self._snapshot = None
+        self.score_fingerprint = f"{engine.fingerprint()[:16]}:{instruction_fingerprint(instruction)}"
+        self.fingerprint = judge_fingerprint(self.score_fingerprint, self.bias)
+        self.calls, self.seconds = 0, 0.0
+
+    def _single_token(self, text: str) -> int:
+        ids = self.engine.encode(text)
+        if len(ids) != 1:
+            raise LessonkitError(f"judge answer word {text!r} is not one token: {ids}")
+        return ids[0]
+
+    def input_ids(self, item: str) -> list[int]:
+        """The judge's input: the tokenised constant head, then the tokenised item and tail."""
+        return self.head_ids + self.engine.encode(item + self.tail)
+
+    def score(self, item: str) -> float:
+        """log P(yes) - log P(no) over the spellings, from the next-token logits."""
+        import torch
+        t0 = time.perf_counter()
+        rest = self.engine.encode(item + self.tail)
+        cache = self.engine.new_cache(len(self.head_ids) + len(rest) + 8)
+        with torch.inference_mode():
+            if self.reuse_prefix:
+                if self._snapshot is None:
+                    self.engine.forward(self.head_ids, cache, last_only=True)
+                    self._snapshot = cache.snapshot()
+                else:
+                    cache.restore(self._snapshot)
+                logits = self.engine.forward(rest, cache, last_only=True)[-1]
+            else:
+                logits = self.engine.forward(self.head_ids + rest, cache, last_only=True)[-1]
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            s = float(torch.logsumexp(logp[self.yes_ids], 0) - torch.logsumexp(logp[self.no_ids], 0))
+        self.calls += 1
+        self.seconds += time.perf_counter() - t0
+        return s
+
+    def __call__(self, item: str) -> bool:
+        return self.score(item) > self.bias
+
+
+def judge_fingerprint(score_fingerprint: str, bias: float) -> str:
+    return f"{score_fingerprint}:bias={bias:+.3f}"
+
+
+def load_judge(model: str = "smollm2-135m", **kw) -> LogitJudge:
+    """The real judge: the lessonkit engine for ``model`` plus the GGUF's chat template."""
+    from lessonkit import gguf_loader, registry
+    engine = registry.load_model(model)
+    gguf = gguf_loader.load_gguf(gguf_loader.smollm2_gguf_path(), progress=False)
+    return LogitJudge(engine, lambda msgs: gguf.apply_chat_template(msgs, add_generation_prompt=True), **kw)
+
+
+class RecordedJudge:
+    """Fresh scores recorded earlier by one judge (a ground-truth file), with a live fallback.
+
+    The file holds {"score_fingerprint": ..., "scores": {item: log-odds}}; answers are
+    ``score > bias``. A live judge whose scores come from another model or instruction is refused:
+    its answers would be a different ground truth.
+    """
+
+    def __init__(self, scores: dict[str, float], score_fingerprint: str, bias: float | None = None,
+                 live: LogitJudge | None = None):
+        self.bias = JUDGE_BIAS if bias is None else float(bias)
+        if live is not None and live.score_fingerprint != score_fingerprint:
+            raise LessonkitError(f"recorded scores are from judge {score_fingerprint}, "
+                                 f"not from the live judge {live.score_fingerprint}")
+        self.scores, self.score_fingerprint, self.live = dict(scores), score_fingerprint, live
+        self.fingerprint = judge_fingerprint(score_fingerprint, self.bias)
+        self.calls, self.live_calls = 0, 0
+
+    @classmethod
+    def from_file(cls, path: str | Path = GROUND_TRUTH_PATH, bias: float | None = None,
+                  live: LogitJudge | None = None):
+        path = Path(path)
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            return cls(doc["scores"], doc["score_fingerprint"], bias, live)
+        except FileNotFoundError:
+            raise LessonkitError(f"judge ground-truth file not found: {path}") from None
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise LessonkitError(f"{path}: not a judge ground-truth file ({exc})") from None
+
+    def score(self, item: str) -> float:
+        if item not in self.scores:
+            if self.live is None:
+                raise LessonkitError(f"no recorded judge score for item {item[:60]!r} and no live judge")
+            self.live_calls += 1
+            self.scores[item] = self.live.score(item)
+        return self.scores[item]
+
+    def __call__(self, item: str) -> bool:
+        self.calls += 1
+        return self.score(item) > self.bias
+
+
+def record_scores(judge: LogitJudge, items: list[str], path: str | Path = GROUND_TRUTH_PATH,
+                  partial: str | Path | None = None, progress: bool = True) -> Path:
+    """Score every distinct item fresh with ``judge`` and write the ground-truth file.
+
+    ``partial`` (a JSONL file) makes the run resumable: scores already there are reused when they
+    carry the same score fingerprint.
+    """
+    from tqdm.auto import tqdm
+    unique = list(dict.fromkeys(items))
+    scores: dict[str, float] = {}
+    if partial is not None and Path(partial).exists():
+        for line in Path(partial).read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            if rec["fp"] == judge.score_fingerprint:
+                scores[rec["text"]] = rec["score"]
+    out = open(partial, "a", encoding="utf-8") if partial is not None else None
+    for text in tqdm([t for t in unique if t not in scores], desc="judge (fresh scores)",
+                     disable=not progress):
+        scores[text] = round(judge.score(text), 5)
+        if out:
+            out.write(json.dumps({"fp": judge.score_fingerprint, "text": text, "score": scores[text]}) + "\n")
+            out.flush()
+    if out:
+        out.close()
+    doc = {"what": "Ground truth of lesson 5: fresh yes/no log-odds of the monitoring judge "
+                   "(smollm2-135m on the lessonkit engine) for every distinct item of the shipped "
+                   "stream, precomputed so the notebook runs quickly. The judge's answer is "
+                   "score > bias. Regenerate with: python -m lessonkit.semcache_report record",
+           "score_fingerprint": judge.score_fingerprint, "instruction": judge.instruction,
+           "yes_spellings": YES_SPELLINGS, "no_spellings": NO_SPELLINGS,
+           "scores": {t: scores[t] for t in unique}}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=0, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def score_batched_transformers(judge: LogitJudge, hf_model, items: list[str], batch_size: int = 16,
+                               progress: bool = True) -> dict[str, float]:
+    """The judge's scores for ``items``, computed in batches by ``transformers`` on the same weights.
+
+    Same token ids as ``judge.score`` (constant head run once, its KV cache repeated per batch;
+    items right-padded, each read at its last real token). Only a faster way to fill the
+    ground-truth file on a busy CPU: ``check_against_engine`` compares it with the engine.
+    """
+    import copy
+
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import DynamicCache
+    head = torch.tensor([judge.head_ids])
+    with torch.inference_mode():
+        head_cache = hf_model(head, use_cache=True, past_key_values=DynamicCache()).past_key_values
+    scores = {}
+    H = len(judge.head_ids)
+    unique = list(dict.fromkeys(items))
+    for b in tqdm(range(0, len(unique), batch_size), desc="judge (batched scores)", disable=not progress):
+        chunk = unique[b:b + batch_size]
+        ids = [judge.engine.encode(t + judge.tail) for t in chunk]
+        L = max(map(len, ids))
+        inp = torch.zeros(len(ids), L, dtype=torch.long)
+        mask = torch.zeros(len(ids), H + L, dtype=torch.long)
+        mask[:, :H] = 1
+        for r, row in enumerate(ids):
+            inp[r, :len(row)] = torch.tensor(row)
+            mask[r, H:H + len(row)] = 1
+        cache = copy.deepcopy(head_cache)
+        cache.batch_repeat_interleave(len(ids))
+        pos = (H + torch.arange(L)).unsqueeze(0).expand(len(ids), L)
+        with torch.inference_mode():
+            hidden = hf_model.model(inp, attention_mask=mask, position_ids=pos,
+                                    past_key_values=cache).last_hidden_state
+            last = hidden[torch.arange(len(ids)), torch.tensor([len(r) - 1 for r in ids])]
+            logits = hf_model.lm_head(last)
+        for r, row in enumerate(ids):
+            logp = torch.log_softmax(logits[r].float(), dim=-1)
+            scores[chunk[r]] = float(torch.logsumexp(logp[judge.yes_ids], 0) -
+                                     torch.logsumexp(logp[judge.no_ids], 0))
+    return scores

@@ -1,0 +1,268 @@
+"""Lesson 5 measurements, figures, CLI (`lessonkit semcache run`) and bench (`lessonkit bench semcache`).
+
+Everything here runs the real pipeline of lessonkit.semcache on the shipped stream
+(data/semcache/stream.jsonl): the fresh answers of the judge are the ground truth, read from the
+recorded ground-truth file when its judge fingerprint matches the live judge, else computed live.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from lessonkit.errors import LessonkitError
+from lessonkit.judge import GROUND_TRUTH_PATH, RecordedJudge, RuleJudge, instruction_fingerprint
+from lessonkit.monitoring_data import load_stream
+from lessonkit.semcache import (AUDIT_OFF, POLICY_NAMES, CacheStore, load_embedder, make_policy,
+                                run_stream, scope_key)
+from lessonkit.semcache_audit import AuditConfig, clopper_pearson_upper
+
+SMOKE_ITEMS = 300
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def ground_truth_judge(kind: str = "recorded", path=GROUND_TRUTH_PATH, progress: bool = True):
+    """The judge whose fresh answers are the ground truth.
+
+    kind: "real" (smollm2-135m live on the engine), "recorded" (the recorded file, checked against
+    the live judge's fingerprint and completed live where items are missing; if the live judge is
+    a different one, its answers replace the file's), or "rule" (the fast fake, for tests).
+    """
+    if kind == "rule":
+        return RuleJudge(), None
+    from lessonkit.judge import load_judge
+    live = load_judge()
+    if kind == "real":
+        return live, live
+    try:
+        rec = RecordedJudge.from_file(path)
+    except LessonkitError:
+        return RecordedJudge({}, live.fingerprint, live), live
+    if rec.fingerprint != live.fingerprint:
+        print(f"note: recorded answers are from judge {rec.fingerprint}, the live judge is "
+              f"{live.fingerprint}; judging live instead", file=sys.stderr)
+        return RecordedJudge({}, live.fingerprint, live), live
+    return RecordedJudge(rec.answers, rec.fingerprint, live), live
+
+
+def embed_stream(texts: list[str], progress: bool = True) -> np.ndarray:
+    """Unit embeddings of ``texts`` (each distinct text embedded once)."""
+    unique = list(dict.fromkeys(texts))
+    emb = load_embedder().embed(unique, progress=progress)
+    row = {t: i for i, t in enumerate(unique)}
+    return emb[[row[t] for t in texts]]
+
+
+# ---------------------------------------------------------------- measurements and figures
+
+
+def sweep(texts, judge, embeddings, thresholds=(0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.98),
+          policies=("two-sided", "one-sided", "one-sided+guard"), progress: bool = True):
+    """Hit rate and (actionable) loss rate of each policy as the threshold moves."""
+    import pandas as pd
+    from tqdm.auto import tqdm
+    rows = [run_stream(texts, make_policy("exact"), judge, embeddings=embeddings).summary()]
+    grid = [(p, t) for p in policies for t in thresholds]
+    for p, t in tqdm(grid, desc="threshold sweep", disable=not progress):
+        rows.append(run_stream(texts, make_policy(p, t), judge, embeddings=embeddings).summary())
+    return pd.DataFrame(rows)
+
+
+def plot_tradeoff(df):
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, g in df.groupby("policy", sort=False):
+        g = g.sort_values("threshold")
+        ax.plot(100 * g["hit_rate"], 100 * g["actionable_loss_rate"], "o-", label=name)
+        if name != "exact":
+            for _, r in g.iterrows():
+                ax.annotate(f"{r['threshold']:g}", (100 * r["hit_rate"], 100 * r["actionable_loss_rate"]),
+                            fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("hit rate (% of queries served from cache)")
+    ax.set_ylabel("actionable losses (% of queries)")
+    ax.set_title("Only the guarded one-sided cache buys hits without hiding alerts")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def similarity_to_parent(items, embeddings) -> dict[str, np.ndarray]:
+    """Cosine of each derived item to its original, grouped by relation / perturbation."""
+    index = {it.id: k for k, it in enumerate(items)}
+    groups: dict[str, list] = {}
+    for k, it in enumerate(items):
+        if it.parent is None or it.parent not in index:
+            continue
+        label = it.relation if it.relation != "hard_negative" else f"hard negative: {it.perturbation}"
+        groups.setdefault(label, []).append(float(embeddings[k] @ embeddings[index[it.parent]]))
+    return {k: np.array(v) for k, v in sorted(groups.items())}
+
+
+def plot_similarity(groups: dict[str, np.ndarray], threshold: float = 0.8):
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    bins = np.linspace(min(0.5, min(v.min() for v in groups.values())), 1.0, 41)
+    for name, v in groups.items():
+        if name == "exact_repeat":
+            continue
+        ax.hist(v, bins=bins, histtype="step", linewidth=1.6, label=f"{name} (n={len(v)})")
+    ax.axvline(threshold, color="k", linestyle="--", label=f"GPTCache default {threshold}")
+    ax.set_xlabel("cosine similarity to the original item")
+    ax.set_ylabel("items")
+    ax.set_title("Hard negatives score as high as paraphrases: a threshold cannot separate them")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_audit(result, confidence: float = 0.95):
+    """The audit's upper bound on the loss rate as audits accumulate, against the rule of three."""
+    import matplotlib.pyplot as plt
+    traj = result.auditor.trajectory
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    n = np.arange(1, max(len(traj), 2) + 1)
+    ax.plot(n, [clopper_pearson_upper(0, int(k), confidence) for k in n], "k:",
+            label="0 losses in n audits (Clopper-Pearson)")
+    ax.plot(n, np.minimum(3.0 / n, 1.0), color="grey", linestyle="--", label="3/n (rule of three)")
+    if traj:
+        ax.plot([t[1] for t in traj], [t[3] for t in traj], "-", linewidth=2,
+                label=f"{result.policy} audits (losses so far: {traj[-1][2]})")
+    ax.axhline(result.audit.limit, color="tab:red", linewidth=1, label=f"stop limit {result.audit.limit:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("audited hits n")
+    ax.set_ylabel(f"{int(confidence * 100)}% upper bound on the loss rate")
+    ax.set_title("Zero losses in n audits bounds the loss rate by about 3/n, not by zero")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def time_hits(texts, policy, judge, n: int = 40) -> dict:
+    """Cache-side time per query on a hit, with live query embedding (median, ms)."""
+    result = run_stream(texts, policy, judge, embedder=load_embedder())
+    hit_ms = [r.seconds * 1e3 for r in result.records if r.hit]
+    if not hit_ms:
+        return {"median_hit_ms": None, "hits_timed": 0}
+    return {"median_hit_ms": statistics.median(hit_ms[:n] if n else hit_ms), "hits_timed": len(hit_ms)}
+
+
+def time_judge(judge, texts, n: int = 15) -> float:
+    """Median wall time of a fresh judge call in ms (the real judge, not the recorded file)."""
+    times = []
+    for t in texts[:n]:
+        t0 = time.perf_counter()
+        judge(t)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser("semcache", help="semantic cache over the monitoring stream (lesson 5)")
+    sub = p.add_subparsers(dest="semcache_cmd", required=True)
+    r = sub.add_parser("run", help="run one policy over the shipped stream")
+    r.add_argument("--policy", default="one-sided+guard", choices=POLICY_NAMES)
+    r.add_argument("--threshold", type=float, default=None, help="cosine threshold (policy default if omitted)")
+    r.add_argument("--audit-rate", type=float, default=0.05, help="share of hits re-judged after probation")
+    r.add_argument("--audit-first", type=int, default=2, help="hits of a new entry always audited")
+    r.add_argument("--audit-limit", type=float, default=0.10, help="stop serving above this loss bound")
+    r.add_argument("--limit", type=int, default=None, help="use only the first N items of the stream")
+    r.add_argument("--judge", default="recorded", choices=("recorded", "real", "rule"))
+    r.add_argument("--store", default=":memory:", help="SQLite file for the cache (default: in memory)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cli_run)
+    rec = sub.add_parser("record", help="recompute the judge ground-truth file with the real judge")
+    rec.set_defaults(func=cli_record)
+
+
+def cli_run(args) -> int:
+    items = load_stream(limit=args.limit)
+    texts = [it.text for it in items]
+    judge, _ = ground_truth_judge(args.judge, progress=not args.json)
+    if args.judge == "rule":
+        judge = RuleJudge({it.text: it.needs_action for it in items})
+    policy = make_policy(args.policy, args.threshold)
+    audit = AuditConfig(rate=args.audit_rate, first_n=args.audit_first, limit=args.audit_limit, seed=args.seed)
+    embedder = load_embedder()
+    embeddings = None if args.policy == "exact" else embed_stream(texts, progress=not args.json)
+    scope = scope_key(judge.fingerprint, instruction_fingerprint(), embedder.fingerprint)
+    store = CacheStore(args.store, scope)
+    s = run_stream(texts, policy, judge, embeddings=embeddings, audit=audit, store=store,
+                   progress=not args.json).summary()
+    store.close()
+    if args.json:
+        print(json.dumps(s))
+    else:
+        print(f"policy {s['policy']} @ {s['threshold']:g}, audit rate {s['audit_rate']:g}, {s['queries']} queries")
+        print(f"  hits {s['hits']} ({100 * s['hit_rate']:.1f}%), judge calls saved {s['judge_calls_saved']}")
+        print(f"  losses {s['losses']}, actionable losses {s['actionable_losses']}")
+        print(f"  audits {s['audits']} with {s['audit_losses']} losses: 95% upper bound on the loss rate "
+              f"{s['audit_upper_bound']:.3f}; entries retired {s['entries_retired']}; "
+              f"policy stopped at query {s['policy_stopped_at']}")
+    return 0
+
+
+def cli_record(args) -> int:
+    from lessonkit.judge import load_judge, record_answers
+    path = record_answers(load_judge(), [it.text for it in load_stream()])
+    print(f"wrote {path}")
+    return 0
+
+
+# ---------------------------------------------------------------- bench
+
+
+def _machine_info() -> dict:
+    try:
+        from lessonkit.bench_util import machine_info
+        return machine_info()
+    except ImportError:
+        import os
+        import platform
+        return {"python": platform.python_version(), "cpu_count": os.cpu_count(), "machine": platform.machine()}
+
+
+def bench(args) -> dict:
+    """One-sided+guard vs exact, two-sided 0.8 and one-sided on the same stream, audit off."""
+    smoke = bool(getattr(args, "smoke", False))
+    items = load_stream(limit=SMOKE_ITEMS if smoke else None)
+    texts = [it.text for it in items]
+    try:
+        judge, live = ground_truth_judge("recorded", progress=False)
+    except (ImportError, LessonkitError) as exc:
+        if not smoke:
+            raise LessonkitError(f"bench semcache needs the real judge (smollm2-135m): {exc}") from None
+        judge, live = RuleJudge({it.text: it.needs_action for it in items}), None
+    emb = embed_stream(texts, progress=False)
+    rows = []
+    for name in ("exact", "two-sided", "one-sided", "one-sided+guard"):
+        s = run_stream(texts, make_policy(name), judge, embeddings=emb, audit=AUDIT_OFF).summary()
+        rows.append({"name": f"{name}@{s['threshold']:g}", "tokens_per_s": None,
+                     "identical_to_plain": s["losses"] == 0, **s})
+    guard_row, two_row = rows[3], rows[1]
+    timing = time_hits(texts[: 120 if smoke else 400], make_policy("one-sided+guard"), judge)
+    judge_ms = time_judge(live, texts[:5 if smoke else 15]) if live is not None else None
+    guard_row.update(timing)
+    ratio = guard_row["hit_rate"] / two_row["hit_rate"] if two_row["hit_rate"] else 0.0
+    hit_share = (timing["median_hit_ms"] / judge_ms
+                 if judge_ms and timing["median_hit_ms"] is not None else None)
+    targets = [
+        {"name": "one-sided+guard actionable losses", "value": guard_row["actionable_losses"],
+         "target": 0, "met": guard_row["actionable_losses"] == 0},
+        {"name": "one-sided+guard hit rate / two-sided 0.8 hit rate", "value": ratio,
+         "target": 0.25, "met": ratio >= 0.25},
+        {"name": "two-sided 0.8 actionable losses (shown, no target)", "value": two_row["actionable_losses"],
+         "target": None, "met": True},
+        {"name": "time per query on a hit / judge call", "value": hit_share, "target": 0.05,
+         "met": hit_share is not None and hit_share <= 0.05},
+    ]
+    return {"bench": "semcache", "machine": _machine_info(), "judge": judge.fingerprint,
+            "judge_call_ms": judge_ms, "queries": len(texts), "rows": rows, "targets": targets}

@@ -1,0 +1,161 @@
+"""SQLite store of a semantic cache: entries, their scope, and an audit log of every served hit.
+
+One file, standard library only. WAL journal so readers in other processes or threads never block
+on a writer. Every entry carries a scope key (fingerprints of judge model, instruction template and
+embedder); a store opened with one scope serves only that scope's entries and refuses to add an
+entry from another, so a changed judge or embedder can never serve stale answers.
+
+Tables: entries(id, scope, text, text_hash, embedding, answer, created, ttl, hits, audits, losses,
+retired) and audit_log(id, scope, entry_id, query, similarity, served, audited, fresh, agreed, t).
+An in-memory matrix of the scope's live embeddings makes a lookup one matrix-vector product.
+"""
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lessonkit.errors import LessonkitError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+  id INTEGER PRIMARY KEY, scope TEXT NOT NULL, text TEXT NOT NULL, text_hash TEXT NOT NULL,
+  embedding BLOB NOT NULL, answer INTEGER NOT NULL, created REAL NOT NULL, ttl REAL,
+  hits INTEGER NOT NULL DEFAULT 0, audits INTEGER NOT NULL DEFAULT 0,
+  losses INTEGER NOT NULL DEFAULT 0, retired INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS entries_scope_hash ON entries(scope, text_hash);
+CREATE TABLE IF NOT EXISTS audit_log (
+  id INTEGER PRIMARY KEY, scope TEXT NOT NULL, entry_id INTEGER NOT NULL, query TEXT NOT NULL,
+  similarity REAL NOT NULL, served INTEGER NOT NULL, audited INTEGER NOT NULL,
+  fresh INTEGER, agreed INTEGER, t REAL NOT NULL);
+"""
+
+
+def scope_key(judge_fingerprint: str, instruction_fingerprint: str, embedder_fingerprint: str) -> str:
+    return hashlib.sha256("\x00".join(
+        [judge_fingerprint, instruction_fingerprint, embedder_fingerprint]).encode()).hexdigest()[:24]
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class Entry:
+    id: int | None
+    scope: str
+    text: str
+    embedding: np.ndarray
+    answer: bool
+    created: float
+    ttl: float | None = None
+    hits: int = 0
+    audits: int = 0
+    losses: int = 0
+    retired: bool = False
+
+    def expired(self, now: float) -> bool:
+        return self.ttl is not None and now > self.created + self.ttl
+
+
+class CacheStore:
+    """Entries of one scope in an SQLite file (``":memory:"`` for a throwaway store)."""
+
+    def __init__(self, path: str | Path, scope: str, *, clock=time.time, dim: int = 384):
+        self.path, self.scope, self.clock, self.dim = str(path), scope, clock, dim
+        try:
+            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise LessonkitError(f"cannot open cache store {self.path}: {exc}") from None
+        self._load()
+
+    def _load(self) -> None:
+        rows = self.db.execute(
+            "SELECT id, scope, text, embedding, answer, created, ttl, hits, audits, losses, retired "
+            "FROM entries WHERE scope = ? ORDER BY id", (self.scope,)).fetchall()
+        self.entries: list[Entry] = []
+        for r in rows:
+            emb = np.frombuffer(r[3], dtype=np.float32)
+            if emb.shape[0] != self.dim:
+                raise LessonkitError(f"{self.path}: entry {r[0]} has a {emb.shape[0]}-d embedding, "
+                                     f"expected {self.dim}")
+            self.entries.append(Entry(r[0], r[1], r[2], emb, bool(r[4]), r[5], r[6], r[7], r[8],
+                                      r[9], bool(r[10])))
+        self.by_hash = {text_hash(e.text): e for e in self.entries}
+        self.matrix = (np.stack([e.embedding for e in self.entries]) if self.entries
+                       else np.zeros((0, self.dim), np.float32))
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, entry: Entry) -> Entry:
+        if entry.scope != self.scope:
+            raise LessonkitError(f"entry scope {entry.scope} does not match the store scope {self.scope}")
+        emb = np.ascontiguousarray(entry.embedding, dtype=np.float32).reshape(-1)
+        if emb.shape[0] != self.dim:
+            raise LessonkitError(f"embedding has {emb.shape[0]} dimensions, expected {self.dim}")
+        cur = self.db.execute(
+            "INSERT INTO entries(scope, text, text_hash, embedding, answer, created, ttl) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (entry.scope, entry.text, text_hash(entry.text), emb.tobytes(), int(entry.answer),
+             entry.created, entry.ttl))
+        entry.id, entry.embedding = cur.lastrowid, emb
+        self.entries.append(entry)
+        self.by_hash[text_hash(entry.text)] = entry
+        self.matrix = np.concatenate([self.matrix, emb[None, :]], axis=0)
+        return entry
+
+    def put(self, text: str, embedding: np.ndarray, answer: bool, ttl: float | None = None) -> Entry:
+        return self.add(Entry(None, self.scope, text, embedding, bool(answer), self.clock(), ttl))
+
+    def exact(self, text: str) -> Entry | None:
+        e = self.by_hash.get(text_hash(text))
+        return e if e is not None and self.usable(e) else None
+
+    def usable(self, e: Entry) -> bool:
+        return not e.retired and not e.expired(self.clock())
+
+    def nearest(self, query: np.ndarray, threshold: float, k: int = 8) -> list[tuple[Entry, float]]:
+        """Live entries with cosine >= threshold, most similar first (embeddings are unit norm)."""
+        if not self.entries:
+            return []
+        sims = self.matrix @ np.asarray(query, dtype=np.float32).reshape(-1)
+        idx = np.flatnonzero(sims >= threshold)
+        if idx.size > k:
+            idx = idx[np.argpartition(-sims[idx], k - 1)[:k]]
+        idx = idx[np.argsort(-sims[idx], kind="stable")]
+        return [(self.entries[i], float(sims[i])) for i in idx if self.usable(self.entries[i])]
+
+    def log_hit(self, entry: Entry, query: str, similarity: float, served: bool,
+                audited: bool, fresh: bool | None) -> None:
+        agreed = None if fresh is None else int(fresh == entry.answer)
+        entry.hits += 1
+        if audited:
+            entry.audits += 1
+            entry.losses += 0 if agreed else 1
+        self.db.execute(
+            "INSERT INTO audit_log(scope, entry_id, query, similarity, served, audited, fresh, agreed, t) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (self.scope, entry.id, query, similarity, int(served), int(audited),
+             None if fresh is None else int(fresh), agreed, self.clock()))
+        self.db.execute("UPDATE entries SET hits = ?, audits = ?, losses = ? WHERE id = ?",
+                        (entry.hits, entry.audits, entry.losses, entry.id))
+
+    def retire(self, entry: Entry) -> None:
+        entry.retired = True
+        self.db.execute("UPDATE entries SET retired = 1 WHERE id = ?", (entry.id,))
+
+    def audit_log(self) -> list[dict]:
+        cur = self.db.execute("SELECT * FROM audit_log WHERE scope = ? ORDER BY id", (self.scope,))
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
+
+    def close(self) -> None:
+        self.db.close()
