@@ -172,6 +172,32 @@ class TokenGrammar:
         self._spans[span] = ids
         return ids
 
+    def can_extend(self, token: int, state_after: GrammarState) -> bool:
+        """Could a longer token start with this token's bytes and go on legally past `state_after`?"""
+        node = self.trie.root
+        for byte in self.table[token] or b"":
+            node = node[0].get(byte)
+            if node is None:
+                return False
+        return any(state_after.mask >> b & 1 for b in node[0])
+
+    def draft_ids(self, state: GrammarState, backoff: int | str = 1, max_span_bytes: int = 256) -> list[int]:
+        """The forced continuation from `state`, tokenised, minus the back-off.
+
+        backoff=n drops the last n tokens when the span has more than n; backoff="auto" drops the last
+        token only when a longer vocabulary token could merge it with the bytes that follow.
+        """
+        span, end = state.forced(max_span_bytes)
+        if not span:
+            return []
+        ids = self.encode_span(span)
+        if backoff == "auto":
+            if ids and self.can_extend(ids[-1], end):
+                ids = ids[:-1]
+        elif len(ids) > backoff:
+            ids = ids[:len(ids) - backoff]
+        return ids
+
     def token_bytes(self, ids) -> bytes | None:
         out = bytearray()
         for i in ids:
@@ -192,7 +218,7 @@ class GrammarDrafter:
     """Drafter protocol (lessonkit.drafters): proposes the tokenised forced continuation of the grammar."""
 
     def __init__(self, grammar: Grammar | TokenGrammar, tokenizer=None, prompt_len: int | None = None, *,
-                 max_draft: int = 24, min_acceptance: float = 0.5, warmup: int = 32, backoff_tokens: int = 1,
+                 max_draft: int = 24, min_acceptance: float = 0.5, warmup: int = 32, backoff_tokens: int | str = "auto",
                  max_span_bytes: int = 256, name: str = "grammar"):
         if isinstance(grammar, TokenGrammar):
             self.tg = grammar
@@ -232,13 +258,9 @@ class GrammarDrafter:
         state = self.sync(context)
         if state is None:
             return Draft([])
-        span, _ = state.forced(self.max_span_bytes)
-        if not span:
+        ids = self.tg.draft_ids(state, self.backoff_tokens, self.max_span_bytes)[:min(k, self.max_draft)]
+        if not ids:
             return Draft([])
-        ids = self.tg.encode_span(span)
-        if len(ids) > self.backoff_tokens:
-            ids = ids[:len(ids) - self.backoff_tokens]
-        ids = ids[:min(k, self.max_draft)]
         self._last = list(ids)
         self.proposals += 1
         self.forced_tokens += len(ids)
@@ -361,7 +383,7 @@ class ConstrainedDecoder:
 
 # ---------------------------------------------------------------------------- measuring tokenisation
 
-def span_tokenisation_report(tg: TokenGrammar, texts: list[str], backoffs=(0, 1, 2)) -> dict:
+def span_tokenisation_report(tg: TokenGrammar, texts: list[str], backoffs=(0, 1, 2, "auto")) -> dict:
     """How often the forced-span tokenisation differs from the canonical tokenisation of the whole text.
 
     For each text (in the grammar's language), walk it with the grammar; at every point where a forced
@@ -392,7 +414,7 @@ def span_tokenisation_report(tg: TokenGrammar, texts: list[str], backoffs=(0, 1,
                 ref = canon[bounds[i]:bounds[i] + len(ids)]
                 noncanon += ids != ref
                 for b in backoffs:
-                    d = ids[:len(ids) - b] if len(ids) > b else ids
+                    d = tg.draft_ids(s, b)
                     n = 0
                     while n < len(d) and bounds[i] + n < len(canon) and canon[bounds[i] + n] == d[n]:
                         n += 1
@@ -469,6 +491,51 @@ def _grammar_factory(target, arg, **kw):
 DRAFTERS.setdefault("grammar", _grammar_factory)
 
 
+# ---------------------------------------------------------------------------- the workbook's records
+
+def monitoring_record_schema() -> dict:
+    """JSON Schema of the corpus's NDJSON monitoring records (metric / log / alert / deploy), from corpus.py."""
+    from . import corpus as c
+
+    def obj(props: dict, optional=()) -> dict:
+        return {"type": "object", "properties": props, "additionalProperties": False,
+                "required": [k for k in props if k not in optional]}
+
+    s, i, n = {"type": "string"}, {"type": "integer"}, {"type": "number"}
+    services = {"enum": sorted(c.SERVICES)}
+    teams = {"enum": sorted({t for t, _ in c.SERVICES.values()})}
+    regions = {"enum": sorted(c.REGIONS)}
+    env = {"enum": ["prod", "staging", "dev"]}
+    ts = {"type": "string", "format": "date-time"}
+    metric = obj({"ts": ts, "type": {"const": "metric"}, "host": s, "service": services, "region": regions,
+                  "metric": {"enum": [m[0] for m in c.METRICS]}, "value": n,
+                  "unit": {"enum": sorted({m[1] for m in c.METRICS})},
+                  "tags": obj({"env": env, "az": s, "team": teams})})
+    log = obj({"ts": ts, "type": {"const": "log"}, "level": {"enum": ["DEBUG", "INFO", "WARN", "ERROR"]},
+               "service": services, "host": s, "logger": s, "msg": s,
+               "trace_id": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+               "route": {"enum": sorted({r for _, routes in c.SERVICES.values() for r in routes})},
+               "status": i, "duration_ms": i}, optional=("route", "status", "duration_ms"))
+    alert = obj({"ts": ts, "type": {"const": "alert"}, "alert_id": {"type": "string", "format": "uuid"},
+                 "rule": {"enum": [r[0] for r in c.RULES]},
+                 "severity": {"enum": ["info", "warning", "critical", "page"]},
+                 "status": {"enum": ["firing", "resolved"]}, "service": services, "host": s, "region": regions,
+                 "metric": {"enum": sorted({r[1] for r in c.RULES})}, "value": n, "threshold": n, "summary": s,
+                 "labels": obj({"env": env, "team": teams})})
+    deploy = obj({"ts": ts, "type": {"const": "deploy"}, "service": services, "env": env, "from_version": s,
+                  "to_version": s, "commit": {"type": "string", "pattern": "^[0-9a-f]{7}$"},
+                  "actor": {"enum": list(c.ACTORS)}, "status": {"enum": ["succeeded", "failed", "rolled_back"]},
+                  "duration_s": i})
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "monitoring record",
+            "anyOf": [metric, log, alert, deploy]}
+
+
+def monitoring_grammar(*, whitespace: str = "compact", ndjson: bool = True) -> Grammar:
+    from .json_schema import schema_grammar
+    return schema_grammar(monitoring_record_schema(), whitespace=whitespace, ndjson=ndjson,
+                          source="monitoring_record_schema()")
+
+
 # ---------------------------------------------------------------------------- benchmark
 
 def _test_schema_dir() -> Path:
@@ -509,7 +576,7 @@ def bench(args) -> dict:
     prompt = "".join(lines[:3])
     n_new = 32 if smoke else 256
     ids = eng.encode(prompt)
-    g = load_grammar("ndjson-compact")
+    g = monitoring_grammar()                    # the records' schema, compact NDJSON
     tg = TokenGrammar(g, eng.tokenizer, eos_ids=eng.config.eos_ids)
     from .speculative import speculative_generate
 
@@ -533,7 +600,7 @@ def bench(args) -> dict:
     rows = [
         {"name": "plain greedy", "tokens_per_s": len(plain_res.token_ids) / med(plain_t), "identical_to_plain": True,
          "tokens_per_forward": tpf_plain, "wall_s": med(plain_t)},
-        {"name": "grammar draft (ndjson-compact)", "tokens_per_s": len(draft_res.token_ids) / med(draft_t),
+        {"name": "grammar draft (record schema, compact NDJSON)", "tokens_per_s": len(draft_res.token_ids) / med(draft_t),
          "identical_to_plain": same, "tokens_per_forward": tpf, "wall_s": med(draft_t),
          "forced_tokens": st["forced_tokens"], "grammar_acceptance": st["grammar_acceptance"],
          "forced_fraction": st["accepted"] / max(len(draft_res.token_ids), 1)},

@@ -1,0 +1,140 @@
+"""Lesson 3 exercise checks: each rejects plausible wrong answers, passes the solutions, reports
+a stub as not implemented, and never raises."""
+import io
+import json
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from lessonkit.exercises import grammar_checks as check
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def solution_functions():
+    """The functions defined in the solution notebook (its `def` cells and its setup)."""
+    nb = json.loads((ROOT / "notebooks" / "solutions" / "03_grammar.ipynb").read_text())
+    ns: dict = {}
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "code" and (src.startswith("def ") or "import" in src):
+            exec(compile(src, "03_grammar.ipynb", "exec"), ns)
+    return ns
+
+
+def run(check_fn, fn):
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        ok = check_fn(fn)
+    return ok, buf.getvalue()
+
+
+# ---------------------------------------------------------------- plausible wrong answers
+
+def fs_ignores_complete(state):          # keeps going where the parse could already end
+    out = bytearray()
+    while len(state.allowed_bytes()) == 1:
+        b = state.allowed_bytes()[0]
+        out.append(b)
+        state = state.advance(b)
+    return bytes(out)
+
+
+def fs_one_byte(state):                  # only the next forced byte, not the whole span
+    a = state.allowed_bytes()
+    return a[:1] if len(a) == 1 and not state.is_complete else b""
+
+
+def fs_as_text(state):                   # right bytes, wrong type
+    out = bytearray()
+    while not state.is_complete and len(state.allowed_bytes()) == 1:
+        out.append(state.allowed_bytes()[0])
+        state = state.advance(out[-1])
+    return out.decode()
+
+
+def fs_first_allowed(state):             # takes the smallest legal byte even when there is a choice
+    out = bytearray()
+    while not state.is_complete and state.allowed_bytes() and len(out) < 64:
+        out.append(state.allowed_bytes()[0])
+        state = state.advance(out[-1])
+    return bytes(out)
+
+
+def ic_prefix_only(grammar, data):       # a legal prefix is taken for a complete sentence
+    return grammar.initial().advance_bytes(data) is not None
+
+
+def ic_ignores_dead(grammar, data):      # stops at the first illegal byte and reports the state so far
+    s = grammar.initial()
+    for b in data:
+        nxt = s.advance(b)
+        if nxt is None:
+            break
+        s = nxt
+    return s.is_complete
+
+
+def eg_no_grammar_escape(values):        # forgets the grammar's own escaping
+    return "root ::= " + " | ".join('"' + json.dumps(v, ensure_ascii=False) + '"' for v in values)
+
+
+def eg_no_quotes(values):                # the bare values, not JSON strings
+    return "root ::= " + " | ".join('"' + v + '"' for v in values)
+
+
+def eg_ascii_escapes(values):            # json.dumps default ensure_ascii=True
+    return "root ::= " + " | ".join(
+        '"' + json.dumps(v).replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+
+
+def eg_open_ended(values):               # a prefix alternative that accepts too much
+    alts = ['"' + json.dumps(v, ensure_ascii=False).replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values]
+    return "root ::= ( " + " | ".join(alts) + ' ) " "?'
+
+
+WRONG = [
+    (check.forced_span, fs_ignores_complete), (check.forced_span, fs_one_byte),
+    (check.forced_span, fs_as_text), (check.forced_span, fs_first_allowed),
+    (check.is_complete, ic_prefix_only), (check.is_complete, ic_ignores_dead),
+    (check.enum_grammar, eg_no_grammar_escape), (check.enum_grammar, eg_no_quotes),
+    (check.enum_grammar, eg_ascii_escapes), (check.enum_grammar, eg_open_ended),
+]
+
+
+@pytest.mark.parametrize("check_fn,fn", WRONG, ids=[f.__name__ for _, f in WRONG])
+def test_wrong_implementations_are_rejected_with_a_reason(check_fn, fn):
+    ok, out = run(check_fn, fn)
+    assert ok is False
+    assert "on case" in out and out.count("\n") == 1, out
+
+
+def test_solutions_pass():
+    ns = solution_functions()
+    for name in ("forced_span", "is_complete", "enum_grammar"):
+        ok, out = run(getattr(check, name), ns[name])
+        assert ok is True and "passed all" in out, out
+
+
+@pytest.mark.parametrize("name", ["forced_span", "is_complete", "enum_grammar"])
+def test_stubs_report_not_implemented_without_raising(name):
+    def stub(*args):
+        raise NotImplementedError
+
+    ok, out = run(getattr(check, name), stub)
+    assert ok is False and out.strip() == f"{name}: not implemented yet"
+
+
+def test_checks_never_print_the_reference():
+    """A wrong forced span is described by what the student returned, never by the expected bytes."""
+    ok, out = run(check.forced_span, fs_one_byte)
+    assert "b'{'" in out and '{"id":' not in out
+    ok, out = run(check.enum_grammar, eg_no_quotes)
+    assert "root ::=" not in out
+
+
+def test_exercise_notebook_has_stubs_only():
+    nb = json.loads((ROOT / "notebooks" / "exercises" / "03_grammar.ipynb").read_text())
+    defs = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith("def ")]
+    assert len(defs) == 3 and all("raise NotImplementedError" in d for d in defs)
