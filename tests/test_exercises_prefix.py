@@ -123,8 +123,7 @@ def lpm_first_hit(query_ids, saved, block_size):        # the first entry sharin
     return None, 0
 
 
-def lpm_off_by_one(query_ids, saved, block_size):       # forgets the last full block
-    name, n = lpm_first_hit(query_ids, saved, block_size)
+def lpm_off_by_one(query_ids, saved, block_size):       # "<" instead of "<=": misses a block at the end
     best, best_n = None, 0
     for nm, ids in saved.items():
         k = 0
