@@ -532,7 +532,8 @@ class PrefixCache:
                     continue
             tried.add(rel)
             path = self.dir / rel
-            ino = os.fstat(f.fileno()).st_ino
+            st = os.fstat(f.fileno())
+            ino = st.st_ino
             try:
                 with f:
                     header, tensors = _load_from_file(f, path, self.key)
@@ -559,7 +560,7 @@ class PrefixCache:
             self.stats.restores += 1
             self.stats.prefix_cache_hits += n
             self.stats.restore_s += dt
-            self.stats.bytes_read += path.stat().st_size if path.exists() else 0
+            self.stats.bytes_read += st.st_size
             if header.get("prefill_s"):
                 self.stats.prefill_s_saved += header["prefill_s"] * n / header["n_tokens"] - dt
             self._touch(rel, ino)
