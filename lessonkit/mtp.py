@@ -768,6 +768,124 @@ def scale_picture(head: MtpHead, schemes=("none", "int4", "int8", "int4-g32"), n
     return fig
 
 
+# ----------------------------------------------------------------------------- lesson measurements
+def acceptance_by_scheme(head: MtpHead, sh: Shared, states: dict, schemes=("none", "int8", "int4", "int4-g64", "int4-g32"),
+                         depth: int = 3) -> dict:
+    """scheme -> pooled teacher-forced acceptance per position (all kinds of text together)."""
+    out = {}
+    for s in schemes:
+        h = head.quantised(s) if s != "none" else head
+        per = acceptance_by_kind(h, sh, states, depth)
+        n = sum(v["n_positions"] for v in per.values())
+        out[s] = {"acceptance": [sum(v["acceptance"][i] * v["n_positions"] for v in per.values()) / n
+                                 for i in range(depth)],
+                  "rank_median": sum(v["rank_median"] * v["n_positions"] for v in per.values()) / n}
+    return out
+
+
+def numeric_path(engine, head: MtpHead, states: dict, depth: int = 1, bf16_target_states: dict | None = None) -> dict:
+    """Acceptance at position 1 of the same head on other numeric paths than it was trained on (float32):
+    head weights and activations in bfloat16; and (if given) hidden states from the target run in bfloat16."""
+    sh = Shared.from_engine(engine)
+    pool = lambda h, st: _pooled(acceptance_by_kind(h, sh, st, depth))
+    out = {"float32 head, float32 target": pool(head, states),
+           "bfloat16 head, float32 target": pool(head.to(torch.bfloat16), states)}
+    if bf16_target_states is not None:
+        out["float32 head, bfloat16 target"] = pool(head, bf16_target_states)
+    return out
+
+
+def _pooled(per: dict) -> float:
+    n = sum(v["n_positions"] for v in per.values())
+    return sum(v["acceptance"][0] * v["n_positions"] for v in per.values()) / n
+
+
+def prompts_from_corpus(engine, n_per_kind: int = 1, prompt_len: int = 48) -> dict[str, list[list[int]]]:
+    """Held-out prompts per kind of text (the first tokens of held-out windows not used for acceptance)."""
+    from .corpus import KINDS
+    return {k: text_windows(engine, k, "heldout", n_per_kind, prompt_len, skip=40).tolist() for k in KINDS}
+
+
+def speed_comparison(engine, head: MtpHead | None = None, prompts: dict | None = None, max_new_tokens: int = 64,
+                     ks=(1, 2, 3), quant: str = "none", repeats: int = 1) -> list[dict]:
+    """Plain greedy vs MTP drafting with k drafts per verify, same prompts, same process; output compared
+    token by token. One row per (kind, contender). Times are medians over `repeats`."""
+    import statistics
+    from .generate import generate
+    from .speculative import speculative_generate
+    head = head if head is not None else load_head(engine)
+    prompts = prompts if prompts is not None else prompts_from_corpus(engine)
+    drafter = MtpDrafter(engine, head, quant=quant)
+    rows = []
+    try:
+        for kind, plist in prompts.items():
+            for p in plist:
+                ts, ref = [], None
+                for _ in range(repeats):
+                    r = generate(engine, p, max_new_tokens, use_eos=False)
+                    ts.append(r.stats["wall_s"])
+                    ref = r.token_ids
+                base = statistics.median(ts)
+                rows.append({"model": engine.name, "kind": kind, "name": "plain greedy", "k": 0,
+                             "tokens_per_s": len(ref) / base, "identical_to_plain": True,
+                             "acceptance_rate": None, "tokens_per_forward": 1.0, "speedup": 1.0})
+                for k in ks:
+                    ts, res = [], None
+                    for _ in range(repeats):
+                        res = speculative_generate(engine, drafter, p, max_new_tokens, k=k, use_eos=False)
+                        ts.append(res.stats["wall_s"])
+                    t = statistics.median(ts)
+                    rows.append({"model": engine.name, "kind": kind, "name": f"mtp k={k}" + (f" {quant}" if quant != "none" else ""),
+                                 "k": k, "tokens_per_s": len(res.token_ids) / t,
+                                 "identical_to_plain": res.token_ids == ref,
+                                 "acceptance_rate": res.stats["acceptance_rate"],
+                                 "tokens_per_forward": res.stats["tokens_per_forward"], "speedup": base / t})
+    finally:
+        drafter.close()
+    return rows
+
+
+def speed_figure(rows: list[dict], title: str = ""):
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    df = pd.DataFrame(rows)
+    g = df.groupby(["model", "name"], sort=False)["tokens_per_s"].median().unstack(0)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    g.plot.bar(ax=ax)
+    ax.set_ylabel("tokens / s (median over prompts)")
+    ax.set_xlabel("")
+    ax.tick_params(axis="x", rotation=0)
+    ok = bool(df["identical_to_plain"].all())
+    ax.set_title(title or f"MTP drafting vs plain greedy (output identical: {ok})")
+    fig.tight_layout()
+    return fig
+
+
+def bench(args) -> dict:
+    """`lessonkit bench mtp`: plain greedy vs MTP drafting (k = 1..3) on tiny-moe (and smollm2-135m unless smoke)."""
+    from .bench_util import machine_info, target
+    from .registry import load_model
+    smoke = bool(getattr(args, "smoke", False))
+    models = ["tiny-moe"] if smoke else ["tiny-moe", "smollm2-135m"]
+    rows = []
+    for m in models:
+        eng = load_model(m)
+        prompts = prompts_from_corpus(eng, 1, 32 if smoke else 48)
+        if smoke:
+            prompts = {k: v for k, v in list(prompts.items())[:1]}
+        rows += speed_comparison(eng, None, prompts, 16 if smoke else 64, (1, 2) if smoke else (1, 2, 3),
+                                 repeats=1 if smoke else 3)
+    targets = [target("MTP output identical to plain greedy", all(r["identical_to_plain"] for r in rows), "True",
+                      all(r["identical_to_plain"] for r in rows))]
+    for m in models:
+        import statistics
+        ks = sorted({r["k"] for r in rows if r["model"] == m and r["k"] > 0})
+        best = max((statistics.median(r["speedup"] for r in rows if r["model"] == m and r["k"] == k) for k in ks),
+                   default=0.0)
+        targets.append(target(f"{m}: best MTP speed-up (median prompt)", round(best, 3), "> 1.0", best > 1.0))
+    return {"bench": "mtp", "machine": machine_info(), "rows": rows, "targets": targets}
+
+
 # ----------------------------------------------------------------------------- CLI
 def register_cli(subparsers) -> None:
     p = subparsers.add_parser("train-mtp", help="train an MTP head on a frozen target")

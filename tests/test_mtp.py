@@ -1,0 +1,185 @@
+"""Lesson 2: MTP heads. Drafting is exact, the doctor tells a broken quantised head from a good one,
+and the shipped heads predict the token after next far better than the controls."""
+import argparse
+import io
+import json
+from contextlib import redirect_stdout
+
+import pytest
+import torch
+
+from lessonkit import mtp, quant
+from lessonkit.errors import LessonkitError
+from lessonkit.generate import generate
+from lessonkit.speculative import speculative_generate
+
+
+# ---------------------------------------------------------------- quantisation lab
+def test_per_row_int4_zeroes_a_small_column_block_and_groups_keep_it():
+    g = torch.Generator().manual_seed(0)
+    w = torch.cat([torch.randn(32, 64, generator=g), torch.randn(32, 64, generator=g) / 25], dim=1)
+    blocks = {"hidden": slice(0, 64), "embedding": slice(64, 128)}
+    assert quant.scale_ratio(w, blocks) > 20
+    r4 = quant.block_report(w, quant.fake_quantise(w, "int4"), blocks)
+    assert r4["embedding"]["frac_zero"] > 0.97 and r4["hidden"]["frac_zero"] < 0.2
+    for s, most in (("int8", 0.35), ("int4-g64", 0.2), ("int4-g32", 0.2)):   # int8 still zeroes ~1/5
+        r = quant.block_report(w, quant.fake_quantise(w, s), blocks)
+        assert r["embedding"]["frac_zero"] < most, s
+        assert r["embedding"]["rel_error"] < most, s
+
+
+def test_quantise_roundtrip_levels_and_errors():
+    w = torch.randn(8, 64)
+    qt = quant.quantise(w, "int4-g32")
+    assert qt.q.abs().max() <= 7 and qt.scales.shape == (8, 2)
+    assert torch.equal(quant.dequantise(qt), quant.fake_quantise(w, "int4-g32"))
+    assert torch.equal(quant.fake_quantise(w, "none"), w)
+    assert quant.get_scheme("int4-g16").group_size == 16
+    with pytest.raises(LessonkitError, match="int5"):
+        quant.get_scheme("int5")
+    with pytest.raises(LessonkitError, match="group size 48"):
+        quant.quantise(w, "int4-g48")
+
+
+# ---------------------------------------------------------------- a tiny random target (fast, no shipped files)
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from hf_tiny import make_hf
+    from lessonkit.registry import load_model
+    _, d = make_hf("olmoe", tmp_path_factory.mktemp("mtp"))
+    eng = load_model(str(d))
+    cfg = mtp.MtpConfig.from_target(eng.config, 64)
+    head = mtp.MtpHead(cfg, mtp.init_head(cfg, seed=1, std=0.2))
+    return eng, head
+
+
+@pytest.mark.parametrize("q", ["none", "int4"])
+def test_mtp_drafting_is_exact_on_a_random_model(tiny, q):
+    eng, head = tiny
+    drafter = mtp.MtpDrafter(eng, head, quant=q)
+    try:
+        for prompt in ([1, 2, 3], list(range(10, 50))):
+            ref = generate(eng, prompt, 24, use_eos=False).token_ids
+            for k in (1, 3):
+                assert speculative_generate(eng, drafter, prompt, 24, k=k, use_eos=False).token_ids == ref
+    finally:
+        drafter.close()
+
+
+def test_drafter_matches_the_teacher_forced_head(tiny):
+    eng, head = tiny
+    sh = mtp.Shared.from_engine(eng)
+    row = torch.randint(0, eng.config.vocab_size, (40,), generator=torch.Generator().manual_seed(3))
+    st = mtp.target_states(eng, row[None], progress=False)
+    drafter = mtp.MtpDrafter(eng, head)
+    try:
+        drafter.reset([])
+        eng.forward(row[:30], eng.new_cache())
+        d = drafter.propose(row[:31].tolist(), 1).tokens
+    finally:
+        drafter.close()
+    x = mtp.mtp_input(head.w, head.cfg, st.hidden[:, :30], sh.embed[row[1:31]][None])
+    y, _, _ = mtp.block(head.w, head.cfg, sh, x, torch.arange(30))
+    assert d == [int(mtp.head_logits(sh, y)[0, -1].argmax())]
+
+
+def test_rescaling_the_embedding_half_keeps_the_function(tiny):
+    eng, head = tiny
+    sh = mtp.Shared.from_engine(eng)
+    h2 = mtp.rescale_embedding_half(head, 25.0)
+    assert mtp.eh_scale_ratio(h2) == pytest.approx(25 * mtp.eh_scale_ratio(head), rel=1e-4)
+    hid, e = torch.randn(1, 5, head.cfg.dim), sh.embed[torch.arange(1, 6)][None]
+    y1, _, _ = mtp.block(head.w, head.cfg, sh, mtp.mtp_input(head.w, head.cfg, hid, e), torch.arange(5))
+    y2, _, _ = mtp.block(h2.w, h2.cfg, sh, mtp.mtp_input(h2.w, h2.cfg, hid, e), torch.arange(5))
+    assert torch.allclose(y1, y2, atol=1e-4)
+
+
+def test_tensor_checks_find_missing_nonfinite_and_untrained(tiny, tmp_path):
+    _, head = tiny
+    untrained = mtp.MtpHead(head.cfg, mtp.init_head(head.cfg, seed=5))
+    probs = mtp.tensor_problems(untrained)
+    assert any("enorm" in p and "never trained" in p for p in probs)
+    assert any("eh_proj" in p and "random" in p for p in probs)
+    w = dict(head.w)
+    w["wq"] = w["wq"].clone()
+    w["wq"][0, 0] = float("nan")
+    del w["w_up"]
+    probs = mtp.tensor_problems(mtp.MtpHead(head.cfg, w))
+    assert any("w_up is missing" in p for p in probs) and any("wq has 1 non-finite" in p for p in probs)
+    bad = tmp_path / "bad.safetensors"
+    from safetensors.torch import save_file
+    save_file({"eh_proj": torch.zeros(2, 2)}, str(bad), metadata={"config": json.dumps(head.cfg.__dict__)})
+    with pytest.raises(LessonkitError, match="bad.safetensors: tensor 'hnorm' is missing"):
+        mtp.load_head(bad)
+
+
+# ---------------------------------------------------------------- the shipped heads on the real models
+def _engine(name):
+    from lessonkit.registry import load_model
+    return load_model(name)
+
+
+@pytest.fixture(scope="module")
+def moe():
+    eng = _engine("tiny-moe")
+    states = mtp.eval_windows(eng, 2, 128, progress=False)
+    return eng, mtp.load_head(eng), states
+
+
+def test_float_head_beats_the_shifted_target_control(moe):
+    eng, head, states = moe
+    sh = mtp.Shared.from_engine(eng)
+    for kind, st in states.items():
+        r = mtp.teacher_forced(head, sh, st, depth=2)
+        assert r["acceptance"][0] > r["shifted_control"] + 0.15, (kind, r)
+    rand = mtp.MtpHead(head.cfg, mtp.init_head(head.cfg, seed=9))
+    assert mtp._pooled(mtp.acceptance_by_kind(rand, sh, states, 1)) < 0.05
+
+
+def _doctor_cli(argv):
+    p = argparse.ArgumentParser()
+    mtp.register_cli(p.add_subparsers())
+    a = p.parse_args(argv)
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = a.func(a)
+    return rc, buf.getvalue()
+
+
+def test_doctor_flags_per_row_int4_and_passes_int8(moe):
+    eng, head, states = moe
+    bad = mtp.doctor(eng, head, "int4", states=states)
+    assert bad["healthy"] is False
+    assert any("embedding half of eh_proj is zero after quantisation" in v and "never sees the input token" in v
+               for v in bad["verdict"])
+    assert bad["quantised"]["acceptance"][0] < 0.5 * bad["float"]["acceptance"][0]
+    good = mtp.doctor(eng, head, "int8", states=states)
+    assert good["healthy"] is True, good["verdict"]
+    assert good["quant_matrices"]["eh_proj"]["blocks"]["embedding"]["frac_zero"] < 0.5
+
+
+def test_doctor_cli_exit_codes_and_json(moe):
+    rc, out = _doctor_cli(["mtp-doctor", "--model", "tiny-moe", "--quant", "int4", "--windows", "1", "--json"])
+    rep = json.loads(out)
+    assert rc == 1 and rep["healthy"] is False and rep["quant"] == "int4"
+    rc, out = _doctor_cli(["mtp-doctor", "--model", "tiny-moe", "--quant", "int4-g32", "--windows", "1"])
+    assert rc == 0 and "HEALTHY" in out
+
+
+@pytest.mark.parametrize("name", ["tiny-moe", "smollm2-135m"])
+def test_mtp_drafting_identical_to_plain_greedy(name):
+    eng = _engine(name)
+    prompts = mtp.prompts_from_corpus(eng, 1, 24)
+    drafter = mtp.MtpDrafter(eng)
+    try:
+        accepted = 0
+        for kind in ("prose", "records") if name == "smollm2-135m" else ("prose", "code", "records"):
+            p = prompts[kind][0]
+            n = 16 if name == "smollm2-135m" else 32
+            ref = generate(eng, p, n, use_eos=False).token_ids
+            r = speculative_generate(eng, drafter, p, n, k=2, use_eos=False)
+            assert r.token_ids == ref, kind
+            accepted += r.stats["num_accepted_tokens"]
+        assert accepted > 0
+    finally:
+        drafter.close()
