@@ -235,7 +235,7 @@ from types import SimpleNamespace
 import torch
 
 from lessonkit.grammar_draft import (ConstrainedDecoder, GrammarDrafter, TokenGrammar, generate_with_grammar,
-                                     span_tokenisation_report, token_byte_table)
+                                     span_tokenisation_report, token_byte_table, verify_k)
 from lessonkit.json_schema import schema_grammar
 
 RECORDS = [{"ts": f"2024-05-0{i % 9 + 1}T12:00:0{i % 10}Z", "level": ["info", "warn", "error"][i % 3],
@@ -278,7 +278,8 @@ class FakeTarget:
         self.eos = tok.token_to_id("<eos>")
         self.config = SimpleNamespace(eos_ids=[self.eos])
         self.model = SimpleNamespace(last_forward={"unique_experts": 0})
-        self.store = SimpleNamespace(counters=lambda: {"expert_hits": 0, "expert_misses": 0, "bytes_read": 0, "io_s": 0.0})
+        self.store = SimpleNamespace(counters=lambda: {"expert_hits": 0, "expert_misses": 0, "bytes_read": 0, "io_s": 0.0},
+                                     clear=lambda: None)
         self.table = token_byte_table(tok)
         self.V = tok.get_vocab_size()
         self.want = text.encode()
@@ -367,7 +368,7 @@ def test_schema_drafting_forces_more_than_plain_ndjson(tok):
     res = generate_with_grammar(target, prompt, 1000, grammar="ndjson-compact")
     drafter = GrammarDrafter(g, tok)
     from lessonkit.speculative import speculative_generate
-    res2 = speculative_generate(target, drafter, prompt, 1000, k=24)
+    res2 = speculative_generate(target, drafter, prompt, 1000, k=verify_k())
     assert res2.token_ids == plain.token_ids
     st = drafter.stats()
     assert st["accepted"] > 5 * res.stats["accepted"] and st["grammar_acceptance"] > 0.9
@@ -435,3 +436,15 @@ def test_span_tokenisation_report_counts_spans_and_backoff(tok):
     by = rep["by_backoff"]
     assert by[0]["drafted"] >= by[1]["drafted"] and by[0]["drafted"] >= by[2]["drafted"]
     assert 0 <= rep["noncanonical_spans"] <= rep["spans"]
+
+
+@pytest.mark.parametrize("confounded", [False, True])
+def test_grammar_ab_reports_identity_and_gain(tok, confounded):
+    from lessonkit.grammar_draft import grammar_ab
+    prompt = tok.encode("prompt: write records\n").ids
+    target = FakeTarget(tok, COMPACT)
+    tg = TokenGrammar(schema_grammar(RECORD_SCHEMA, whitespace="compact", ndjson=True), tok, eos_ids=[target.eos])
+    ab = grammar_ab(target, prompt, 1000, tg, repeats=1, confounded=confounded)
+    assert ab["identical"] and ab["confounded"] is confounded
+    assert ab["tokens_per_forward"] > 1.5 and ab["grammar_acceptance"] > 0.9
+    assert ab["plain_tokens_per_forward"] <= 1.0 + 1e-9
