@@ -1,7 +1,7 @@
 """Train the workbook's own models on data/corpus/: tiny-moe (OLMoE-style target) and tiny-draft.
 
   tiny-moe    OlmoeForCausalLM: 8 experts, top-2, 4 layers, width 256, GQA 8/4 heads, qk-norm,
-              untied embeddings, router load-balancing loss (coef 0.01) so routing does not collapse.
+              untied embeddings, per-layer router load-balancing loss (coef 0.05) so routing does not collapse.
   tiny-draft  LlamaForCausalLM: dense, width 96, 2 layers, tied embeddings; at most 1/8 of the target's
               active parameters counted with or without embeddings; distilled from tiny-moe
               (loss = (1 - a) * CE + a * KL(target || draft)).
@@ -73,7 +73,7 @@ class TrainConfig:
 PRESETS = {
     "tiny-moe": TrainConfig(name="tiny-moe", arch="olmoe", dim=256, n_layers=4, n_heads=8, n_kv_heads=4,
                             intermediate_size=384, n_experts=8, top_k=2, batch_size=4, steps=700, lr=3e-3,
-                            warmup=40),
+                            warmup=40, router_aux_loss_coef=0.05),
     "tiny-draft": TrainConfig(name="tiny-draft", arch="llama", dim=96, n_layers=2, n_heads=3, n_kv_heads=1,
                               intermediate_size=288, tie_embeddings=True, batch_size=4, steps=500, lr=4e-3,
                               warmup=40,
@@ -241,6 +241,21 @@ def top1_agreement(draft, target, windows: dict[str, torch.Tensor]) -> dict:
 
 
 # ----------------------------------------------------------------------------- training
+def load_balancing_loss(router_logits, top_k: int) -> torch.Tensor:
+    """Switch-style balance loss per layer, averaged over layers: E * sum_e f_e * P_e, where f_e is the
+    share of the T*top_k routed slots that go to expert e and P_e the mean router probability.
+    1.0 when routing is uniform. (transformers' OLMoE loss pools all layers together, which let one
+    layer starve an expert while the others compensated.)"""
+    losses = []
+    for rl in router_logits:                                   # [T, E] per layer
+        probs = rl.float().softmax(-1)
+        E = probs.shape[-1]
+        top = probs.topk(top_k, dim=-1).indices
+        f = F.one_hot(top, E).float().sum(1).mean(0) / top_k  # [E], sums to 1
+        losses.append(E * (f * probs.mean(0)).sum())
+    return torch.stack(losses).mean()
+
+
 def _lr(cfg: TrainConfig, step: int) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
@@ -256,6 +271,7 @@ def _save_hf(model, tokenizer_path: Path, out: Path) -> None:
     tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_path), bos_token=EOT, eos_token=EOT,
                                   pad_token=EOT, unk_token=None)
     tok.save_pretrained(str(out))
+    shutil.copyfile(tokenizer_path, out / "tokenizer.json")  # the corpus tokenizer, byte for byte
 
 
 def train(cfg: TrainConfig, *, corpus_dir: str | Path = CORPUS_DIR, hf_out: str | Path | None = None,
@@ -288,7 +304,7 @@ def train(cfg: TrainConfig, *, corpus_dir: str | Path = CORPUS_DIR, hf_out: str 
         inp, tgt = x[:, :-1], x[:, 1:]
         if cfg.arch == "olmoe":
             out = model(input_ids=inp, output_router_logits=True)
-            aux = out.aux_loss
+            aux = load_balancing_loss(out.router_logits, cfg.top_k)
         else:
             out = model(input_ids=inp)
             aux = torch.zeros(())
@@ -414,6 +430,7 @@ def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | N
     if not (hf / "train_log.json").exists():
         raise LessonkitError(f"{hf} has no train_log.json; run `lessonkit train {name}` first")
     log = json.loads((hf / "train_log.json").read_text())
+    shutil.copyfile(CORPUS_DIR / "tokenizer.json", hf / "tokenizer.json")
     convert_hf_checkpoint(hf, out, dtype=torch.bfloat16)
     (out / "train_log.json").write_text(json.dumps(log, indent=1))
     fig = loss_curve_figure(log)
@@ -484,7 +501,7 @@ def register_cli(subparsers) -> None:
     p.add_argument("name", choices=sorted(PRESETS))
     p.add_argument("--steps", type=int, default=None, help="override the preset's step count (quick checks)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: the preset's, 1)")
-    p.add_argument("--out", default=None, help="streaming-layout output dir (default data/models/NAME)")
+    p.add_argument("--out", default=None, help="streaming-layout output dir (default data/models/NAME; with --steps build/models/NAME-stepsN)")
     p.add_argument("--no-ship", action="store_true", help="only write the HF checkpoint under build/hf/")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cli_train)
@@ -505,7 +522,8 @@ def _cli_train(args) -> int:
     summary = {"name": cfg.name, "heldout_loss": log["heldout_loss"], "unigram_loss": log["unigram_loss"],
                "train_time_s": log["train_time_s"], "params": log["params"], "hf_dir": str(hf)}
     if not args.no_ship:
-        summary["model_dir"] = str(ship(cfg.name, hf_dir=hf, out_dir=args.out))
+        out = args.out or (None if args.steps is None else ROOT / "build" / "models" / hf.name)
+        summary["model_dir"] = str(ship(cfg.name, hf_dir=hf, out_dir=out))
     print(json.dumps(summary) if args.json else json.dumps(summary, indent=1))
     return 0
 
