@@ -448,3 +448,24 @@ def test_grammar_ab_reports_identity_and_gain(tok, confounded):
     assert ab["identical"] and ab["confounded"] is confounded
     assert ab["tokens_per_forward"] > 1.5 and ab["grammar_acceptance"] > 0.9
     assert ab["plain_tokens_per_forward"] <= 1.0 + 1e-9
+
+
+def test_byte_sources_label_drafted_forced_and_free(tok):
+    import matplotlib
+    from lessonkit.grammar_draft import byte_sources, plot_byte_sources
+    from lessonkit.speculative import speculative_generate
+    prompt = tok.encode("prompt: write records\n").ids
+    target = FakeTarget(tok, COMPACT)
+    tg = TokenGrammar(schema_grammar(RECORD_SCHEMA, whitespace="compact", ndjson=True), tok, eos_ids=[target.eos])
+    d = GrammarDrafter(tg)
+    res = speculative_generate(target, d, prompt, 1000, k=verify_k())
+    gen = [t for t in res.token_ids if t != target.eos]
+    assert len(d.provenance) >= len(gen)
+    assert d.provenance.count("drafted") == d.stats()["accepted"]
+    src = byte_sources(tg, gen, d.provenance)
+    assert bytes(b for b, _ in src) == COMPACT.encode()
+    labels = {lab for _, lab in src}
+    assert labels == {"drafted", "forced", "free"} or labels == {"drafted", "free"}
+    assert src[0][1] == "free"                       # "{" of the first record: the stream could also end here
+    fig = plot_byte_sources(src[:200])
+    assert isinstance(fig, matplotlib.figure.Figure) and "grammar drafts" in fig.axes[0].get_title()
