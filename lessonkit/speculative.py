@@ -195,6 +195,15 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
     params = SamplingParams(temperature, top_p, seed)
     if max_new_tokens < 0:
         raise LessonkitError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    try:
+        from .model import ROWWISE_MAX
+    except ImportError:                                 # older engine: every forward row-invariant
+        ROWWISE_MAX = 1 << 30
+    kmax_allowed = ROWWISE_MAX - 1
+    if (k == "auto" and k_max > kmax_allowed) or (isinstance(k, int) and k > kmax_allowed):
+        raise LessonkitError(f"draft length {k_max if k == 'auto' else k} too long: a verify forward of more than "
+                             f"{ROWWISE_MAX} rows takes the GEMM path, which is not bit-identical to decoding; "
+                             f"use k <= {kmax_allowed}")
     gate = None
     if k == "auto":
         gate = DepthGate(cost if cost is not None else cost_curve(target, k_max), k_max=k_max, probe_every=probe_every,

@@ -1,0 +1,171 @@
+"""`lessonkit bench spec`: plain greedy vs lessonkit speculative vs transformers assisted generation.
+
+Pairs (same prompts, same weights, in one process, median of repeats):
+  tiny-moe + tiny-draft     lessonkit ModelDrafter (k=4 and k=auto) vs transformers `assistant_model=`
+  smollm2-135m + n-gram     lessonkit NGramDrafter vs transformers `prompt_lookup_num_tokens=`
+transformers runs on the same weights exported with `lessonkit.checkpoint.export_hf`. Every row's
+output is compared with lessonkit's plain greedy output (identical_to_plain). Experts are resident
+(unlimited budget, warmed up) so the comparison is about compute, not disk.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from .errors import LessonkitError
+from .generate import generate
+from .spec_lab import _totals, conditional_per_pos, prompts_by_kind
+from .speculative import expected_tokens_per_pos, measure_cost_curve, speculative_generate
+
+try:
+    from .bench_util import machine_info, target as _target
+except ImportError:  # pragma: no cover
+    import os
+    import platform
+
+    def machine_info():
+        return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count()}
+
+    def _target(name, value, goal, met):
+        return {"name": name, "value": value, "target": goal, "met": bool(met)}
+
+
+def _median_run(fn, prompts, repeats):
+    """Run fn over all prompts `repeats` times (after one warm-up prompt); median total seconds, outputs, stats."""
+    fn(prompts[0])
+    walls, outs, stats = [], None, None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        res = [fn(p) for p in prompts]
+        walls.append(time.perf_counter() - t0)
+        outs = [r[0] for r in res]
+        stats = [r[1] for r in res]
+    return statistics.median(walls), outs, stats
+
+
+def _hf_export(engine, tag: str) -> Path:
+    from .checkpoint import export_hf
+    from .registry import lessonkit_home
+    out = lessonkit_home() / "hf-export" / f"{engine.name}-{engine.fingerprint()[:12]}"
+    if not (out / "config.json").exists():
+        export_hf(engine.model_dir, out)
+    return out
+
+
+def _hf_load(path: Path):
+    import transformers
+    m = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    m.eval()
+    return m
+
+
+def _hf_gen(model, prompt, max_new, eos, **kw):
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
+                             eos_token_id=eos, pad_token_id=eos if eos is not None else 0, **kw)
+    return out[0, len(prompt):].tolist()
+
+
+def _row(name, wall, outs, ref, new_tokens, stats=None, **extra):
+    r = {"name": name, "tokens_per_s": new_tokens / wall if wall else None, "wall_s": wall,
+         "identical_to_plain": outs == ref, "new_tokens": new_tokens}
+    if stats:
+        t = _totals(stats)
+        r.update({"acceptance_rate": t["acceptance_rate"], "mean_acceptance_length": t["mean_acceptance_length"],
+                  "tokens_per_forward": t["tokens_per_forward"]})
+    r.update(extra)
+    return r
+
+
+def _pair(rows, targets, notes, *, label, target, drafter_fn, hf_kwargs_fn, prompts, max_new, repeats, with_formula):
+    eos = target.config.eos_ids[0] if target.config.eos_ids else None
+    plain_wall, ref, _ = _median_run(lambda p: (generate(target, p, max_new).token_ids, None), prompts, repeats)
+    n_tok = sum(len(o) for o in ref)
+    rows.append(_row(f"{label}: lessonkit plain greedy", plain_wall, ref, ref, n_tok, speedup=1.0))
+    spec = {}
+    for name, drafter, k in drafter_fn():
+        def run(p, drafter=drafter, k=k):
+            r = speculative_generate(target, drafter, p, max_new, k=k)
+            return r.token_ids, r.stats
+        wall, outs, stats = _median_run(run, prompts, repeats)
+        spec[name] = (wall, stats)
+        rows.append(_row(f"{label}: lessonkit {name}", wall, outs, ref, sum(len(o) for o in outs), stats,
+                         speedup=plain_wall / wall))
+    hf_rows = {}
+    try:
+        hf_plain_dir = _hf_export(target, label)
+        hf_target = _hf_load(hf_plain_dir)
+        wall, outs, _ = _median_run(lambda p: (_hf_gen(hf_target, p, max_new, eos), None), prompts, repeats)
+        rows.append(_row(f"{label}: transformers greedy", wall, outs, ref, sum(len(o) for o in outs),
+                         speedup=plain_wall / wall))
+        for name, kw in hf_kwargs_fn().items():
+            wall, outs, _ = _median_run(lambda p: (_hf_gen(hf_target, p, max_new, eos, **kw), None), prompts, repeats)
+            hf_rows[name] = wall
+            rows.append(_row(f"{label}: transformers {name}", wall, outs, ref, sum(len(o) for o in outs),
+                             speedup=plain_wall / wall))
+    except Exception as e:      # transformers missing a feature: the lessonkit rows still stand
+        notes.append(f"{label}: transformers rows skipped ({type(e).__name__}: {e})")
+    best_name = min(spec, key=lambda n: spec[n][0])
+    if hf_rows:
+        hf_best = min(hf_rows.values())
+        targets.append(_target(f"{label}: lessonkit {best_name} tok/s / transformers assisted tok/s",
+                               round(hf_best / spec[best_name][0], 3), ">= 1.0", hf_best / spec[best_name][0] >= 1.0))
+    if with_formula:
+        auto_wall = spec.get("tiny-draft k=auto", spec[best_name])[0]
+        targets.append(_target(f"{label}: speculative (k=auto) speed-up over plain greedy, experts resident",
+                               round(plain_wall / auto_wall, 3), ">= 1.3", plain_wall / auto_wall >= 1.3))
+        name = next(n for n in spec if "k=" in n and "auto" not in n)
+        k = int(name.split("k=")[1])
+        wall, stats = spec[name]
+        t = _totals(stats)
+        cost = measure_cost_curve(target, k)
+        t_draft = t["draft_s"] / t["num_draft_tokens"] if t["num_draft_tokens"] else 0.0
+        e = expected_tokens_per_pos(conditional_per_pos(t["num_accepted_tokens_per_pos"], t["num_drafts"]), k)
+        predicted = e * cost[0] / (cost[k] + k * t_draft)
+        measured = plain_wall / wall
+        targets.append(_target(f"{label}: measured speed-up (k={k}) / prediction with measured cost curve",
+                               round(measured / predicted, 3), "within 15% (0.85 .. 1.15)",
+                               0.85 <= measured / predicted <= 1.15))
+        notes.append(f"{label}: k={k} predicted {predicted:.2f}x from E={e:.2f} tokens/verify, "
+                     f"T({k + 1})/T(1)={cost[k] / cost[0]:.2f}, t_draft/T(1)={t_draft / cost[0]:.2f}; measured {measured:.2f}x")
+
+
+def bench(args) -> dict:
+    from .drafters import ModelDrafter, NGramDrafter
+    from .registry import load_model
+    smoke = bool(getattr(args, "smoke", False))
+    repeats = 1 if smoke else 3
+    rows, targets, notes = [], [], []
+    max_new = 12 if smoke else 48
+    try:
+        tgt, dft = load_model("tiny-moe"), load_model("tiny-draft")
+    except LessonkitError as e:
+        notes.append(f"tiny-moe / tiny-draft pair skipped: {e}")
+    else:
+        n = 1 if smoke else 3
+        prompts = [p for ps in prompts_by_kind(tgt, n=n, max_tokens=32).values() for p in ps]
+        _pair(rows, targets, notes, label="tiny-moe", target=tgt,
+              drafter_fn=lambda: [("tiny-draft k=4", ModelDrafter(dft, name="tiny-draft"), 4),
+                                  ("tiny-draft k=auto", ModelDrafter(dft, name="tiny-draft"), "auto")],
+              hf_kwargs_fn=lambda: {"assisted (assistant_model=tiny-draft)": {"assistant_model": _hf_load(_hf_export(dft, "d"))}},
+              prompts=prompts, max_new=max_new, repeats=repeats, with_formula=True)
+    try:
+        sm = load_model("smollm2-135m")
+    except Exception as e:
+        notes.append(f"smollm2-135m pair skipped: {e}")
+    else:
+        pk = prompts_by_kind(sm, n=1 if smoke else 2, max_tokens=64, kinds=("code", "records"))
+        prompts = [p for ps in pk.values() for p in ps]
+        _pair(rows, targets, notes, label="smollm2-135m", target=sm,
+              drafter_fn=lambda: [("ngram k=4", NGramDrafter(), 4)],
+              hf_kwargs_fn=lambda: {"prompt lookup (prompt_lookup_num_tokens=4)": {"prompt_lookup_num_tokens": 4}},
+              prompts=prompts, max_new=8 if smoke else max_new, repeats=repeats, with_formula=False)
+    for r in rows:
+        if not r["identical_to_plain"] and "transformers" not in r["name"]:
+            notes.append(f"NOT IDENTICAL: {r['name']}")
+    return {"bench": "spec", "machine": {**machine_info(), "torch_threads": torch.get_num_threads()},
+            "smoke": smoke, "rows": rows, "targets": targets, "notes": notes}

@@ -1,0 +1,273 @@
+"""Self-checks for the lesson 1 exercises (notebooks/exercises/01_speculative.ipynb).
+
+Each check runs the student's function on fixed cases and seeded random ones, prints one plain line
+(what is wrong on the first failing case, or how many cases passed) and returns True or False. It
+never prints the expected answer. A stub that raises NotImplementedError gets "not implemented yet";
+no check raises.
+
+    from lessonkit.exercises import spec_checks as check
+    check.accept_greedy(my_accept_greedy)
+"""
+from __future__ import annotations
+
+import copy
+import math
+import random
+
+import torch
+
+SEED = 2026
+
+
+def _call(name, fn, args):
+    """(result, None) or (None, message); NotImplementedError -> 'not implemented yet'."""
+    try:
+        args = [a if isinstance(a, torch.Generator) else copy.deepcopy(a) for a in args]   # one shared RNG stream
+        return fn(*args), None
+    except NotImplementedError:
+        return None, f"{name}: not implemented yet"
+    except Exception as e:   # the student's bug, reported, never raised
+        return None, f"{name}: your function raised {type(e).__name__}: {e}"
+
+
+def _run(name, fn, cases, judge) -> bool:
+    for label, args in cases:
+        got, err = _call(name, fn, args)
+        if err:
+            print(err if "not implemented" in err else f"{err} (case '{label}')")
+            return False
+        problem = judge(args, got)
+        if problem:
+            print(f"{name}: on case '{label}': {problem}")
+            return False
+    print(f"{name}: passed all {len(cases)} cases")
+    return True
+
+
+# --------------------------------------------------------------------------- exercise 1: greedy rule
+def _greedy_cases():
+    cases = [("mismatch in the middle, later drafts right again", ([1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 5])),
+             ("all drafts right", ([5, 7, 9, 2], [5, 7, 9])),
+             ("first draft wrong", ([5, 7, 9, 2], [4, 7, 9])),
+             ("no drafts at all", ([8], [])),
+             ("one draft, right", ([3, 3], [3]))]
+    rng = random.Random(SEED)
+    for i in range(30):
+        k = rng.randint(1, 8)
+        tgt = [rng.randrange(6) for _ in range(k + 1)]
+        d = [t if rng.random() < 0.7 else rng.randrange(6) for t in tgt[:k]]
+        cases.append((f"random #{i + 1} (k={k})", (tgt, d)))
+    return cases
+
+
+def _judge_greedy(args, got):
+    tgt, draft = args
+    if not (isinstance(got, tuple) and len(got) == 2):
+        return "return a pair (accepted_tokens, bonus_token)"
+    acc, bonus = got
+    try:
+        acc = [int(t) for t in acc]
+        bonus = int(bonus)
+    except (TypeError, ValueError):
+        return "accepted_tokens must be a list of ints and bonus_token an int"
+    n = 0
+    while n < len(draft) and draft[n] == tgt[n]:
+        n += 1
+    if len(acc) > n:
+        return f"accepted a draft token after the first mismatch at position {n}"
+    if acc != draft[:len(acc)]:
+        return "the accepted tokens are not a prefix of the draft"
+    if len(acc) < n:
+        return f"stopped accepting at position {len(acc)}, but the draft token there matches the target's pick"
+    if bonus != tgt[n]:
+        if n < len(draft) and bonus == draft[n]:
+            return f"the bonus token is the rejected draft token at position {n}, not the target's own pick there"
+        return f"the bonus token is not the target's pick at the position right after the {n} accepted drafts"
+    return None
+
+
+def accept_greedy(fn) -> bool:
+    """fn(target_picks: list[int] (k+1), draft: list[int] (k)) -> (accepted: list[int], bonus: int)."""
+    return _run("accept_greedy", fn, _greedy_cases(), _judge_greedy)
+
+
+# --------------------------------------------------------------------------- exercise 2: rejection sampling
+def _dists(V, seed, sharp):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(torch.randn(V, generator=g) * sharp, -1)
+    q = torch.softmax(torch.randn(V, generator=g) * sharp, -1)
+    return p, q
+
+
+def _chi2_p(counts, probs):
+    from scipy.stats import chisquare
+    exp = probs.double() * counts.sum()
+    obs = counts.double()
+    big = exp >= 5
+    o = torch.cat([obs[big], obs[~big].sum()[None]])
+    e = torch.cat([exp[big], exp[~big].sum()[None]])
+    keep = e > 0
+    o, e = o[keep], e[keep]
+    e = e * (o.sum() / e.sum())
+    return float(chisquare(o.numpy(), e.numpy()).pvalue)
+
+
+N_SAMPLES, ALPHA = 20_000, 1e-3
+
+
+def rejection_sample(fn) -> bool:
+    """fn(p, q, x, gen) -> (accepted: bool, token: int); p target probs, q draft probs, x ~ q drafted,
+    gen a torch.Generator for all randomness. The emitted token must be distributed exactly as p."""
+    name = "rejection_sample"
+    gen = torch.Generator().manual_seed(SEED)
+    # fixed cases first: they name the mistake precisely
+    p = torch.tensor([0.5, 0.5, 0.0, 0.0])
+    fixed = [("p == q: every draft must be accepted", p.clone(), p.clone(), 1, lambda a, t: a and t == 1),
+             ("p(x) = 0: the draft must be rejected", torch.tensor([0.0, 0.6, 0.4, 0.0]),
+              torch.tensor([0.7, 0.1, 0.1, 0.1]), 0, lambda a, t: (not a) and t != 0),
+             ("p(x) >= q(x): the draft must be accepted", torch.tensor([0.1, 0.8, 0.1, 0.0]),
+              torch.tensor([0.4, 0.3, 0.2, 0.1]), 1, lambda a, t: a and t == 1)]
+    for label, pp, qq, x, ok in fixed:
+        for _ in range(20):
+            got, err = _call(name, fn, (pp, qq, x, gen))
+            if err:
+                print(err if "not implemented" in err else f"{err} (case '{label}')")
+                return False
+            if not (isinstance(got, tuple) and len(got) == 2):
+                print(f"{name}: return a pair (accepted, token)")
+                return False
+            a, t = bool(got[0]), int(got[1])
+            if a and t != x:
+                print(f"{name}: on case '{label}': you report the draft as accepted but emit another token")
+                return False
+            if not ok(a, t):
+                print(f"{name}: on case '{label}': got accepted={a}")
+                return False
+    # the residual: after a rejection the token comes from norm(max(p - q, 0))
+    pp, qq = torch.tensor([0.3, 0.3, 0.4, 0.0]), torch.tensor([0.0, 0.2, 0.8, 0.0])
+    for _ in range(50):
+        got, err = _call(name, fn, (pp, qq, 2, gen))
+        if err:
+            print(err)
+            return False
+        a, t = bool(got[0]), int(got[1])
+        if not a and t not in (0, 1):
+            print(f"{name}: after a rejection you emitted token {t}, where p(t) - q(t) <= 0: "
+                  "the replacement must come from the residual max(p - q, 0), renormalised")
+            return False
+    # the distribution test
+    for case, (V, sharp) in enumerate([(12, 1.5), (6, 2.5)]):
+        p, q = _dists(V, SEED + case, sharp)
+        counts = torch.zeros(V, dtype=torch.long)
+        acc = 0
+        for _ in range(N_SAMPLES // 2):
+            x = int(torch.multinomial(q, 1, generator=gen))
+            got, err = _call(name, fn, (p, q, x, gen))
+            if err:
+                print(err)
+                return False
+            counts[int(got[1])] += 1
+            acc += bool(got[0])
+        pv = _chi2_p(counts, p)
+        if pv < ALPHA:
+            freq = counts.double() / counts.sum()
+            worst = int(torch.argmax((freq - p.double()).abs()))
+            print(f"{name}: on random distribution #{case + 1} (V={V}, {N_SAMPLES // 2} samples) the emitted tokens "
+                  f"are not distributed like the target's p (chi-square p-value {pv:.1e} < {ALPHA:g}); token {worst} "
+                  f"is the most off: check the acceptance probability and the replacement distribution")
+            return False
+        want_acc = float(torch.minimum(p, q).sum())
+        if abs(acc / (N_SAMPLES // 2) - want_acc) > 0.03:
+            print(f"{name}: on random distribution #{case + 1} the output distribution is right but you accept "
+                  f"{acc / (N_SAMPLES // 2):.1%} of drafts; the optimal rule accepts more (or less) often")
+            return False
+    print(f"{name}: passed (fixed cases + distribution test over {N_SAMPLES} samples, chi-square at {ALPHA:g})")
+    return True
+
+
+# --------------------------------------------------------------------------- exercise 3: expected tokens
+def _expected_cases():
+    cases = [("a = 0.5, k = 2", (0.5, 2)), ("a = 0, k = 4", (0.0, 4)), ("a = 1, k = 3", (1.0, 3)),
+             ("k = 0", (0.7, 0)), ("a = 0.8, k = 5", (0.8, 5))]
+    rng = random.Random(SEED)
+    cases += [(f"random #{i + 1}", (round(rng.random(), 3), rng.randint(1, 10))) for i in range(20)]
+    return cases
+
+
+def _ref_expected(a, k):
+    return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def _judge_expected(args, got):
+    a, k = args
+    try:
+        v = float(got)
+    except (TypeError, ValueError):
+        return f"returned {type(got).__name__}; expected a number"
+    want = _ref_expected(a, k)
+    if math.isclose(v, want, rel_tol=1e-9, abs_tol=1e-12):
+        return None
+    if math.isclose(v, want - 1, rel_tol=1e-9, abs_tol=1e-12):
+        return "off by exactly one token: every verify step also emits the target's own (bonus) token"
+    return f"is wrong for a={a}, k={k}"
+
+
+def expected_tokens(fn) -> bool:
+    """fn(a, k) -> expected tokens emitted per verify step (i.i.d. acceptance a, k drafts)."""
+    return _run("expected_tokens", fn, _expected_cases(), _judge_expected)
+
+
+# --------------------------------------------------------------------------- exercise 4: best k
+def _ref_best_k(acc, cost):
+    best, best_v = 0, -1.0
+    for k in range(len(cost)):
+        e, run = 1.0, 1.0
+        for i in range(k):
+            run *= acc[i]
+            e += run
+        v = e / cost[k]
+        if v > best_v + 1e-12:
+            best, best_v = k, v
+    return best
+
+
+def _best_k_cases():
+    cases = [("free verification, perfect drafts", ([1.0] * 6, [1.0] * 7)),
+             ("verify cost grows fast", ([0.9] * 6, [1.0, 1.9, 2.8, 3.7, 4.6, 5.5, 6.4])),
+             ("acceptance decays with position", ([0.9, 0.6, 0.3, 0.1, 0.05, 0.0], [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3])),
+             ("drafter useless", ([0.0] * 4, [1.0, 1.1, 1.2, 1.3, 1.4])),
+             ("measured curve with a jump at 5 rows", ([0.8] * 8, [1.0, 1.02, 1.04, 1.06, 1.7, 1.72, 1.74, 1.76, 1.78]))]
+    rng = random.Random(SEED)
+    for i in range(25):
+        n = rng.randint(2, 8)
+        a0 = rng.random()
+        acc = [max(0.0, min(1.0, a0 - 0.08 * j + rng.uniform(-0.05, 0.05))) for j in range(n)]
+        cost = [1.0]
+        for _ in range(n):
+            cost.append(cost[-1] + rng.uniform(0.0, 0.5))
+        cases.append((f"random #{i + 1}", (acc, cost)))
+    return cases
+
+
+def _judge_best_k(args, got):
+    acc, cost = args
+    if isinstance(got, bool) or not isinstance(got, int):
+        try:
+            if float(got) != int(got):
+                return f"returned {got!r}; expected an integer k"
+            got = int(got)
+        except (TypeError, ValueError):
+            return f"returned {type(got).__name__}; expected an integer k"
+    if not 0 <= got < len(cost):
+        return f"k={got} is outside 0 .. {len(cost) - 1} (cost[k] is the verify forward with k+1 rows)"
+    want = _ref_best_k(acc, cost)
+    if got != want:
+        return (f"k={got} is not the k that maximises expected tokens per unit of verify cost "
+                "(E(k) = 1 + a1 + a1*a2 + ..., cost[k] for k drafts)")
+    return None
+
+
+def best_k(fn) -> bool:
+    """fn(acceptance: list[float] (a_i = P(accept i | 1..i-1 accepted)), cost: list[float] (cost[k] =
+    verify forward with k+1 rows, relative)) -> the k in 0..len(cost)-1 maximising E(k) / cost[k]."""
+    return _run("best_k", fn, _best_k_cases(), _judge_best_k)

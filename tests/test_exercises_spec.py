@@ -1,0 +1,164 @@
+"""Lesson 1 exercise checks: each rejects plausible wrong answers, passes the solutions, reports a
+stub as not implemented, and never raises or prints the reference."""
+import io
+import json
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+import torch
+
+from lessonkit.exercises import spec_checks as check
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def notebook_functions(sub: str):
+    nb = json.loads((ROOT / "notebooks" / sub / "01_speculative.ipynb").read_text())
+    ns: dict = {"torch": torch}
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "code" and src.startswith("def "):
+            exec(compile(src, "01_speculative.ipynb", "exec"), ns)
+    return ns
+
+
+def run(check_fn, fn):
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        ok = check_fn(fn)
+    return ok, buf.getvalue()
+
+
+# ---------------------------------------------------------------- plausible wrong answers
+def ag_counts_all_matches(picks, draft):          # keeps matching drafts after a mismatch
+    acc = [d for d, t in zip(draft, picks) if d == t]
+    return acc, picks[len(acc)]
+
+
+def ag_bonus_is_last_row(picks, draft):           # always takes the bonus from the last row
+    n = 0
+    while n < len(draft) and draft[n] == picks[n]:
+        n += 1
+    return draft[:n], picks[-1]
+
+
+def ag_bonus_is_draft(picks, draft):              # emits the rejected draft token
+    n = 0
+    while n < len(draft) and draft[n] == picks[n]:
+        n += 1
+    return draft[:n], draft[n] if n < len(draft) else picks[n]
+
+
+def rs_accept_always(p, q, x, gen):               # no probability ratio at all
+    return True, x
+
+
+def rs_accept_with_p(p, q, x, gen):               # accept with p(x), not p(x)/q(x)
+    if float(torch.rand((), generator=gen)) < float(p[x]):
+        return True, x
+    r = torch.clamp(p - q, min=0)
+    return False, int(torch.multinomial(r / r.sum(), 1, generator=gen))
+
+
+def rs_resample_from_p(p, q, x, gen):             # replacement from p instead of the residual
+    if float(torch.rand((), generator=gen)) * float(q[x]) < float(p[x]):
+        return True, x
+    return False, int(torch.multinomial(p, 1, generator=gen))
+
+
+def rs_deterministic(p, q, x, gen):               # accept iff p(x) >= q(x)
+    if p[x] >= q[x]:
+        return True, x
+    r = torch.clamp(p - q, min=0)
+    return False, int(torch.multinomial(r / r.sum(), 1, generator=gen))
+
+
+def et_no_bonus(a, k):                            # forgets the target's own token
+    return a * (1 - a ** k) / (1 - a) if a != 1 else float(k)
+
+
+def et_power_k(a, k):                             # (1 - a^k) / (1 - a)
+    return (1 - a ** k) / (1 - a) if a != 1 else float(k)
+
+
+def et_divides_by_zero(a, k):                     # a = 1 not handled
+    return (1 - a ** (k + 1)) / (1 - a)
+
+
+def bk_ignores_cost(acc, cost):                   # deepest draft always
+    return len(cost) - 1
+
+
+def bk_iid_first_position(acc, cost):             # Leviathan with a = a1 for every position
+    a = acc[0]
+    vals = [((1 - a ** (k + 1)) / (1 - a) if a != 1 else k + 1) / cost[k] for k in range(len(cost))]
+    return max(range(len(cost)), key=lambda k: (vals[k], -k))
+
+
+def bk_cost_off_by_one(acc, cost):                # cost[k-1] for k drafts
+    best, bv = 0, None
+    e, r = 1.0, 1.0
+    for k in range(len(cost)):
+        if k:
+            r *= acc[k - 1]
+            e += r
+        v = e / cost[max(k - 1, 0)]
+        if bv is None or v > bv:
+            best, bv = k, v
+    return best
+
+
+WRONG = [
+    (check.accept_greedy, ag_counts_all_matches), (check.accept_greedy, ag_bonus_is_last_row),
+    (check.accept_greedy, ag_bonus_is_draft),
+    (check.rejection_sample, rs_accept_always), (check.rejection_sample, rs_accept_with_p),
+    (check.rejection_sample, rs_resample_from_p), (check.rejection_sample, rs_deterministic),
+    (check.expected_tokens, et_no_bonus), (check.expected_tokens, et_power_k), (check.expected_tokens, et_divides_by_zero),
+    (check.best_k, bk_ignores_cost), (check.best_k, bk_iid_first_position), (check.best_k, bk_cost_off_by_one),
+]
+
+
+@pytest.mark.parametrize("check_fn,fn", WRONG, ids=[f.__name__ for _, f in WRONG])
+def test_check_rejects_wrong_answer(check_fn, fn):
+    ok, out = run(check_fn, fn)
+    assert ok is False, out
+    assert "not implemented" not in out and out.strip()
+
+
+def test_messages_name_the_mistake():
+    _, out = run(check.accept_greedy, ag_counts_all_matches)
+    assert "accepted a draft token after the first mismatch at position 3" in out
+    _, out = run(check.expected_tokens, et_no_bonus)
+    assert "bonus" in out
+    _, out = run(check.rejection_sample, rs_resample_from_p)
+    assert "residual" in out
+
+
+NAMES = ["accept_greedy", "rejection_sample", "expected_tokens", "best_k"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_solution_passes(name):
+    ok, out = run(getattr(check, name), notebook_functions("solutions")[name])
+    assert ok is True, out
+    assert "passed" in out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stub_is_not_implemented(name):
+    ok, out = run(getattr(check, name), notebook_functions("exercises")[name])
+    assert ok is False
+    assert "not implemented yet" in out
+
+
+def test_checks_never_raise_and_never_print_the_reference():
+    def boom(*a):
+        raise RuntimeError("student bug")
+    for name in NAMES:
+        ok, out = run(getattr(check, name), boom)
+        assert ok is False and "student bug" in out
+    for check_fn, fn in WRONG:
+        _, out = run(check_fn, fn)
+        low = out.lower()
+        assert not any(w in low for w in ("should be", "expected:", "expected value", "the answer", "correct value"))
