@@ -644,21 +644,31 @@ def grammar_ab(eng, prompt_ids: list[int], max_new_tokens: int, tg: TokenGrammar
 
     plain_t, draft_t = [], []
     plain = drafted = drafter = None
-    if confounded:
-        speculative_generate(eng, GrammarDrafter(tg, **drafter_kw), prompt_ids, max_new_tokens, k=verify_k())
-    for _ in range(repeats):
-        _clear_experts(eng)
+    k = verify_k()
+    generate(eng, prompt_ids, 4)                      # process warm-up (kernels, allocator), both arms alike
+    speculative_generate(eng, GrammarDrafter(tg, **drafter_kw), prompt_ids, 4, k=k)
+
+    def run_plain():
+        nonlocal plain
+        _clear_experts(eng)                           # cold in both designs
         t = time.perf_counter()
         plain = generate(eng, prompt_ids, max_new_tokens)
         plain_t.append(time.perf_counter() - t)
-        if not confounded:
+
+    def run_drafted():
+        nonlocal drafted, drafter
+        if confounded:                                # the mistake: this arm's experts are already loaded
+            speculative_generate(eng, GrammarDrafter(tg, **drafter_kw), prompt_ids, max_new_tokens, k=k)
+        else:
             _clear_experts(eng)
-        else:                                   # the mistake: warm the grammar arm's cache first
-            speculative_generate(eng, GrammarDrafter(tg, **drafter_kw), prompt_ids, 8, k=verify_k())
         drafter = GrammarDrafter(tg, **drafter_kw)
         t = time.perf_counter()
         drafted = speculative_generate(eng, drafter, prompt_ids, max_new_tokens, k=verify_k(drafter.max_draft))
         draft_t.append(time.perf_counter() - t)
+
+    for r in range(repeats):                          # alternate the order so drift hits both arms
+        for arm in ((run_plain, run_drafted) if r % 2 == 0 else (run_drafted, run_plain)):
+            arm()
     med = lambda xs: sorted(xs)[len(xs) // 2]   # noqa: E731
     st = drafter.stats()
     n_plain, n_draft = len(plain.token_ids), len(drafted.token_ids)
