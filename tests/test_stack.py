@@ -1,0 +1,156 @@
+"""The capstone stack: engine answers byte-identical to the plain engine, the semantic cache never serves a
+cached positive, the ablation table's columns, the bench smoke run."""
+from __future__ import annotations
+
+import json
+from argparse import Namespace
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from lessonkit import stack
+from lessonkit.drafters import Draft
+from lessonkit.monitoring_data import MonitoringItem
+from lessonkit.registry import MODELS_DIR, load_model
+
+CFG = replace(stack.PRESETS["smoke"], n_items=3, max_new_tokens=12, n_examples=2, calibration_items=1)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from lessonkit.prefix_cache import tiny_random_model
+    d = tmp_path_factory.mktemp("stack") / "tiny"
+    tiny_random_model(d, seed=3, vocab=300, tokenizer_json=stack._byte_tokenizer_json())
+    return load_model(str(d))
+
+
+@pytest.fixture(scope="module")
+def workload():
+    return stack.make_workload(CFG)
+
+
+def _answers(eng, wl, techniques, drafter=None, **kw):
+    return stack.run_stack(eng, wl, techniques, cfg=CFG, model_drafter=drafter, **kw)
+
+
+def test_stack_engine_output_identical_to_plain(tiny, workload, tmp_path):
+    plain = _answers(tiny, workload, ())
+    assert plain.sources == ["engine"] * CFG.n_items
+    # prompt lookup, and an oracle whose drafts are partly wrong (acceptance and rejection both happen)
+    for tech, drafter in [(("prefix",), None), (("grammar", "drafter"), "ngram"),
+                          (("prefix", "grammar", "drafter"), "oracle:0.3")]:
+        run = _answers(tiny, workload, tech, drafter, prefix_cache_dir=tmp_path / "pc")
+        assert run.answers == plain.answers, tech
+        assert run.judge_calls == CFG.n_items
+    # the prefix cache was used (warm after the first item) and drafts were verified, some accepted
+    assert run.extra["prefix_cache_hits"] > 0
+    assert 0 < run.extra["model_accepted"] < run.extra["model_proposed"] and run.forwards < plain.forwards
+
+
+@pytest.mark.skipif(not (MODELS_DIR / "tiny-moe" / "config.json").exists(), reason="tiny-moe not trained yet")
+def test_stack_identical_on_tiny_moe(workload, tmp_path):
+    eng = load_model("tiny-moe")
+    plain = _answers(eng, workload, ())
+    run = _answers(eng, workload, ("prefix", "grammar", "drafter"), "ngram", prefix_cache_dir=tmp_path)
+    assert run.answers == plain.answers
+
+
+class _FakeJudge:
+    """Answers by rule: items mentioning 'fail' need action; everything else does not."""
+
+    def __init__(self, engine, prefix, **kw):
+        self.calls, self.drafter_stats, self.model_drafter_name = 0, {}, None
+
+    def __call__(self, text):
+        self.calls += 1
+        yes = "fail" in text
+        ans = json.dumps({"needs_action": yes, "severity": "high" if yes else "low", "reason": text},
+                         separators=(",", ":"))
+        return stack.JudgeResult(ans, [0] * 5, 5)
+
+    def close(self):
+        pass
+
+
+def test_semantic_cache_never_serves_a_cached_positive(tiny, monkeypatch):
+    monkeypatch.setattr(stack, "Judge", _FakeJudge)
+    texts = ["web-04 failed its health check", "disk usage on lb-02 is at 80%"] * 6
+    items = [MonitoringItem(i, t, "f", "alert", "original", None, None, False) for i, t in enumerate(texts)]
+    wl = stack.Workload(items, [], [], "prefix text")
+    emb = np.tile(np.eye(1, 384, dtype=np.float32), (len(texts), 1))     # everything looks alike
+    cfg = replace(CFG, n_items=len(texts), audit_rate=0.0, audit_first_n=1)
+    run = stack.run_stack(tiny, wl, ("semcache",), cfg=cfg, embeddings=emb)
+    served = [a for a, s in zip(run.answers, run.sources) if s == "cache"]
+    assert served, "the repeated negative should be served from the cache"
+    assert all(not stack.needs_action(a) for a in served)
+    assert run.extra["cached_positives_served"] == 0
+    # every positive went to the judge, and the first hit of the negative was audited
+    assert all(s != "cache" for t, s in zip(texts, run.sources) if "fail" in t)
+    assert run.audits == 1 and run.audit_losses == 0
+    assert run.judge_calls == 6 + 1 + 1          # positives + first negative + its audited hit
+
+
+def test_semantic_front_stores_only_parseable_negatives():
+    emb = np.tile(np.eye(1, 384, dtype=np.float32), (3, 1))
+    front = stack.SemanticFront(emb, ["a 1", "a 2", "a 3"], threshold=0.5)
+    assert not front.put("a 1", '{"needs_action":true,"severity":"high","reason":"x"}')
+    assert not front.put("a 2", "not json at all")
+    assert front.put("a 3", '{"needs_action":false,"severity":"low","reason":"x"}')
+    assert len(front.store) == 1
+
+
+class _Fixed:
+    def __init__(self, name, toks):
+        self.name, self.toks, self.updates = name, toks, []
+
+    def reset(self, prompt):
+        pass
+
+    def propose(self, context, k):
+        return Draft(self.toks[:k])
+
+    def update(self, context, n):
+        self.updates.append(n)
+
+
+def test_stack_drafter_prefers_the_forced_span():
+    g, m = _Fixed("grammar", [1, 2]), _Fixed("ngram", [7])
+    d = stack.StackDrafter(g, m)
+    assert d.propose([0], 4).tokens == [1, 2]
+    d.update([0, 1, 2, 3], 2)
+    assert d.accepted == {"grammar": 2, "model": 0} and m.updates == []
+    g.toks = []
+    assert d.propose([0], 4).tokens == [7]
+    d.update([0, 7, 8], 1)
+    assert d.accepted["model"] == 1 and m.updates == [1]
+    with pytest.raises(ValueError):
+        stack.StackDrafter(None, None)
+
+
+def test_ablation_table_has_the_columns(tiny, workload):
+    emb = np.tile(np.eye(1, 384, dtype=np.float32), (CFG.n_items, 1))
+    df, runs, ddf = stack.ablation(tiny, CFG, embeddings=emb, workload=workload, model_drafter="ngram")
+    for c in ["wall_s", "tokens_per_s", "forwards", "expert_bytes", "judge_calls", "identical_to_plain",
+              "audited_losses", "actionable_losses"]:
+        assert c in df.columns
+    assert list(df["row"]) == list(stack.ROWS)
+    engine_rows = df[~df["techniques"].str.contains("semcache")]
+    assert engine_rows["identical_to_plain"].all()
+    assert df.loc[df["row"] == "semantic cache", "actionable_losses"].iloc[0] == 0
+    assert df.loc[df["row"] == "plain engine", "audited_losses"].isna().all()
+    fig = stack.plot_ablation(df)
+    assert fig.axes[0].get_ylabel()
+
+
+def test_bench_smoke_runs(tiny):
+    res = stack.bench(Namespace(smoke=True, json=True, model=str(tiny.model_dir), limit=3))
+    json.dumps(res)
+    assert res["bench"] == "stack" and res["rows"] and res["targets"]
+    assert {"name", "tokens_per_s", "identical_to_plain"} <= set(res["rows"][0])
+    assert all(r["identical_to_plain"] for r in res["rows"])
+
+
+def test_bad_technique_is_one_clear_error(tiny, workload):
+    with pytest.raises(ValueError, match="unknown technique"):
+        stack.run_stack(tiny, workload, ("turbo",), cfg=CFG)
