@@ -15,6 +15,27 @@ from .kv_cache import KVCache
 from .model import Transformer
 
 
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: printable stand-in character -> byte."""
+    global _BYTE_DECODER
+    if _BYTE_DECODER is None:
+        from tokenizers import pre_tokenizers
+        alphabet = pre_tokenizers.ByteLevel.alphabet()          # the 256 stand-in characters
+        bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+        cs, n = bs[:], 0
+        for b in range(256):
+            if b not in bs:
+                bs.append(b)
+                cs.append(256 + n)
+                n += 1
+        _BYTE_DECODER = {chr(c): b for b, c in zip(bs, cs)}
+        assert set(_BYTE_DECODER) == set(alphabet)
+    return _BYTE_DECODER
+
+
+_BYTE_DECODER: dict[str, int] | None = None
+
+
 class Engine:
     def __init__(self, model_dir: str | Path, *, name: str | None = None, expert_budget_mb: float | None = None,
                  dtype=torch.float32, prefetch: bool = False, quantisation: str = "none"):
@@ -68,8 +89,16 @@ class Engine:
         return self._need_tokenizer().decode(list(ids), skip_special_tokens=False)
 
     def token_bytes(self, token_id: int) -> bytes:
-        """The bytes a token stands for (byte-level BPE), for grammar and stop-string logic."""
-        return self.decode([token_id]).encode("utf-8", errors="surrogatepass")
+        """The exact bytes a token stands for (byte-level BPE: also for tokens holding part of a UTF-8
+        character, which decoding through text would turn into U+FFFD)."""
+        tok = self._need_tokenizer()
+        piece = tok.id_to_token(int(token_id))
+        if piece is None:
+            raise LessonkitError(f"token id {token_id} is not in the vocabulary")
+        table = _byte_decoder()
+        if all(ch in table for ch in piece):
+            return bytes(table[ch] for ch in piece)
+        return piece.encode("utf-8")      # special tokens and non-byte-level vocabularies
 
     # ---- provenance ----------------------------------------------------------------------------
     def weight_files(self) -> list[Path]:

@@ -21,6 +21,8 @@ num_accepted_tokens_per_pos, mean_acceptance_length (= 1 + accepted / drafts, co
 """
 from __future__ import annotations
 
+import importlib
+
 import statistics
 import time
 from collections import Counter
@@ -205,6 +207,8 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
                              f"{ROWWISE_MAX} rows takes the GEMM path, which is not bit-identical to decoding; "
                              f"use k <= {kmax_allowed}")
     gate = None
+    if k == "auto" and cost is not None:
+        k_max = min(k_max, len(cost) - 1)              # a shorter measured curve bounds the depth
     if k == "auto":
         gate = DepthGate(cost if cost is not None else cost_curve(target, k_max), k_max=k_max, probe_every=probe_every,
                          learn_cost=learn_cost)
@@ -305,11 +309,17 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
 DRAFT_HELP = "drafter: tiny-draft, ngram[:N], oracle:P, model:NAME_OR_DIR, or one registered later (mtp, grammar)"
 
 
+# drafters that live in their own technique module and register themselves on import
+_PLUGIN_DRAFTERS = {"mtp": "lessonkit.mtp", "grammar": "lessonkit.grammar_draft"}
+
+
 def make_drafter(spec: str, target, **kw) -> Drafter:
     """'tiny-draft' | 'ngram' | 'ngram:N' | 'oracle:P' | 'model:DIR' | any name in drafters.DRAFTERS ('name[:arg]')."""
     if not isinstance(spec, str) or not spec:
         raise LessonkitError(f"--draft needs a drafter name, got {spec!r}")
     name, _, arg = spec.partition(":")
+    if name in _PLUGIN_DRAFTERS and name not in DRAFTERS:
+        importlib.import_module(_PLUGIN_DRAFTERS[name])   # registers itself in DRAFTERS
     factory = DRAFTERS.get(name)
     if factory is None:
         raise LessonkitError(f"unknown drafter {spec!r}: known drafters are {', '.join(sorted(DRAFTERS))}")

@@ -192,3 +192,12 @@ def test_generate_stop_strings_and_callback(tmp_path):
     cut = generate(eng, ids, 24, stop_strings=[stop])
     assert stop not in cut.text and full.text.startswith(cut.text)
     assert cut.token_ids == full.token_ids[:len(cut.token_ids)]
+
+
+def test_token_bytes_are_exact_even_for_partial_utf8(tmp_path):
+    _, stream = make_hf("llama", tmp_path)
+    eng = Engine(stream)
+    text = "héllo → 世界"
+    ids = eng.encode(text)
+    assert b"".join(eng.token_bytes(i) for i in ids) == text.encode()
+    assert sorted(eng.token_bytes(i) for i in range(256)) == sorted(bytes([b]) for b in range(256))
