@@ -180,14 +180,16 @@ class OracleDrafter:
     verification. If the context leaves the greedy path (sampling), it recomputes from there.
     """
 
-    def __init__(self, target, error_rate: float, seed: int = 0, *, horizon: int = 128, chunk: int = 32):
+    def __init__(self, target, error_rate: float, seed: int = 0, *, horizon: int = 128, chunk: int = 32,
+                 oracle_engine=None):
         if not 0.0 <= error_rate <= 1.0:
             raise LessonkitError(f"oracle error rate must be between 0 and 1, got {error_rate}")
         from .engine import Engine
         self.error_rate, self.seed, self.horizon, self.chunk = float(error_rate), seed, horizon, chunk
         self.name = f"oracle:{error_rate:g}"
         self.vocab = target.config.vocab_size
-        self.engine = Engine(target.model_dir, name=f"{target.name}-oracle", dtype=target.dtype)
+        # a private copy of the target (pass oracle_engine to share one between oracles; never the target itself)
+        self.engine = oracle_engine or Engine(target.model_dir, name=f"{target.name}-oracle", dtype=target.dtype)
         self.model = _CachedModel(self.engine)
         self.base: list[int] = []              # context the truth continues
         self.truth: list[int] = []             # the target's greedy tokens after base

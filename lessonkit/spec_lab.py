@@ -48,9 +48,9 @@ def prompts_by_kind(engine=None, n: int = 20, max_tokens: int = 48, *, seed: int
     out = {}
     for kind in kinds:
         text = "\n".join(load_documents(kind, split))
-        starts = [i + 1 for i, ch in enumerate(text) if ch == "\n" and i + 1 < len(text) - 400]
         prompts = []
-        for s in rng.sample(starts, min(len(starts), 4 * n)):
+        for _ in range(8 * n):
+            s = text.find("\n", rng.randrange(max(len(text) - 800, 1))) + 1   # a random line start
             ids = encode(text[s:s + max_tokens * 8])[:max_tokens]
             if len(ids) >= 8:
                 prompts.append(ids)
@@ -225,10 +225,10 @@ def break_even_surface(model_dir, prompts: list[list[int]], *, error_rates=(0.0,
     from .drafters import OracleDrafter
     from .engine import Engine
     rows = []
+    oracle_engine = Engine(model_dir, name="oracle", dtype=dtype)          # shared by every oracle drafter
+    total = oracle_engine.config.n_layers * oracle_engine.config.n_experts
     for nb in budget_experts:
-        probe = Engine(model_dir, dtype=dtype)
-        total = probe.config.n_layers * probe.config.n_experts
-        mb = None if nb is None else nb * probe.expert_bytes / 2**20
+        mb = None if nb is None else nb * oracle_engine.expert_bytes / 2**20
         eng = Engine(model_dir, name=f"budget-{nb or 'all'}", expert_budget_mb=mb, dtype=dtype)
         simulate_disk(eng, disk_mb_s)
 
@@ -239,7 +239,8 @@ def break_even_surface(model_dir, prompts: list[list[int]], *, error_rates=(0.0,
                 sts.append(fn(p).stats)
             return _totals(sts)
         plain = run(lambda p: generate(eng, p, max_new_tokens))
-        oracles = {P: OracleDrafter(eng, P, seed=0, horizon=max_new_tokens + max(ks) + 2) for P in error_rates}
+        oracles = {P: OracleDrafter(eng, P, seed=0, horizon=max_new_tokens + max(ks) + 2, oracle_engine=oracle_engine)
+                   for P in error_rates}
         for P in _progress(error_rates, f"budget {nb or 'all'}"):
             for k in ks:
                 t = run(lambda p: speculative_generate(eng, oracles[P], p, max_new_tokens, k=k))
@@ -275,3 +276,67 @@ def break_even_surface(model_dir, prompts: list[list[int]], *, error_rates=(0.0,
     disk = f"simulated disk {disk_mb_s:g} MB/s" if disk_mb_s else "page-cache reads"
     fig.suptitle(f"Break-even: speculation loses at low acceptance, and sooner when few experts fit ({disk})", fontsize=10)
     return df, fig
+
+
+# ---- models for the notebook -------------------------------------------------------------------------
+def lesson_models(model: str = "tiny-moe", draft: str = "tiny-draft", *, expert_budget_mb=None):
+    """(target, draft engine, note). Falls back to tiny random stand-ins (converted from random
+    transformers models) when the trained models are not there yet, and says so in the note."""
+    from .errors import LessonkitError
+    from .registry import load_model
+    try:
+        return load_model(model, expert_budget_mb=expert_budget_mb), load_model(draft), f"{model} + {draft}"
+    except LessonkitError as e:
+        import tempfile
+        from pathlib import Path
+        import transformers
+        from .checkpoint import convert_hf_checkpoint
+        from .engine import Engine
+        tmp = Path(tempfile.mkdtemp(prefix="lessonkit-spec-"))
+        common = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=1024, eos_token_id=None, bos_token_id=None,
+                      pad_token_id=None)
+        out = []
+        for i, m in enumerate([transformers.OlmoeForCausalLM(transformers.OlmoeConfig(num_experts=8, num_experts_per_tok=2, **common)),
+                               transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))]):
+            torch.manual_seed(i)
+            with torch.no_grad():
+                for p in m.parameters():
+                    if p.dim() > 1:
+                        p.normal_(0, 0.5)
+            m.save_pretrained(tmp / f"hf{i}")
+            convert_hf_checkpoint(tmp / f"hf{i}", tmp / f"m{i}")
+        tgt = Engine(tmp / "m0", name="random-moe", expert_budget_mb=expert_budget_mb)
+        return tgt, Engine(tmp / "m1", name="random-draft"), f"RANDOM stand-ins ({e})"
+
+
+def sampling_tv(target, draft_engine, prompt: list[int], *, n: int = 20_000, temperature: float = 1.0, seed: int = 0):
+    """Total-variation distance between the target's next-token distribution and the first token emitted
+    by one speculative step (k=1, draft sampled from the drafter), for the correct sampler and for a broken
+    one that accepts every draft. Returns a DataFrame."""
+    from .generate import probs_from_logits
+    from .speculative import verify_sampling
+    p = probs_from_logits(target.forward(prompt, target.new_cache(), last_only=True)[-1], temperature)
+    q = probs_from_logits(draft_engine.forward(prompt, draft_engine.new_cache(), last_only=True)[-1], temperature)
+    gen = torch.Generator().manual_seed(seed)
+    V = p.numel()
+    rows = []
+    for name in ("modified rejection sampling", "broken: accept every draft"):
+        counts = torch.zeros(V)
+        for _ in range(n):
+            x = int(torch.multinomial(q, 1, generator=gen))
+            if name.startswith("broken"):
+                t = x
+            else:
+                n_acc, t = verify_sampling(torch.stack([p, p]), [x], q[None], gen)
+                if n_acc == 1:                  # accepted: the first emitted token is the draft
+                    t = x
+            counts[t] += 1
+        tv = 0.5 * float((counts / n - p).abs().sum())
+        rows.append({"sampler": name, "samples": n, "TV(emitted, target)": tv})
+    # sampling noise floor: TV of n exact samples from p
+    exact = torch.bincount(torch.multinomial(p, n, replacement=True, generator=gen), minlength=V).float()
+    rows.append({"sampler": "exact samples from p (noise floor)", "samples": n,
+                 "TV(emitted, target)": 0.5 * float((exact / n - p).abs().sum())})
+    rows.append({"sampler": "draft q itself", "samples": None, "TV(emitted, target)": 0.5 * float((q - p).abs().sum())})
+    return pd.DataFrame(rows)
