@@ -527,6 +527,25 @@ def choose_drafter(engine, workload: Workload, cfg: StackConfig = StackConfig(),
     return str(best), df
 
 
+def one_item(engine, workload: Workload, cfg: StackConfig = StackConfig(), index: int = 0,
+             model_drafter: str | None = "ngram"):
+    """One item, plain engine vs the engine techniques together: the answers side by side (DataFrame)."""
+    import pandas as pd
+    wl = Workload(workload.items[index:index + 1], [], [], workload.prefix)
+    c = replace(cfg, progress=False)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="lessonkit-stack-one-") as d:
+        for name, tech in [("plain engine", ()), ("prefix cache, cold", ("prefix", "grammar", "drafter")),
+                           ("prefix cache, warm", ("prefix", "grammar", "drafter"))]:
+            r = run_stack(engine, wl, tech, cfg=c, model_drafter=model_drafter, prefix_cache_dir=d, name=name)
+            rows.append({"run": name, "answer": r.answers[0], "forwards": r.forwards, "wall_s": r.wall_s,
+                         "grammar_accepted": r.extra.get("grammar_accepted"),
+                         "model_accepted": r.extra.get("model_accepted")})
+    df = pd.DataFrame(rows)
+    df["identical_to_plain"] = df["answer"] == df["answer"].iloc[0]
+    return df
+
+
 # ---- the ablation ------------------------------------------------------------------------------------
 ABLATION_COLUMNS = ["model", "row", "techniques", "wall_s", "speedup", "tokens_per_s", "forwards", "expert_bytes",
                     "judge_calls", "identical_to_plain", "cache_hits", "audits", "audited_losses",
@@ -662,7 +681,8 @@ def available_models(smoke: bool = False) -> list[str]:
     return out + ["smollm2-135m"]
 
 
-def _load(name: str):
+def load_engine(name: str):
+    """A named model, a checkpoint directory, or "smoke" (smoke_engine())."""
     if name == "smoke":
         return smoke_engine()
     from .registry import load_model
@@ -681,7 +701,7 @@ def ablation_all(models=None, cfg: StackConfig | str = "default", *, smoke: bool
     emb, embed_s = embed_items(wl.texts)
     frames, drafts = [], {}
     for m in models:
-        eng = _load(m)
+        eng = load_engine(m)
         df, runs, ddf = ablation(eng, cfg, embeddings=emb, embed_s=embed_s, workload=wl)
         frames.append(df)
         drafts[eng.name] = ddf
@@ -728,7 +748,7 @@ def bench(args) -> dict:
     emb, embed_s = embed_items(wl.texts)
     rows, targets = [], []
     for m in models:
-        eng = _load(m)
+        eng = load_engine(m)
         df, runs, ddf = ablation(eng, cfg, rows=["plain engine", "all together"], embeddings=emb, embed_s=embed_s,
                                  workload=wl)
         plain_w = float(df.loc[df["row"] == "plain engine", "wall_s"].iloc[0])
@@ -782,5 +802,5 @@ def register_cli(subparsers) -> None:
 
 
 __all__ = ["JUDGE_SCHEMA", "StackConfig", "PRESETS", "ROWS", "TECHNIQUES", "Workload", "make_workload", "StackDrafter",
-           "Judge", "SemanticFront", "run_stack", "embed_items", "choose_drafter", "drafter_candidates", "ablation",
+           "Judge", "JudgeResult", "SemanticFront", "load_engine", "smoke_engine", "available_models", "run_stack", "embed_items", "choose_drafter", "drafter_candidates", "one_item", "ablation",
            "ablation_all", "plot_ablation", "headline", "bench", "register_cli", "parse_answer", "needs_action"]
