@@ -468,7 +468,7 @@ class TrainMtpConfig:
 
 
 PRESETS = {
-    "tiny-moe": TrainMtpConfig(),
+    "tiny-moe": TrainMtpConfig(windows_per_kind=60, steps=400, batch_size=4, ce_rows=256, eval_every=80),
     "smollm2-135m": TrainMtpConfig(intermediate_size=384, windows_per_kind=6, seq_len=256, steps=240,
                                    batch_size=2, lr=2e-3, ce_rows=48, eval_every=60),
     "test": TrainMtpConfig(intermediate_size=64, windows_per_kind=2, seq_len=64, steps=30, batch_size=2,
@@ -656,8 +656,13 @@ def quant_report(head: MtpHead, scheme: str) -> dict:
 
 
 def doctor(target, head: MtpHead | None = None, quant: str = "none", *, n_per_kind: int = 3, seq_len: int = 128,
-           depth: int = 3, states: dict | None = None, progress: bool = False, margin: float = 0.05) -> dict:
-    """Examine a head: tensors, acceptance per position against controls, and what quantisation did."""
+           depth: int = 3, states: dict | None = None, progress: bool = False, margin: float = 0.05,
+           max_rel_drop: float = 0.2) -> dict:
+    """Examine a head: tensors, acceptance per position against controls, and what quantisation did.
+
+    Unhealthy when: a tensor is missing / non-finite / never trained; a column block of eh_proj is
+    (almost) all zero after quantisation; acceptance at position 1 is within `margin` of the controls;
+    or quantisation loses more than `max_rel_drop` of the float head's acceptance."""
     get_scheme(quant)
     head = head if head is not None else load_head(target)
     sh = Shared.from_engine(target)
@@ -679,6 +684,7 @@ def doctor(target, head: MtpHead | None = None, quant: str = "none", *, n_per_ki
               "random_head_control": {"acceptance": rand["acceptance"], "rank_median": rand["rank_median"]},
               "scale_ratio_eh_proj": eh_scale_ratio(head), "vocab_size": head.cfg.vocab_size}
     evaluated = float_eval
+    zeroed_block = False
     if quant != "none":
         qh = head.quantised(quant)
         report["quant_matrices"] = quant_report(head, quant)
@@ -688,6 +694,7 @@ def doctor(target, head: MtpHead | None = None, quant: str = "none", *, n_per_ki
         for half, other in (("embedding", "the input token"), ("hidden", "the target's hidden state")):
             fz = eh[half]["frac_zero"]
             if fz > 0.9:
+                zeroed_block = True
                 verdicts.append(f"the {half} half of eh_proj is zero after quantisation ({100 * fz:.1f}% of its "
                                 f"weights rounded to 0; column-block scale ratio "
                                 f"{report['quant_matrices']['eh_proj']['scale_ratio']:.1f}x): the head never sees "
@@ -698,7 +705,7 @@ def doctor(target, head: MtpHead | None = None, quant: str = "none", *, n_per_ki
         for name, r in report["quant_matrices"].items():
             if name != "eh_proj" and r["blocks"]["all"]["frac_zero"] > 0.5:
                 verdicts.append(f"{name}: {100 * r['blocks']['all']['frac_zero']:.0f}% of weights rounded to zero")
-    healthy = not problems
+    healthy = not problems and not zeroed_block
     if evaluated is not None:
         a1 = evaluated["acceptance"][0]
         ctrl = max(evaluated["shifted_control"], rand["acceptance"][0])
@@ -712,10 +719,11 @@ def doctor(target, head: MtpHead | None = None, quant: str = "none", *, n_per_ki
                             f"#{evaluated['rank_median']:.0f} of {head.cfg.vocab_size} (median) in the draft logits")
         if quant != "none" and float_eval is not None:
             f1 = float_eval["acceptance"][0]
-            if a1 < 0.5 * f1:
+            if a1 < (1 - max_rel_drop) * f1:
                 healthy = False
                 verdicts.append(f"{quant} quantisation drops acceptance at position 1 from {100 * f1:.1f}% "
-                                f"(float head) to {100 * a1:.1f}%")
+                                f"(float head) to {100 * a1:.1f}%; the target's pick now ranks "
+                                f"#{evaluated['rank_median']:.0f} (median, float head: #{float_eval['rank_median']:.0f})")
     else:
         healthy = False
     if healthy:
@@ -908,7 +916,7 @@ def _cli_train(args) -> int:
     from .registry import load_model
     torch.set_num_threads(args.threads)
     eng = load_model(args.model)
-    tc = PRESETS.get(args.preset or args.model, TrainMtpConfig())
+    tc = PRESETS.get(args.preset or eng.name, TrainMtpConfig())
     if args.preset and args.preset not in PRESETS:
         raise LessonkitError(f"unknown preset {args.preset!r}: known {', '.join(PRESETS)}")
     if args.steps is not None:

@@ -58,10 +58,9 @@ def test_mtp_drafting_is_exact_on_a_random_model(tiny, q):
     eng, head = tiny
     drafter = mtp.MtpDrafter(eng, head, quant=q)
     try:
-        for prompt in ([1, 2, 3], list(range(10, 50))):
-            ref = generate(eng, prompt, 24, use_eos=False).token_ids
-            for k in (1, 3):
-                assert speculative_generate(eng, drafter, prompt, 24, k=k, use_eos=False).token_ids == ref
+        for prompt, k in (([1, 2, 3], 3), (list(range(10, 50)), 2)):
+            ref = generate(eng, prompt, 20, use_eos=False).token_ids
+            assert speculative_generate(eng, drafter, prompt, 20, k=k, use_eos=False).token_ids == ref
     finally:
         drafter.close()
 
