@@ -17,7 +17,7 @@ import torch
 
 from .errors import LessonkitError
 from .generate import generate
-from .spec_lab import _totals, conditional_per_pos, prompts_by_kind
+from .spec_lab import _totals, conditional_per_pos, predicted_speedup, prompts_by_kind
 from .speculative import expected_tokens_per_pos, measure_cost_curve, speculative_generate
 
 try:
@@ -83,7 +83,11 @@ def _row(name, wall, outs, ref, new_tokens, stats=None, **extra):
 
 def _pair(rows, targets, notes, *, label, target, drafter_fn, hf_kwargs_fn, prompts, max_new, repeats, with_formula):
     eos = target.config.eos_ids[0] if target.config.eos_ids else None
-    plain_wall, ref, _ = _median_run(lambda p: (generate(target, p, max_new).token_ids, None), prompts, repeats)
+    def plain_run(p):
+        r = generate(target, p, max_new)
+        return r.token_ids, r.stats
+    plain_wall, ref, plain_stats = _median_run(plain_run, prompts, repeats)
+    plain_tot = _totals(plain_stats)
     n_tok = sum(len(o) for o in ref)
     rows.append(_row(f"{label}: lessonkit plain greedy", plain_wall, ref, ref, n_tok, speedup=1.0))
     spec = {}
@@ -122,11 +126,11 @@ def _pair(rows, targets, notes, *, label, target, drafter_fn, hf_kwargs_fn, prom
         k = int(name.split("k=")[1])
         wall, stats = spec[name]
         t = _totals(stats)
-        cost = measure_cost_curve(target, k)
-        t_draft = t["draft_s"] / t["num_draft_tokens"] if t["num_draft_tokens"] else 0.0
-        e = expected_tokens_per_pos(conditional_per_pos(t["num_accepted_tokens_per_pos"], t["num_drafts"]), k)
-        predicted = e * cost[0] / (cost[k] + k * t_draft)
+        cost = measure_cost_curve(target, k, context_len=64)
+        predicted = predicted_speedup(plain_tot, t, k, cost)
         measured = plain_wall / wall
+        e = expected_tokens_per_pos(conditional_per_pos(t["num_accepted_tokens_per_pos"], t["num_drafts"]), k)
+        t_draft = t["draft_s"] / t["num_draft_tokens"] if t["num_draft_tokens"] else 0.0
         targets.append(_target(f"{label}: measured speed-up (k={k}) / prediction with measured cost curve",
                                round(measured / predicted, 3), "within 15% (0.85 .. 1.15)",
                                0.85 <= measured / predicted <= 1.15))

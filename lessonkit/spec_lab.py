@@ -62,10 +62,11 @@ def prompts_by_kind(engine=None, n: int = 20, max_tokens: int = 48, *, seed: int
 
 def _totals(results) -> dict:
     tot = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "new_tokens": 0, "forwards": 0,
-           "wall_s": 0.0, "draft_s": 0.0, "verify_s": 0.0, "bytes_read": 0, "unique_experts": 0,
+           "wall_s": 0.0, "ttft_s": 0.0, "runs": 0, "draft_s": 0.0, "verify_s": 0.0, "bytes_read": 0, "unique_experts": 0,
            "expert_hits": 0, "expert_misses": 0}
     per_pos = []
     for st in results:
+        st = {**st, "runs": 1}
         for key in tot:
             tot[key] += st.get(key) or 0
         pp = st.get("num_accepted_tokens_per_pos") or []
@@ -137,6 +138,18 @@ def _timed_runs(fn, prompts, repeats):
     return best
 
 
+def predicted_speedup(plain: dict, spec: dict, k: int, cost: list[float]) -> float:
+    """Speed-up predicted from measured parts: the plain run's prefill and per-token time, E(k) from the
+    per-position acceptance, the cost curve T(k+1)/T(1) and the draft time per token.
+      plain = ttft + (N - runs) * t_tok;   spec = ttft + (N - runs) / E(k) * (t_tok * T(k+1)/T(1) + k * t_draft)"""
+    n_dec = plain["new_tokens"] - plain["runs"]               # tokens after the first of each run
+    t_tok = (plain["wall_s"] - plain["ttft_s"]) / max(n_dec, 1)
+    t_draft = spec["draft_s"] / spec["num_draft_tokens"] if spec["num_draft_tokens"] else 0.0
+    e = expected_tokens_per_pos(conditional_per_pos(spec["num_accepted_tokens_per_pos"], spec["num_drafts"]), k)
+    step = t_tok * cost[k] / cost[0] + k * t_draft
+    return plain["wall_s"] / (plain["ttft_s"] + n_dec / e * step)
+
+
 def speedup_vs_k(target, drafter, prompts: list[list[int]], *, ks=(1, 2, 3, 4, 6, 8), max_new_tokens: int = 32,
                  repeats: int = 2, cost: list[float] | None = None):
     """Measured speed-up of greedy speculative decoding vs plain greedy, for each k, with predictions.
@@ -144,7 +157,8 @@ def speedup_vs_k(target, drafter, prompts: list[list[int]], *, ks=(1, 2, 3, 4, 6
     a: acceptance at the first draft position (Leviathan assumes i.i.d. acceptance);
     c: measured draft seconds per draft token / plain seconds per token;
     Leviathan: (1 - a^(k+1)) / ((1 - a)(k c + 1));
-    refined: E(k) from per-position acceptance / ((T(k+1) + k t_draft) / T(1)), T the measured cost curve.
+    refined: `predicted_speedup`: E(k) from per-position acceptance, T(k+1)/T(1) from the measured cost
+    curve, the draft time per token, and the prefill time that no drafting shortens.
     """
     import matplotlib.pyplot as plt
     kmax = max(ks)
@@ -166,7 +180,7 @@ def speedup_vs_k(target, drafter, prompts: list[list[int]], *, ks=(1, 2, 3, 4, 6
         e_meas = expected_tokens_per_pos(cond_k, k)
         rows.append({"k": k, "measured_speedup": plain["wall_s"] / r["wall_s"],
                      "leviathan_speedup": leviathan_speedup(min(a, 0.999999), k, c),
-                     "refined_speedup": e_meas * cost[0] / (cost[k] + k * t_draft),
+                     "refined_speedup": predicted_speedup(plain, r, k, cost),
                      "a_first_pos": a, "c": c, "cost_ratio": cost[k] / cost[0],
                      "acceptance_rate": r["acceptance_rate"], "tokens_per_forward": r["tokens_per_forward"],
                      "E_tokens_per_verify": e_meas, "tokens_per_s": r["tokens_per_s"],
@@ -182,7 +196,7 @@ def speedup_vs_k(target, drafter, prompts: list[list[int]], *, ks=(1, 2, 3, 4, 6
     ax1.legend(fontsize=8)
     ax2.plot(range(1, len(cond) + 1), cond, "o-", label="P(accept i | previous accepted)")
     ax2.plot(range(1, kmax + 2), [x / cost[0] for x in cost[:kmax + 1]], "s-", label="verify cost T(k+1)/T(1)")
-    ax2.set_xlabel("position i / draft length k")
+    ax2.set_xlabel("draft position i (acceptance) / verify rows k+1 (cost)")
     ax2.legend(fontsize=8)
     fig.suptitle(f"Speed-up vs k with {getattr(drafter, 'name', 'drafter')} on {target.name}: "
                  "the formula misses decaying acceptance and rising verify cost")
