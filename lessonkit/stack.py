@@ -244,7 +244,7 @@ class Judge:
     """The generative judge on one engine: prefix (shared) + item -> one NDJSON answer line.
 
     prefix_cache: a PrefixCache or None; grammar: use grammar-forced drafts; model_drafter: a drafter
-    factory name ('ngram', 'tiny-draft', 'mtp', ...) or None. With neither drafts nor a prefix
+    factory name ('ngram', 'tiny-draft', 'mtp', ...), a drafter object, or None. With neither drafts nor a prefix
     cache this is exactly the plain engine: generate() after a prefill of the prefix.
     """
 
@@ -258,9 +258,10 @@ class Judge:
         self.tg = token_grammar if grammar else None
         if grammar and self.tg is None:
             self.tg = judge_token_grammar(engine)
-        self.model_drafter_name = model_drafter
-        self._model_drafter = None
-        if model_drafter:
+        self.model_drafter_name = model_drafter if isinstance(model_drafter, str) or model_drafter is None \
+            else getattr(model_drafter, "name", type(model_drafter).__name__)
+        self._model_drafter = None if isinstance(model_drafter, str) else model_drafter
+        if isinstance(model_drafter, str) and model_drafter:
             from .speculative import make_drafter
             try:                                            # registers 'mtp' in DRAFTERS
                 from . import mtp  # noqa: F401
