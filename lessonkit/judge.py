@@ -30,7 +30,7 @@ INSTRUCTION = (
     "Item:\n{item}")
 YES_SPELLINGS = ("yes", "Yes")
 NO_SPELLINGS = ("no", "No")
-JUDGE_BIAS = -0.6   # decision boundary on the log-odds; see data/semcache/README.md
+JUDGE_BIAS = 0.0    # decision boundary on the log-odds: yes when P(yes) > P(no)
 GROUND_TRUTH_PATH = Path(__file__).resolve().parent.parent / "data" / "semcache" / "judge_answers.json"
 
 
@@ -70,8 +70,8 @@ class LogitJudge:
     """smollm2-135m scoring yes/no after the chat-templated instruction, on the lessonkit engine.
 
     ``score(item)`` is the log-odds log P(yes) - log P(no) of the next token; the answer is
-    ``score > bias``. The bias is part of the judge (and of its fingerprint): this small model
-    leans towards "no", so a bias of 0 would answer "no" to everything.
+    ``score > bias`` (bias 0: "yes" when it is the likelier word). The bias is part of the judge
+    and of its fingerprint.
     """
 
     def __init__(self, engine, chat_template_fn, instruction: str = INSTRUCTION,
@@ -209,13 +209,18 @@ def record_scores(judge: LogitJudge, items: list[str], path: str | Path = GROUND
             out.flush()
     if out:
         out.close()
+    return write_ground_truth(judge, {t: scores[t] for t in unique}, path, {"computed_with": "engine"})
+
+
+def write_ground_truth(judge: LogitJudge, scores: dict[str, float], path: str | Path = GROUND_TRUTH_PATH,
+                       check: dict | None = None) -> Path:
     doc = {"what": "Ground truth of lesson 5: fresh yes/no log-odds of the monitoring judge "
                    "(smollm2-135m on the lessonkit engine) for every distinct item of the shipped "
                    "stream, precomputed so the notebook runs quickly. The judge's answer is "
-                   "score > bias. Regenerate with: python -m lessonkit.semcache_report record",
+                   "score > bias. Regenerate with: python -m lessonkit semcache record",
            "score_fingerprint": judge.score_fingerprint, "instruction": judge.instruction,
-           "yes_spellings": YES_SPELLINGS, "no_spellings": NO_SPELLINGS,
-           "scores": {t: scores[t] for t in unique}}
+           "yes_spellings": YES_SPELLINGS, "no_spellings": NO_SPELLINGS, "check": check or {},
+           "scores": {t: round(float(v), 5) for t, v in scores.items()}}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=0, ensure_ascii=False) + "\n", encoding="utf-8")

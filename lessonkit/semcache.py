@@ -143,7 +143,7 @@ class CosinePolicy(Policy):
     threshold: float = 0.8
     one_sided: bool = False
     guard: bool = False
-    safe_margin: float = 0.0   # one-sided: store a "no" only this far below the judge's boundary
+    safe_margin: float = 0.0   # one-sided: reuse a "no" for other texts only this far below the boundary
     k: int = 8
 
     def __post_init__(self):
@@ -154,14 +154,18 @@ class CosinePolicy(Policy):
     def cacheable(self, answer: bool, margin: float | None = None) -> bool:
         if not self.one_sided:
             return True
-        if answer:
-            return False                      # positives are never stored, so never served
-        return margin is None or margin <= -self.safe_margin
+        return not answer                     # positives are never stored, so never served
+
+    def is_safe(self, entry: Entry) -> bool:
+        """A "safe negative": stored at least ``safe_margin`` below the judge's boundary."""
+        return entry.margin is None or entry.margin <= -self.safe_margin
 
     def lookup(self, store, text, embedding):
         for entry, sim in store.nearest(embedding, self.threshold, self.k):
             if self.one_sided and entry.answer:
                 continue                      # never serve a cached positive
+            if self.one_sided and not self.is_safe(entry) and entry.text != text:
+                continue                      # an unconfident "no" is reused for its own text only
             if self.guard and not guard_allows(text, entry.text):
                 continue
             return entry, sim
@@ -170,15 +174,20 @@ class CosinePolicy(Policy):
 
 POLICY_NAMES = ("exact", "two-sided", "one-sided", "one-sided+guard")
 DEFAULT_THRESHOLDS = {"exact": 1.0, "two-sided": 0.8, "one-sided": 0.9, "one-sided+guard": 0.85}
+# Widest spread of the judge's log-odds among rewordings of one item on the calibration split (the
+# first 300 items of the shipped stream: 0.712, semcache_report.calibrate_safe_margin), rounded up.
+SAFE_MARGIN = 0.75
 
 
-def make_policy(name: str, threshold: float | None = None) -> Policy:
+def make_policy(name: str, threshold: float | None = None, safe_margin: float | None = None) -> Policy:
     if name not in POLICY_NAMES:
         raise LessonkitError(f"unknown semcache policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
     if name == "exact":
         return ExactPolicy()
     t = DEFAULT_THRESHOLDS[name] if threshold is None else float(threshold)
-    return CosinePolicy(t, one_sided=name.startswith("one-sided"), guard=name.endswith("+guard"))
+    one = name.startswith("one-sided")
+    return CosinePolicy(t, one_sided=one, guard=name.endswith("+guard"),
+                        safe_margin=SAFE_MARGIN if (one and safe_margin is None) else (safe_margin or 0.0))
 
 
 # ---------------------------------------------------------------- running a stream
@@ -270,7 +279,7 @@ def run_stream(texts: list[str], policy: Policy, judge, *, embeddings: np.ndarra
             if policy.cacheable(fresh, margin):
                 if emb is None:
                     emb = np.zeros(store.dim, np.float32)
-                store.put(text, emb, fresh, ttl)
+                store.put(text, emb, fresh, ttl, margin)
             result.records.append(QueryRecord(i, text, False, fresh, fresh, 0.0, False, None,
                                               time.perf_counter() - t0))
             continue

@@ -42,12 +42,12 @@ def ground_truth_judge(kind: str = "recorded", path=GROUND_TRUTH_PATH, progress:
     try:
         rec = RecordedJudge.from_file(path)
     except LessonkitError:
-        return RecordedJudge({}, live.fingerprint, live), live
-    if rec.fingerprint != live.fingerprint:
-        print(f"note: recorded answers are from judge {rec.fingerprint}, the live judge is "
-              f"{live.fingerprint}; judging live instead", file=sys.stderr)
-        return RecordedJudge({}, live.fingerprint, live), live
-    return RecordedJudge(rec.answers, rec.fingerprint, live), live
+        return RecordedJudge({}, live.score_fingerprint, live.bias, live), live
+    if rec.score_fingerprint != live.score_fingerprint:
+        print(f"note: recorded scores are from judge {rec.score_fingerprint}, the live judge is "
+              f"{live.score_fingerprint}; judging live instead", file=sys.stderr)
+        return RecordedJudge({}, live.score_fingerprint, live.bias, live), live
+    return RecordedJudge(rec.scores, rec.score_fingerprint, live.bias, live), live
 
 
 def embed_stream(texts: list[str], progress: bool = True) -> np.ndarray:
@@ -61,16 +61,85 @@ def embed_stream(texts: list[str], progress: bool = True) -> np.ndarray:
 # ---------------------------------------------------------------- measurements and figures
 
 
+class LessonData:
+    """What the notebook works on: the stream, the ground-truth judge, the live judge, embeddings."""
+
+    def __init__(self, smoke: bool, live: bool = True, progress: bool = True):
+        self.items = load_stream(limit=SMOKE_ITEMS if smoke else None)
+        self.texts = [it.text for it in self.items]
+        if live:
+            self.judge, self.live = ground_truth_judge("recorded", progress=progress)
+        else:
+            self.judge, self.live = RecordedJudge.from_file(), None
+        self.embeddings = embed_stream(self.texts, progress=progress)
+
+
+def stream_table(items, judge):
+    """Counts per relation and perturbation, with the share the judge answers "yes"."""
+    import pandas as pd
+    df = pd.DataFrame([{"relation": it.relation, "perturbation": it.perturbation or "",
+                        "judge_yes": bool(judge(it.text))} for it in items])
+    return df.groupby(["relation", "perturbation"]).agg(items=("judge_yes", "size"),
+                                                        judge_yes_share=("judge_yes", "mean"))
+
+
+def live_check(recorded, live, texts, n: int = 3):
+    """The live judge against the recorded ground truth on ``n`` distinct items (and its call time)."""
+    import pandas as pd
+    rows = []
+    for t in list(dict.fromkeys(texts))[:n]:
+        t0 = time.perf_counter()
+        s = live.score(t)
+        rows.append({"item": t[:60], "recorded_score": recorded.score(t), "live_score": s,
+                     "same_answer": (s > live.bias) == recorded(t), "judge_ms": (time.perf_counter() - t0) * 1e3})
+    return pd.DataFrame(rows)
+
+
+def calibrate_safe_margin(items, judge) -> float:
+    """Widest spread of the judge's log-odds within one meaning (an original, its repeats and paraphrases).
+
+    A "no" stored at least this far below the judge's boundary stays a "no" for every rewording of
+    the same facts seen here. Computed on the calibration split (the first SMOKE_ITEMS items).
+    """
+    groups: dict[int, list] = {}
+    for it in items:
+        if it.relation in ("original", "exact_repeat", "paraphrase"):
+            groups.setdefault(it.id if it.parent is None else it.parent, []).append(judge.score(it.text))
+    spreads = [max(g) - min(g) for g in groups.values() if len(g) > 1]
+    return max(spreads) if spreads else 0.0
+
+
+
 def sweep(texts, judge, embeddings, thresholds=(0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.98),
-          policies=("two-sided", "one-sided", "one-sided+guard"), progress: bool = True):
-    """Hit rate and (actionable) loss rate of each policy as the threshold moves."""
+          policies=("two-sided", "one-sided", "one-sided+guard"), no_margin: bool = True,
+          progress: bool = True):
+    """Hit rate and (actionable) loss rate of each policy as the threshold moves.
+
+    With ``no_margin`` the one-sided policies also run with safe_margin 0 (every "no" reused).
+    """
     import pandas as pd
     from tqdm.auto import tqdm
     rows = [run_stream(texts, make_policy("exact"), judge, embeddings=embeddings).summary()]
-    grid = [(p, t) for p in policies for t in thresholds]
-    for p, t in tqdm(grid, desc="threshold sweep", disable=not progress):
-        rows.append(run_stream(texts, make_policy(p, t), judge, embeddings=embeddings).summary())
+    grid = [(p, t, None) for p in policies for t in thresholds]
+    if no_margin:
+        grid += [(p, t, 0.0) for p in policies if p.startswith("one-sided") for t in thresholds]
+    for p, t, m in tqdm(grid, desc="threshold sweep", disable=not progress):
+        s = run_stream(texts, make_policy(p, t, m), judge, embeddings=embeddings).summary()
+        if m is not None:
+            s["policy"] += f" (margin {m:g})"
+        rows.append(s)
     return pd.DataFrame(rows)
+
+
+def losses_by_relation(result, items):
+    """Served hits and losses split by how the query relates to its original."""
+    import pandas as pd
+    rel = {k: (it.relation if it.relation != "hard_negative" else f"hard negative: {it.perturbation}")
+           for k, it in enumerate(items)}
+    df = pd.DataFrame([{"relation": rel[r.index], "hit": r.hit, "loss": r.loss, "actionable": r.actionable}
+                       for r in result.records])
+    return df.groupby("relation").agg(queries=("hit", "size"), hits=("hit", "sum"), losses=("loss", "sum"),
+                                      actionable_losses=("actionable", "sum"))
 
 
 def plot_tradeoff(df):
@@ -142,17 +211,30 @@ def plot_audit(result, confidence: float = 0.95):
     return fig
 
 
-def time_hits(texts, policy, judge, n: int = 40) -> dict:
-    """Cache-side time per query on a hit, with live query embedding (median, ms)."""
-    result = run_stream(texts, policy, judge, embedder=load_embedder())
-    hit_ms = [r.seconds * 1e3 for r in result.records if r.hit]
-    if not hit_ms:
-        return {"median_hit_ms": None, "hits_timed": 0}
-    return {"median_hit_ms": statistics.median(hit_ms[:n] if n else hit_ms), "hits_timed": len(hit_ms)}
+def time_hits(texts, policy, judge, embeddings, n: int = 40) -> dict:
+    """Cache-side time per query on a hit, with the query embedded live (median over ``n`` hits, ms).
+
+    The stream runs once on precomputed embeddings to find its hits; then each of the first ``n``
+    hits is replayed against the filled store: embed the query (MiniLM, one text), search, guard.
+    """
+    store = CacheStore(":memory:", "timing")
+    result = run_stream(texts, policy, judge, embeddings=embeddings, store=store)
+    embedder = load_embedder()
+    embedder.embed_one("warm-up")
+    hit_ms = []
+    for r in [r for r in result.records if r.hit][:n]:
+        t0 = time.perf_counter()
+        policy.lookup(store, r.text, embedder.embed_one(r.text))
+        hit_ms.append((time.perf_counter() - t0) * 1e3)
+    return {"median_hit_ms": statistics.median(hit_ms) if hit_ms else None, "hits_timed": len(hit_ms)}
 
 
 def time_judge(judge, texts, n: int = 15) -> float:
-    """Median wall time of a fresh judge call in ms (the real judge, not the recorded file)."""
+    """Median wall time of a fresh judge call in ms (the real judge, not the recorded file).
+
+    One untimed warm-up call first: it runs the constant instruction head once for the snapshot.
+    """
+    judge(texts[0])
     times = []
     for t in texts[:n]:
         t0 = time.perf_counter()
@@ -180,6 +262,8 @@ def register_cli(subparsers) -> None:
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cli_run)
     rec = sub.add_parser("record", help="recompute the judge ground-truth file with the real judge")
+    rec.add_argument("--batched", action="store_true", help="score in transformers batches, check on the engine")
+    rec.add_argument("--check", type=int, default=3, help="items re-scored by the engine (with --batched)")
     rec.set_defaults(func=cli_record)
 
 
@@ -211,10 +295,29 @@ def cli_run(args) -> int:
 
 
 def cli_record(args) -> int:
-    from lessonkit.judge import load_judge, record_answers
-    path = record_answers(load_judge(), [it.text for it in load_stream()])
+    path = record_ground_truth(batched=args.batched, n_check=args.check)
     print(f"wrote {path}")
     return 0
+
+
+def record_ground_truth(batched: bool = True, n_check: int = 3, path=GROUND_TRUTH_PATH) -> "Path":
+    """Score every distinct item of the shipped stream with the real judge and write the file.
+
+    batched: same weights and token ids run in batches by transformers (much faster on a CPU),
+    then ``n_check`` items re-scored by the engine itself; the largest difference is recorded.
+    """
+    from lessonkit import gguf_loader
+    from lessonkit.judge import load_judge, record_scores, score_batched_transformers, write_ground_truth
+    judge = load_judge()
+    texts = list(dict.fromkeys(it.text for it in load_stream()))
+    if not batched:
+        return record_scores(judge, texts, path)
+    hf = gguf_loader.to_transformers(gguf_loader.load_smollm2(progress=False))
+    scores = score_batched_transformers(judge, hf, texts)
+    diffs = [abs(judge.score(t) - scores[t]) for t in texts[:n_check]]
+    check = {"computed_with": "transformers, batched, same weights and token ids",
+             "engine_rescored_items": len(diffs), "max_abs_diff_vs_engine": max(diffs) if diffs else None}
+    return write_ground_truth(judge, scores, path, check)
 
 
 # ---------------------------------------------------------------- bench
@@ -248,8 +351,8 @@ def bench(args) -> dict:
         rows.append({"name": f"{name}@{s['threshold']:g}", "tokens_per_s": None,
                      "identical_to_plain": s["losses"] == 0, **s})
     guard_row, two_row = rows[3], rows[1]
-    timing = time_hits(texts[: 120 if smoke else 400], make_policy("one-sided+guard"), judge)
-    judge_ms = time_judge(live, texts[:5 if smoke else 15]) if live is not None else None
+    timing = time_hits(texts, make_policy("one-sided+guard"), judge, emb, n=20 if smoke else 60)
+    judge_ms = time_judge(live, texts[:2 if smoke else 5]) if live is not None else None
     guard_row.update(timing)
     ratio = guard_row["hit_rate"] / two_row["hit_rate"] if two_row["hit_rate"] else 0.0
     hit_share = (timing["median_hit_ms"] / judge_ms

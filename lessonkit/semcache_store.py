@@ -6,7 +6,7 @@ embedder); a store opened with one scope serves only that scope's entries and re
 entry from another, so a changed judge or embedder can never serve stale answers.
 
 Tables: entries(id, scope, text, text_hash, embedding, answer, created, ttl, hits, audits, losses,
-retired) and audit_log(id, scope, entry_id, query, similarity, served, audited, fresh, agreed, t).
+retired, margin) and audit_log(id, scope, entry_id, query, similarity, served, audited, fresh, agreed, t).
 An in-memory matrix of the scope's live embeddings makes a lookup one matrix-vector product.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ CREATE TABLE IF NOT EXISTS entries (
   id INTEGER PRIMARY KEY, scope TEXT NOT NULL, text TEXT NOT NULL, text_hash TEXT NOT NULL,
   embedding BLOB NOT NULL, answer INTEGER NOT NULL, created REAL NOT NULL, ttl REAL,
   hits INTEGER NOT NULL DEFAULT 0, audits INTEGER NOT NULL DEFAULT 0,
-  losses INTEGER NOT NULL DEFAULT 0, retired INTEGER NOT NULL DEFAULT 0);
+  losses INTEGER NOT NULL DEFAULT 0, retired INTEGER NOT NULL DEFAULT 0, margin REAL);
 CREATE INDEX IF NOT EXISTS entries_scope_hash ON entries(scope, text_hash);
 CREATE TABLE IF NOT EXISTS audit_log (
   id INTEGER PRIMARY KEY, scope TEXT NOT NULL, entry_id INTEGER NOT NULL, query TEXT NOT NULL,
@@ -57,6 +57,7 @@ class Entry:
     audits: int = 0
     losses: int = 0
     retired: bool = False
+    margin: float | None = None    # judge log-odds minus its bias when the answer was stored
 
     def expired(self, now: float) -> bool:
         return self.ttl is not None and now > self.created + self.ttl
@@ -78,7 +79,7 @@ class CacheStore:
 
     def _load(self) -> None:
         rows = self.db.execute(
-            "SELECT id, scope, text, embedding, answer, created, ttl, hits, audits, losses, retired "
+            "SELECT id, scope, text, embedding, answer, created, ttl, hits, audits, losses, retired, margin "
             "FROM entries WHERE scope = ? ORDER BY id", (self.scope,)).fetchall()
         self.entries: list[Entry] = []
         for r in rows:
@@ -87,7 +88,7 @@ class CacheStore:
                 raise LessonkitError(f"{self.path}: entry {r[0]} has a {emb.shape[0]}-d embedding, "
                                      f"expected {self.dim}")
             self.entries.append(Entry(r[0], r[1], r[2], emb, bool(r[4]), r[5], r[6], r[7], r[8],
-                                      r[9], bool(r[10])))
+                                      r[9], bool(r[10]), r[11]))
         self.by_hash = {text_hash(e.text): e for e in self.entries}
         self.matrix = (np.stack([e.embedding for e in self.entries]) if self.entries
                        else np.zeros((0, self.dim), np.float32))
@@ -102,18 +103,20 @@ class CacheStore:
         if emb.shape[0] != self.dim:
             raise LessonkitError(f"embedding has {emb.shape[0]} dimensions, expected {self.dim}")
         cur = self.db.execute(
-            "INSERT INTO entries(scope, text, text_hash, embedding, answer, created, ttl) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO entries(scope, text, text_hash, embedding, answer, created, ttl, margin) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (entry.scope, entry.text, text_hash(entry.text), emb.tobytes(), int(entry.answer),
-             entry.created, entry.ttl))
+             entry.created, entry.ttl, entry.margin))
         entry.id, entry.embedding = cur.lastrowid, emb
         self.entries.append(entry)
         self.by_hash[text_hash(entry.text)] = entry
         self.matrix = np.concatenate([self.matrix, emb[None, :]], axis=0)
         return entry
 
-    def put(self, text: str, embedding: np.ndarray, answer: bool, ttl: float | None = None) -> Entry:
-        return self.add(Entry(None, self.scope, text, embedding, bool(answer), self.clock(), ttl))
+    def put(self, text: str, embedding: np.ndarray, answer: bool, ttl: float | None = None,
+            margin: float | None = None) -> Entry:
+        return self.add(Entry(None, self.scope, text, embedding, bool(answer), self.clock(), ttl,
+                              margin=margin))
 
     def exact(self, text: str) -> Entry | None:
         e = self.by_hash.get(text_hash(text))
