@@ -162,12 +162,12 @@ def bench(args) -> dict:
     except Exception as e:
         notes.append(f"smollm2-135m pair skipped: {e}")
     else:
-        pk = prompts_by_kind(sm, n=1 if smoke else 2, max_tokens=64, kinds=("code", "records"))
+        pk = prompts_by_kind(sm, n=1, max_tokens=64, kinds=("code", "records"))
         prompts = [p for ps in pk.values() for p in ps]
         _pair(rows, targets, notes, label="smollm2-135m", target=sm,
               drafter_fn=lambda: [("ngram k=4", NGramDrafter(), 4)],
               hf_kwargs_fn=lambda: {"prompt lookup (prompt_lookup_num_tokens=4)": {"prompt_lookup_num_tokens": 4}},
-              prompts=prompts, max_new=8 if smoke else max_new, repeats=repeats, with_formula=False)
+              prompts=prompts, max_new=8 if smoke else 32, repeats=repeats, with_formula=False)
     for r in rows:
         if not r["identical_to_plain"] and "transformers" not in r["name"]:
             notes.append(f"NOT IDENTICAL: {r['name']}")
