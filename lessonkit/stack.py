@@ -24,6 +24,7 @@ model and returns a DataFrame; `plot_ablation(df)` the Figure; `bench(args)` the
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import time
@@ -213,8 +214,7 @@ def _greedy_speculative(engine, drafter, cache, prompt, logits, max_new, k):
     """Greedy verify loop on a cache that already holds prompt (logits: after its last token)."""
     from .generate import StopChecker
     from .speculative import verify_greedy
-    checker = StopChecker(engine, list(engine.config.eos_ids), STOP_STRINGS)
-    drafter.reset(list(prompt))
+    checker = StopChecker(engine, list(engine.config.eos_ids), STOP_STRINGS)    # drafter: reset by the caller
     out, context, forwards = [], list(prompt), 0
 
     def emit(t):
@@ -296,13 +296,15 @@ class Judge:
                 if restored != P:                 # only a whole prefix keeps the chunks of the plain engine
                     cache.rollback(0)
                     restored = 0
+            drafter = self._drafter()
+            if drafter is not None:                 # before any forward: an MTP head taps the target's hidden states
+                drafter.reset(list(prompt))
             forwards = 0
             if not restored:
                 eng.forward(self.prefix_ids, cache, last_only=True)      # chunk 1: the shared prefix
                 forwards += 1
                 if self.prefix_cache is not None:
                     self.prefix_cache.save(self.prefix_ids, cache)
-            drafter = self._drafter()
             if drafter is None:
                 res = generate(eng, prompt, self.max_new, cache=cache, stop_strings=STOP_STRINGS)
                 ids, out_text, fw = res.token_ids, res.text, res.stats["forwards"]
@@ -386,90 +388,114 @@ class StackRun:
     extra: dict = field(default_factory=dict)
 
 
-def run_stack(engine, workload: Workload, techniques=TECHNIQUES, *, cfg: StackConfig = StackConfig(),
-              embeddings=None, model_drafter: str | None = None, prefix_cache_dir=None, token_grammar=None,
-              name: str | None = None) -> StackRun:
-    """Judge the workload's items with the given techniques on; returns answers and counters."""
-    from tqdm.auto import tqdm
-    techniques = tuple(techniques)
-    bad = set(techniques) - set(TECHNIQUES)
-    if bad:
-        raise LessonkitError(f"unknown technique(s) {sorted(bad)}: choose from {', '.join(TECHNIQUES)}")
-    tmp = None
-    pc = None
-    if "prefix" in techniques:
-        from .prefix_cache import PrefixCache
-        if prefix_cache_dir is None:
-            tmp = tempfile.TemporaryDirectory(prefix="lessonkit-stack-pc-")
-            prefix_cache_dir = tmp.name
-        pc = PrefixCache(prefix_cache_dir, engine, fsync=False)
-    judge = Judge(engine, workload.prefix, max_new_tokens=cfg.max_new_tokens, k=cfg.k, prefix_cache=pc,
-                  grammar="grammar" in techniques, model_drafter=model_drafter if "drafter" in techniques else None,
-                  token_grammar=token_grammar)
-    front = None
-    if "semcache" in techniques:
-        if embeddings is None:
-            raise LessonkitError("the semantic cache needs the items' embeddings (embed_items)")
-        front = SemanticFront(embeddings, workload.texts, threshold=cfg.threshold, audit_rate=cfg.audit_rate,
-                              audit_first_n=cfg.audit_first_n)
-    answers, sources = [], []
-    answer_tokens = engine_tokens = forwards = 0
-    before = engine.store.counters()["bytes_read"]
-    t0 = time.perf_counter()
-    for i, text in enumerate(tqdm(workload.texts, desc=name or "+".join(techniques) or "plain",
-                                  disable=not cfg.progress, leave=False)):
+class StackPipeline:
+    """One configuration of the stack over a workload, fed one item at a time (step), so that several
+    configurations can be interleaved item by item on one engine and share the machine's drift."""
+
+    def __init__(self, engine, workload: Workload, techniques=TECHNIQUES, *, cfg: StackConfig = StackConfig(),
+                 embeddings=None, model_drafter=None, prefix_cache_dir=None, token_grammar=None,
+                 name: str | None = None):
+        techniques = tuple(techniques)
+        bad = set(techniques) - set(TECHNIQUES)
+        if bad:
+            raise LessonkitError(f"unknown technique(s) {sorted(bad)}: choose from {', '.join(TECHNIQUES)}")
+        self.engine, self.techniques, self.name = engine, techniques, name or "+".join(techniques) or "plain"
+        self._tmp = None
+        self.pc = None
+        if "prefix" in techniques:
+            from .prefix_cache import PrefixCache
+            if prefix_cache_dir is None:
+                self._tmp = tempfile.TemporaryDirectory(prefix="lessonkit-stack-pc-")
+                prefix_cache_dir = self._tmp.name
+            self.pc = PrefixCache(prefix_cache_dir, engine, fsync=False)
+        self.judge = Judge(engine, workload.prefix, max_new_tokens=cfg.max_new_tokens, k=cfg.k, prefix_cache=self.pc,
+                           grammar="grammar" in techniques,
+                           model_drafter=model_drafter if "drafter" in techniques else None, token_grammar=token_grammar)
+        self.front = None
+        if "semcache" in techniques:
+            if embeddings is None:
+                raise LessonkitError("the semantic cache needs the items' embeddings (embed_items)")
+            self.front = SemanticFront(embeddings, workload.texts, threshold=cfg.threshold,
+                                       audit_rate=cfg.audit_rate, audit_first_n=cfg.audit_first_n)
+        self.answers, self.sources, self.seconds = [], [], []
+        self.answer_tokens = self.engine_tokens = self.forwards = self.expert_bytes = 0
+
+    def _judge(self, text):
+        r = self.judge(text)
+        self.forwards += r.forwards
+        self.engine_tokens += len(r.token_ids)
+        self.answer_tokens += len(r.token_ids)
+        return r
+
+    def step(self, i: int, text: str) -> str:
+        """Answer item i; returns the answer line."""
+        front = self.front
+        b0 = self.engine.store.counters()["bytes_read"]
+        t0 = time.perf_counter()
         found = front.lookup(text) if front is not None else None
         if found is not None:
             entry, sim = found
             audited = front.auditor.should_audit(entry.audits)
             if not audited:
                 front.store.log_hit(entry, text, sim, True, False, None)
-                ans = front.answers[entry.id]
-                answers.append(ans)
-                sources.append("cache")
-                answer_tokens += len(engine.encode(ans))
-                continue
-            r = judge(text)
-            fresh = needs_action(r.text)
-            front.store.log_hit(entry, text, sim, True, True, fresh)
-            front.auditor.record(fresh == entry.answer, i)
-            if not front.auditor.entry_allows(entry.losses, entry.audits):
-                front.store.retire(entry)
-                front.retired += 1
-            src = "audit"
+                ans, src = front.answers[entry.id], "cache"
+                self.answer_tokens += len(self.engine.encode(ans))
+            else:                                   # the audit runs the judge; its fresh answer is served
+                ans, src = self._judge(text).text, "audit"
+                fresh = needs_action(ans)
+                front.store.log_hit(entry, text, sim, True, True, fresh)
+                front.auditor.record(fresh == entry.answer, i)
+                if not front.auditor.entry_allows(entry.losses, entry.audits):
+                    front.store.retire(entry)
+                    front.retired += 1
         else:
-            r = judge(text)
-            src = "engine"
+            ans, src = self._judge(text).text, "engine"
             if front is not None:
-                front.put(text, r.text)
-        answers.append(r.text)
-        sources.append(src)
-        forwards += r.forwards
-        answer_tokens += len(r.token_ids)
-        engine_tokens += len(r.token_ids)
-    wall = time.perf_counter() - t0
-    run = StackRun(name or "+".join(techniques) or "plain", engine.name, answers, sources, wall, forwards,
-                   engine.store.counters()["bytes_read"] - before, judge.calls, answer_tokens, engine_tokens)
-    if front is not None:
-        run.audits, run.audit_losses = front.auditor.audits, front.auditor.losses
-        run.hits = sum(s != "engine" for s in sources)
-        run.extra["entries_retired"] = front.retired
-        run.extra["cached_positives_served"] = sum(
-            1 for a, s in zip(answers, sources) if s == "cache" and needs_action(a))
-    if pc is not None:
-        run.extra["prefix_cache_hits"] = pc.stats.prefix_cache_hits
-    run.extra.update(judge.drafter_stats)
-    run.extra["model_drafter"] = judge.model_drafter_name
-    judge.close()
-    if tmp is not None:
-        tmp.cleanup()
-    return run
+                front.put(text, ans)
+        self.seconds.append(time.perf_counter() - t0)
+        self.expert_bytes += self.engine.store.counters()["bytes_read"] - b0
+        self.answers.append(ans)
+        self.sources.append(src)
+        return ans
+
+    def finish(self) -> StackRun:
+        run = StackRun(self.name, self.engine.name, self.answers, self.sources, sum(self.seconds), self.forwards,
+                       self.expert_bytes, self.judge.calls, self.answer_tokens, self.engine_tokens)
+        run.extra["item_seconds"] = list(self.seconds)
+        if self.front is not None:
+            run.audits, run.audit_losses = self.front.auditor.audits, self.front.auditor.losses
+            run.hits = sum(s == "cache" for s in self.sources)
+            run.extra["entries_retired"] = self.front.retired
+            run.extra["cached_positives_served"] = sum(
+                1 for a, s in zip(self.answers, self.sources) if s == "cache" and needs_action(a))
+        if self.pc is not None:
+            run.extra["prefix_cache_hits"] = self.pc.stats.prefix_cache_hits
+        run.extra.update(self.judge.drafter_stats)
+        run.extra["model_drafter"] = self.judge.model_drafter_name
+        self.judge.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        return run
+
+
+def run_stack(engine, workload: Workload, techniques=TECHNIQUES, *, cfg: StackConfig = StackConfig(),
+              embeddings=None, model_drafter=None, prefix_cache_dir=None, token_grammar=None,
+              name: str | None = None) -> StackRun:
+    """Judge the workload's items with the given techniques on; returns answers and counters."""
+    from tqdm.auto import tqdm
+    p = StackPipeline(engine, workload, techniques, cfg=cfg, embeddings=embeddings, model_drafter=model_drafter,
+                      prefix_cache_dir=prefix_cache_dir, token_grammar=token_grammar, name=name)
+    for i, text in enumerate(tqdm(workload.texts, desc=p.name, disable=not cfg.progress, leave=False)):
+        p.step(i, text)
+    return p.finish()
 
 
 def embed_items(texts: list[str]) -> tuple:
     """(unit embeddings [n, 384], seconds): all-MiniLM-L6-v2, as lesson 5."""
     from .semcache import load_embedder
     emb = load_embedder()
+    emb.embed(list(texts[:1]))                  # warm-up: first-call costs are not per-item costs
     t0 = time.perf_counter()
     out = emb.embed(list(texts))
     return out, time.perf_counter() - t0
@@ -528,6 +554,17 @@ def choose_drafter(engine, workload: Workload, cfg: StackConfig = StackConfig(),
     return str(best), df
 
 
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Run with n torch threads (one thread is far steadier than two on an oversubscribed CPU)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(n)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
 def one_item(engine, workload: Workload, cfg: StackConfig = StackConfig(), index: int = 0,
              model_drafter: str | None = "ngram"):
     """One item, plain engine vs the engine techniques together: the answers side by side (DataFrame)."""
@@ -535,7 +572,8 @@ def one_item(engine, workload: Workload, cfg: StackConfig = StackConfig(), index
     wl = Workload(workload.items[index:index + 1], [], [], workload.prefix)
     c = replace(cfg, progress=False)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="lessonkit-stack-one-") as d:
+    with tempfile.TemporaryDirectory(prefix="lessonkit-stack-one-") as d, torch_threads(cfg.threads):
+        run_stack(engine, wl, (), cfg=c)        # warm-up (first-touch of weights, allocator)
         for name, tech in [("plain engine", ()), ("prefix cache, cold", ("prefix", "grammar", "drafter")),
                            ("prefix cache, warm", ("prefix", "grammar", "drafter"))]:
             r = run_stack(engine, wl, tech, cfg=c, model_drafter=model_drafter, prefix_cache_dir=d, name=name)
@@ -582,9 +620,7 @@ def ablation(engine, cfg: StackConfig | str = "default", *, rows=None, embedding
         if r not in ROWS:
             raise LessonkitError(f"unknown ablation row {r!r}: choose from {', '.join(ROWS)}")
     wl = workload or make_workload(cfg)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
+    with torch_threads(cfg.threads):
         tg = judge_token_grammar(engine)
         if any("semcache" in ROWS[r] for r in rows) and embeddings is None:
             embeddings, embed_s = embed_items(wl.texts)
@@ -593,14 +629,18 @@ def ablation(engine, cfg: StackConfig | str = "default", *, rows=None, embedding
             model_drafter, draft_df = choose_drafter(engine, wl, cfg, tg)
         # warm-up: one item through the plain engine (allocator, expert cache, tokenizer)
         run_stack(engine, Workload(wl.items[:1], [], [], wl.prefix), (), cfg=replace(cfg, progress=False))
-        runs = {}
+        # every configuration runs item by item, interleaved (order rotated per item), so that the
+        # machine's drift (other processes) lands on all rows alike
+        pipes = {r: StackPipeline(engine, wl, ROWS[r], cfg=cfg, embeddings=embeddings, model_drafter=model_drafter,
+                                  token_grammar=tg, name=r) for r in rows}
+        from tqdm.auto import tqdm
+        for i, text in enumerate(tqdm(wl.texts, desc=f"ablation {engine.name}", disable=not cfg.progress)):
+            for j in range(len(rows)):
+                pipes[rows[(i + j) % len(rows)]].step(i, text)
+        runs = {r: p.finish() for r, p in pipes.items()}
         for r in rows:
-            runs[r] = run_stack(engine, wl, ROWS[r], cfg=cfg, embeddings=embeddings, model_drafter=model_drafter,
-                                token_grammar=tg, name=r)
             if "semcache" in ROWS[r]:
                 runs[r].wall_s += embed_s
-    finally:
-        torch.set_num_threads(threads)
     plain = runs["plain engine"]
     out = []
     for r in rows:
@@ -803,5 +843,5 @@ def register_cli(subparsers) -> None:
 
 
 __all__ = ["JUDGE_SCHEMA", "StackConfig", "PRESETS", "ROWS", "TECHNIQUES", "Workload", "make_workload", "StackDrafter",
-           "Judge", "JudgeResult", "SemanticFront", "load_engine", "smoke_engine", "available_models", "run_stack", "embed_items", "choose_drafter", "drafter_candidates", "one_item", "ablation",
+           "Judge", "JudgeResult", "SemanticFront", "StackPipeline", "load_engine", "smoke_engine", "available_models", "run_stack", "embed_items", "choose_drafter", "drafter_candidates", "one_item", "ablation",
            "ablation_all", "plot_ablation", "headline", "bench", "register_cli", "parse_answer", "needs_action"]
