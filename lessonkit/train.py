@@ -409,7 +409,7 @@ def _card(log: dict, files: dict) -> str:
     lines += ["", "## Training", "",
               f"- {c['steps']} steps x {c['batch_size']} x {c['seq_len']} tokens = {log['tokens_seen']:,} tokens, "
               f"AdamW lr {c['lr']} (warmup {c['warmup']}, cosine to {c['min_lr_frac']}x), seed {c['seed']}, "
-              f"{c['threads']} threads, deterministic algorithms"
+              f"torch threads {c['threads']}, deterministic algorithms"
               + (f"; distilled from {c['distill_from']} (alpha {c['distill_alpha']})" if c["distill_from"] else ""),
               f"- training time: {log['train_time_s'] / 60:.1f} min on {log['machine']['platform']} "
               f"(shared CPU, torch {log['machine']['torch']})",

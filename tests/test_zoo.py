@@ -1,0 +1,229 @@
+"""The workbook's own models: corpus, tokenizer, and the quality of the shipped tiny-moe / tiny-draft.
+
+No training here: these tests read data/corpus/ and data/models/ and run the lessonkit engine (and
+transformers on the exported checkpoints) on a few fixed held-out windows.
+"""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lessonkit import corpus, train
+from lessonkit.engine import Engine
+from lessonkit.errors import LessonkitError
+
+MODELS = train.MODELS_DIR
+KNOWN_KEYS = {
+    "metric": ["ts", "type", "host", "service", "region", "metric", "value", "unit", "tags"],
+    "log": ["ts", "type", "level", "service", "host", "logger", "msg", "trace_id", "route", "status",
+            "duration_ms"],
+    "alert": ["ts", "type", "alert_id", "rule", "severity", "status", "service", "host", "region", "metric",
+              "value", "threshold", "summary", "labels"],
+    "deploy": ["ts", "type", "service", "env", "from_version", "to_version", "commit", "actor", "status",
+               "duration_s"],
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train.load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def windows(tokenizer):
+    return train.heldout_windows(tokenizer, 2, 256)
+
+
+@pytest.fixture(scope="module")
+def moe():
+    return Engine(MODELS / "tiny-moe")
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return Engine(MODELS / "tiny-draft")
+
+
+def engine_logits(engine, ids) -> torch.Tensor:
+    return engine.forward(list(map(int, ids)), engine.new_cache(len(ids) + 8))
+
+
+@pytest.fixture(scope="module")
+def heldout_logits(windows, moe, draft):
+    """{model: {kind: [logits [T, V] per window]}} from the engine, computed once."""
+    return {name: {kind: [engine_logits(eng, x[:-1]) for x in w] for kind, w in windows.items()}
+            for name, eng in (("tiny-moe", moe), ("tiny-draft", draft))}
+
+
+def engine_loss(logits, windows) -> dict:
+    out = {kind: float(torch.stack([F.cross_entropy(lg, x[1:]) for lg, x in zip(logits[kind], w)]).mean())
+           for kind, w in windows.items()}
+    out["mean"] = sum(out[k] for k in windows) / len(windows)
+    return out
+
+
+def greedy(engine, prompt: str, max_new_tokens: int, stop: str | None = None) -> str:
+    ids = engine.encode(prompt)
+    cache = engine.new_cache(len(ids) + max_new_tokens + 8)
+    logits = engine.forward(ids, cache)[-1]
+    out: list[int] = []
+    for _ in range(max_new_tokens):
+        t = int(logits.argmax())
+        out.append(t)
+        if stop is not None and stop in engine.decode(out):
+            break
+        logits = engine.forward([t], cache)[-1]
+    return engine.decode(out)
+
+
+# ----------------------------------------------------------------------------- corpus and tokenizer
+def test_corpus_split_is_disjoint_and_small():
+    total = 0
+    for kind in corpus.KINDS:
+        tr = corpus.load_documents(kind, "train")
+        ho = corpus.load_documents(kind, "heldout")
+        assert len(tr) > 100 and len(ho) >= 5, kind
+        assert not set(tr) & set(ho), kind
+        assert all(corpus._h(d) % corpus.CorpusConfig().heldout_every == 0 for d in ho)
+        total += sum((corpus.CORPUS_DIR / f"{kind}.{s}.txt.gz").stat().st_size for s in corpus.SPLITS)
+    assert total < 8 * 2**20
+    prov = (corpus.CORPUS_DIR / "PROVENANCE.md").read_text()
+    assert "PSF" in prov and "seeded generator" in prov
+
+
+def test_records_are_seeded_ndjson():
+    cfg = corpus.PRESETS["small"]
+    a, b = corpus.record_documents(cfg), corpus.record_documents(cfg)
+    assert a == b
+    shipped = corpus.load_documents("records", "train")
+    n = 0
+    for doc in shipped[:50]:
+        if doc.startswith("{\n"):  # pretty-printed document
+            json.loads(doc)
+            continue
+        for line in doc.splitlines():
+            rec = json.loads(line)
+            assert list(rec) == [k for k in KNOWN_KEYS[rec["type"]] if k in rec]
+            n += 1
+    assert n > 300
+
+
+def test_corpus_build_is_deterministic(tmp_path):
+    cfg = corpus.CorpusConfig(prose_bytes=20_000, code_bytes=20_000, records_bytes=20_000, heldout_every=5)
+    corpus.build_corpus(tmp_path / "a", cfg)
+    corpus.build_corpus(tmp_path / "b", cfg)
+    for f in sorted((tmp_path / "a").iterdir()):
+        assert f.read_bytes() == (tmp_path / "b" / f.name).read_bytes(), f.name
+
+
+def test_load_documents_names_the_missing_file(tmp_path):
+    with pytest.raises(LessonkitError, match="prose.train.txt.gz"):
+        corpus.load_documents("prose", "train", tmp_path)
+    with pytest.raises(LessonkitError, match="poetry"):
+        corpus.load_documents("poetry", "train")
+
+
+def test_tokenizer_is_shipped_with_each_model_and_round_trips(tokenizer):
+    ref = (corpus.CORPUS_DIR / "tokenizer.json").read_bytes()
+    for name in ("tiny-moe", "tiny-draft"):
+        assert (MODELS / name / "tokenizer.json").read_bytes() == ref, name
+    assert tokenizer.get_vocab_size() == 4096
+    assert tokenizer.token_to_id(corpus.EOT) == 0
+    for kind in corpus.KINDS:
+        for doc in corpus.load_documents(kind, "heldout")[:3]:
+            assert tokenizer.decode(tokenizer.encode(doc).ids) == doc
+    s = '  tabs\tand "ünïcode" → {"a":[1,2.5e-3,null]}\n\n    return x'
+    assert tokenizer.decode(tokenizer.encode(s).ids) == s
+
+
+# ----------------------------------------------------------------------------- shipped models
+def test_shipped_files_are_small_and_documented():
+    total = 0
+    for name in ("tiny-moe", "tiny-draft"):
+        d = MODELS / name
+        total += sum(p.stat().st_size for p in d.iterdir())
+        card = (d / "card.md").read_text()
+        assert f"lessonkit train {name}" in card and "Held-out loss" in card
+        log = json.loads((d / "train_log.json").read_text())
+        assert log["heldout_loss"]["mean"] < log["unigram_loss"]["mean"]
+        assert (d / "loss_curve.png").stat().st_size > 1000
+    assert total < 40 * 2**20
+
+
+def test_heldout_loss_moe_below_draft_far_below_unigram(tokenizer, windows, heldout_logits):
+    uni = train.unigram_loss(tokenizer, windows)
+    lm, ld = (engine_loss(heldout_logits[n], windows) for n in ("tiny-moe", "tiny-draft"))
+    assert lm["mean"] < ld["mean"] < uni["mean"] - 2.0, (lm, ld, uni)
+    for kind in corpus.KINDS:
+        assert ld[kind] < uni[kind] - 1.0, (kind, ld, uni)
+
+
+def test_drafter_agrees_often_but_not_always(windows, heldout_logits):
+    same = total = 0
+    for kind in windows:
+        for lm, ld in zip(heldout_logits["tiny-moe"][kind], heldout_logits["tiny-draft"][kind]):
+            a, b = lm.argmax(-1), ld.argmax(-1)
+            same += int((a == b).sum())
+            total += len(a)
+    assert 0.5 < same / total < 0.95, same / total
+
+
+def test_ndjson_continuations_are_valid_records(moe):
+    """tiny-moe, prompted with two held-out records and the start of a third, writes a valid record
+    with the corpus's keys (greedy). 16 of 16 such prompts passed when the models were shipped; a
+    3-record context once ended a log record with an extra '}', so the test allows one miss."""
+    docs = [d for d in corpus.load_documents("records", "heldout") if not d.startswith("{\n")]
+    prompts = ["".join(d.splitlines(keepends=True)[:2]) + '{"ts":"' for d in docs]
+    prompts.append('{"ts":"2025-06-01T12:00:00.000Z","type":"metric",')
+    good, bad = 0, []
+    for prompt in prompts:
+        line = (prompt.splitlines()[-1] + greedy(moe, prompt, 140, stop="\n")).split("\n")[0]
+        try:
+            rec = json.loads(line)
+            ok = rec["type"] in KNOWN_KEYS and set(rec) <= set(KNOWN_KEYS[rec["type"]]) \
+                and {"ts", "type", "service"} <= set(rec)
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        good += ok
+        if not ok:
+            bad.append(line)
+    assert len(prompts) >= 8 and good >= len(prompts) - 1, bad
+
+
+def test_prose_and_code_continuations_look_like_the_corpus(moe):
+    prose = greedy(moe, "The default value of this argument is", 40)
+    assert sum(c.isalpha() or c in " ,.\n'\"()" for c in prose) / len(prose) > 0.85, prose
+    assert len(prose.split()) >= 8, prose
+    code = greedy(moe, "    def __repr__(self):\n        return ", 40)
+    lines = code.split("\n")
+    assert len(lines) >= 2 and code.isascii(), code
+    assert all(len(ln) - len(ln.lstrip(" ")) in (0, 4, 8, 12, 16) for ln in lines[1:]), code
+
+
+def test_load_balancing_loss_is_one_when_uniform_and_grows_when_collapsed():
+    uniform = [torch.zeros(64, 8)] * 4
+    assert abs(float(train.load_balancing_loss(uniform, 2)) - 1.0) < 1e-6
+    collapsed = torch.full((64, 8), -20.0)
+    collapsed[:, 0] = 20.0
+    assert float(train.load_balancing_loss([collapsed] * 4, 2)) > 3.9
+
+
+def test_export_round_trip_and_routing_not_collapsed(tmp_path, windows, moe, draft):
+    from lessonkit.checkpoint import export_hf
+    for name, eng in (("tiny-moe", moe), ("tiny-draft", draft)):
+        hf = train.load_hf(export_hf(MODELS / name, tmp_path / name))
+        x = windows["records"][0][:-1]
+        with torch.no_grad():
+            ref = hf(input_ids=x[None]).logits[0]
+        assert (ref - engine_logits(eng, x)).abs().max() < 1e-3, name
+        if name == "tiny-moe":
+            load = torch.tensor(train.expert_load(hf, windows))        # [layers, experts]
+            assert load.shape == (4, 8)
+            assert float(load.min()) >= 0.02, load
+            counts_moe = train.parameter_counts(hf)
+        else:
+            counts_draft = train.parameter_counts(hf)
+    for key in ("active", "active_excl_embeddings"):
+        assert counts_draft[key] * 8 <= counts_moe[key], (key, counts_draft, counts_moe)
