@@ -118,7 +118,9 @@ def batch_union(engine, text: str, sizes=(1, 2, 4, 8, 16, 32)):
         loads = []
         starts = list(range(0, len(ids) - n + 1, n))
         for s in starts[:: max(1, len(starts) // 12)]:   # at most ~12 windows per size
-            cache.rollback(s)
+            cache.rollback(min(s, cache.length))
+            if cache.length < s:                      # refill the gap up to this window
+                engine.forward(ids[cache.length:s], cache)
             engine.forward(ids[s:s + n], cache)
             loads.append(engine.model.last_forward["unique_experts"])
         rows.append({"positions_per_forward": n, "unique_experts_per_forward": float(np.mean(loads)),
