@@ -119,9 +119,9 @@ def cmd_generate(args) -> int:
         res = generate_with_grammar(eng, ids, args.max_new_tokens, grammar=args.grammar, schema=args.schema,
                                     mode=args.mode, draft=args.draft, draft_k=args.draft_k, **kw)
     elif args.draft:
-        from .speculative import make_drafter, speculative_generate
+        from .speculative import make_drafter, parse_draft_k, speculative_generate
+        k = parse_draft_k(args.draft_k)
         drafter = make_drafter(args.draft, eng, seed=args.seed)
-        k = "auto" if args.draft_k == "auto" else int(args.draft_k)
         res = speculative_generate(eng, drafter, ids, args.max_new_tokens, k=k, callback=stream, **kw)
     elif args.prefix_cache:
         from .prefix_cache import generate_with_prefix_cache

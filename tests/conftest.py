@@ -7,6 +7,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One BLAS/OpenMP thread in tests and in the notebook kernels they start (inherited env): batch-1
+# decoding is latency-bound, and on shared cores a second OpenMP thread that gets descheduled makes
+# every small op wait for it (measured here: 24 tokens took 7.3 s with 2 threads, 0.13 s with 1).
+# Results do not depend on the thread count; only time does.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
