@@ -1,11 +1,7 @@
 """Lesson 0 exercise checks: each rejects plausible wrong answers, passes the solutions, reports
 a stub as not implemented, and never raises. The LRU reference is checked against a real
 ExpertStore replaying the same traces."""
-import io
-import json
 from collections import OrderedDict
-from contextlib import redirect_stdout
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,26 +10,9 @@ from safetensors.torch import save_file
 
 from lessonkit.exercises import engine_checks as check
 from lessonkit.expert_store import ExpertStore
+from tests.exercise_util import run, solution_functions
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def solution_functions():
-    """The functions defined in the solution notebook (its `def` cells and its setup)."""
-    nb = json.loads((ROOT / "notebooks" / "solutions" / "00_engine.ipynb").read_text())
-    ns: dict = {}
-    for cell in nb["cells"]:
-        src = "".join(cell["source"])
-        if cell["cell_type"] == "code" and (src.startswith("def ") or "import" in src) and "check." not in src:
-            exec(compile(src, "00_engine.ipynb", "exec"), ns)
-    return ns
-
-
-def run(check_fn, fn):
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        ok = check_fn(fn)
-    return ok, buf.getvalue()
+NB = "00_engine"
 
 
 # ---------------------------------------------------------------- plausible wrong answers
@@ -200,7 +179,7 @@ NAMES = ["rms_norm", "top_k_routing", "batch_union", "lru_counts"]
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_solutions_pass(name):
-    fn = solution_functions()[name]
+    fn = solution_functions(NB)[name]
     ok, out = run(getattr(check, name), fn)
     assert ok is True, out
     assert "passed all" in out

@@ -1,35 +1,14 @@
 """Lesson 6 exercise checks: each rejects plausible wrong answers, passes the solutions, reports
 a stub as not implemented, and never raises."""
-import io
-import json
 import math
-from contextlib import redirect_stdout
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from lessonkit.exercises import gap_checks as check
+from tests.exercise_util import run, solution_functions
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def solution_functions():
-    """The functions defined in the solution notebook (its `def` cells and its setup)."""
-    nb = json.loads((ROOT / "notebooks" / "solutions" / "06_gap.ipynb").read_text())
-    ns: dict = {}
-    for cell in nb["cells"]:
-        src = "".join(cell["source"])
-        if cell["cell_type"] == "code" and (src.startswith("def ") or "import" in src):
-            exec(compile(src, "06_gap.ipynb", "exec"), ns)
-    return ns
-
-
-def run(check_fn, fn):
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        ok = check_fn(fn)
-    return ok, buf.getvalue()
+NB = "06_gap"
 
 
 # ---------------------------------------------------------------- plausible wrong answers
@@ -149,7 +128,7 @@ def test_each_check_rejects_a_plausible_wrong_answer(check_fn, wrong, phrase):
 
 @pytest.mark.parametrize("name", ["running_max", "catch_up_lags", "growth_per_year"])
 def test_the_solutions_pass(name):
-    fn = solution_functions()[name]
+    fn = solution_functions(NB)[name]
     ok, out = run(getattr(check, name), fn)
     assert ok is True, out
     assert "passed all" in out

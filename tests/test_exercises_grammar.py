@@ -1,33 +1,13 @@
 """Lesson 3 exercise checks: each rejects plausible wrong answers, passes the solutions, reports
 a stub as not implemented, and never raises."""
-import io
 import json
-from contextlib import redirect_stdout
-from pathlib import Path
 
 import pytest
 
 from lessonkit.exercises import grammar_checks as check
+from tests.exercise_util import ROOT, run, solution_functions
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def solution_functions():
-    """The functions defined in the solution notebook (its `def` cells and its setup)."""
-    nb = json.loads((ROOT / "notebooks" / "solutions" / "03_grammar.ipynb").read_text())
-    ns: dict = {}
-    for cell in nb["cells"]:
-        src = "".join(cell["source"])
-        if cell["cell_type"] == "code" and (src.startswith("def ") or "import" in src):
-            exec(compile(src, "03_grammar.ipynb", "exec"), ns)
-    return ns
-
-
-def run(check_fn, fn):
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        ok = check_fn(fn)
-    return ok, buf.getvalue()
+NB = "03_grammar"
 
 
 # ---------------------------------------------------------------- plausible wrong answers
@@ -111,7 +91,7 @@ def test_wrong_implementations_are_rejected_with_a_reason(check_fn, fn):
 
 
 def test_solutions_pass():
-    ns = solution_functions()
+    ns = solution_functions(NB)
     for name in ("forced_span", "is_complete", "enum_grammar"):
         ok, out = run(getattr(check, name), ns[name])
         assert ok is True and "passed all" in out, out
@@ -135,6 +115,6 @@ def test_checks_never_print_the_reference():
 
 
 def test_exercise_notebook_has_stubs_only():
-    nb = json.loads((ROOT / "notebooks" / "exercises" / "03_grammar.ipynb").read_text())
+    nb = json.loads((ROOT / "notebooks" / "exercises" / f"{NB}.ipynb").read_text())
     defs = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith("def ")]
     assert len(defs) == 3 and all("raise NotImplementedError" in d for d in defs)

@@ -1,33 +1,14 @@
 """Lesson 4 exercise checks: each rejects plausible wrong answers, passes the solutions, reports a stub
 as not implemented, and never raises."""
 import hashlib
-import io
 import json
-from contextlib import redirect_stdout
-from pathlib import Path
 
 import pytest
 
 from lessonkit.exercises import prefix_checks as check
+from tests.exercise_util import exercise_functions, run, solution_functions
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def notebook_functions(sub: str):
-    nb = json.loads((ROOT / "notebooks" / sub / "04_prefix_cache.ipynb").read_text())
-    ns: dict = {}
-    for cell in nb["cells"]:
-        src = "".join(cell["source"])
-        if cell["cell_type"] == "code" and "def " in src:
-            exec(compile(src, "04_prefix_cache.ipynb", "exec"), ns)
-    return ns
-
-
-def run(check_fn, fn):
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        ok = check_fn(fn)
-    return ok, buf.getvalue()
+NB = "04_prefix_cache"
 
 
 # ---- plausible wrong answers ---------------------------------------------------------------------
@@ -161,7 +142,7 @@ def test_each_check_rejects_a_plausible_wrong_answer(check_fn, wrong, says):
 
 
 def test_solutions_pass_and_the_library_agrees():
-    ns = notebook_functions("solutions")
+    ns = solution_functions(NB)
     for name in ("fingerprint", "block_hashes", "longest_prefix_match"):
         ok, out = run(getattr(check, name), ns[name])
         assert ok is True, out
@@ -181,7 +162,7 @@ def test_solutions_pass_and_the_library_agrees():
 
 
 def test_stubs_report_not_implemented_without_raising():
-    ns = notebook_functions("exercises")
+    ns = exercise_functions(NB)
     for name in ("fingerprint", "block_hashes", "longest_prefix_match"):
         ok, out = run(getattr(check, name), ns[name])
         assert ok is False and out.strip() == f"{name}: not implemented yet"

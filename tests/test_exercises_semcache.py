@@ -1,35 +1,14 @@
 """Lesson 5 exercise checks: each rejects plausible wrong answers, passes the solutions, reports a stub
 as not implemented, never raises, and never prints the reference."""
-import io
-import json
 import math
 import re
-from contextlib import redirect_stdout
-from pathlib import Path
 
 import pytest
 
 from lessonkit.exercises import semcache_checks as check
+from tests.exercise_util import exercise_functions, run, solution_functions
 
-ROOT = Path(__file__).resolve().parents[1]
-NB = "05_semantic_cache.ipynb"
-
-
-def notebook_functions(sub: str):
-    nb = json.loads((ROOT / "notebooks" / sub / NB).read_text())
-    ns: dict = {}
-    for cell in nb["cells"]:
-        src = "".join(cell["source"])
-        if cell["cell_type"] == "code" and "def " in src:
-            exec(compile(src, NB, "exec"), ns)
-    return ns
-
-
-def run(check_fn, fn):
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        ok = check_fn(fn)
-    return ok, buf.getvalue()
+NB = "05_semantic_cache"
 
 
 # ---- plausible wrong answers ---------------------------------------------------------------------
@@ -120,8 +99,8 @@ def test_wrong_answers_get_plain_messages():
 
 
 def test_solutions_pass_and_stubs_report_not_implemented():
-    sol = notebook_functions("solutions")
-    stub = notebook_functions("exercises")
+    sol = solution_functions(NB)
+    stub = exercise_functions(NB)
     for name, fn_name in [("clopper_pearson_upper", "upper_bound"), ("allows_serving", "allows_serving"),
                           ("may_serve", "may_serve")]:
         ok, out = run(getattr(check, name), sol[fn_name])

@@ -1,33 +1,12 @@
 """Lesson 1 exercise checks: each rejects plausible wrong answers, passes the solutions, reports a
 stub as not implemented, and never raises or prints the reference."""
-import io
-import json
-from contextlib import redirect_stdout
-from pathlib import Path
-
 import pytest
 import torch
 
 from lessonkit.exercises import spec_checks as check
+from tests.exercise_util import exercise_functions, run, solution_functions
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def notebook_functions(sub: str):
-    nb = json.loads((ROOT / "notebooks" / sub / "01_speculative.ipynb").read_text())
-    ns: dict = {"torch": torch}
-    for cell in nb["cells"]:
-        src = "".join(cell["source"])
-        if cell["cell_type"] == "code" and src.startswith("def "):
-            exec(compile(src, "01_speculative.ipynb", "exec"), ns)
-    return ns
-
-
-def run(check_fn, fn):
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        ok = check_fn(fn)
-    return ok, buf.getvalue()
+NB = "01_speculative"
 
 
 # ---------------------------------------------------------------- plausible wrong answers
@@ -140,14 +119,14 @@ NAMES = ["accept_greedy", "rejection_sample", "expected_tokens", "best_k"]
 
 @pytest.mark.parametrize("name", NAMES)
 def test_solution_passes(name):
-    ok, out = run(getattr(check, name), notebook_functions("solutions")[name])
+    ok, out = run(getattr(check, name), solution_functions(NB)[name])
     assert ok is True, out
     assert "passed" in out
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_stub_is_not_implemented(name):
-    ok, out = run(getattr(check, name), notebook_functions("exercises")[name])
+    ok, out = run(getattr(check, name), exercise_functions(NB)[name])
     assert ok is False
     assert "not implemented yet" in out
 

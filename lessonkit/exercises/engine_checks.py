@@ -1,9 +1,7 @@
 """Self-checks for the lesson 0 exercises (notebooks/exercises/00_engine.ipynb).
 
-Each check runs the student's function on fixed cases and seeded random ones, prints one plain
-line (what is wrong on the first failing case, or how many cases passed) and returns True or
-False. It never prints the expected answer. A stub that raises NotImplementedError gets
-"not implemented yet"; no check raises.
+Each check prints one plain line and returns True or False; the conventions they share (cases,
+messages, stubs, exceptions) are in lessonkit/exercises/__init__.py.
 
     from lessonkit.exercises import engine_checks as check
     check.rms_norm(my_rms_norm)
@@ -14,40 +12,15 @@ the same traces through a real store).
 """
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict
 
 import numpy as np
 import torch
 
+from lessonkit.exercises import fresh_args, run_cases
 from lessonkit.model import rms_norm as _lk_rms_norm
 
 SEED = 2026
-
-
-def _run(name: str, fn, cases, judge) -> bool:
-    for label, args in cases:
-        try:
-            got = fn(*copy.deepcopy(args))
-        except NotImplementedError:
-            print(f"{name}: not implemented yet")
-            return False
-        except Exception as e:  # the student's bug, reported, never raised
-            print(f"{name}: on case '{label}' your function raised {type(e).__name__}: {e}")
-            return False
-        try:
-            problem = judge(args, got, fn)
-        except NotImplementedError:
-            print(f"{name}: not implemented yet")
-            return False
-        except Exception as e:  # raised while re-running the student's function on a prefix
-            print(f"{name}: on case '{label}' your function raised {type(e).__name__}: {e}")
-            return False
-        if problem:
-            print(f"{name}: on case '{label}': {problem}")
-            return False
-    print(f"{name}: passed all {len(cases)} cases")
-    return True
 
 
 def _as_tensor(got, what: str):
@@ -139,7 +112,7 @@ def _judge_rms(args, got, fn):
 
 def rms_norm(fn) -> bool:
     """Exercise 1: fn(x, weight, eps) -> x / sqrt(mean(x^2 over the last dim) + eps) * weight."""
-    return _run("rms_norm", fn, _rms_cases(), _judge_rms)
+    return run_cases("rms_norm", fn, _rms_cases(), _judge_rms, judge_gets_fn=True)
 
 
 # --------------------------------------------------------------------------- exercise 2
@@ -242,7 +215,7 @@ def top_k_routing(fn) -> bool:
     """Exercise 2: fn(router_logits [T, E], k, renormalize) -> (weights [T, k], expert ids [T, k]):
     softmax over the E experts, the k highest probabilities (highest first) and their experts; with
     renormalize the k weights are divided by their sum."""
-    return _run("top_k_routing", fn, _route_cases(), _judge_route)
+    return run_cases("top_k_routing", fn, _route_cases(), _judge_route, judge_gets_fn=True)
 
 
 # --------------------------------------------------------------------------- exercise 3
@@ -310,7 +283,7 @@ def _judge_union(args, got, fn):
 def batch_union(fn) -> bool:
     """Exercise 3: fn(expert_ids [L, N, k] ints) -> (experts per layer: L collections, each expert
     once; loads saved: L*N*k minus the number of unique (layer, expert) loads)."""
-    return _run("batch_union", fn, _union_cases(), _judge_union)
+    return run_cases("batch_union", fn, _union_cases(), _judge_union, judge_gets_fn=True)
 
 
 # --------------------------------------------------------------------------- exercise 4
@@ -409,7 +382,7 @@ def _judge_lru(args, got, fn):
                 "a hit or a miss (the pinned experts' initial loading is not counted)")
     # find the first access where the student's counts go wrong, by re-running on prefixes
     for i in range(1, len(trace) + 1):
-        p, problem = _lru_triple(fn(*copy.deepcopy((trace[:i], eb, budget, pinned))))
+        p, problem = _lru_triple(fn(*fresh_args((trace[:i], eb, budget, pinned))))
         if problem:
             return f"on the first {i} accesses: {problem}"
         (rh, rm, _), _ = _ref_lru(trace[:i], eb, budget, pinned)
@@ -450,4 +423,4 @@ def lru_counts(fn) -> bool:
     """Exercise 4: fn(trace, expert_bytes, budget_bytes, pinned) -> (hits, misses, bytes_read) of an
     LRU expert cache with a byte budget (None = unlimited) and a pinned hot set that is resident
     from the start (not counted) and never evicted."""
-    return _run("lru_counts", fn, _lru_cases(), _judge_lru)
+    return run_cases("lru_counts", fn, _lru_cases(), _judge_lru, judge_gets_fn=True)

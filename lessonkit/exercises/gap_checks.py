@@ -1,40 +1,21 @@
 """Self-checks for the lesson 6 exercises (notebooks/exercises/06_gap.ipynb).
 
-Each check runs the student's function on fixed cases and seeded random ones, prints one plain
-line (what is wrong on the first failing case, or how many cases passed) and returns True or
-False. It never prints the expected answer. A stub that raises NotImplementedError gets
-"not implemented yet"; no check raises.
+Each check prints one plain line and returns True or False; the conventions they share (cases,
+messages, stubs, exceptions) are in lessonkit/exercises/__init__.py.
 
     from lessonkit.exercises import gap_checks as check
     check.running_max(my_running_max)
 """
 from __future__ import annotations
 
-import copy
 import math
 
 import numpy as np
 
+from lessonkit.exercises import run_cases
+
 SEED = 2026
 _REL = 1e-6
-
-
-def _run(name: str, fn, cases, judge) -> bool:
-    for label, args in cases:
-        try:
-            got = fn(*copy.deepcopy(args))
-        except NotImplementedError:
-            print(f"{name}: not implemented yet")
-            return False
-        except Exception as e:  # the student's bug, reported, never raised
-            print(f"{name}: on case '{label}' your function raised {type(e).__name__}: {e}")
-            return False
-        problem = judge(args, got)
-        if problem:
-            print(f"{name}: on case '{label}': {problem}")
-            return False
-    print(f"{name}: passed all {len(cases)} cases")
-    return True
 
 
 def _as_floats(got, what: str):
@@ -118,7 +99,7 @@ def _judge_running_max(args, got):
 def running_max(fn) -> bool:
     """Exercise 1: fn(dates, scores) -> the frontier value (best score released on or before the
     model's date) for each model, in input order."""
-    return _run("running_max", fn, _running_max_cases(), _judge_running_max)
+    return run_cases("running_max", fn, _running_max_cases(), _judge_running_max)
 
 
 # --------------------------------------------------------------------------- exercise 2
@@ -210,7 +191,7 @@ def catch_up_lags(fn) -> bool:
     """Exercise 2: fn(open_months, open_scores, closed_months, closed_scores) -> for each open
     record in date order, its month minus the month of the first closed model scoring at least
     as high (NaN if none did)."""
-    return _run("catch_up_lags", fn, _catch_up_cases(), _judge_catch_up)
+    return run_cases("catch_up_lags", fn, _catch_up_cases(), _judge_catch_up)
 
 
 # --------------------------------------------------------------------------- exercise 3
@@ -268,4 +249,4 @@ def _judge_growth(args, got):
 def growth_per_year(fn) -> bool:
     """Exercise 3: fn(years, flop) -> growth factor per year from a least-squares line through
     log10(flop) against years."""
-    return _run("growth_per_year", fn, _growth_cases(), _judge_growth)
+    return run_cases("growth_per_year", fn, _growth_cases(), _judge_growth)

@@ -1,8 +1,7 @@
 """Self-checks for the lesson 4 exercises (notebooks/exercises/04_prefix_cache.ipynb).
 
-Each check runs the student's function on fixed and seeded random cases, prints one plain line (what
-is wrong on the first failing case, or what passed) and returns True or False. It never prints the
-expected answer. A stub that raises NotImplementedError gets "not implemented yet"; no check raises.
+Each check prints one plain line and returns True or False; the conventions they share (cases,
+messages, stubs, exceptions) are in lessonkit/exercises/__init__.py.
 
     from lessonkit.exercises import prefix_checks as check
     check.fingerprint(my_fingerprint)
@@ -12,6 +11,8 @@ from __future__ import annotations
 import json
 import random
 import re
+
+from lessonkit.exercises import call
 
 SEED = 2026
 
@@ -26,13 +27,9 @@ _BASE = {
 
 
 def _call(name: str, fn, *args):
-    """(result, None) or (None, message); NotImplementedError -> 'not implemented yet'."""
-    try:
-        return fn(*args), None
-    except NotImplementedError:
-        return None, f"{name}: not implemented yet"
-    except Exception as e:  # the student's bug, reported, never raised
-        return None, f"{name}: your function raised {type(e).__name__}: {e}"
+    """(result, None) or (None, "<name>: <what went wrong>"), "<name>: not implemented yet" for a stub."""
+    got, error = call(fn, args)
+    return got, error and f"{name}: {error}"
 
 
 def _args(d: dict) -> tuple:

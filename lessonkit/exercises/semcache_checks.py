@@ -1,9 +1,7 @@
 """Self-checks for the lesson 5 exercises (notebooks/exercises/05_semantic_cache.ipynb).
 
-Each check runs the student's function on fixed cases and seeded random ones, prints one plain
-line (what is wrong on the first failing case, or how many cases passed) and returns True or
-False. It never prints the expected answer. A stub that raises NotImplementedError gets
-"not implemented yet"; no check raises.
+Each check prints one plain line and returns True or False; the conventions they share (cases,
+messages, stubs, exceptions) are in lessonkit/exercises/__init__.py.
 
     from lessonkit.exercises import semcache_checks as check
     check.clopper_pearson_upper(my_upper_bound)
@@ -17,43 +15,10 @@ import math
 import random
 import re
 
+from lessonkit.exercises import run_cases
+
 SEED = 2026
 NEGATION_WORDS = {"not", "no", "never", "none", "without"}
-
-
-def _call(name, fn, args):
-    """(result, None) or (None, message); NotImplementedError gives the message 'stub'."""
-    try:
-        return fn(*args), None
-    except NotImplementedError:
-        return None, "stub"
-    except Exception as e:  # the student's bug, reported, never raised
-        return None, f"your function raised {type(e).__name__}: {e}"
-
-
-def _finish(name, cases, judge) -> bool:
-    for label, args in cases:
-        got, err = _call(name, judge.fn, args)
-        if err == "stub":
-            print(f"{name}: not implemented yet")
-            return False
-        if err:
-            print(f"{name}: on case '{label}' {err}")
-            return False
-        problem = judge(args, got)
-        if problem:
-            print(f"{name}: on case '{label}': {problem}")
-            return False
-    print(f"{name}: passed all {len(cases)} cases")
-    return True
-
-
-class _Judge:
-    def __init__(self, fn, rule):
-        self.fn, self.rule = fn, rule
-
-    def __call__(self, args, got):
-        return self.rule(args, got)
 
 
 # --------------------------------------------------------------------------- exercise 1
@@ -110,7 +75,7 @@ def _upper_rule(args, got):
 
 def clopper_pearson_upper(fn) -> bool:
     """fn(losses, audits, confidence) -> one-sided Clopper-Pearson upper bound on the loss rate."""
-    return _finish("clopper_pearson_upper", _upper_cases(), _Judge(fn, _upper_rule))
+    return run_cases("clopper_pearson_upper", fn, _upper_cases(), _upper_rule)
 
 
 # --------------------------------------------------------------------------- exercise 2
@@ -158,7 +123,7 @@ def _serving_rule(args, got):
 
 def allows_serving(fn) -> bool:
     """fn(losses, audits, limit, confidence) -> may the cache keep serving from this entry/policy?"""
-    return _finish("allows_serving", _serving_cases(), _Judge(fn, _serving_rule))
+    return run_cases("allows_serving", fn, _serving_cases(), _serving_rule)
 
 
 # --------------------------------------------------------------------------- exercise 3
@@ -233,4 +198,4 @@ def _serve_rule(args, got):
 
 def may_serve(fn) -> bool:
     """fn(query, cached_query, cached_answer, similarity, threshold) -> serve the cached answer?"""
-    return _finish("may_serve", _serve_cases(), _Judge(fn, _serve_rule))
+    return run_cases("may_serve", fn, _serve_cases(), _serve_rule)

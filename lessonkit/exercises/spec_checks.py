@@ -1,47 +1,33 @@
 """Self-checks for the lesson 1 exercises (notebooks/exercises/01_speculative.ipynb).
 
-Each check runs the student's function on fixed cases and seeded random ones, prints one plain line
-(what is wrong on the first failing case, or how many cases passed) and returns True or False. It
-never prints the expected answer. A stub that raises NotImplementedError gets "not implemented yet";
-no check raises.
+Each check prints one plain line and returns True or False; the conventions they share (cases,
+messages, stubs, exceptions) are in lessonkit/exercises/__init__.py.
 
     from lessonkit.exercises import spec_checks as check
     check.accept_greedy(my_accept_greedy)
 """
 from __future__ import annotations
 
-import copy
 import math
 import random
 
 import torch
 
+from lessonkit.exercises import call, run_cases
+
 SEED = 2026
+_SHARED = (torch.Generator,)                       # one random stream for a whole check: never copied
+_ON_RAISE = "{name}: {error} (case '{label}')"   # this lesson names the case after the exception
 
 
 def _call(name, fn, args):
     """(result, None) or (None, message); NotImplementedError -> 'not implemented yet'."""
-    try:
-        args = [a if isinstance(a, torch.Generator) else copy.deepcopy(a) for a in args]   # one shared RNG stream
-        return fn(*args), None
-    except NotImplementedError:
-        return None, f"{name}: not implemented yet"
-    except Exception as e:   # the student's bug, reported, never raised
-        return None, f"{name}: your function raised {type(e).__name__}: {e}"
+    got, error = call(fn, args, shared=_SHARED)
+    return got, error and f"{name}: {error}"
 
 
 def _run(name, fn, cases, judge) -> bool:
-    for label, args in cases:
-        got, err = _call(name, fn, args)
-        if err:
-            print(err if "not implemented" in err else f"{err} (case '{label}')")
-            return False
-        problem = judge(args, got)
-        if problem:
-            print(f"{name}: on case '{label}': {problem}")
-            return False
-    print(f"{name}: passed all {len(cases)} cases")
-    return True
+    return run_cases(name, fn, cases, judge, shared=_SHARED, on_raise=_ON_RAISE)
 
 
 # --------------------------------------------------------------------------- exercise 1: greedy rule
