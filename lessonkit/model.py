@@ -82,6 +82,12 @@ class Transformer:
     def __init__(self, config: ModelConfig, dense: dict[str, torch.Tensor], store: ExpertStore, dtype=torch.float32):
         self.config, self.store, self.dtype = config, store, dtype
         self.w = {k: v.to(dtype) for k, v in dense.items()}
+        for l in range(config.n_layers):   # fused q|k|v projection; wq, wk, wv stay as views into it
+            p = f"layers.{l}."
+            qkv = torch.cat([self.w[p + "wq"], self.w[p + "wk"], self.w[p + "wv"]])
+            nq, nk = self.w[p + "wq"].shape[0], self.w[p + "wk"].shape[0]
+            self.w[p + "wqkv"] = qkv
+            self.w[p + "wq"], self.w[p + "wk"], self.w[p + "wv"] = qkv[:nq], qkv[nq:nq + nk], qkv[nq + nk:]
         if config.tie_embeddings:
             self.w["lm_head"] = self.w["embed"]
         self.alloc_len = -(-config.max_seq_len // KEY_BUCKET) * KEY_BUCKET
@@ -97,7 +103,8 @@ class Transformer:
     # ---- blocks --------------------------------------------------------------------------------
     def _attention(self, l: int, x: torch.Tensor, cache: KVCache, start: int, T: int) -> torch.Tensor:
         c, w, p = self.config, self.w, f"layers.{l}."
-        q, k, v = (linear(x, w[p + n]) for n in ("wq", "wk", "wv"))
+        nq, nkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        q, k, v = linear(x, w[p + "wqkv"]).split([nq, nkv, nkv], dim=-1)
         if c.clip_qkv is not None:
             q, k, v = (t.clamp(-c.clip_qkv, c.clip_qkv) for t in (q, k, v))
         if c.qk_norm:
@@ -111,30 +118,35 @@ class Transformer:
         cache.v[l, start:start + T] = v
         rep = c.n_heads // c.n_kv_heads
         scale = 1.0 / math.sqrt(c.head_dim)
-        pos = torch.arange(start, start + T)
-        bucket = (pos // KEY_BUCKET + 1) * KEY_BUCKET
         out = x.new_empty(T, c.n_heads, c.head_dim)
-        for b in torch.unique(bucket).tolist():
-            rows = (bucket == b).nonzero().flatten()
-            m = rows.numel()
-            keys = cache.k[l, :b].permute(1, 0, 2)                       # [G, b, hd]
-            vals = cache.v[l, :b].permute(1, 0, 2)
-            keys = keys[:, None].expand(c.n_kv_heads, rep, b, c.head_dim).reshape(c.n_heads, b, c.head_dim)
-            vals = vals[:, None].expand(c.n_kv_heads, rep, b, c.head_dim).reshape(c.n_heads, b, c.head_dim)
-            qb = _pad_rows(q[rows]).transpose(0, 1)                       # [H, m_pad, hd]
-            prow = _pad_rows(pos[rows])                                    # padded rows see key 0 only
-            s = torch.matmul(qb, keys.transpose(1, 2)) * scale            # [H, m_pad, b]
-            mask = torch.arange(b)[None, :] > prow[:, None]
+        r0 = 0
+        while r0 < T:                  # rows sharing a key bucket are a contiguous run of positions
+            b = ((start + r0) // KEY_BUCKET + 1) * KEY_BUCKET
+            r1 = min(T, b - start)
+            m = r1 - r0
+            keys = cache.k[l, :b].transpose(0, 1)                          # [G, b, hd]
+            vals = cache.v[l, :b].transpose(0, 1)
+            qb = _pad_rows(q[r0:r1])                                       # [m_pad, H, hd]
+            mp = qb.shape[0]
+            # GQA without copying K/V: the rep query heads of a kv head are stacked as extra rows
+            qb = qb.view(mp, c.n_kv_heads, rep, c.head_dim).permute(1, 2, 0, 3).reshape(c.n_kv_heads, rep * mp, c.head_dim)
+            s = torch.matmul(qb, keys.transpose(1, 2)) * scale             # [G, rep*m_pad, b]
+            prow = torch.arange(start + r0, start + r0 + mp)
+            prow[m:] = start + r0                                          # padded rows: a valid mask
+            mask = (torch.arange(b)[None, :] > prow[:, None]).repeat(rep, 1)
             s = s.masked_fill(mask, float("-inf"))
             pr = torch.softmax(s.float(), dim=-1).to(x.dtype)
-            out[rows] = torch.matmul(pr, vals).transpose(0, 1)[:m]
+            o = torch.matmul(pr, vals)                                     # [G, rep*m_pad, hd]
+            out[r0:r1] = o.view(c.n_kv_heads, rep, mp, c.head_dim).permute(2, 0, 1, 3).reshape(mp, c.n_heads, c.head_dim)[:m]
+            r0 = r1
         return linear(out.reshape(T, c.n_heads * c.head_dim), w[p + "wo"])
 
     @staticmethod
     def _expert(x: torch.Tensor, ew: torch.Tensor) -> torch.Tensor:
         """SwiGLU of one expert on row-padded x: down(silu(gate x) * up x)."""
-        m = x.shape[0]
-        h = F.silu(_pad_rows(linear(x, ew[0]))) * _pad_rows(linear(x, ew[1]))
+        m, inter = x.shape[0], ew.shape[1]
+        gu = _pad_rows(linear(x, ew[:2].reshape(2 * inter, ew.shape[2])))  # gate|up adjacent: one product
+        h = F.silu(gu[:, :inter]) * gu[:, inter:]
         return linear(h[:m], ew[2].T)
 
     def _moe(self, l: int, x: torch.Tensor, stats: dict, T: int) -> torch.Tensor:
@@ -158,11 +170,14 @@ class Transformer:
             nxt = torch.topk(linear(x, self.w[f"layers.{l + 1}.router"]), c.top_k, dim=-1).indices
             self.store.prefetch(l + 1, torch.unique(nxt).tolist())
         slots = x.new_zeros(T, c.top_k, c.dim)
-        experts = torch.unique(topi).tolist()                              # batch-union: each expert once
-        stats["unique_experts"] += len(experts)
-        for e in experts:
+        union: dict[int, list[tuple[int, int]]] = {}                        # batch-union: each expert once
+        for r, picks in enumerate(topi.tolist()):
+            for a, e in enumerate(picks):
+                union.setdefault(e, []).append((r, a))
+        stats["unique_experts"] += len(union)
+        for e in sorted(union):
             ew = self.store.get(l, e)
-            rows, slot = (topi == e).nonzero(as_tuple=True)
+            rows, slot = torch.tensor(union[e]).T
             slots[rows, slot] = self._expert(x[rows], ew)
         y = slots[:, 0] * topw[:, 0:1]
         for a in range(1, c.top_k):
