@@ -189,8 +189,14 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
                          k: int | str = 4, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
                          stop_token_ids=(), stop_strings=(), callback: Callable[[int], None] | None = None,
                          use_eos: bool = True, k_max: int = 8, probe_every: int = 16,
-                         cost: list[float] | None = None, learn_cost: bool = True) -> GenerationResult:
+                         cost: list[float] | None = None, learn_cost: bool = True,
+                         cache=None, reset_drafter: bool = True) -> GenerationResult:
     """Generate with drafts verified by `target`. Greedy: token-identical to `generate`; sampling: same distribution.
+
+    cache: a KV cache that already holds a prefix of the prompt (e.g. restored from the prefix cache);
+    only the rest of the prompt is prefilled, exactly as `generate(..., cache=cache)` does.
+    reset_drafter=False: the caller already reset the drafter (e.g. before prefilling that prefix, so an
+    MTP head saw its hidden states).
 
     k: drafts per step, or "auto" for the depth gate, which uses `cost` (seconds of a verify forward of
     1 .. k_max+1 rows; measured once per engine when None) and refines it online unless learn_cost=False.
@@ -225,16 +231,22 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
     prompt = list(prompt_ids)
     stops = list(stop_token_ids) + (target.config.eos_ids if use_eos else [])
     checker = StopChecker(target, stops, stop_strings)
-    cache = target.new_cache()
+    if cache is None:
+        cache = target.new_cache()
+    if cache.length >= len(prompt):
+        raise LessonkitError(f"the cache already holds {cache.length} positions: the prompt ({len(prompt)} tokens) "
+                             "needs at least one new token")
+    held = cache.length
     gen = torch.Generator().manual_seed(seed)
 
     t_r = time.perf_counter()
-    drafter.reset(prompt)
+    if reset_drafter:
+        drafter.reset(prompt)
     reset_s = time.perf_counter() - t_r
 
     before = engine_counters(target)
     t0 = time.perf_counter()
-    logits = prefill(target, prompt, cache)
+    logits = prefill(target, prompt, cache) if held == 0 else target.forward(prompt[held:], cache, last_only=True)[-1]
     ttft = time.perf_counter() - t0
     forwards, unique = 1, 0
     num_drafts = num_draft_tokens = num_accepted = 0

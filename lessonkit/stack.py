@@ -210,36 +210,6 @@ class JudgeResult:
     restored: int = 0                # prefix tokens restored from the prefix cache
 
 
-def _greedy_speculative(engine, drafter, cache, prompt, logits, max_new, k):
-    """Greedy verify loop on a cache that already holds prompt (logits: after its last token)."""
-    from .generate import StopChecker
-    from .speculative import verify_greedy
-    checker = StopChecker(engine, list(engine.config.eos_ids), STOP_STRINGS)    # drafter: reset by the caller
-    out, context, forwards = [], list(prompt), 0
-
-    def emit(t):
-        out.append(t)
-        context.append(t)
-        return checker.done(out) or len(out) >= max_new
-
-    done = max_new == 0 or emit(int(torch.argmax(logits)))
-    while not done:
-        kk = min(k, max_new - len(out) - 1)
-        d = [int(t) for t in drafter.propose(list(context), kk).tokens[:kk]] if kk > 0 else []
-        pos = cache.length
-        rows = engine.forward([context[-1]] + d, cache)
-        forwards += 1
-        n, nxt = verify_greedy(rows, d)
-        cache.rollback(pos + 1 + n)
-        for t in d[:n] + [nxt]:
-            if emit(t):
-                done = True
-                break
-        drafter.update(list(context), n)
-    ids, text = checker.trim(out)
-    return ids, text, forwards
-
-
 class Judge:
     """The generative judge on one engine: prefix (shared) + item -> one NDJSON answer line.
 
@@ -284,6 +254,7 @@ class Judge:
 
     def __call__(self, text: str) -> JudgeResult:
         from .generate import generate
+        from .speculative import speculative_generate
         eng = self.engine
         item_ids = eng.encode(ITEM_TEMPLATE.format(text=text))
         prompt = self.prefix_ids + item_ids
@@ -308,10 +279,10 @@ class Judge:
             if drafter is None:
                 res = generate(eng, prompt, self.max_new, cache=cache, stop_strings=STOP_STRINGS)
                 ids, out_text, fw = res.token_ids, res.text, res.stats["forwards"]
-            else:
-                logits = eng.forward(item_ids, cache, last_only=True)[-1]  # chunk 2: the item
-                ids, out_text, fw = _greedy_speculative(eng, drafter, cache, prompt, logits, self.max_new, self.k)
-                fw += 1
+            else:                                   # chunk 2 (the item) is prefilled by the speculative loop
+                res = speculative_generate(eng, drafter, prompt, self.max_new, k=self.k, cache=cache,
+                                           stop_strings=STOP_STRINGS, reset_drafter=False)
+                ids, out_text, fw = res.token_ids, res.text, res.stats["forwards"]
                 for part in ("grammar", "model"):
                     self.drafter_stats[f"{part}_proposed"] += drafter.proposed[part]
                     self.drafter_stats[f"{part}_accepted"] += drafter.accepted[part]
