@@ -224,9 +224,10 @@ def load_dense(model_dir: Path, c: ModelConfig) -> dict[str, torch.Tensor]:
     return dense
 
 
-def write_manifest(model_dir: str | Path) -> dict:
+def write_manifest(model_dir: str | Path, files: list[str] | None = None) -> dict:
+    """manifest.json with the SHA-256 of the layout's files (or of `files`, names inside model_dir)."""
     model_dir = Path(model_dir)
-    files = {f: sha256_file(model_dir / f) for f in _FILES if (model_dir / f).exists()}
+    files = {f: sha256_file(model_dir / f) for f in (files or _FILES) if (model_dir / f).exists()}
     m = {"format_version": FORMAT_VERSION, "sha256": files}
     (model_dir / "manifest.json").write_text(json.dumps(m, indent=2) + "\n")
     return m

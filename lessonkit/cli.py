@@ -80,10 +80,9 @@ def cmd_doctor(args) -> int:
             print(f"  {'OK  ' if good else 'FAIL'} {name}/{f}: {s}")
     mtp_dir = MODELS_DIR / "mtp"
     if mtp_dir.exists():
-        for f in sorted(mtp_dir.glob("*/manifest.json")) + sorted(mtp_dir.glob("manifest.json")):
-            for fn, s in verify_manifest(f.parent).items():
-                ok &= s == "ok"
-                print(f"  {'OK  ' if s == 'ok' else 'FAIL'} mtp/{f.parent.name}/{fn}: {s}")
+        for fn, s in verify_manifest(mtp_dir).items():
+            ok &= s == "ok"
+            print(f"  {'OK  ' if s == 'ok' else 'FAIL'} mtp/{fn}: {s}")
     try:
         from .checkpoint import sha256_file
         from .gguf_loader import SMOLLM2_SHA256, smollm2_gguf_path
