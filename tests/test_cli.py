@@ -70,3 +70,21 @@ def test_compare_reports_moves(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 1
     out = capsys.readouterr().out
     assert "01.speedup" in out and "01.acc" not in out
+
+
+def test_doctor_passes_on_the_shipped_files(capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-moe/experts.safetensors: ok" in out and "sha256 matches" in out
+
+
+def test_manifest_catches_an_edited_byte(moe_dir, tmp_path):
+    import shutil
+    from lessonkit.checkpoint import verify_manifest
+    d = tmp_path / "copy"
+    shutil.copytree(moe_dir, d)
+    assert set(verify_manifest(d).values()) == {"ok"}
+    data = bytearray((d / "experts.safetensors").read_bytes())
+    data[-1] ^= 1
+    (d / "experts.safetensors").write_bytes(bytes(data))
+    assert verify_manifest(d)["experts.safetensors"] == "MISMATCH"
