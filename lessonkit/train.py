@@ -323,10 +323,11 @@ def train(cfg: TrainConfig, *, corpus_dir: str | Path = CORPUS_DIR, hf_out: str 
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         if step % cfg.log_every == 0 or step == cfg.steps - 1:
-            log["steps"].append({"step": step, "ce": round(float(ce), 5), "aux": round(float(aux), 5),
-                                 "kl": round(float(kl), 5), "lr": _lr(cfg, step),
+            ce_f, aux_f, kl_f = (float(t.detach()) for t in (ce, aux, kl))
+            log["steps"].append({"step": step, "ce": round(ce_f, 5), "aux": round(aux_f, 5),
+                                 "kl": round(kl_f, 5), "lr": _lr(cfg, step),
                                  "elapsed_s": round(time.perf_counter() - t0, 2)})
-            bar.set_postfix(ce=f"{float(ce):.3f}")
+            bar.set_postfix(ce=f"{ce_f:.3f}")
         if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
             ev = evaluate(model, windows)
             log["eval"].append({"step": step + 1, **{k: round(v, 5) for k, v in ev.items()}})
