@@ -5,10 +5,12 @@ from .errors import LessonkitError
 
 
 def apply_chat_template(engine, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """Render the engine's own chat template (saved next to its weights when it was converted)."""
+    from .gguf_loader import render_chat_template
     tpl = getattr(engine, "chat_template", None)
     if not tpl:
         raise LessonkitError(f"model {engine.name!r} has no chat template")
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(tpl).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                       bos_token="", eos_token="")
+    c, tok = engine.config, engine.tokenizer
+    bos = tok.id_to_token(c.bos_token_id) if c.bos_token_id is not None else ""
+    eos = tok.id_to_token(c.eos_ids[0]) if c.eos_ids else ""
+    return render_chat_template(tpl, messages, add_generation_prompt, bos_token=bos or "", eos_token=eos or "")

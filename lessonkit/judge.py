@@ -135,11 +135,11 @@ def judge_fingerprint(score_fingerprint: str, bias: float) -> str:
 
 
 def load_judge(model: str = "smollm2-135m", **kw) -> LogitJudge:
-    """The real judge: the lessonkit engine for ``model`` plus the GGUF's chat template."""
-    from lessonkit import gguf_loader, registry
+    """The real judge: the lessonkit engine for ``model`` plus its chat template."""
+    from lessonkit import registry
+    from lessonkit.chat import apply_chat_template
     engine = registry.load_model(model)
-    gguf = gguf_loader.load_gguf(gguf_loader.smollm2_gguf_path(), progress=False)
-    return LogitJudge(engine, lambda msgs: gguf.apply_chat_template(msgs, add_generation_prompt=True), **kw)
+    return LogitJudge(engine, lambda msgs: apply_chat_template(engine, msgs, add_generation_prompt=True), **kw)
 
 
 class RecordedJudge:
