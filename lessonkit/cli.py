@@ -14,6 +14,7 @@ COMMAND_MODULES = ["lessonkit.corpus", "lessonkit.train", "lessonkit.gap", "less
 BENCHES = {
     "engine": "lessonkit.bench_engine",
     "spec": "lessonkit.bench_spec",
+    "mtp": "lessonkit.mtp",
     "grammar": "lessonkit.grammar_draft",
     "prefix": "lessonkit.prefix_cache",
     "semcache": "lessonkit.semcache",

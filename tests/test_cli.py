@@ -88,3 +88,12 @@ def test_manifest_catches_an_edited_byte(moe_dir, tmp_path):
     data[-1] ^= 1
     (d / "experts.safetensors").write_bytes(bytes(data))
     assert verify_manifest(d)["experts.safetensors"] == "MISMATCH"
+
+
+@pytest.mark.parametrize("name", ["spec", "mtp", "grammar", "semcache"])
+def test_bench_smoke_runs_once(name, capsys):
+    """Every benchmark runs once at tiny size (engine, prefix and stack have their own smoke tests)."""
+    assert main(["bench", name, "--smoke", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bench"] == name and out["rows"] and out["targets"]
+    assert all({"name", "value", "target", "met"} <= set(t) for t in out["targets"])
