@@ -119,7 +119,9 @@ def convert_hf_state_dict(hf_config: dict, state_dict: dict[str, torch.Tensor], 
             raise LessonkitError(f"{source}: expert {k} has shape {tuple(v.shape)}, config needs {eshape}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"format": "lessonkit-stream", "version": str(FORMAT_VERSION)}
+    # one metadata key: safetensors writes metadata from a hash map, so with several keys their order (and
+    # the file's bytes, and the SHA-256 fingerprint over them) would change from one conversion to the next
+    meta = {"format": f"lessonkit-stream-v{FORMAT_VERSION}"}
     _atomic_save({k: v.to(dtype) for k, v in dense.items()}, out / "dense.safetensors", meta)
     _atomic_save({k: v.to(dtype) for k, v in experts.items()}, out / "experts.safetensors", meta)
     c.save(out / "config.json")

@@ -29,7 +29,8 @@ def list_models() -> list[str]:
 
 def _smollm2_dir() -> Path:
     from .gguf_loader import SMOLLM2_SHA256, load_gguf, smollm2_gguf_path
-    out = lessonkit_home() / "models" / f"smollm2-135m-{SMOLLM2_SHA256[:12]}"
+    # -c2: converter revision (byte-deterministic files); an older conversion is redone, not reused
+    out = lessonkit_home() / "models" / f"smollm2-135m-{SMOLLM2_SHA256[:12]}-c2"
     if (out / "config.json").exists():
         return out
     from .checkpoint import convert_hf_state_dict
