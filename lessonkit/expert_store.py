@@ -1,7 +1,8 @@
 """The disk-streaming expert store, modelled on Colibri's route -> union -> place -> overlap -> learn.
 
 Each expert's three matrices (gate, up, down^T) are one [3, I, D] tensor in `experts.safetensors`, so
-one expert is one contiguous `os.pread`. Experts live in an LRU cache with a byte budget; an optional
+one expert is one contiguous `os.pread`. In memory an expert is kept in the layout the matmuls want
+(`Expert`: gate|up transposed to [D, 2I], down^T [I, D]), built in the copy that leaves the read buffer. Experts live in an LRU cache with a byte budget; an optional
 pinned hot set (from recorded routing history) is never evicted; an optional background thread
 prefetches the experts the next layer's router is predicted to pick. Placement changes speed only:
 the bytes that reach the matmul are the bytes on disk, whatever the budget.
@@ -18,6 +19,7 @@ import time
 from collections import Counter, OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -53,6 +55,12 @@ def read_safetensors_header(path: str | Path) -> tuple[dict, int]:
     return header, data_start
 
 
+class Expert(NamedTuple):
+    """One expert in compute layout: h = silu(x @ gate_up_t[:, :I]) * (x @ gate_up_t[:, I:]); y = h @ down_t."""
+    gate_up_t: torch.Tensor    # [D, 2I]
+    down_t: torch.Tensor       # [I, D]
+
+
 class ExpertStore:
     """Experts of every layer, read on demand from one safetensors file.
 
@@ -84,7 +92,7 @@ class ExpertStore:
                 f"({self.expert_bytes} bytes = {self.expert_bytes / 2**20:.3f} MB)")
         self.budget_bytes = budget_bytes
         self._fd = os.open(self.path, os.O_RDONLY)
-        self._cache: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
+        self._cache: OrderedDict[tuple[int, int], Expert] = OrderedDict()
         self._pinned: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._inflight: dict[tuple[int, int], Future] = {}
@@ -105,22 +113,27 @@ class ExpertStore:
                 "resident_experts": len(self._cache)}
 
     # ---- reading -------------------------------------------------------------------------------
-    def _read(self, key) -> torch.Tensor:
+    def _read(self, key) -> Expert:
         off, n, st_dtype = self._entries[key]
         t0 = time.perf_counter()
         if self._fd is None:
             raise LessonkitError(f"{self.path}: expert store is closed")
-        buf = os.pread(self._fd, n, off)
-        if len(buf) != n:
-            raise LessonkitError(f"{self.path}: short read for expert {key} ({len(buf)} of {n} bytes): file truncated?")
+        buf = np.empty(n, dtype=np.uint8)
+        got = os.preadv(self._fd, [buf], off)
+        if got != n:
+            raise LessonkitError(f"{self.path}: short read for expert {key} ({got} of {n} bytes): file truncated?")
         np_dtype, t_dtype = _ST_DTYPES[st_dtype]
-        t = torch.from_numpy(np.frombuffer(buf, dtype=np_dtype).copy())
+        t = torch.from_numpy(buf.view(np_dtype))
         if st_dtype == "BF16":
             t = t.view(torch.bfloat16)
-        t = t.reshape(self.shape).to(self.dtype)
+        _, inter, dim = self.shape
+        t = t.view(self.shape)
+        gate_up_t = t[:2].reshape(2 * inter, dim).T.contiguous().to(self.dtype)   # the transpose is the copy
+        down_t = t[2].to(self.dtype) if t.dtype != self.dtype else t[2].clone()
+        ex = Expert(gate_up_t, down_t)
         self.io_s += time.perf_counter() - t0
         self.bytes_read += n
-        return t
+        return ex
 
     def _insert(self, key, t) -> None:
         # caller holds the lock
@@ -134,8 +147,8 @@ class ExpertStore:
                 break
             del self._cache[victim]
 
-    def get(self, layer: int, expert: int) -> torch.Tensor:
-        """The [3, I, D] weights of one expert (gate, up, down^T)."""
+    def get(self, layer: int, expert: int) -> Expert:
+        """One expert's weights in compute layout (see `Expert`)."""
         key = (layer, expert)
         self.routing_counts[key] += 1
         with self._lock:
