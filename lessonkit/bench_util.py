@@ -48,4 +48,6 @@ def format_table(result: dict) -> str:
         lines.append("targets:")
         for t in result["targets"]:
             lines.append(f"  [{'met' if t['met'] else 'MISSED'}] {t['name']}: {t['value']} (target {t['target']})")
+    for note in result.get("notes", []):
+        lines.append(f"note: {note}")
     return "\n".join(lines)

@@ -59,11 +59,66 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
-class _CachedModel:
-    """A model + KV cache that follows a context: rolls back to the common prefix, feeds the rest."""
+@torch.inference_mode()
+def lean_decode_step(model, token: int, cache) -> torch.Tensor:
+    """One-token forward of an engine `Transformer` without the exactness rules of `model.forward`:
+    plain matmuls and attention over exactly the cached positions, about a third of the ops.
 
-    def __init__(self, engine):
-        self.engine = engine
+    For drafting only: its logits can differ from `model.forward`'s in the last bits, which changes
+    nothing downstream because the target verifies every draft. Returns float32 logits [V]."""
+    import torch.nn.functional as F
+
+    from .model import apply_rope, rms_norm
+    c, w, wt = model.config, model.w, model.wt
+    cache.check_room(1)
+    pos = cache.length
+    G, hd, rep = c.n_kv_heads, c.head_dim, c.n_heads // c.n_kv_heads
+    nq, nkv = c.n_heads * hd, G * hd
+    cos, sin = model.cos[pos:pos + 1].to(model.dtype), model.sin[pos:pos + 1].to(model.dtype)
+    scale = hd ** -0.5
+    x = w["embed"][token].view(1, -1)
+    for l in range(c.n_layers):
+        p = f"layers.{l}."
+        q, k, v = (rms_norm(x, w[p + "attn_norm"], c.norm_eps) @ wt[p + "wqkv"]).split([nq, nkv, nkv], dim=-1)
+        if c.clip_qkv is not None:
+            q, k, v = (t.clamp(-c.clip_qkv, c.clip_qkv) for t in (q, k, v))
+        if c.qk_norm:
+            q, k = rms_norm(q, w[p + "q_norm"], c.norm_eps), rms_norm(k, w[p + "k_norm"], c.norm_eps)
+        q = apply_rope(q.view(1, c.n_heads, hd), cos, sin)
+        cache.k[l, pos] = apply_rope(k.view(1, G, hd), cos, sin)[0]
+        cache.v[l, pos] = v.view(G, hd)
+        keys, vals = cache.k[l, :pos + 1], cache.v[l, :pos + 1]              # [S, G, hd]
+        s = torch.matmul(q.view(G, rep, hd), keys.permute(1, 2, 0)) * scale     # [G, rep, S]
+        o = torch.matmul(torch.softmax(s, dim=-1), vals.transpose(0, 1))        # [G, rep, hd]
+        x = x + o.reshape(1, nq) @ wt[p + "wo"]
+        h = rms_norm(x, w[p + "mlp_norm"], c.norm_eps)
+        if c.is_moe:
+            probs = torch.softmax((h @ wt[p + "router"]).float(), dim=-1)[0]
+            topw, topi = torch.topk(probs, c.top_k)
+            if c.norm_topk_prob:
+                topw = topw / topw.sum()
+            picks = list(zip(topi.tolist(), topw.to(x.dtype)))
+        else:
+            picks = [(0, None)]
+        for e, gate_w in picks:
+            ew = model.store.get(l, e)
+            g, u = (h @ ew.gate_up_t).chunk(2, dim=-1)
+            y = (F.silu(g) * u) @ ew.down_t
+            x = x + (y if gate_w is None else y * gate_w)
+    cache.length = pos + 1
+    return (rms_norm(x, w["norm"], c.norm_eps) @ wt["lm_head"]).float()[0]
+
+
+class _CachedModel:
+    """A model + KV cache that follows a context: rolls back to the common prefix, feeds the rest.
+
+    lean=True feeds single tokens through `lean_decode_step` (a drafter's guesses need not be exact);
+    lean=False keeps the engine's exact forward (the oracle must reproduce the target's greedy tokens)."""
+
+    LEAN_CATCH_UP = 4        # feed up to this many new context tokens one by one on the lean path
+
+    def __init__(self, engine, lean: bool = False):
+        self.engine, self.lean = engine, lean
         self.cache = engine.new_cache()
         self.ids: list[int] = []             # tokens whose K/V are in the cache
         self.forwards = 0
@@ -80,13 +135,21 @@ class _CachedModel:
             raise LessonkitError("a drafter needs a non-empty context")
         self.cache.rollback(n)                 # rejection: forget the drafts the target did not keep
         self.ids = self.ids[:n]
-        logits = self.engine.forward(context[n:], self.cache, last_only=True)[-1]
+        new = context[n:]
+        if self.lean and len(new) <= self.LEAN_CATCH_UP:
+            for t in new:
+                logits = lean_decode_step(self.engine.model, t, self.cache)
+        else:
+            logits = self.engine.forward(new, self.cache, last_only=True)[-1]
         self.forwards += 1
         self.ids = list(context)
         return logits
 
     def feed(self, token: int) -> torch.Tensor:
-        logits = self.engine.forward([token], self.cache)[-1]
+        if self.lean:
+            logits = lean_decode_step(self.engine.model, token, self.cache)
+        else:
+            logits = self.engine.forward([token], self.cache)[-1]
         self.forwards += 1
         self.ids.append(token)
         return logits
@@ -104,7 +167,7 @@ class ModelDrafter:
     def __init__(self, engine, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, name: str | None = None):
         self.engine = engine
         self.name = name or f"model:{engine.name}"
-        self.model = _CachedModel(engine)
+        self.model = _CachedModel(engine, lean=True)
         self.configure(temperature, top_p, seed)
 
     def configure(self, temperature: float, top_p: float = 1.0, seed: int = 0) -> None:

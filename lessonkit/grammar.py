@@ -317,6 +317,7 @@ class Grammar:
     def __init__(self, text: str, source: str = "<grammar>"):
         self.source = source
         self.text = text
+        self.line_oriented = False      # one document per line (NDJSON): a drafter may resync at a newline
         ast = _Parser(text, source).parse()
         self._lower(ast)
         self._check_left_recursion()
@@ -629,7 +630,9 @@ def load_grammar(name_or_path: str) -> Grammar:
     if name_or_path in BUILTIN_GRAMMARS:
         if name_or_path not in _LOADED:
             path = GRAMMAR_DIR / f"{name_or_path}.gbnf"
-            _LOADED[name_or_path] = Grammar(path.read_text(encoding="utf-8"), f"{name_or_path}.gbnf")
+            g = Grammar(path.read_text(encoding="utf-8"), f"{name_or_path}.gbnf")
+            g.line_oriented = name_or_path.startswith("ndjson")
+            _LOADED[name_or_path] = g
         return _LOADED[name_or_path]
     path = Path(name_or_path)
     if not path.is_file():

@@ -714,7 +714,9 @@ def compile_schema(schema, *, whitespace: str = "flexible", ndjson: bool = False
 def schema_grammar(schema, *, whitespace: str = "flexible", ndjson: bool = False,
                    source: str = "<schema>") -> Grammar:
     text = compile_schema(schema, whitespace=whitespace, ndjson=ndjson, source=source)
-    return Grammar(text, source)
+    g = Grammar(text, source)
+    g.line_oriented = ndjson
+    return g
 
 
 def load_schema(path: str | Path):

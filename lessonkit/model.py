@@ -148,7 +148,23 @@ class Transformer:
         return KVCache(c.n_layers, n, c.n_kv_heads, c.head_dim, dtype=self.dtype)
 
     # ---- blocks --------------------------------------------------------------------------------
-    def _attention(self, l: int, x: torch.Tensor, cache: KVCache, start: int, T: int) -> torch.Tensor:
+    def _plan(self, start: int, T: int, dtype) -> dict:
+        """What every layer of one forward shares: rope rows and the key-bucket runs with their masks."""
+        c, rep = self.config, self.config.n_heads // self.config.n_kv_heads
+        runs, r0 = [], 0
+        while r0 < T:                  # rows sharing a key bucket are a contiguous run of positions
+            b = ((start + r0) // KEY_BUCKET + 1) * KEY_BUCKET
+            r1 = min(T, b - start)
+            m = r1 - r0
+            mp = -(-m // ROW_PAD) * ROW_PAD
+            prow = torch.arange(start + r0, start + r0 + mp)
+            prow[m:] = start + r0                                          # padded rows: a valid mask
+            mask = (torch.arange(b)[None, :] > prow[:, None]).repeat(rep, 1)
+            runs.append((r0, r1, b, mask))
+            r0 = r1
+        return {"cos": self.cos[start:start + T].to(dtype), "sin": self.sin[start:start + T].to(dtype), "runs": runs}
+
+    def _attention(self, l: int, x: torch.Tensor, cache: KVCache, start: int, T: int, plan: dict) -> torch.Tensor:
         c, w, p = self.config, self.w, f"layers.{l}."
         nq, nkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
         q, k, v = linear(x, w[p + "wqkv"], self.wt[p + "wqkv"]).split([nq, nkv, nkv], dim=-1)
@@ -159,17 +175,14 @@ class Transformer:
         q = q.view(T, c.n_heads, c.head_dim)
         k = k.view(T, c.n_kv_heads, c.head_dim)
         v = v.view(T, c.n_kv_heads, c.head_dim)
-        cos, sin = self.cos[start:start + T].to(x.dtype), self.sin[start:start + T].to(x.dtype)
+        cos, sin = plan["cos"], plan["sin"]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.k[l, start:start + T] = k
         cache.v[l, start:start + T] = v
         rep = c.n_heads // c.n_kv_heads
         scale = 1.0 / math.sqrt(c.head_dim)
         out = x.new_empty(T, c.n_heads, c.head_dim)
-        r0 = 0
-        while r0 < T:                  # rows sharing a key bucket are a contiguous run of positions
-            b = ((start + r0) // KEY_BUCKET + 1) * KEY_BUCKET
-            r1 = min(T, b - start)
+        for r0, r1, b, mask in plan["runs"]:
             m = r1 - r0
             keys = cache.k[l, :b].transpose(0, 1)                          # [G, b, hd]
             vals = cache.v[l, :b].transpose(0, 1)
@@ -178,14 +191,10 @@ class Transformer:
             # GQA without copying K/V: the rep query heads of a kv head are stacked as extra rows
             qb = qb.view(mp, c.n_kv_heads, rep, c.head_dim).permute(1, 2, 0, 3).reshape(c.n_kv_heads, rep * mp, c.head_dim)
             s = torch.matmul(qb, keys.transpose(1, 2)) * scale             # [G, rep*m_pad, b]
-            prow = torch.arange(start + r0, start + r0 + mp)
-            prow[m:] = start + r0                                          # padded rows: a valid mask
-            mask = (torch.arange(b)[None, :] > prow[:, None]).repeat(rep, 1)
             s = s.masked_fill(mask, float("-inf"))
             pr = torch.softmax(s.float(), dim=-1).to(x.dtype)
             o = torch.matmul(pr, vals)                                     # [G, rep*m_pad, hd]
             out[r0:r1] = o.view(c.n_kv_heads, rep, mp, c.head_dim).permute(2, 0, 1, 3).reshape(mp, c.n_heads, c.head_dim)[:m]
-            r0 = r1
         return linear(out.reshape(T, c.n_heads * c.head_dim), w[p + "wo"], self.wt[p + "wo"])
 
     @staticmethod
@@ -201,14 +210,48 @@ class Transformer:
             return gemv_rows(h[:m], ew.down_t)
         return (h @ ew.down_t)[:m]
 
+    def _experts_short(self, l: int, x: torch.Tensor, picks: list[list[int]]) -> torch.Tensor:
+        """A forward of <= ROWWISE_MAX rows: every (row, slot) pair through its expert, grouped by expert
+        (batch-union), with one silu over all pairs. Per row the arithmetic is the decode step's (rules 1, 3).
+        Returns [T * A, D], pair r * A + a at row r * A + a."""
+        A = len(picks[0])
+        union: dict[int, list[int]] = {}
+        for r, row in enumerate(picks):
+            for a, e in enumerate(row):
+                union.setdefault(e, []).append(r * A + a)
+        order, parts, experts = [], [], []
+        for e in sorted(union):
+            ew = self.store.get(l, e)
+            pids = union[e]
+            r = pids[0] // A
+            xe = x[r:r + 1] if len(pids) == 1 else x[[pid // A for pid in pids]]
+            parts.append(gemv_rows(xe, ew.gate_up_t))                       # gate|up adjacent: one product
+            experts.append((ew, len(pids)))
+            order += pids
+        gu = _pad_rows(torch.cat(parts) if len(parts) > 1 else parts[0])
+        inter = experts[0][0].down_t.shape[0]
+        h = F.silu(gu[:, :inter]) * gu[:, inter:]
+        outs, i = [], 0
+        for ew, n in experts:
+            outs.append(gemv_rows(h[i:i + n], ew.down_t))
+            i += n
+        down = torch.cat(outs) if len(outs) > 1 else outs[0]
+        if order == sorted(order):
+            return down
+        inv = [0] * len(order)
+        for j, pid in enumerate(order):
+            inv[pid] = j
+        return down[inv]
+
     def _moe(self, l: int, x: torch.Tensor, stats: dict, T: int) -> torch.Tensor:
         c, p = self.config, f"layers.{l}."
         if not c.is_moe:
-            ew = self.store.get(l, 0)
             stats["unique_experts"] += 1
             if self.routing_log is not None:
                 self.routing_log.append((l, torch.zeros(T, 1, dtype=torch.long)))
-            return self._expert(x, ew)
+            if T <= ROWWISE_MAX:
+                return self._experts_short(l, x, [[0]] * T)
+            return self._expert(x, self.store.get(l, 0))
         logits = linear(x, self.w[p + "router"], self.wt[p + "router"]).float()
         probs = torch.softmax(logits, dim=-1)
         topw, topi = torch.topk(probs, c.top_k, dim=-1)                   # [T, A]
@@ -222,6 +265,14 @@ class Transformer:
             nxt = torch.topk(linear(x, self.w[f"layers.{l + 1}.router"], self.wt[f"layers.{l + 1}.router"]),
                              c.top_k, dim=-1).indices
             self.store.prefetch(l + 1, torch.unique(nxt).tolist())
+        if T <= ROWWISE_MAX:
+            picks = topi.tolist()
+            stats["unique_experts"] += len({e for row in picks for e in row})
+            slots = self._experts_short(l, x, picks).view(T, c.top_k, c.dim)
+            y = slots[:, 0] * topw[:, 0:1]
+            for a in range(1, c.top_k):
+                y = y + slots[:, a] * topw[:, a:a + 1]
+            return y
         slots = x.new_zeros(T, c.top_k, c.dim)
         union: dict[int, list[tuple[int, int]]] = {}                        # batch-union: each expert once
         for r, picks in enumerate(topi.tolist()):
@@ -255,9 +306,10 @@ class Transformer:
         io0 = self.store.io_s
         stats = {"unique_experts": 0}
         x = self.w["embed"][tokens]                                         # [T, D]
+        plan = self._plan(start, T, x.dtype)
         for l in range(c.n_layers):
             p = f"layers.{l}."
-            x = x + self._attention(l, rms_norm(x, self.w[p + "attn_norm"], c.norm_eps), cache, start, T)
+            x = x + self._attention(l, rms_norm(x, self.w[p + "attn_norm"], c.norm_eps), cache, start, T, plan)
             x = x + self._moe(l, rms_norm(x, self.w[p + "mlp_norm"], c.norm_eps), stats, T)
         cache.length = start + T
         h = rms_norm(x, self.w["norm"], c.norm_eps)

@@ -201,3 +201,35 @@ def test_token_bytes_are_exact_even_for_partial_utf8(tmp_path):
     ids = eng.encode(text)
     assert b"".join(eng.token_bytes(i) for i in ids) == text.encode()
     assert sorted(eng.token_bytes(i) for i in range(256)) == sorted(bytes([b]) for b in range(256))
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_row_grouping_changes_no_bit(pair, group, monkeypatch):
+    """Rule 1 of lessonkit/model.py: a verify forward multiplies in groups of ROW_GROUP rows; any group
+    size the probe may pick must give the same bits (and the probe must have picked one of them)."""
+    import lessonkit.model as M
+    kind, _, stream = pair
+    assert M.probe_row_group([(64, 96), (96, 300)]) in (1, 2, 3)
+    eng = Engine(stream)
+    toks = _tokens(70, seed=7)
+    cache = eng.new_cache()
+    eng.forward(toks[:64], cache)
+    ref = eng.forward(toks[64:], cache)
+    cache.rollback(64)
+    monkeypatch.setattr(M, "ROW_GROUP", group)
+    assert torch.equal(eng.forward(toks[64:], cache), ref)
+
+
+def test_expert_store_keeps_the_compute_layout(tmp_path):
+    """The store hands out gate|up transposed [D, 2I] and down^T [I, D], the bytes of the file."""
+    from safetensors.torch import save_file
+
+    from lessonkit.expert_store import ExpertStore
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(3, 5, 4, generator=g)
+    path = tmp_path / "experts.safetensors"
+    save_file({"layers.0.experts.0": t}, str(path))
+    ex = ExpertStore(path, 1, 1, (3, 5, 4)).get(0, 0)
+    assert ex.gate_up_t.is_contiguous() and ex.down_t.is_contiguous()
+    assert torch.equal(ex.gate_up_t, torch.cat([t[0], t[1]]).T)
+    assert torch.equal(ex.down_t, t[2])

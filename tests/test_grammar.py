@@ -353,7 +353,10 @@ def test_draft_mode_is_byte_identical_to_plain_greedy(tok, text, grammar):
     assert res.token_ids == plain.token_ids
     st = res.stats
     if grammar == "ndjson-compact" and text is SLOPPY:
-        assert st["left_grammar"] and st["forced_tokens"] <= 2          # lost at the first space: no harm done
+        assert st["resyncs"] >= text.count("\n") - 1                    # lost at each line's first space, back at its end
+        once = generate_with_grammar(target, prompt, 1000, grammar=grammar, resync=None)
+        assert once.token_ids == plain.token_ids
+        assert once.stats["left_grammar"] and once.stats["forced_tokens"] <= 2   # without resync: lost for good
     elif grammar == "ndjson-compact":                                   # generic NDJSON forces little
         assert st["forced_tokens"] > 0 and st["complete"] and not st["left_grammar"]
     else:
@@ -469,3 +472,21 @@ def test_byte_sources_label_drafted_forced_and_free(tok):
     assert src[0][1] == "free"                       # "{" of the first record: the stream could also end here
     fig = plot_byte_sources(src[:200])
     assert isinstance(fig, matplotlib.figure.Figure) and "grammar drafts" in fig.axes[0].get_title()
+
+
+def test_ndjson_drafter_resyncs_at_the_next_line(tok):
+    """Once the output leaves a line-oriented grammar, drafting resumes at the next record (NDJSON)."""
+    g = load_grammar("ndjson-compact")
+    assert g.line_oriented and not load_grammar("json-compact").line_oriented
+    prompt = [5]
+    ctx = prompt + tok.encode('{"a":1}}\n[tr').ids           # an extra brace leaves the grammar
+    d = GrammarDrafter(g, tok)
+    d.reset(prompt)
+    state = d.sync(ctx)
+    assert state is not None and d.stats()["resyncs"] == 1
+    assert tok.decode(d.propose(ctx, 8).tokens) == "ue"      # the next record is drafted again
+    off = GrammarDrafter(g, tok, resync=None)
+    off.reset(prompt)
+    assert off.sync(ctx) is None and off.propose(ctx, 8).tokens == []
+    with pytest.raises(LessonkitError, match="single byte"):
+        GrammarDrafter(g, tok, resync="ab")

@@ -303,3 +303,23 @@ def test_greedy_identical_smollm2_ngram_small():
 @pytest.mark.slow
 def test_greedy_identical_smollm2_ngram_full():
     _ngram_identical(20, 24)
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_lean_draft_step_follows_the_exact_forward(tiny, which):
+    """ModelDrafter's lean one-token step (no exactness rules) stays within float noise of the engine's
+    forward and picks the same tokens; the oracle keeps the exact path."""
+    from lessonkit.drafters import lean_decode_step
+    eng = Engine(tiny[which])
+    toks = torch.randint(0, eng.config.vocab_size, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    exact, lean = eng.new_cache(), eng.new_cache()
+    eng.forward(toks[:8], exact)
+    eng.forward(toks[:8], lean)
+    for t in toks[8:]:
+        a = eng.forward([t], exact)[-1]
+        b = lean_decode_step(eng.model, t, lean)
+        assert lean.length == exact.length
+        assert torch.allclose(a, b, atol=1e-4, rtol=0)
+        assert int(a.argmax()) == int(b.argmax())
+    assert ModelDrafter(eng).model.lean
+    assert not OracleDrafter(eng, 0.0, oracle_engine=eng).model.lean
