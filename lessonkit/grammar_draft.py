@@ -841,7 +841,9 @@ def bench(args) -> dict:
         raise LessonkitError("no held-out NDJSON record documents in the corpus (run `lessonkit corpus build`)")
     prompt = "".join(docs[0].splitlines(keepends=True)[:3])
     tg = TokenGrammar(monitoring_grammar(), eng.tokenizer, eos_ids=eng.config.eos_ids)
-    ab = grammar_ab(eng, eng.encode(prompt), 32 if smoke else 256, tg, repeats=repeats)
+    n_new = 32 if smoke else 256
+    ab = grammar_ab(eng, eng.encode(prompt), n_new, tg, repeats=repeats)
+    once = grammar_ab(eng, eng.encode(prompt), n_new, tg, repeats=repeats, resync=None)   # the trade-off
     import json as _json
     records = corpus_records(10 if smoke else 100)
     ceiling = drafting_ceiling(tg, [eng.encode(_json.dumps(r, separators=(",", ":")) + "\n") for r in records])
@@ -853,7 +855,13 @@ def bench(args) -> dict:
         {"name": "grammar draft (record schema, compact NDJSON)", "tokens_per_s": ab["drafted_tokens_per_s"],
          "identical_to_plain": ab["identical"], "tokens_per_forward": ab["tokens_per_forward"],
          "wall_s": ab["drafted_s"], "forced_tokens": ab["forced_tokens"],
-         "grammar_acceptance": ab["grammar_acceptance"], "forced_fraction": ab["forced_fraction"]},
+         "grammar_acceptance": ab["grammar_acceptance"], "forced_fraction": ab["forced_fraction"],
+         "resyncs": ab["resyncs"], "speedup": ab["speedup"]},
+        {"name": "grammar draft without resync (stops at the first record that leaves the schema)",
+         "tokens_per_s": once["drafted_tokens_per_s"], "identical_to_plain": once["identical"],
+         "tokens_per_forward": once["tokens_per_forward"], "wall_s": once["drafted_s"],
+         "forced_tokens": once["forced_tokens"], "grammar_acceptance": once["grammar_acceptance"],
+         "forced_fraction": once["forced_fraction"], "resyncs": 0, "speedup": once["speedup"]},
     ]
     acc = ab["grammar_acceptance"] or 0.0
     return {"bench": "grammar", "machine": machine_info(), "model": eng.name, "smoke": smoke, "repeats": repeats,
