@@ -122,7 +122,7 @@ def _pair(rows, targets, notes, *, label, target, drafter_fn, hf_kwargs_fn, prom
         auto_wall = spec.get("tiny-draft k=auto", spec[best_name])[0]
         targets.append(_target(f"{label}: speculative (k=auto) speed-up over plain greedy, experts resident",
                                round(plain_wall / auto_wall, 3), ">= 1.3", plain_wall / auto_wall >= 1.3))
-        name = next(n for n in spec if "k=" in n and "auto" not in n)
+        name = [n for n in spec if "k=" in n and "auto" not in n][-1]     # the deepest fixed k
         k = int(name.split("k=")[1])
         wall, stats = spec[name]
         t = _totals(stats)
@@ -138,6 +138,22 @@ def _pair(rows, targets, notes, *, label, target, drafter_fn, hf_kwargs_fn, prom
                      f"T({k + 1})/T(1)={cost[k] / cost[0]:.2f}, t_draft/T(1)={t_draft / cost[0]:.2f}; measured {measured:.2f}x")
 
 
+def _by_kind(rows, notes, target, drafter, prompts_by_kind_, max_new, repeats, k="auto"):
+    """Plain vs speculative per kind of text: where speculation pays and where it does not."""
+    parts = []
+    for kind, prompts in prompts_by_kind_.items():
+        plain_wall, ref, _ = _median_run(lambda p: (generate(target, p, max_new).token_ids, None), prompts, repeats)
+
+        def run(p):
+            r = speculative_generate(target, drafter, p, max_new, k=k)
+            return r.token_ids, r.stats
+        wall, outs, stats = _median_run(run, prompts, repeats)
+        rows.append(_row(f"tiny-moe [{kind}]: lessonkit tiny-draft k={k}", wall, outs, ref,
+                         sum(len(o) for o in outs), stats, speedup=plain_wall / wall))
+        parts.append(f"{kind} {plain_wall / wall:.2f}x")
+    notes.append(f"tiny-moe + tiny-draft k={k} by kind of text: " + ", ".join(parts))
+
+
 def bench(args) -> dict:
     from .drafters import ModelDrafter, NGramDrafter
     from .registry import load_model
@@ -151,12 +167,15 @@ def bench(args) -> dict:
         notes.append(f"tiny-moe / tiny-draft pair skipped: {e}")
     else:
         n = 1 if smoke else 3
-        prompts = [p for ps in prompts_by_kind(tgt, n=n, max_tokens=32).values() for p in ps]
+        by_kind = prompts_by_kind(tgt, n=n, max_tokens=32)
+        prompts = [p for ps in by_kind.values() for p in ps]
         _pair(rows, targets, notes, label="tiny-moe", target=tgt,
-              drafter_fn=lambda: [("tiny-draft k=4", ModelDrafter(dft, name="tiny-draft"), 4),
+              drafter_fn=lambda: [("tiny-draft k=2", ModelDrafter(dft, name="tiny-draft"), 2),
+                                  ("tiny-draft k=4", ModelDrafter(dft, name="tiny-draft"), 4),
                                   ("tiny-draft k=auto", ModelDrafter(dft, name="tiny-draft"), "auto")],
               hf_kwargs_fn=lambda: {"assisted (assistant_model=tiny-draft)": {"assistant_model": _hf_load(_hf_export(dft, "d"))}},
               prompts=prompts, max_new=max_new, repeats=repeats, with_formula=True)
+        _by_kind(rows, notes, tgt, ModelDrafter(dft, name="tiny-draft"), by_kind, max_new, repeats)
     try:
         sm = load_model("smollm2-135m")
     except Exception as e:
