@@ -94,6 +94,12 @@ def cmd_doctor(args) -> int:
     except (LessonkitError, ImportError) as e:
         ok = False
         print(f"  FAIL smollm2 GGUF: {e}")
+    import torch
+
+    from .model import probe_row_group
+    g = probe_row_group([(256, 768), (384, 256), (256, 4096), (576, 3072), (576, 49152)])
+    print(f"  OK   exact short forwards: {g} row(s) per GEMV-form call on this BLAS, "
+          f"{torch.get_num_threads()} thread(s) (1 = the slow, always-exact fallback; see lessonkit/model.py)")
     print("all checks passed" if ok else "some checks FAILED")
     return 0 if ok else 1
 
