@@ -2,9 +2,10 @@
 
 Each expert's three matrices (gate, up, down^T) are one [3, I, D] tensor in `experts.safetensors`, so
 one expert is one contiguous `os.pread`. In memory an expert is kept in the layout the matmuls want
-(`Expert`: gate|up transposed to [D, 2I], down^T [I, D]), built in the copy that leaves the read buffer. Experts live in an LRU cache with a byte budget; an optional
-pinned hot set (from recorded routing history) is never evicted; an optional background thread
-prefetches the experts the next layer's router is predicted to pick. Placement changes speed only:
+(`Expert`: gate|up transposed to [D, 2I], down^T [I, D]), built in the copy that leaves the read
+buffer. Experts live in an LRU cache with a byte budget; an optional pinned hot set (from recorded
+routing history) is never evicted; an optional background thread prefetches the experts the next
+layer's router is predicted to pick. Placement changes speed only:
 the bytes that reach the matmul are the bytes on disk, whatever the budget.
 
 Shapes: E experts per layer, I intermediate size, D hidden size.

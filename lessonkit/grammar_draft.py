@@ -308,17 +308,17 @@ class GrammarDrafter:
             del self.states[j + 1:]
         for t in gen[j:]:
             b = self.tg.table[t] if 0 <= t < len(self.tg.table) else None
-            self.states.append(self._advance(self.tg.grammar, self.states[-1], b))
+            self.states.append(self._advance(self.states[-1], b))
             self.fed.append(t)
         return self.states[-1]
 
-    def _advance(self, grammar: Grammar, s: GrammarState | None, b: bytes | None) -> GrammarState | None:
+    def _advance(self, s: GrammarState | None, b: bytes | None) -> GrammarState | None:
         if s is not None:
             return s.advance_bytes(b) if b else None
         if self.resync is not None and b and self.resync in b:     # left the grammar: a new record
             rest = b[b.rindex(self.resync) + 1:]
             self.resyncs += 1
-            s = grammar.initial()
+            s = self.tg.grammar.initial()
             return s.advance_bytes(rest) if rest else s
         return None
 

@@ -53,12 +53,10 @@ def _pad_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, x.new_zeros((mp - m,) + x.shape[1:])])
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, w_t: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
     """Row-invariant x @ w.T for x [M, in], w [out, in]; w_t = w.T.contiguous() (see the module docstring)."""
     m = x.shape[0]
     if m <= ROWWISE_MAX:
-        if w_t is None:
-            w_t = w.T if not w.is_contiguous() else w.T.contiguous()
         return gemv_rows(x, w_t)
     return F.linear(_pad_rows(x), w)[:m]
 
