@@ -7,9 +7,9 @@ import time
 
 import torch
 
-from .bench_util import machine_info, median_time, memcpy_bandwidth, target
-from .generate import generate
-from .registry import load_model, resolve_model_dir
+from lessonkit.bench_util import machine_info, median_time, memcpy_bandwidth, target
+from lessonkit.engine.generate import generate
+from lessonkit.engine.registry import load_model, resolve_model_dir
 
 PROMPTS = ['{"ts": "2026-03-01T12:00:00Z", "host": "web-', "def parse_config(path):\n    ",
            "The expert cache keeps the most recently used"]
@@ -30,7 +30,7 @@ def _decode_rate(eng, prompt_ids, n):
 
 def bench(args) -> dict:
     import transformers
-    from .checkpoint import export_hf
+    from lessonkit.engine.checkpoint import export_hf
     smoke = getattr(args, "smoke", False)
     model = getattr(args, "model", None) or "tiny-moe"
     n_new = 8 if smoke else 64

@@ -3,7 +3,7 @@
 Pairs (same prompts, same weights, in one process, median of repeats):
   tiny-moe + tiny-draft     lessonkit ModelDrafter (k=4 and k=auto) vs transformers `assistant_model=`
   smollm2-135m + n-gram     lessonkit NGramDrafter vs transformers `prompt_lookup_num_tokens=`
-transformers runs on the same weights exported with `lessonkit.checkpoint.export_hf`. Every row's
+transformers runs on the same weights exported with `lessonkit.engine.checkpoint.export_hf`. Every row's
 output is compared with lessonkit's plain greedy output (identical_to_plain). Experts are resident
 (unlimited budget, warmed up) so the comparison is about compute, not disk.
 """
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-from .errors import LessonkitError
-from .generate import generate
-from .spec_lab import _totals, conditional_per_pos, predicted_speedup, prompts_by_kind
-from .speculative import expected_tokens_per_pos, measure_cost_curve, speculative_generate
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.generate import generate
+from lessonkit.spec_lab import _totals, conditional_per_pos, predicted_speedup, prompts_by_kind
+from lessonkit.speculative import expected_tokens_per_pos, measure_cost_curve, speculative_generate
 
 try:
-    from .bench_util import machine_info, target as _target
+    from lessonkit.bench_util import machine_info, target as _target
 except ImportError:  # pragma: no cover
     import os
     import platform
@@ -47,8 +47,8 @@ def _median_run(fn, prompts, repeats):
 
 
 def _hf_export(engine, tag: str) -> Path:
-    from .checkpoint import export_hf
-    from .registry import lessonkit_home
+    from lessonkit.engine.checkpoint import export_hf
+    from lessonkit.engine.registry import lessonkit_home
     out = lessonkit_home() / "hf-export" / f"{engine.name}-{engine.fingerprint()[:12]}"
     if not (out / "config.json").exists():
         export_hf(engine.model_dir, out)
@@ -155,8 +155,8 @@ def _by_kind(rows, notes, target, drafter, prompts_by_kind_, max_new, repeats, k
 
 
 def bench(args) -> dict:
-    from .drafters import ModelDrafter, NGramDrafter
-    from .registry import load_model
+    from lessonkit.drafters import ModelDrafter, NGramDrafter
+    from lessonkit.engine.registry import load_model
     smoke = bool(getattr(args, "smoke", False))
     repeats = 1 if smoke else 3
     rows, targets, notes = [], [], []

@@ -6,7 +6,7 @@ import importlib
 import json
 import sys
 
-from .errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
 # modules that add sub-commands (register_cli) and benchmarks (bench)
 COMMAND_MODULES = ["lessonkit.corpus", "lessonkit.train", "lessonkit.gap", "lessonkit.grammar", "lessonkit.semcache",
@@ -37,7 +37,7 @@ def _print_json(obj) -> None:
 
 # ---- models / doctor ------------------------------------------------------------------------------
 def cmd_models(args) -> int:
-    from .registry import list_models, model_info
+    from lessonkit.engine.registry import list_models, model_info
     rows = []
     for name in list_models():
         try:
@@ -60,8 +60,8 @@ def cmd_models(args) -> int:
 def cmd_doctor(args) -> int:
     import platform
     from importlib.metadata import PackageNotFoundError, version
-    from .checkpoint import verify_manifest
-    from .registry import MODELS_DIR, SHIPPED
+    from lessonkit.engine.checkpoint import verify_manifest
+    from lessonkit.engine.registry import MODELS_DIR, SHIPPED
     ok = True
     print(f"python {platform.python_version()} on {platform.platform()}")
     for pkg in ["torch", "safetensors", "numpy", "pandas", "matplotlib", "ipywidgets", "jupyterlab", "papermill",
@@ -85,8 +85,8 @@ def cmd_doctor(args) -> int:
             ok &= s == "ok"
             print(f"  {'OK  ' if s == 'ok' else 'FAIL'} mtp/{fn}: {s}")
     try:
-        from .checkpoint import sha256_file
-        from .gguf_loader import SMOLLM2_SHA256, smollm2_gguf_path
+        from lessonkit.engine.checkpoint import sha256_file
+        from lessonkit.engine.gguf_loader import SMOLLM2_SHA256, smollm2_gguf_path
         p = smollm2_gguf_path()
         good = sha256_file(p) == SMOLLM2_SHA256
         ok &= good
@@ -96,10 +96,10 @@ def cmd_doctor(args) -> int:
         print(f"  FAIL smollm2 GGUF: {e}")
     import torch
 
-    from .model import probe_row_group
+    from lessonkit.engine.model import probe_row_group
     g = probe_row_group([(256, 768), (384, 256), (256, 4096), (576, 3072), (576, 49152)])
     print(f"  OK   exact short forwards: {g} row(s) per GEMV-form call on this BLAS, "
-          f"{torch.get_num_threads()} thread(s) (1 = the slow, always-exact fallback; see lessonkit/model.py)")
+          f"{torch.get_num_threads()} thread(s) (1 = the slow, always-exact fallback; see lessonkit/engine/model.py)")
     print("all checks passed" if ok else "some checks FAILED")
     return 0 if ok else 1
 
@@ -107,13 +107,13 @@ def cmd_doctor(args) -> int:
 # ---- generate -------------------------------------------------------------------------------------
 def cmd_generate(args) -> int:
     import torch
-    from .generate import generate
-    from .registry import load_model
+    from lessonkit.engine.generate import generate
+    from lessonkit.engine.registry import load_model
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     eng = load_model(args.model, expert_budget_mb=args.expert_budget_mb, dtype=dtype, prefetch=args.prefetch)
     prompt = args.prompt
     if args.chat:
-        from .chat import apply_chat_template
+        from lessonkit.engine.gguf_loader import apply_chat_template
         prompt = apply_chat_template(eng, [{"role": "user", "content": prompt}])
     ids = eng.encode(prompt)
     stream = None
@@ -121,16 +121,16 @@ def cmd_generate(args) -> int:
         stream = _Streamer(eng)
     kw = dict(temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop_strings=args.stop or ())
     if args.grammar or args.schema:
-        from .grammar_draft import generate_with_grammar
+        from lessonkit.grammar_draft import generate_with_grammar
         res = generate_with_grammar(eng, ids, args.max_new_tokens, grammar=args.grammar, schema=args.schema,
                                     mode=args.mode, draft=args.draft, draft_k=args.draft_k, **kw)
     elif args.draft:
-        from .speculative import make_drafter, parse_draft_k, speculative_generate
+        from lessonkit.speculative import make_drafter, parse_draft_k, speculative_generate
         k = parse_draft_k(args.draft_k)
         drafter = make_drafter(args.draft, eng, seed=args.seed)
         res = speculative_generate(eng, drafter, ids, args.max_new_tokens, k=k, callback=stream, **kw)
     elif args.prefix_cache:
-        from .prefix_cache import generate_with_prefix_cache
+        from lessonkit.prefix_cache import generate_with_prefix_cache
         res = generate_with_prefix_cache(eng, ids, args.prefix_cache, max_new_tokens=args.max_new_tokens,
                                          callback=stream, **kw)
     else:
@@ -164,12 +164,12 @@ class _Streamer:
 
 # ---- run / bench --------------------------------------------------------------------------------
 def cmd_run(args) -> int:
-    from .runner import run_all
+    from lessonkit.runner import run_all
     return run_all(build_dir=args.build_dir, smoke=args.smoke, only=args.only)
 
 
 def cmd_bench(args) -> int:
-    from .bench_util import format_table
+    from lessonkit.bench_util import format_table
     modname = BENCHES[args.name]
     mod = _optional_module(modname)
     if mod is None or not hasattr(mod, "bench"):
@@ -183,7 +183,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .runner import compare_summaries
+    from lessonkit.runner import compare_summaries
     return compare_summaries(args.old, args.new, rel_noise=args.noise)
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
 EOT = "<|endoftext|>"
 KINDS = ("prose", "code", "records")

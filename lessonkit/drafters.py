@@ -27,8 +27,8 @@ from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
-from .errors import LessonkitError
-from .generate import probs_from_logits
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.generate import probs_from_logits
 
 
 @dataclass
@@ -68,7 +68,7 @@ def lean_decode_step(model, token: int, cache) -> torch.Tensor:
     nothing downstream because the target verifies every draft. Returns float32 logits [V]."""
     import torch.nn.functional as F
 
-    from .model import apply_rope, rms_norm
+    from lessonkit.engine.model import apply_rope, rms_norm
     c, w, wt = model.config, model.w, model.wt
     cache.check_room(1)
     pos = cache.length
@@ -247,7 +247,7 @@ class OracleDrafter:
                  oracle_engine=None):
         if not 0.0 <= error_rate <= 1.0:
             raise LessonkitError(f"oracle error rate must be between 0 and 1, got {error_rate}")
-        from .engine import Engine
+        from lessonkit.engine.engine import Engine
         self.error_rate, self.seed, self.horizon, self.chunk = float(error_rate), seed, horizon, chunk
         self.name = f"oracle:{error_rate:g}"
         self.vocab = target.config.vocab_size
@@ -307,7 +307,7 @@ class OracleDrafter:
 
 # ---- registry: name -> factory(target, arg: str | None, **kw) -> Drafter ----------------------------
 def _model_factory(target, arg, **kw):
-    from .registry import load_model
+    from lessonkit.engine.registry import load_model
     eng = load_model(arg or "tiny-draft")
     d = ModelDrafter(eng, name=arg or "tiny-draft", **{k: v for k, v in kw.items() if k in ("temperature", "top_p", "seed")})
     d.check_vocab(target)

@@ -8,8 +8,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .generate import generate
-from .registry import load_model
+from lessonkit.engine.generate import generate
+from lessonkit.engine.registry import load_model
 
 
 def token_path(engine, text: str, top: int = 5) -> pd.DataFrame:

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "epoch"
 FILES = {

@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
 END, CHAR, RULE = 0, 1, 2
 ALL_BYTES = (1 << 256) - 1

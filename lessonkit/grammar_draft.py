@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .drafters import DRAFTERS, Draft
-from .errors import LessonkitError
-from .grammar import BUILTIN_GRAMMARS, Grammar, GrammarState, load_grammar
+from lessonkit.drafters import DRAFTERS, Draft
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.grammar import BUILTIN_GRAMMARS, Grammar, GrammarState, load_grammar
 
 
 # ---------------------------------------------------------------------------- token bytes and trie
@@ -349,7 +349,7 @@ class ConstrainedDecoder:
 
     def generate(self, target, prompt_ids: list[int], max_new_tokens: int, *, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, callback=None):
-        from .generate import GenerationResult, SamplingParams, engine_counters, finish_stats, prefill, sample_token
+        from lessonkit.engine.generate import GenerationResult, SamplingParams, engine_counters, finish_stats, prefill, sample_token
         params = SamplingParams(temperature, top_p, seed)
         gen = torch.Generator().manual_seed(seed)
         if not self.tg.eos_ids:
@@ -513,7 +513,7 @@ def resolve_grammar(grammar: str | None = None, schema: str | None = None, *, wh
     if (grammar is None) == (schema is None):
         raise LessonkitError("give exactly one of --grammar and --schema")
     if schema is not None:
-        from .json_schema import schema_grammar_file
+        from lessonkit.json_schema import schema_grammar_file
         return schema_grammar_file(schema, whitespace=whitespace)
     return load_grammar(grammar)
 
@@ -534,7 +534,7 @@ def generate_with_grammar(eng, prompt_ids: list[int], max_new_tokens: int, *, gr
                                                top_p=top_p, seed=seed, callback=callback)
     if mode != "draft":
         raise LessonkitError(f"mode must be 'draft' or 'constrain', not {mode!r}")
-    from .speculative import speculative_generate
+    from lessonkit.speculative import speculative_generate
     drafter = GrammarDrafter(tg, **drafter_kw)
     k = verify_k(drafter.max_draft) if draft_k in (None, "auto") else int(draft_k)
     res = speculative_generate(eng, drafter, prompt_ids, max_new_tokens, k=k, temperature=temperature, top_p=top_p,
@@ -556,7 +556,7 @@ def generate_with_grammar(eng, prompt_ids: list[int], max_new_tokens: int, *, gr
 def verify_k(max_draft: int = 24) -> int:
     """Drafts per verify step: max_draft, capped where the engine's verify forward stays row-invariant."""
     try:
-        from .model import ROWWISE_MAX
+        from lessonkit.engine.model import ROWWISE_MAX
     except ImportError:
         return max_draft
     return max(1, min(max_draft, ROWWISE_MAX - 1))
@@ -579,7 +579,7 @@ DRAFTERS.setdefault("grammar", _grammar_factory)
 
 def monitoring_record_schema() -> dict:
     """JSON Schema of the corpus's NDJSON monitoring records (metric / log / alert / deploy), from corpus.py."""
-    from . import corpus as c
+    from lessonkit import corpus as c
 
     def obj(props: dict, optional=()) -> dict:
         return {"type": "object", "properties": props, "additionalProperties": False,
@@ -615,7 +615,7 @@ def monitoring_record_schema() -> dict:
 
 
 def monitoring_grammar(*, whitespace: str = "compact", ndjson: bool = True) -> Grammar:
-    from .json_schema import schema_grammar
+    from lessonkit.json_schema import schema_grammar
     return schema_grammar(monitoring_record_schema(), whitespace=whitespace, ndjson=ndjson,
                           source="monitoring_record_schema()")
 
@@ -630,7 +630,7 @@ def schema_compile_times(repeats: int = 3) -> dict[str, float]:
     """Best-of-`repeats` compile time (schema -> grammar text -> automaton) per test schema, in seconds."""
     import json as _json
 
-    from .json_schema import schema_grammar
+    from lessonkit.json_schema import schema_grammar
     out = {}
     for p in sorted(_test_schema_dir().glob("*.json")):
         schema = _json.loads(p.read_text())
@@ -657,8 +657,8 @@ def grammar_ab(eng, prompt_ids: list[int], max_new_tokens: int, tg: TokenGrammar
     confounded=True reproduces the withdrawn figure's mistake: the plain arm starts cold every time
     while the grammar arm keeps the experts the previous runs loaded (warm in one arm only).
     """
-    from .generate import generate
-    from .speculative import speculative_generate
+    from lessonkit.engine.generate import generate
+    from lessonkit.speculative import speculative_generate
 
     plain_t, draft_t = [], []
     plain = drafted = drafter = None
@@ -711,7 +711,7 @@ def corpus_records(n: int = 50, split: str = "heldout") -> list[dict]:
     """The first `n` NDJSON monitoring records of the corpus (held-out split by default)."""
     import json as _json
 
-    from .corpus import load_documents
+    from lessonkit.corpus import load_documents
     out = []
     for doc in load_documents("records", split):
         if not doc.startswith("{") or "\n  " in doc:       # skip the pretty-printed documents
@@ -829,9 +829,9 @@ def plot_ab(df):
 
 def bench(args) -> dict:
     """`lessonkit bench grammar`: compact NDJSON on tiny-moe, plain greedy vs grammar-drafted, side by side."""
-    from .bench_util import machine_info
-    from .corpus import load_documents
-    from .registry import load_model
+    from lessonkit.bench_util import machine_info
+    from lessonkit.corpus import load_documents
+    from lessonkit.engine.registry import load_model
 
     smoke = bool(getattr(args, "smoke", False))
     repeats = 1 if smoke else max(1, int(getattr(args, "repeats", 3) or 3))

@@ -19,7 +19,7 @@ import json
 import re
 from pathlib import Path
 
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 from lessonkit.grammar import Grammar
 
 ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "examples", "default",

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
 INSTRUCTION = (
     "You triage alerts for an on-call engineer. Answer with one word: yes if an engineer must act "
@@ -136,8 +136,8 @@ def judge_fingerprint(score_fingerprint: str, bias: float) -> str:
 
 def load_judge(model: str = "smollm2-135m", **kw) -> LogitJudge:
     """The real judge: the lessonkit engine for ``model`` plus its chat template."""
-    from lessonkit import registry
-    from lessonkit.chat import apply_chat_template
+    from lessonkit.engine import registry
+    from lessonkit.engine.gguf_loader import apply_chat_template
     engine = registry.load_model(model)
     return LogitJudge(engine, lambda msgs: apply_chat_template(engine, msgs, add_generation_prompt=True), **kw)
 

@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .errors import LessonkitError
-from .model import apply_rope, rms_norm
-from .quant import block_report, fake_quantise, get_scheme, scale_ratio
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.model import apply_rope, rms_norm
+from lessonkit.engine.quant import block_report, fake_quantise, get_scheme, scale_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 MTP_DIR = ROOT / "data" / "models" / "mtp"
@@ -220,7 +220,7 @@ def load_head(model_or_path, *, dtype=torch.float32, check: bool = True) -> MtpH
 # ----------------------------------------------------------------------------- target states
 def text_windows(engine, kind: str, split: str, n_windows: int, seq_len: int, skip: int = 0) -> torch.Tensor:
     """n_windows x seq_len tokens of one corpus part, tokenised with the target's own tokenizer."""
-    from .corpus import EOT, load_documents
+    from lessonkit.corpus import EOT, load_documents
     docs = [d for d in load_documents(kind, split) if d.strip()]
     need = (skip + n_windows) * seq_len
     ids: list[int] = []
@@ -309,7 +309,7 @@ def cached_states(engine, kind: str, split: str, n_windows: int, seq_len: int, p
     """target_states of corpus windows, cached on disk under $LESSONKIT_HOME/mtp_states (keyed by the
     target's fingerprint: weights, tokenizer, config, dtype) because the big target is slow on 2 cores."""
     import os
-    from .registry import lessonkit_home
+    from lessonkit.engine.registry import lessonkit_home
     d = lessonkit_home() / "mtp_states"
     f = d / f"{engine.name}-{engine.fingerprint()[:16]}-{kind}-{split}-{n_windows}x{seq_len}.pt"
     if f.exists():
@@ -327,7 +327,7 @@ def cached_states(engine, kind: str, split: str, n_windows: int, seq_len: int, p
 
 def eval_windows(engine, n_per_kind: int = 4, seq_len: int = 128, kinds=None, progress: bool = True) -> dict:
     """Held-out windows per kind of text, with the target's states, for teacher-forced evaluation."""
-    from .corpus import KINDS
+    from lessonkit.corpus import KINDS
     return {kind: cached_states(engine, kind, "heldout", n_per_kind, seq_len, progress) for kind in (kinds or KINDS)}
 
 
@@ -408,7 +408,7 @@ class MtpDrafter:
 
     @torch.no_grad()
     def propose(self, context, k: int):
-        from .drafters import Draft
+        from lessonkit.drafters import Draft
         context = list(context)
         t = len(context) - 2
         if k <= 0 or t < 0 or self.n_hidden <= t:
@@ -501,7 +501,7 @@ def train_head(engine, tc: TrainMtpConfig = TrainMtpConfig(), progress: bool = T
     smoothL1(RMSNorm_final(y_t), RMSNorm_final(h_{t+1})), the target's own state one position on.
     """
     from tqdm.auto import tqdm
-    from .corpus import KINDS
+    from lessonkit.corpus import KINDS
     torch.manual_seed(tc.seed)
     t0 = time.perf_counter()
     if states is None:
@@ -810,7 +810,7 @@ def _pooled(per: dict) -> float:
 
 def prompts_from_corpus(engine, n_per_kind: int = 1, prompt_len: int = 48) -> dict[str, list[list[int]]]:
     """Held-out prompts per kind of text (the first tokens of held-out windows not used for acceptance)."""
-    from .corpus import KINDS
+    from lessonkit.corpus import KINDS
     return {k: text_windows(engine, k, "heldout", n_per_kind, prompt_len, skip=40).tolist() for k in KINDS}
 
 
@@ -819,8 +819,8 @@ def speed_comparison(engine, head: MtpHead | None = None, prompts: dict | None =
     """Plain greedy vs MTP drafting with k drafts per verify, same prompts, same process; output compared
     token by token. One row per (kind, contender). Times are medians over `repeats`."""
     import statistics
-    from .generate import generate
-    from .speculative import speculative_generate
+    from lessonkit.engine.generate import generate
+    from lessonkit.speculative import speculative_generate
     head = head if head is not None else load_head(engine)
     prompts = prompts if prompts is not None else prompts_from_corpus(engine)
     drafter = MtpDrafter(engine, head, quant=quant)
@@ -871,8 +871,8 @@ def speed_figure(rows: list[dict], title: str = ""):
 
 def bench(args) -> dict:
     """`lessonkit bench mtp`: plain greedy vs MTP drafting (k = 1..3) on tiny-moe (and smollm2-135m unless smoke)."""
-    from .bench_util import machine_info, target
-    from .registry import load_model
+    from lessonkit.bench_util import machine_info, target
+    from lessonkit.engine.registry import load_model
     smoke = bool(getattr(args, "smoke", False))
     models = ["tiny-moe"] if smoke else ["tiny-moe", "smollm2-135m"]
     rows = []
@@ -913,7 +913,7 @@ def register_cli(subparsers) -> None:
 
 
 def _cli_train(args) -> int:
-    from .registry import load_model
+    from lessonkit.engine.registry import load_model
     torch.set_num_threads(args.threads)
     eng = load_model(args.model)
     tc = PRESETS.get(args.preset or eng.name, TrainMtpConfig())
@@ -932,7 +932,7 @@ def _cli_train(args) -> int:
 
 
 def _cli_doctor(args) -> int:
-    from .registry import load_model
+    from lessonkit.engine.registry import load_model
     eng = load_model(args.model)
     head = load_head(args.head or eng)
     rep = doctor(eng, head, args.quant, n_per_kind=args.windows, progress=not args.json)
@@ -970,7 +970,7 @@ def make_mtp_drafter(target, arg: str | None = None, **kw) -> MtpDrafter:
 
 def _register_drafter() -> None:
     try:
-        from .drafters import DRAFTERS
+        from lessonkit.drafters import DRAFTERS
     except ImportError:
         return
     DRAFTERS.setdefault("mtp", make_mtp_drafter)

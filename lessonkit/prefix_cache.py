@@ -42,7 +42,7 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 
-from .errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
 FORMAT = "lessonkit-prefix-kv"
 FORMAT_VERSION = 1
@@ -802,7 +802,7 @@ def results_identical(a: ScoreResult, b: ScoreResult) -> bool:
 
 # ---- generation with a prefix cache ----------------------------------------------------------------------
 def generate_with_prefix_cache(engine, prompt_ids: Sequence[int], prefix_cache, **gen_kwargs):
-    """lessonkit.generate.generate(), resuming the prompt from the prefix cache and saving it after.
+    """lessonkit.engine.generate.generate(), resuming the prompt from the prefix cache and saving it after.
 
     prefix_cache: a PrefixCache, or a directory (as `lessonkit generate --prefix-cache DIR` gives).
     Restores at most len(prompt) - 1 tokens (the last prompt token is forwarded to get logits),
@@ -812,9 +812,9 @@ def generate_with_prefix_cache(engine, prompt_ids: Sequence[int], prefix_cache, 
 
     Exactness: a resumed prompt continues from exactly the state a fresh prefill of the same chunks
     computes (the saved prompt, then the rest). Versus one single forward over the whole prompt, the
-    engine's GEMM results can depend on chunk boundaries in the last bits (see lessonkit.model).
+    engine's GEMM results can depend on chunk boundaries in the last bits (see lessonkit.engine.model).
     """
-    from .generate import generate
+    from lessonkit.engine.generate import generate
     prompt_ids = [int(t) for t in prompt_ids]
     if prefix_cache is None:
         return generate(engine, prompt_ids, **gen_kwargs)
@@ -901,7 +901,7 @@ def make_items(engine, n: int, seed: int = 0) -> list[list[int]]:
 def tiny_random_model(out_dir, seed: int = 0, vocab: int = 512, tokenizer_json: str | None = None) -> Path:
     """A tiny random OLMoE-style model in the streaming layout (2 layers, 4 experts): for fast demos
     and tests. Two seeds give two models with identical shapes and vocabulary, different weights."""
-    from .checkpoint import convert_hf_state_dict
+    from lessonkit.engine.checkpoint import convert_hf_state_dict
     g = torch.Generator().manual_seed(seed)
     D, I, H, KV, hd, E, L = 32, 32, 4, 2, 8, 4, 2
     cfg = dict(model_type="olmoe", vocab_size=vocab, hidden_size=D, intermediate_size=I, num_hidden_layers=L,
@@ -931,7 +931,7 @@ def tiny_random_model(out_dir, seed: int = 0, vocab: int = 512, tokenizer_json: 
 def _load(model):
     if not isinstance(model, (str, os.PathLike)):
         return model
-    from .registry import load_model
+    from lessonkit.engine.registry import load_model
     return load_model(str(model))
 
 
@@ -1014,7 +1014,7 @@ def restore_vs_prefill(engine, cache_dir, lengths=(64, 128, 256, 552), repeats: 
     """
     import matplotlib.pyplot as plt
     import pandas as pd
-    from .bench_util import median_time
+    from lessonkit.bench_util import median_time
     ids = system_prompt_ids(engine, max(lengths))
     pc = PrefixCache(cache_dir, engine)
     rows = []
@@ -1182,7 +1182,7 @@ def corruption_demo(engine, cache_dir, prefix_ids) -> dict:
 def bench(args) -> dict:
     """`lessonkit bench prefix`: prefill vs restore of a 552-token prefix; batch scoring off / cold / warm."""
     import tempfile
-    from .bench_util import machine_info, median_time, target
+    from lessonkit.bench_util import machine_info, median_time, target
     smoke = bool(getattr(args, "smoke", False))
     repeats = max(1, int(getattr(args, "repeats", 3) or 3))
     n_prefix, n_items = (96, 6) if smoke else (552, 50)
@@ -1190,7 +1190,7 @@ def bench(args) -> dict:
         model = getattr(args, "model", None)
         if model is None:
             if smoke:
-                from .registry import MODELS_DIR
+                from lessonkit.engine.registry import MODELS_DIR
                 model = "tiny-moe" if (MODELS_DIR / "tiny-moe" / "config.json").exists() else \
                     str(tiny_random_model(Path(tmp) / "tiny", tokenizer_json=_fallback_tokenizer()))
             else:

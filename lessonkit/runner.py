@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"

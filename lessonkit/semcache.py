@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 from lessonkit.semcache_audit import AuditConfig, Auditor, clopper_pearson_upper
 from lessonkit.semcache_store import CacheStore, Entry, scope_key
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
 
 def clopper_pearson_upper(losses: int, audits: int, confidence: float = 0.95) -> float:

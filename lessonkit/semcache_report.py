@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 from lessonkit.judge import GROUND_TRUTH_PATH, RecordedJudge, RuleJudge, instruction_fingerprint
 from lessonkit.monitoring_data import load_stream
 from lessonkit.semcache import (AUDIT_OFF, POLICY_NAMES, CacheStore, load_embedder, make_policy,
@@ -308,7 +308,7 @@ def record_ground_truth(batched: bool = True, n_check: int = 3, path=GROUND_TRUT
     batched: same weights and token ids run in batches by transformers (much faster on a CPU),
     then ``n_check`` items re-scored by the engine itself; the largest difference is recorded.
     """
-    from lessonkit import gguf_loader
+    from lessonkit.engine import gguf_loader
     from lessonkit.judge import load_judge, record_scores, score_batched_transformers, write_ground_truth
     judge = load_judge()
     texts = list(dict.fromkeys(it.text for it in load_stream()))

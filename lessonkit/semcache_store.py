@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (

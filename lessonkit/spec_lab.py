@@ -15,9 +15,9 @@ import time
 import pandas as pd
 import torch
 
-from .corpus import KINDS, load_documents
-from .generate import generate
-from .speculative import (cost_curve, expected_tokens_per_pos, leviathan_speedup, measure_cost_curve,
+from lessonkit.corpus import KINDS, load_documents
+from lessonkit.engine.generate import generate
+from lessonkit.speculative import (cost_curve, expected_tokens_per_pos, leviathan_speedup, measure_cost_curve,
                           speculative_generate)
 
 
@@ -40,7 +40,7 @@ def prompts_by_kind(engine=None, n: int = 20, max_tokens: int = 48, *, seed: int
     if engine is not None and engine.tokenizer is not None:
         encode = engine.encode
     else:
-        from .train import load_tokenizer
+        from lessonkit.train import load_tokenizer
         tok = load_tokenizer()
         V = engine.config.vocab_size if engine is not None else None
         encode = (lambda s: [i % V for i in tok.encode(s).ids]) if V else (lambda s: tok.encode(s).ids)
@@ -236,8 +236,8 @@ def break_even_surface(model_dir, prompts: list[list[int]], *, error_rates=(0.0,
     Each run starts from an empty expert cache. Returns (DataFrame, Figure)."""
     import matplotlib.pyplot as plt
     import numpy as np
-    from .drafters import OracleDrafter
-    from .engine import Engine
+    from lessonkit.drafters import OracleDrafter
+    from lessonkit.engine.engine import Engine
     rows = []
     oracle_engine = Engine(model_dir, name="oracle", dtype=dtype)          # shared by every oracle drafter
     total = oracle_engine.config.n_layers * oracle_engine.config.n_experts
@@ -296,16 +296,16 @@ def break_even_surface(model_dir, prompts: list[list[int]], *, error_rates=(0.0,
 def lesson_models(model: str = "tiny-moe", draft: str = "tiny-draft", *, expert_budget_mb=None):
     """(target, draft engine, note). Falls back to tiny random stand-ins (converted from random
     transformers models) when the trained models are not there yet, and says so in the note."""
-    from .errors import LessonkitError
-    from .registry import load_model
+    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.engine.registry import load_model
     try:
         return load_model(model, expert_budget_mb=expert_budget_mb), load_model(draft), f"{model} + {draft}"
     except LessonkitError as e:
         import tempfile
         from pathlib import Path
         import transformers
-        from .checkpoint import convert_hf_checkpoint
-        from .engine import Engine
+        from lessonkit.engine.checkpoint import convert_hf_checkpoint
+        from lessonkit.engine.engine import Engine
         tmp = Path(tempfile.mkdtemp(prefix="lessonkit-spec-"))
         common = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=1024, eos_token_id=None, bos_token_id=None,
@@ -328,8 +328,8 @@ def sampling_tv(target, draft_engine, prompt: list[int], *, n: int = 20_000, tem
     """Total-variation distance between the target's next-token distribution and the first token emitted
     by one speculative step (k=1, draft sampled from the drafter), for the correct sampler and for a broken
     one that accepts every draft. Returns a DataFrame."""
-    from .generate import probs_from_logits
-    from .speculative import verify_sampling
+    from lessonkit.engine.generate import probs_from_logits
+    from lessonkit.speculative import verify_sampling
     p = probs_from_logits(target.forward(prompt, target.new_cache(), last_only=True)[-1], temperature)
     q = probs_from_logits(draft_engine.forward(prompt, draft_engine.new_cache(), last_only=True)[-1], temperature)
     gen = torch.Generator().manual_seed(seed)

@@ -5,7 +5,7 @@ target in a single forward; row i holds the target's distribution for the positi
   greedy:   accept draft i while argmax(row i-1) == draft i; the first mismatch (or row k) gives the
             target's own token, the "bonus". Output is token-identical to plain greedy decoding,
             because the engine's forward is row-invariant (a k-row forward == k 1-row forwards, bit
-            for bit; see lessonkit.model).
+            for bit; see lessonkit.engine.model).
   sampling: modified rejection sampling (Leviathan et al. 2023, Chen et al. 2023). p: target probs,
             q: draft probs. Accept x with probability min(1, p(x)/q(x)); on rejection sample from
             norm(max(p - q, 0)) and stop. The emitted tokens are distributed exactly as the target's.
@@ -31,9 +31,9 @@ from typing import Callable
 
 import torch
 
-from .drafters import DRAFTERS, Draft, Drafter
-from .errors import LessonkitError
-from .generate import (GenerationResult, SamplingParams, StopChecker, engine_counters, finish_stats, prefill,
+from lessonkit.drafters import DRAFTERS, Draft, Drafter
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.generate import (GenerationResult, SamplingParams, StopChecker, engine_counters, finish_stats, prefill,
                        probs_from_logits, sample_token)
 
 
@@ -205,7 +205,7 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
     if max_new_tokens < 0:
         raise LessonkitError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     try:
-        from .model import ROWWISE_MAX
+        from lessonkit.engine.model import ROWWISE_MAX
     except ImportError:                                 # older engine: every forward row-invariant
         ROWWISE_MAX = 1 << 30
     kmax_allowed = ROWWISE_MAX - 1

@@ -13,8 +13,8 @@ Lesson 7 (capstone). Each item goes through, in order:
 
 Exactness. Every engine answer is byte-identical to the plain engine's, which prefills the same
 prompt in the same two chunks (the shared prefix, then the item) and decodes one token per forward
-(lessonkit.generate.generate). The chunking matters: the engine's long-prefill GEMM rounds by
-chunk (see lessonkit.model), and a prefix cache can only ever serve whole prefixes. Verify
+(lessonkit.engine.generate.generate). The chunking matters: the engine's long-prefill GEMM rounds by
+chunk (see lessonkit.engine.model), and a prefix cache can only ever serve whole prefixes. Verify
 forwards have at most k + 1 <= 16 rows, the engine's row-wise path, bit-identical to decoding.
 The semantic cache is not lossless by construction; its row reports audited losses and
 actionable losses (a served "no" where the plain engine says "yes") instead.
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
 # ---- the workload ----------------------------------------------------------------------------------
 JUDGE_SCHEMA = {
@@ -135,7 +135,7 @@ class Workload:
 
 def make_workload(cfg: StackConfig, stream=None) -> Workload:
     """The first n_items of the shipped stream; examples and calibration items from its far end."""
-    from .monitoring_data import load_stream
+    from lessonkit.monitoring_data import load_stream
     stream = list(stream) if stream is not None else load_stream()
     need = cfg.n_items + cfg.n_examples + cfg.calibration_items
     if len(stream) < need:
@@ -176,7 +176,7 @@ class StackDrafter:
                 d.reset(prompt_ids)
 
     def propose(self, context, k):
-        from .drafters import Draft
+        from lessonkit.drafters import Draft
         self._last = None
         if self.grammar is not None:
             d = self.grammar.propose(context, k)
@@ -232,9 +232,9 @@ class Judge:
             else getattr(model_drafter, "name", type(model_drafter).__name__)
         self._model_drafter = None if isinstance(model_drafter, str) else model_drafter
         if isinstance(model_drafter, str) and model_drafter:
-            from .speculative import make_drafter
+            from lessonkit.speculative import make_drafter
             try:                                            # registers 'mtp' in DRAFTERS
-                from . import mtp  # noqa: F401
+                from lessonkit import mtp  # noqa: F401
             except Exception:                               # pragma: no cover
                 pass
             self._model_drafter = make_drafter(model_drafter, engine)
@@ -246,15 +246,15 @@ class Judge:
             self._model_drafter.close()
 
     def _drafter(self):
-        from .grammar_draft import GrammarDrafter
+        from lessonkit.grammar_draft import GrammarDrafter
         g = GrammarDrafter(self.tg, max_draft=self.k) if self.tg is not None else None
         if g is None and self._model_drafter is None:
             return None
         return StackDrafter(g, self._model_drafter)
 
     def __call__(self, text: str) -> JudgeResult:
-        from .generate import generate
-        from .speculative import speculative_generate
+        from lessonkit.engine.generate import generate
+        from lessonkit.speculative import speculative_generate
         eng = self.engine
         item_ids = eng.encode(ITEM_TEMPLATE.format(text=text))
         prompt = self.prefix_ids + item_ids
@@ -298,8 +298,8 @@ def judge_token_grammar(engine):
     key = (engine.fingerprint(), id(engine.tokenizer))
     tg = _TG_CACHE.get(key)
     if tg is None:
-        from .grammar_draft import TokenGrammar
-        from .json_schema import schema_grammar
+        from lessonkit.grammar_draft import TokenGrammar
+        from lessonkit.json_schema import schema_grammar
         g = schema_grammar(JUDGE_SCHEMA, whitespace="compact", ndjson=True, source="stack.JUDGE_SCHEMA")
         tg = _TG_CACHE[key] = TokenGrammar(g, engine.tokenizer, eos_ids=engine.config.eos_ids)
     return tg
@@ -316,9 +316,9 @@ class SemanticFront:
 
     def __init__(self, embeddings, texts, *, threshold: float = 0.85, audit_rate: float = 0.1,
                  audit_first_n: int = 1, seed: int = 0):
-        from .semcache import CosinePolicy
-        from .semcache_audit import AuditConfig, Auditor
-        from .semcache_store import CacheStore
+        from lessonkit.semcache import CosinePolicy
+        from lessonkit.semcache_audit import AuditConfig, Auditor
+        from lessonkit.semcache_store import CacheStore
         self.emb = {t: e for t, e in zip(texts, embeddings)}
         self.policy = CosinePolicy(threshold, one_sided=True, guard=True)
         self.store = CacheStore(":memory:", "stack")
@@ -374,7 +374,7 @@ class StackPipeline:
         self._tmp = None
         self.pc = None
         if "prefix" in techniques:
-            from .prefix_cache import PrefixCache
+            from lessonkit.prefix_cache import PrefixCache
             if prefix_cache_dir is None:
                 self._tmp = tempfile.TemporaryDirectory(prefix="lessonkit-stack-pc-")
                 prefix_cache_dir = self._tmp.name
@@ -464,7 +464,7 @@ def run_stack(engine, workload: Workload, techniques=TECHNIQUES, *, cfg: StackCo
 
 def embed_items(texts: list[str]) -> tuple:
     """(unit embeddings [n, 384], seconds): all-MiniLM-L6-v2, as lesson 5."""
-    from .semcache import load_embedder
+    from lessonkit.semcache import load_embedder
     emb = load_embedder()
     emb.embed(list(texts[:1]))                  # warm-up: first-call costs are not per-item costs
     t0 = time.perf_counter()
@@ -480,14 +480,14 @@ def drafter_candidates(engine, names=("mtp", "tiny-draft", "ngram")) -> list[str
     for n in names:
         if n == "mtp":
             try:
-                from .mtp import head_path
+                from lessonkit.mtp import head_path
                 if head_path(engine.name).exists():
                     out.append(n)
             except Exception:
                 pass
         elif n == "tiny-draft":
-            from .registry import MODELS_DIR
-            from .config import ModelConfig
+            from lessonkit.engine.registry import MODELS_DIR
+            from lessonkit.engine.config import ModelConfig
             cfg_path = MODELS_DIR / "tiny-draft" / "config.json"
             if engine.name != "tiny-draft" and cfg_path.exists() and \
                     ModelConfig.load(cfg_path).vocab_size == engine.config.vocab_size:
@@ -666,10 +666,10 @@ def plot_ablation(df, title: str | None = None):
 
 def smoke_engine():
     """A fast engine for smoke runs: tiny-moe when trained, else a tiny random model with a byte tokenizer."""
-    from .registry import MODELS_DIR, load_model
+    from lessonkit.engine.registry import MODELS_DIR, load_model
     if (MODELS_DIR / "tiny-moe" / "config.json").exists():
         return load_model("tiny-moe")
-    from .prefix_cache import tiny_random_model
+    from lessonkit.prefix_cache import tiny_random_model
     d = Path(tempfile.gettempdir()) / "lessonkit-stack-smoke-model"
     if not (d / "config.json").exists():
         tiny_random_model(d, seed=0, vocab=512, tokenizer_json=_byte_tokenizer_json())
@@ -686,7 +686,7 @@ def _byte_tokenizer_json() -> str:
 
 
 def available_models(smoke: bool = False) -> list[str]:
-    from .registry import MODELS_DIR
+    from lessonkit.engine.registry import MODELS_DIR
     if smoke:
         return ["smoke"]
     out = ["tiny-moe"] if (MODELS_DIR / "tiny-moe" / "config.json").exists() else []
@@ -697,7 +697,7 @@ def load_engine(name: str):
     """A named model, a checkpoint directory, or "smoke" (smoke_engine())."""
     if name == "smoke":
         return smoke_engine()
-    from .registry import load_model
+    from lessonkit.engine.registry import load_model
     return load_model(name)
 
 
@@ -751,7 +751,7 @@ def _cfg_from_args(args, smoke: bool) -> StackConfig:
 
 def bench(args) -> dict:
     """`lessonkit bench stack`: the plain engine vs all techniques together on the stream, one run."""
-    from .bench_util import machine_info
+    from lessonkit.bench_util import machine_info
     smoke = bool(getattr(args, "smoke", False))
     cfg = _cfg_from_args(args, smoke)
     model = getattr(args, "model", None)

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from lessonkit.corpus import CORPUS_DIR, EOT, KINDS, load_documents
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS_DIR = ROOT / "data" / "models"
@@ -191,7 +191,7 @@ def load_hf(name_or_dir: str | Path):
             src = MODELS_DIR / str(name_or_dir)
             if not (src / "config.json").exists():
                 raise LessonkitError(f"no trained model {name_or_dir!r}: neither {p} nor {src} exists")
-            from lessonkit.checkpoint import export_hf
+            from lessonkit.engine.checkpoint import export_hf
             export_hf(src, p)
     m = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32)
     return m.eval()
@@ -425,7 +425,7 @@ def _card(log: dict, files: dict) -> str:
 
 def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | None = None) -> Path:
     """Convert build/hf/<name> to data/models/<name> (bf16), with train_log.json, loss_curve.png, card.md."""
-    from lessonkit.checkpoint import convert_hf_checkpoint
+    from lessonkit.engine.checkpoint import convert_hf_checkpoint
     hf = Path(hf_dir) if hf_dir else HF_DIR / name
     out = Path(out_dir) if out_dir else MODELS_DIR / name
     if not (hf / "train_log.json").exists():
@@ -439,7 +439,7 @@ def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | N
     files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.name != "card.md"}
     (out / "card.md").write_text(_card(log, files))
     try:
-        from lessonkit.checkpoint import write_manifest
+        from lessonkit.engine.checkpoint import write_manifest
         write_manifest(out)
     except ImportError:  # pragma: no cover
         pass
@@ -487,7 +487,7 @@ def continuation_prompts(n_per_kind: int = 1, prompt_chars: int = 160) -> list[d
 
 def continuation_samples(engine, n_per_kind: int = 1, max_new_tokens: int = 60) -> list[dict]:
     """Greedy continuations of held-out prompts of each kind (records stop at the end of the line)."""
-    from lessonkit.generate import generate
+    from lessonkit.engine.generate import generate
     rows = []
     for p in continuation_prompts(n_per_kind):
         stop = ("\n",) if p["kind"] == "records" else ()
@@ -530,7 +530,7 @@ def _cli_train(args) -> int:
 
 
 def _cli_export(args) -> int:
-    from lessonkit.checkpoint import export_hf
+    from lessonkit.engine.checkpoint import export_hf
     src = Path(args.name)
     if not (src / "config.json").exists():
         src = MODELS_DIR / args.name

@@ -80,7 +80,7 @@ def test_doctor_passes_on_the_shipped_files(capsys):
 
 def test_manifest_catches_an_edited_byte(moe_dir, tmp_path):
     import shutil
-    from lessonkit.checkpoint import verify_manifest
+    from lessonkit.engine.checkpoint import verify_manifest
     d = tmp_path / "copy"
     shutil.copytree(moe_dir, d)
     assert set(verify_manifest(d).values()) == {"ok"}

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from lessonkit.engine import Engine
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.engine import Engine
+from lessonkit.engine.errors import LessonkitError
 from tests.hf_tiny import make_hf
 
 KINDS = ["olmoe", "llama", "llama-tied"]
@@ -50,7 +50,7 @@ def test_greedy_matches_transformers(pair):
 
 def test_prefill_vs_incremental(pair):
     """A 100-row prefill is one GEMM per matrix; token-by-token decoding is GEMV. MKL rounds the two
-    differently (see lessonkit/model.py), by about 1e-6 here: within 1e-5 and the same argmax."""
+    differently (see lessonkit/engine/model.py), by about 1e-6 here: within 1e-5 and the same argmax."""
     kind, _, stream = pair
     eng = Engine(stream)
     toks = _tokens(100, seed=3)
@@ -64,7 +64,7 @@ def test_prefill_vs_incremental(pair):
 
 def test_short_forwards_equal_token_by_token_exactly(pair):
     """Forwards of up to ROWWISE_MAX rows (decode, speculative verify) are bit-identical to 1-row ones."""
-    from lessonkit.model import ROWWISE_MAX
+    from lessonkit.engine.model import ROWWISE_MAX
     kind, _, stream = pair
     eng = Engine(stream)
     toks = _tokens(3 * ROWWISE_MAX, seed=9)
@@ -181,7 +181,7 @@ def test_bfloat16_is_row_invariant_too(tmp_path):
 
 
 def test_generate_stop_strings_and_callback(tmp_path):
-    from lessonkit.generate import generate
+    from lessonkit.engine.generate import generate
     _, stream = make_hf("llama", tmp_path)
     eng = Engine(stream)
     ids = eng.encode("hello")
@@ -205,9 +205,9 @@ def test_token_bytes_are_exact_even_for_partial_utf8(tmp_path):
 
 @pytest.mark.parametrize("group", [1, 2])
 def test_row_grouping_changes_no_bit(pair, group, monkeypatch):
-    """Rule 1 of lessonkit/model.py: a verify forward multiplies in groups of ROW_GROUP rows; any group
+    """Rule 1 of lessonkit/engine/model.py: a verify forward multiplies in groups of ROW_GROUP rows; any group
     size the probe may pick must give the same bits (and the probe must have picked one of them)."""
-    import lessonkit.model as M
+    import lessonkit.engine.model as M
     kind, _, stream = pair
     assert M.probe_row_group([(64, 96), (96, 300)]) in (1, 2, 3)
     eng = Engine(stream)
@@ -224,7 +224,7 @@ def test_expert_store_keeps_the_compute_layout(tmp_path):
     """The store hands out gate|up transposed [D, 2I] and down^T [I, D], the bytes of the file."""
     from safetensors.torch import save_file
 
-    from lessonkit.expert_store import ExpertStore
+    from lessonkit.engine.expert_store import ExpertStore
     g = torch.Generator().manual_seed(0)
     t = torch.randn(3, 5, 4, generator=g)
     path = tmp_path / "experts.safetensors"

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from lessonkit.exercises import engine_checks as check
-from lessonkit.expert_store import ExpertStore
+from lessonkit.engine.expert_store import ExpertStore
 from tests.exercise_util import run, solution_functions
 
 NB = "00_engine"

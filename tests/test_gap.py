@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from lessonkit import gap
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
 ECI_HEADER = ["Model version", "ECI Score", "Release date", "Organization", "Country",
               "Model accessibility", "Training compute (FLOP)", "Confidence", "Model name",

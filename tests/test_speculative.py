@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from lessonkit.drafters import DRAFTERS, Draft, Drafter, ModelDrafter, NGramDrafter, OracleDrafter
-from lessonkit.engine import Engine
-from lessonkit.errors import LessonkitError
-from lessonkit.generate import generate, probs_from_logits
+from lessonkit.engine.engine import Engine
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.generate import generate, probs_from_logits
 from lessonkit.spec_lab import prompts_by_kind
 from lessonkit.speculative import (DepthGate, expected_tokens, leviathan_speedup, make_drafter, parse_draft_k,
                                    speculative_generate, verify_greedy, verify_sampling)
@@ -258,7 +258,7 @@ def test_greedy_verify_rule():
 
 # ---- trained models, when present ----------------------------------------------------------------------
 def _registry(name, optional=False):
-    from lessonkit.registry import resolve_model_dir
+    from lessonkit.engine.registry import resolve_model_dir
     try:
         return resolve_model_dir(name)[1]
     except Exception as e:

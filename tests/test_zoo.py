@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from lessonkit import corpus, train
-from lessonkit.engine import Engine
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.engine import Engine
+from lessonkit.engine.errors import LessonkitError
 
 MODELS = train.MODELS_DIR
 KNOWN_KEYS = {
@@ -211,7 +211,7 @@ def test_load_balancing_loss_is_one_when_uniform_and_grows_when_collapsed():
 
 
 def test_export_round_trip_and_routing_not_collapsed(tmp_path, windows, moe, draft):
-    from lessonkit.checkpoint import export_hf
+    from lessonkit.engine.checkpoint import export_hf
     for name, eng in (("tiny-moe", moe), ("tiny-draft", draft)):
         hf = train.load_hf(export_hf(MODELS / name, tmp_path / name))
         x = windows["records"][0][:-1]

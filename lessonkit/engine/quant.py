@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
 
 @dataclass(frozen=True)

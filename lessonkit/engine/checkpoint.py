@@ -20,8 +20,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .config import ModelConfig
-from .errors import LessonkitError
+from lessonkit.engine.config import ModelConfig
+from lessonkit.engine.errors import LessonkitError
 
 FORMAT_VERSION = 1
 _FILES = ("config.json", "dense.safetensors", "experts.safetensors", "tokenizer.json")

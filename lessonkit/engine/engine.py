@@ -7,12 +7,12 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import load_dense, sha256_file
-from .config import ModelConfig
-from .errors import LessonkitError
-from .expert_store import ExpertStore
-from .kv_cache import KVCache
-from .model import Transformer
+from lessonkit.engine.checkpoint import load_dense, sha256_file
+from lessonkit.engine.config import ModelConfig
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.expert_store import ExpertStore
+from lessonkit.engine.kv_cache import KVCache
+from lessonkit.engine.model import Transformer
 
 
 def _byte_decoder() -> dict[str, int]:

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
 
 @dataclass

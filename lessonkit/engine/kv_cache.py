@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import LessonkitError
+from lessonkit.engine.errors import LessonkitError
 
 
 class KVCache:

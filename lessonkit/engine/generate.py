@@ -11,8 +11,8 @@ from typing import Callable
 
 import torch
 
-from .errors import LessonkitError
-from .kv_cache import KVCache
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.kv_cache import KVCache
 
 
 @dataclass
