@@ -9,7 +9,7 @@ import sys
 from lessonkit.engine.errors import LessonkitError
 
 # modules that add sub-commands (register_cli) and benchmarks (bench)
-COMMAND_MODULES = ["lessonkit.corpus", "lessonkit.train", "lessonkit.gap", "lessonkit.grammar", "lessonkit.semcache",
+COMMAND_MODULES = ["lessonkit.workloads.corpus", "lessonkit.workloads.train", "lessonkit.gap", "lessonkit.grammar", "lessonkit.semcache",
                    "lessonkit.mtp", "lessonkit.prefix_cache", "lessonkit.stack"]
 BENCHES = {
     "engine": "lessonkit.bench_engine",

@@ -579,7 +579,7 @@ DRAFTERS.setdefault("grammar", _grammar_factory)
 
 def monitoring_record_schema() -> dict:
     """JSON Schema of the corpus's NDJSON monitoring records (metric / log / alert / deploy), from corpus.py."""
-    from lessonkit import corpus as c
+    from lessonkit.workloads import corpus as c
 
     def obj(props: dict, optional=()) -> dict:
         return {"type": "object", "properties": props, "additionalProperties": False,
@@ -711,7 +711,7 @@ def corpus_records(n: int = 50, split: str = "heldout") -> list[dict]:
     """The first `n` NDJSON monitoring records of the corpus (held-out split by default)."""
     import json as _json
 
-    from lessonkit.corpus import load_documents
+    from lessonkit.workloads.corpus import load_documents
     out = []
     for doc in load_documents("records", split):
         if not doc.startswith("{") or "\n  " in doc:       # skip the pretty-printed documents
@@ -830,7 +830,7 @@ def plot_ab(df):
 def bench(args) -> dict:
     """`lessonkit bench grammar`: compact NDJSON on tiny-moe, plain greedy vs grammar-drafted, side by side."""
     from lessonkit.bench_util import machine_info
-    from lessonkit.corpus import load_documents
+    from lessonkit.workloads.corpus import load_documents
     from lessonkit.engine.registry import load_model
 
     smoke = bool(getattr(args, "smoke", False))

@@ -220,7 +220,7 @@ def load_head(model_or_path, *, dtype=torch.float32, check: bool = True) -> MtpH
 # ----------------------------------------------------------------------------- target states
 def text_windows(engine, kind: str, split: str, n_windows: int, seq_len: int, skip: int = 0) -> torch.Tensor:
     """n_windows x seq_len tokens of one corpus part, tokenised with the target's own tokenizer."""
-    from lessonkit.corpus import EOT, load_documents
+    from lessonkit.workloads.corpus import EOT, load_documents
     docs = [d for d in load_documents(kind, split) if d.strip()]
     need = (skip + n_windows) * seq_len
     ids: list[int] = []
@@ -327,7 +327,7 @@ def cached_states(engine, kind: str, split: str, n_windows: int, seq_len: int, p
 
 def eval_windows(engine, n_per_kind: int = 4, seq_len: int = 128, kinds=None, progress: bool = True) -> dict:
     """Held-out windows per kind of text, with the target's states, for teacher-forced evaluation."""
-    from lessonkit.corpus import KINDS
+    from lessonkit.workloads.corpus import KINDS
     return {kind: cached_states(engine, kind, "heldout", n_per_kind, seq_len, progress) for kind in (kinds or KINDS)}
 
 
@@ -501,7 +501,7 @@ def train_head(engine, tc: TrainMtpConfig = TrainMtpConfig(), progress: bool = T
     smoothL1(RMSNorm_final(y_t), RMSNorm_final(h_{t+1})), the target's own state one position on.
     """
     from tqdm.auto import tqdm
-    from lessonkit.corpus import KINDS
+    from lessonkit.workloads.corpus import KINDS
     torch.manual_seed(tc.seed)
     t0 = time.perf_counter()
     if states is None:
@@ -810,7 +810,7 @@ def _pooled(per: dict) -> float:
 
 def prompts_from_corpus(engine, n_per_kind: int = 1, prompt_len: int = 48) -> dict[str, list[list[int]]]:
     """Held-out prompts per kind of text (the first tokens of held-out windows not used for acceptance)."""
-    from lessonkit.corpus import KINDS
+    from lessonkit.workloads.corpus import KINDS
     return {k: text_windows(engine, k, "heldout", n_per_kind, prompt_len, skip=40).tolist() for k in KINDS}
 
 

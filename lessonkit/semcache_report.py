@@ -14,8 +14,8 @@ import time
 import numpy as np
 
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.judge import GROUND_TRUTH_PATH, RecordedJudge, RuleJudge, instruction_fingerprint
-from lessonkit.monitoring_data import load_stream
+from lessonkit.workloads.judge import GROUND_TRUTH_PATH, RecordedJudge, RuleJudge, instruction_fingerprint
+from lessonkit.workloads.monitoring import load_stream
 from lessonkit.semcache import (AUDIT_OFF, POLICY_NAMES, CacheStore, load_embedder, make_policy,
                                 run_stream, scope_key)
 from lessonkit.semcache_audit import AuditConfig, clopper_pearson_upper
@@ -35,7 +35,7 @@ def ground_truth_judge(kind: str = "recorded", path=GROUND_TRUTH_PATH, progress:
     """
     if kind == "rule":
         return RuleJudge(), None
-    from lessonkit.judge import load_judge
+    from lessonkit.workloads.judge import load_judge
     live = load_judge()
     if kind == "real":
         return live, live
@@ -309,7 +309,7 @@ def record_ground_truth(batched: bool = True, n_check: int = 3, path=GROUND_TRUT
     then ``n_check`` items re-scored by the engine itself; the largest difference is recorded.
     """
     from lessonkit.engine import gguf_loader
-    from lessonkit.judge import load_judge, record_scores, score_batched_transformers, write_ground_truth
+    from lessonkit.workloads.judge import load_judge, record_scores, score_batched_transformers, write_ground_truth
     judge = load_judge()
     texts = list(dict.fromkeys(it.text for it in load_stream()))
     if not batched:

@@ -15,7 +15,7 @@ import time
 import pandas as pd
 import torch
 
-from lessonkit.corpus import KINDS, load_documents
+from lessonkit.workloads.corpus import KINDS, load_documents
 from lessonkit.engine.generate import generate
 from lessonkit.speculative import (cost_curve, expected_tokens_per_pos, leviathan_speedup, measure_cost_curve,
                           speculative_generate)
@@ -40,7 +40,7 @@ def prompts_by_kind(engine=None, n: int = 20, max_tokens: int = 48, *, seed: int
     if engine is not None and engine.tokenizer is not None:
         encode = engine.encode
     else:
-        from lessonkit.train import load_tokenizer
+        from lessonkit.workloads.train import load_tokenizer
         tok = load_tokenizer()
         V = engine.config.vocab_size if engine is not None else None
         encode = (lambda s: [i % V for i in tok.encode(s).ids]) if V else (lambda s: tok.encode(s).ids)

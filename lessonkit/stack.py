@@ -135,7 +135,7 @@ class Workload:
 
 def make_workload(cfg: StackConfig, stream=None) -> Workload:
     """The first n_items of the shipped stream; examples and calibration items from its far end."""
-    from lessonkit.monitoring_data import load_stream
+    from lessonkit.workloads.monitoring import load_stream
     stream = list(stream) if stream is not None else load_stream()
     need = cfg.n_items + cfg.n_examples + cfg.calibration_items
     if len(stream) < need:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.judge import RecordedJudge, RuleJudge
-from lessonkit.monitoring_data import generate_stream, load_stream
+from lessonkit.workloads.judge import RecordedJudge, RuleJudge
+from lessonkit.workloads.monitoring import generate_stream, load_stream
 from lessonkit.semcache import (CacheStore, CosinePolicy, ExactPolicy, content_key, guard_allows,
                                 make_policy, run_stream, scope_key)
 from lessonkit.semcache_audit import (AuditConfig, Auditor, allows_serving, clopper_pearson_upper)
@@ -262,7 +262,7 @@ def test_real_embedder_puts_a_number_swap_above_the_gptcache_threshold():
 def test_real_judge_is_deterministic_and_agrees_with_the_recorded_ground_truth():
     pytest.importorskip("lessonkit.engine.registry")
     pytest.importorskip("lessonkit.engine.gguf_loader")
-    from lessonkit.judge import load_judge
+    from lessonkit.workloads.judge import load_judge
     try:
         j = load_judge()
     except (LessonkitError, FileNotFoundError, ImportError) as exc:

@@ -11,7 +11,7 @@ import pytest
 
 from lessonkit import stack
 from lessonkit.drafters import Draft, OracleDrafter
-from lessonkit.monitoring_data import MonitoringItem
+from lessonkit.workloads.monitoring import MonitoringItem
 from lessonkit.engine.registry import MODELS_DIR, load_model
 
 CFG = replace(stack.PRESETS["smoke"], n_items=3, max_new_tokens=12, n_examples=2, calibration_items=1)

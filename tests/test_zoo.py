@@ -10,7 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lessonkit import corpus, train
+from lessonkit.workloads import corpus
+
+from lessonkit.workloads import train
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.errors import LessonkitError
 

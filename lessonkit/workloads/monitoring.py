@@ -11,7 +11,7 @@ needs action. The stream mixes four relations to an earlier item:
   (another host, service, domain or database) and ``unit_change`` (ms -> s, days -> hours, ...).
 
 ``needs_action`` is the generator's *intended* label. It is not the ground truth of the lesson:
-the ground truth is whatever the judge answers fresh (see lessonkit.judge).
+the ground truth is whatever the judge answers fresh (see lessonkit.workloads.judge).
 Everything is drawn from one ``random.Random(seed)``, so a seed gives the same stream everywhere.
 """
 from __future__ import annotations
@@ -305,7 +305,7 @@ def read_jsonl(path: str | Path) -> list[MonitoringItem]:
     return items
 
 
-STREAM_PATH = Path(__file__).resolve().parent.parent / "data" / "semcache" / "stream.jsonl"
+STREAM_PATH = Path(__file__).resolve().parents[2] / "data" / "semcache" / "stream.jsonl"
 
 
 def load_stream(path: str | Path | None = None, limit: int | None = None) -> list[MonitoringItem]:
@@ -314,6 +314,6 @@ def load_stream(path: str | Path | None = None, limit: int | None = None) -> lis
     return items[:limit] if limit else items
 
 
-if __name__ == "__main__":   # regenerate the shipped file: python -m lessonkit.monitoring_data
+if __name__ == "__main__":   # regenerate the shipped file: python -m lessonkit.workloads.monitoring
     out = write_jsonl(generate_stream("full"), STREAM_PATH)
     print(f"wrote {out}")

@@ -31,10 +31,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lessonkit.corpus import CORPUS_DIR, EOT, KINDS, load_documents
+from lessonkit.workloads.corpus import CORPUS_DIR, EOT, KINDS, load_documents
 from lessonkit.engine.errors import LessonkitError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODELS_DIR = ROOT / "data" / "models"
 HF_DIR = ROOT / "build" / "hf"
 

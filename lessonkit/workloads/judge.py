@@ -31,7 +31,7 @@ INSTRUCTION = (
 YES_SPELLINGS = ("yes", "Yes")
 NO_SPELLINGS = ("no", "No")
 JUDGE_BIAS = 0.0    # decision boundary on the log-odds: yes when P(yes) > P(no)
-GROUND_TRUTH_PATH = Path(__file__).resolve().parent.parent / "data" / "semcache" / "judge_answers.json"
+GROUND_TRUTH_PATH = Path(__file__).resolve().parents[2] / "data" / "semcache" / "judge_answers.json"
 
 
 def instruction_fingerprint(instruction: str = INSTRUCTION) -> str:

@@ -37,7 +37,7 @@ from lessonkit.engine.errors import LessonkitError
 EOT = "<|endoftext|>"
 KINDS = ("prose", "code", "records")
 SPLITS = ("train", "heldout")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CORPUS_DIR = ROOT / "data" / "corpus"
 
 # Stdlib folders that are tests, vendored third-party code or generated tables.
