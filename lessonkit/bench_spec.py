@@ -17,8 +17,10 @@ import torch
 
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate
-from lessonkit.spec_lab import _totals, conditional_per_pos, predicted_speedup, prompts_by_kind
-from lessonkit.speculative import expected_tokens_per_pos, measure_cost_curve, speculative_generate
+from lessonkit.speculative.drafters import ModelDrafter, NGramDrafter
+from lessonkit.speculative.gate import conditional_per_pos, expected_tokens_per_pos, measure_cost_curve, predicted_speedup
+from lessonkit.speculative.verify import speculative_generate, total_stats
+from lessonkit.workloads.corpus import prompts_by_kind
 
 try:
     from lessonkit.bench_util import machine_info, target as _target
@@ -74,7 +76,7 @@ def _row(name, wall, outs, ref, new_tokens, stats=None, **extra):
     r = {"name": name, "tokens_per_s": new_tokens / wall if wall else None, "wall_s": wall,
          "identical_to_plain": outs == ref, "new_tokens": new_tokens}
     if stats:
-        t = _totals(stats)
+        t = total_stats(stats)
         r.update({"acceptance_rate": t["acceptance_rate"], "mean_acceptance_length": t["mean_acceptance_length"],
                   "tokens_per_forward": t["tokens_per_forward"]})
     r.update(extra)
@@ -87,7 +89,7 @@ def _pair(rows, targets, notes, *, label, target, drafter_fn, hf_kwargs_fn, prom
         r = generate(target, p, max_new)
         return r.token_ids, r.stats
     plain_wall, ref, plain_stats = _median_run(plain_run, prompts, repeats)
-    plain_tot = _totals(plain_stats)
+    plain_tot = total_stats(plain_stats)
     n_tok = sum(len(o) for o in ref)
     rows.append(_row(f"{label}: lessonkit plain greedy", plain_wall, ref, ref, n_tok, speedup=1.0))
     spec = {}
@@ -125,7 +127,7 @@ def _pair(rows, targets, notes, *, label, target, drafter_fn, hf_kwargs_fn, prom
         name = [n for n in spec if "k=" in n and "auto" not in n][-1]     # the deepest fixed k
         k = int(name.split("k=")[1])
         wall, stats = spec[name]
-        t = _totals(stats)
+        t = total_stats(stats)
         cost = measure_cost_curve(target, k, context_len=64)
         predicted = predicted_speedup(plain_tot, t, k, cost)
         measured = plain_wall / wall
@@ -155,7 +157,6 @@ def _by_kind(rows, notes, target, drafter, prompts_by_kind_, max_new, repeats, k
 
 
 def bench(args) -> dict:
-    from lessonkit.drafters import ModelDrafter, NGramDrafter
     from lessonkit.engine.registry import load_model
     smoke = bool(getattr(args, "smoke", False))
     repeats = 1 if smoke else 3

@@ -125,7 +125,8 @@ def cmd_generate(args) -> int:
         res = generate_with_grammar(eng, ids, args.max_new_tokens, grammar=args.grammar, schema=args.schema,
                                     mode=args.mode, draft=args.draft, draft_k=args.draft_k, **kw)
     elif args.draft:
-        from lessonkit.speculative import make_drafter, parse_draft_k, speculative_generate
+        from lessonkit.speculative.verify import speculative_generate
+        from lessonkit.stack import make_drafter
         k = parse_draft_k(args.draft_k)
         drafter = make_drafter(args.draft, eng, seed=args.seed)
         res = speculative_generate(eng, drafter, ids, args.max_new_tokens, k=k, callback=stream, **kw)
@@ -144,6 +145,19 @@ def cmd_generate(args) -> int:
               f"expert hit rate {s['expert_hit_rate'] if s['expert_hit_rate'] is None else round(s['expert_hit_rate'], 3)}, "
               f"{s['bytes_read'] / 2**20:.1f} MB read]", file=sys.stderr)
     return 0
+
+
+def parse_draft_k(value) -> int | str:
+    """'auto' or a non-negative integer (for --draft-k)."""
+    if value == "auto":
+        return "auto"
+    try:
+        k = int(value)
+    except (TypeError, ValueError):
+        raise LessonkitError(f"--draft-k must be a non-negative integer or 'auto', got {value!r}") from None
+    if k < 0:
+        raise LessonkitError(f"--draft-k must be a non-negative integer or 'auto', got {value!r}")
+    return k
 
 
 class _Streamer:

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lessonkit.drafters import DRAFTERS, Draft
+from lessonkit.speculative.drafters import Draft
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.grammar import BUILTIN_GRAMMARS, Grammar, GrammarState, load_grammar
 
@@ -215,7 +215,7 @@ def token_mask(tg: TokenGrammar, state: GrammarState, size: int | None = None) -
 # ---------------------------------------------------------------------------- the drafter
 
 class GrammarDrafter:
-    """Drafter protocol (lessonkit.drafters): proposes the tokenised forced continuation of the grammar."""
+    """Drafter protocol (lessonkit.speculative.drafters): proposes the tokenised forced continuation of the grammar."""
 
     def __init__(self, grammar: Grammar | TokenGrammar, tokenizer=None, prompt_len: int | None = None, *,
                  max_draft: int = 24, min_acceptance: float = 0.5, warmup: int = 32, backoff_tokens: int | str = "auto",
@@ -534,7 +534,7 @@ def generate_with_grammar(eng, prompt_ids: list[int], max_new_tokens: int, *, gr
                                                top_p=top_p, seed=seed, callback=callback)
     if mode != "draft":
         raise LessonkitError(f"mode must be 'draft' or 'constrain', not {mode!r}")
-    from lessonkit.speculative import speculative_generate
+    from lessonkit.speculative.verify import speculative_generate
     drafter = GrammarDrafter(tg, **drafter_kw)
     k = verify_k(drafter.max_draft) if draft_k in (None, "auto") else int(draft_k)
     res = speculative_generate(eng, drafter, prompt_ids, max_new_tokens, k=k, temperature=temperature, top_p=top_p,
@@ -560,19 +560,6 @@ def verify_k(max_draft: int = 24) -> int:
     except ImportError:
         return max_draft
     return max(1, min(max_draft, ROWWISE_MAX - 1))
-
-
-def _grammar_factory(target, arg, **kw):
-    """`--draft grammar:NAME_OR_PATH` (a .json path is read as a JSON Schema)."""
-    spec = arg or "json"
-    if spec.endswith(".json"):
-        g = resolve_grammar(schema=spec)
-    else:
-        g = resolve_grammar(grammar=spec)
-    return GrammarDrafter(TokenGrammar(g, target.tokenizer, eos_ids=target.config.eos_ids))
-
-
-DRAFTERS.setdefault("grammar", _grammar_factory)
 
 
 # ---------------------------------------------------------------------------- the workbook's records
@@ -658,7 +645,7 @@ def grammar_ab(eng, prompt_ids: list[int], max_new_tokens: int, tg: TokenGrammar
     while the grammar arm keeps the experts the previous runs loaded (warm in one arm only).
     """
     from lessonkit.engine.generate import generate
-    from lessonkit.speculative import speculative_generate
+    from lessonkit.speculative.verify import speculative_generate
 
     plain_t, draft_t = [], []
     plain = drafted = drafter = None

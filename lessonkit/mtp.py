@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.model import apply_rope, rms_norm
+from lessonkit.speculative.drafters import Draft
 from lessonkit.engine.quant import block_report, fake_quantise, get_scheme, scale_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -408,7 +409,6 @@ class MtpDrafter:
 
     @torch.no_grad()
     def propose(self, context, k: int):
-        from lessonkit.drafters import Draft
         context = list(context)
         t = len(context) - 2
         if k <= 0 or t < 0 or self.n_hidden <= t:
@@ -820,7 +820,7 @@ def speed_comparison(engine, head: MtpHead | None = None, prompts: dict | None =
     token by token. One row per (kind, contender). Times are medians over `repeats`."""
     import statistics
     from lessonkit.engine.generate import generate
-    from lessonkit.speculative import speculative_generate
+    from lessonkit.speculative.verify import speculative_generate
     head = head if head is not None else load_head(engine)
     prompts = prompts if prompts is not None else prompts_from_corpus(engine)
     drafter = MtpDrafter(engine, head, quant=quant)
@@ -961,19 +961,3 @@ def format_report(rep: dict) -> str:
     lines.append("verdict: " + ("HEALTHY" if rep["healthy"] else "UNHEALTHY"))
     lines += [f"  - {v}" for v in rep["verdict"]]
     return "\n".join(lines)
-
-
-def make_mtp_drafter(target, arg: str | None = None, **kw) -> MtpDrafter:
-    """Factory for drafters.DRAFTERS: 'mtp' (float head) or 'mtp:SCHEME' (quantised head, e.g. mtp:int8)."""
-    return MtpDrafter(target, quant=arg or "none")
-
-
-def _register_drafter() -> None:
-    try:
-        from lessonkit.drafters import DRAFTERS
-    except ImportError:
-        return
-    DRAFTERS.setdefault("mtp", make_mtp_drafter)
-
-
-_register_drafter()

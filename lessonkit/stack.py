@@ -34,6 +34,12 @@ from pathlib import Path
 import torch
 
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.generate import generate
+from lessonkit.engine.registry import load_model
+from lessonkit.grammar_draft import GrammarDrafter, TokenGrammar, resolve_grammar
+from lessonkit.mtp import MtpDrafter
+from lessonkit.speculative.drafters import Draft, Drafter, ModelDrafter, NGramDrafter, OracleDrafter
+from lessonkit.speculative.verify import speculative_generate
 
 # ---- the workload ----------------------------------------------------------------------------------
 JUDGE_SCHEMA = {
@@ -153,6 +159,72 @@ def make_workload(cfg: StackConfig, stream=None) -> Workload:
     return Workload(items, examples, cal, build_prefix(examples))
 
 
+# ---- drafters by name (`--draft NAME[:ARG]`, the stack's model drafter) -------------------------------
+def _model_drafter(target, arg, **kw):
+    eng = load_model(arg or "tiny-draft")
+    d = ModelDrafter(eng, name=arg or "tiny-draft", **{k: v for k, v in kw.items() if k in ("temperature", "top_p", "seed")})
+    d.check_vocab(target)
+    return d
+
+
+def _tiny_draft(target, arg, **kw):
+    return _model_drafter(target, "tiny-draft", **kw)
+
+
+def _ngram_drafter(target, arg, **kw):
+    if arg is None:
+        return NGramDrafter()
+    try:
+        n = int(arg)
+    except ValueError:
+        raise LessonkitError(f"ngram:N needs an integer n-gram size, got {arg!r}") from None
+    return NGramDrafter(max_ngram=n)
+
+
+def _oracle_drafter(target, arg, **kw):
+    if arg is None:
+        raise LessonkitError("the oracle drafter needs an error rate: oracle:P with P in [0, 1], e.g. oracle:0.3")
+    try:
+        p = float(arg)
+    except ValueError:
+        raise LessonkitError(f"oracle:P needs a number P in [0, 1], got {arg!r}") from None
+    return OracleDrafter(target, p, seed=kw.get("seed", 0), horizon=kw.get("horizon", 128))
+
+
+def _mtp_drafter(target, arg, **kw):
+    """'mtp' (float head) or 'mtp:SCHEME' (quantised head, e.g. mtp:int8)."""
+    return MtpDrafter(target, quant=arg or "none")
+
+
+def _grammar_drafter(target, arg, **kw):
+    """'grammar:NAME_OR_PATH' (a .json path is read as a JSON Schema)."""
+    spec = arg or "json"
+    g = resolve_grammar(schema=spec) if spec.endswith(".json") else resolve_grammar(grammar=spec)
+    return GrammarDrafter(TokenGrammar(g, target.tokenizer, eos_ids=target.config.eos_ids))
+
+
+# name -> factory(target, arg: str | None, **kw) -> Drafter
+DRAFTERS = {
+    "tiny-draft": _tiny_draft,
+    "model": _model_drafter,          # model:NAME_OR_DIR
+    "ngram": _ngram_drafter,          # ngram or ngram:N
+    "oracle": _oracle_drafter,        # oracle:P
+    "mtp": _mtp_drafter,              # mtp or mtp:SCHEME
+    "grammar": _grammar_drafter,      # grammar or grammar:NAME_OR_PATH
+}
+
+
+def make_drafter(spec: str, target, **kw) -> Drafter:
+    """A drafter from 'NAME[:ARG]': tiny-draft, model:DIR, ngram[:N], oracle:P, mtp[:SCHEME], grammar[:G]."""
+    if not isinstance(spec, str) or not spec:
+        raise LessonkitError(f"--draft needs a drafter name, got {spec!r}")
+    name, _, arg = spec.partition(":")
+    factory = DRAFTERS.get(name)
+    if factory is None:
+        raise LessonkitError(f"unknown drafter {spec!r}: known drafters are {', '.join(sorted(DRAFTERS))}")
+    return factory(target, arg or None, **kw)
+
+
 # ---- the composite drafter ---------------------------------------------------------------------------
 class StackDrafter:
     """Drafter protocol: the grammar's forced span when there is one, else the model drafter.
@@ -176,7 +248,6 @@ class StackDrafter:
                 d.reset(prompt_ids)
 
     def propose(self, context, k):
-        from lessonkit.drafters import Draft
         self._last = None
         if self.grammar is not None:
             d = self.grammar.propose(context, k)
@@ -232,11 +303,6 @@ class Judge:
             else getattr(model_drafter, "name", type(model_drafter).__name__)
         self._model_drafter = None if isinstance(model_drafter, str) else model_drafter
         if isinstance(model_drafter, str) and model_drafter:
-            from lessonkit.speculative import make_drafter
-            try:                                            # registers 'mtp' in DRAFTERS
-                from lessonkit import mtp  # noqa: F401
-            except Exception:                               # pragma: no cover
-                pass
             self._model_drafter = make_drafter(model_drafter, engine)
         self.calls = 0
         self.drafter_stats = {"grammar_proposed": 0, "grammar_accepted": 0, "model_proposed": 0, "model_accepted": 0}
@@ -246,15 +312,12 @@ class Judge:
             self._model_drafter.close()
 
     def _drafter(self):
-        from lessonkit.grammar_draft import GrammarDrafter
         g = GrammarDrafter(self.tg, max_draft=self.k) if self.tg is not None else None
         if g is None and self._model_drafter is None:
             return None
         return StackDrafter(g, self._model_drafter)
 
     def __call__(self, text: str) -> JudgeResult:
-        from lessonkit.engine.generate import generate
-        from lessonkit.speculative import speculative_generate
         eng = self.engine
         item_ids = eng.encode(ITEM_TEMPLATE.format(text=text))
         prompt = self.prefix_ids + item_ids

@@ -370,7 +370,7 @@ def test_schema_drafting_forces_more_than_plain_ndjson(tok):
     g = schema_grammar(RECORD_SCHEMA, whitespace="compact", ndjson=True)
     res = generate_with_grammar(target, prompt, 1000, grammar="ndjson-compact")
     drafter = GrammarDrafter(g, tok)
-    from lessonkit.speculative import speculative_generate
+    from lessonkit.speculative.verify import speculative_generate
     res2 = speculative_generate(target, drafter, prompt, 1000, k=verify_k())
     assert res2.token_ids == plain.token_ids
     st = drafter.stats()
@@ -456,7 +456,7 @@ def test_grammar_ab_reports_identity_and_gain(tok, confounded):
 def test_byte_sources_label_drafted_forced_and_free(tok):
     import matplotlib
     from lessonkit.grammar_draft import byte_sources, plot_byte_sources
-    from lessonkit.speculative import speculative_generate
+    from lessonkit.speculative.verify import speculative_generate
     prompt = tok.encode("prompt: write records\n").ids
     target = FakeTarget(tok, COMPACT)
     tg = TokenGrammar(schema_grammar(RECORD_SCHEMA, whitespace="compact", ndjson=True), tok, eos_ids=[target.eos])

@@ -13,7 +13,7 @@ from lessonkit import mtp
 from lessonkit.engine import quant
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate
-from lessonkit.speculative import speculative_generate
+from lessonkit.speculative.verify import speculative_generate
 
 
 # ---------------------------------------------------------------- quantisation lab

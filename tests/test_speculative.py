@@ -3,13 +3,15 @@ expert budgets from one expert to unlimited), and the sampler keeps the target's
 import pytest
 import torch
 
-from lessonkit.drafters import DRAFTERS, Draft, Drafter, ModelDrafter, NGramDrafter, OracleDrafter
+from lessonkit.cli import parse_draft_k
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate, probs_from_logits
-from lessonkit.spec_lab import prompts_by_kind
-from lessonkit.speculative import (DepthGate, expected_tokens, leviathan_speedup, make_drafter, parse_draft_k,
-                                   speculative_generate, verify_greedy, verify_sampling)
+from lessonkit.speculative.drafters import Draft, Drafter, ModelDrafter, NGramDrafter, OracleDrafter, lean_decode_step
+from lessonkit.speculative.gate import DepthGate, expected_tokens, leviathan_speedup
+from lessonkit.speculative.verify import speculative_generate, verify_greedy, verify_sampling
+from lessonkit.stack import DRAFTERS, make_drafter
+from lessonkit.workloads.corpus import prompts_by_kind
 from tests.hf_tiny import make_hf
 
 torch.set_num_threads(1)      # 2 shared cores: oversubscribed BLAS threads make tiny forwards ~50x slower
@@ -309,7 +311,6 @@ def test_greedy_identical_smollm2_ngram_full():
 def test_lean_draft_step_follows_the_exact_forward(tiny, which):
     """ModelDrafter's lean one-token step (no exactness rules) stays within float noise of the engine's
     forward and picks the same tokens; the oracle keeps the exact path."""
-    from lessonkit.drafters import lean_decode_step
     eng = Engine(tiny[which])
     toks = torch.randint(0, eng.config.vocab_size, (40,), generator=torch.Generator().manual_seed(3)).tolist()
     exact, lean = eng.new_cache(), eng.new_cache()

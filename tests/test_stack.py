@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lessonkit import stack
-from lessonkit.drafters import Draft, OracleDrafter
+from lessonkit.speculative.drafters import Draft, OracleDrafter
 from lessonkit.workloads.monitoring import MonitoringItem
 from lessonkit.engine.registry import MODELS_DIR, load_model
 

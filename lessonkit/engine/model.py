@@ -34,7 +34,9 @@ import time
 import torch
 import torch.nn.functional as F
 
+from lessonkit.engine.attention import attend
 from lessonkit.engine.config import ModelConfig
+from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.expert_store import ExpertStore
 from lessonkit.engine.kv_cache import KVCache
 
@@ -188,10 +190,7 @@ class Transformer:
             mp = qb.shape[0]
             # GQA without copying K/V: the rep query heads of a kv head are stacked as extra rows
             qb = qb.view(mp, c.n_kv_heads, rep, c.head_dim).permute(1, 2, 0, 3).reshape(c.n_kv_heads, rep * mp, c.head_dim)
-            s = torch.matmul(qb, keys.transpose(1, 2)) * scale             # [G, rep*m_pad, b]
-            s = s.masked_fill(mask, float("-inf"))
-            pr = torch.softmax(s.float(), dim=-1).to(x.dtype)
-            o = torch.matmul(pr, vals)                                     # [G, rep*m_pad, hd]
+            o = attend(qb, keys, vals, scale, mask)                        # [G, rep*m_pad, hd]
             out[r0:r1] = o.view(c.n_kv_heads, rep, mp, c.head_dim).permute(2, 0, 1, 3).reshape(mp, c.n_heads, c.head_dim)[:m]
         return linear(out.reshape(T, c.n_heads * c.head_dim), w[p + "wo"], self.wt[p + "wo"])
 
@@ -298,7 +297,6 @@ class Transformer:
         if T == 0:
             raise ValueError("forward needs at least one token")
         if int(tokens.max()) >= c.vocab_size or int(tokens.min()) < 0:
-            from lessonkit.engine.errors import LessonkitError
             raise LessonkitError(f"token id {int(tokens.max())} outside the vocabulary of {c.vocab_size}")
         t0 = time.perf_counter()
         io0 = self.store.io_s

@@ -406,6 +406,45 @@ def train_tokenizer(corpus_dir: str | Path = CORPUS_DIR, vocab_size: int = 4096)
     return tok
 
 
+
+def load_tokenizer(corpus_dir: str | Path = CORPUS_DIR):
+    from tokenizers import Tokenizer
+    path = Path(corpus_dir) / "tokenizer.json"
+    if not path.exists():
+        raise LessonkitError(f"tokenizer {path} is missing; build it with `lessonkit corpus build`")
+    return Tokenizer.from_file(str(path))
+
+
+# ----------------------------------------------------------------------------- prompts
+def prompts_by_kind(engine=None, n: int = 20, max_tokens: int = 48, *, seed: int = 0, kinds=KINDS,
+                    split: str = "heldout") -> dict[str, list[list[int]]]:
+    """n prompts per kind of text from the held-out corpus, cut at line starts, at most max_tokens tokens.
+
+    With an engine that has a tokenizer, its tokenizer encodes them; otherwise (tiny random test models)
+    the corpus tokenizer does and ids are taken modulo the engine's vocabulary.
+    """
+    if engine is not None and engine.tokenizer is not None:
+        encode = engine.encode
+    else:
+        tok = load_tokenizer()
+        V = engine.config.vocab_size if engine is not None else None
+        encode = (lambda s: [i % V for i in tok.encode(s).ids]) if V else (lambda s: tok.encode(s).ids)
+    rng = random.Random(seed)
+    out = {}
+    for kind in kinds:
+        text = "\n".join(load_documents(kind, split))
+        prompts = []
+        for _ in range(8 * n):
+            s = text.find("\n", rng.randrange(max(len(text) - 800, 1))) + 1   # a random line start
+            ids = encode(text[s:s + max_tokens * 8])[:max_tokens]
+            if len(ids) >= 8:
+                prompts.append(ids)
+            if len(prompts) == n:
+                break
+        out[kind] = prompts
+    return out
+
+
 def register_cli(subparsers) -> None:
     p = subparsers.add_parser("corpus", help="build the training corpus and tokenizer under data/corpus/")
     sp = p.add_subparsers(dest="corpus_cmd", required=True)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lessonkit.workloads.corpus import CORPUS_DIR, EOT, KINDS, load_documents
+from lessonkit.workloads.corpus import CORPUS_DIR, EOT, KINDS, load_documents, load_tokenizer
 from lessonkit.engine.errors import LessonkitError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,14 +82,6 @@ PRESETS = {
 
 
 # ----------------------------------------------------------------------------- data
-def load_tokenizer(corpus_dir: str | Path = CORPUS_DIR):
-    from tokenizers import Tokenizer
-    path = Path(corpus_dir) / "tokenizer.json"
-    if not path.exists():
-        raise LessonkitError(f"tokenizer {path} is missing; build it with `lessonkit corpus build`")
-    return Tokenizer.from_file(str(path))
-
-
 def token_stream(tokenizer, kind: str, split: str, corpus_dir: str | Path = CORPUS_DIR) -> torch.Tensor:
     """All documents of one corpus part as one LongTensor, each document followed by EOT."""
     eot = tokenizer.token_to_id(EOT)

@@ -1,6 +1,6 @@
 """Drafters: cheap sources of guesses that the target model verifies (one protocol for the workbook).
 
-A drafter proposes k tokens after a context; `speculative.speculative_generate` verifies them in one
+A drafter proposes k tokens after a context; `verify.speculative_generate` verifies them in one
 (k+1)-row forward of the target and tells the drafter how many it kept. The protocol is the same
 shape as Hugging Face's candidate generator (get_candidates / update_candidate_strategy):
 
@@ -15,20 +15,25 @@ verification ignores it.
 
 Implementations here: ModelDrafter (a small model, e.g. tiny-draft, with its own KV cache rolled back
 on rejection), NGramDrafter (prompt lookup), OracleDrafter (the target's own greedy tokens, each
-corrupted with probability P, so acceptance can be dialled in). Later lessons add theirs to
-`DRAFTERS` (name -> factory(target, arg, **kw)), which `speculative.make_drafter` reads.
+corrupted with probability P, so acceptance can be dialled in). The MTP head (lessonkit.mtp.drafter)
+and the grammar (lessonkit.grammar.drafter) implement the same protocol; `lessonkit.stack.DRAFTERS`
+names them all for `--draft`.
 """
 from __future__ import annotations
 
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
+import torch.nn.functional as F
 
+from lessonkit.engine.attention import attend
+from lessonkit.engine.engine import Engine
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import probs_from_logits
+from lessonkit.engine.model import apply_rope, rms_norm
 
 
 @dataclass
@@ -66,9 +71,6 @@ def lean_decode_step(model, token: int, cache) -> torch.Tensor:
 
     For drafting only: its logits can differ from `model.forward`'s in the last bits, which changes
     nothing downstream because the target verifies every draft. Returns float32 logits [V]."""
-    import torch.nn.functional as F
-
-    from lessonkit.engine.model import apply_rope, rms_norm
     c, w, wt = model.config, model.w, model.wt
     cache.check_room(1)
     pos = cache.length
@@ -87,9 +89,8 @@ def lean_decode_step(model, token: int, cache) -> torch.Tensor:
         q = apply_rope(q.view(1, c.n_heads, hd), cos, sin)
         cache.k[l, pos] = apply_rope(k.view(1, G, hd), cos, sin)[0]
         cache.v[l, pos] = v.view(G, hd)
-        keys, vals = cache.k[l, :pos + 1], cache.v[l, :pos + 1]              # [S, G, hd]
-        s = torch.matmul(q.view(G, rep, hd), keys.permute(1, 2, 0)) * scale     # [G, rep, S]
-        o = torch.matmul(torch.softmax(s, dim=-1), vals.transpose(0, 1))        # [G, rep, hd]
+        keys, vals = cache.k[l, :pos + 1].transpose(0, 1), cache.v[l, :pos + 1].transpose(0, 1)   # [G, S, hd]
+        o = attend(q.view(G, rep, hd), keys, vals, scale)                                       # [G, rep, hd]
         x = x + o.reshape(1, nq) @ wt[p + "wo"]
         h = rms_norm(x, w[p + "mlp_norm"], c.norm_eps)
         if c.is_moe:
@@ -247,7 +248,6 @@ class OracleDrafter:
                  oracle_engine=None):
         if not 0.0 <= error_rate <= 1.0:
             raise LessonkitError(f"oracle error rate must be between 0 and 1, got {error_rate}")
-        from lessonkit.engine.engine import Engine
         self.error_rate, self.seed, self.horizon, self.chunk = float(error_rate), seed, horizon, chunk
         self.name = f"oracle:{error_rate:g}"
         self.vocab = target.config.vocab_size
@@ -303,44 +303,3 @@ class OracleDrafter:
 
     def update(self, context: list[int], num_accepted: int) -> None:
         pass
-
-
-# ---- registry: name -> factory(target, arg: str | None, **kw) -> Drafter ----------------------------
-def _model_factory(target, arg, **kw):
-    from lessonkit.engine.registry import load_model
-    eng = load_model(arg or "tiny-draft")
-    d = ModelDrafter(eng, name=arg or "tiny-draft", **{k: v for k, v in kw.items() if k in ("temperature", "top_p", "seed")})
-    d.check_vocab(target)
-    return d
-
-
-def _tiny_draft_factory(target, arg, **kw):
-    return _model_factory(target, "tiny-draft", **kw)
-
-
-def _ngram_factory(target, arg, **kw):
-    if arg is None:
-        return NGramDrafter()
-    try:
-        n = int(arg)
-    except ValueError:
-        raise LessonkitError(f"ngram:N needs an integer n-gram size, got {arg!r}") from None
-    return NGramDrafter(max_ngram=n)
-
-
-def _oracle_factory(target, arg, **kw):
-    if arg is None:
-        raise LessonkitError("the oracle drafter needs an error rate: oracle:P with P in [0, 1], e.g. oracle:0.3")
-    try:
-        p = float(arg)
-    except ValueError:
-        raise LessonkitError(f"oracle:P needs a number P in [0, 1], got {arg!r}") from None
-    return OracleDrafter(target, p, seed=kw.get("seed", 0), horizon=kw.get("horizon", 128))
-
-
-DRAFTERS: dict[str, Callable] = {
-    "tiny-draft": _tiny_draft_factory,
-    "model": _model_factory,          # model:NAME_OR_DIR
-    "ngram": _ngram_factory,          # ngram or ngram:N
-    "oracle": _oracle_factory,        # oracle:P
-}

@@ -1,108 +1,40 @@
-"""Experiments for lesson 1 (speculative decoding): each returns a DataFrame and a matplotlib Figure.
+"""Lesson 1 (speculative decoding): the experiments and figures of notebooks/01_speculative.ipynb.
 
-  prompts_by_kind      held-out prompts of each kind of text (prose, code, records)
+Each experiment returns a DataFrame and a matplotlib Figure:
   acceptance_by_kind   acceptance and per-position acceptance for each drafter x kind of text
   speedup_vs_k         measured speed-up against k, next to Leviathan's formula (measured a, c) and the
                        refined prediction (per-position acceptance + measured verify cost curve)
   break_even_surface   speed-up over acceptance (oracle error rate) x expert budget x depth, with unique
                        experts and bytes read per emitted token: where speculation loses when disk-bound
+  sampling_tv          the emitted distribution of the correct and of a broken sampler, against the target's
 """
 from __future__ import annotations
 
-import random
 import time
 
+import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
-from lessonkit.workloads.corpus import KINDS, load_documents
-from lessonkit.engine.generate import generate
-from lessonkit.speculative import (cost_curve, expected_tokens_per_pos, leviathan_speedup, measure_cost_curve,
-                          speculative_generate)
-
-
-def _progress(it, desc, total=None):
-    try:
-        from tqdm.auto import tqdm
-        return tqdm(it, desc=desc, total=total, leave=False)
-    except Exception:   # pragma: no cover
-        return it
+from lessonkit.engine.engine import Engine
+from lessonkit.engine.generate import generate, probs_from_logits
+from lessonkit.engine.registry import load_model
+from lessonkit.speculative.drafters import OracleDrafter
+from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens_per_pos, leviathan_speedup,
+                                        measure_cost_curve, predicted_speedup)
+from lessonkit.speculative.verify import speculative_generate, total_stats, verify_sampling
 
 
-# ---- prompts -----------------------------------------------------------------------------------------
-def prompts_by_kind(engine=None, n: int = 20, max_tokens: int = 48, *, seed: int = 0, kinds=KINDS,
-                    split: str = "heldout") -> dict[str, list[list[int]]]:
-    """n prompts per kind of text from the held-out corpus, cut at line starts, at most max_tokens tokens.
-
-    With an engine that has a tokenizer, its tokenizer encodes them; otherwise (tiny random test models)
-    the corpus tokenizer does and ids are taken modulo the engine's vocabulary.
-    """
-    if engine is not None and engine.tokenizer is not None:
-        encode = engine.encode
-    else:
-        from lessonkit.workloads.train import load_tokenizer
-        tok = load_tokenizer()
-        V = engine.config.vocab_size if engine is not None else None
-        encode = (lambda s: [i % V for i in tok.encode(s).ids]) if V else (lambda s: tok.encode(s).ids)
-    rng = random.Random(seed)
-    out = {}
-    for kind in kinds:
-        text = "\n".join(load_documents(kind, split))
-        prompts = []
-        for _ in range(8 * n):
-            s = text.find("\n", rng.randrange(max(len(text) - 800, 1))) + 1   # a random line start
-            ids = encode(text[s:s + max_tokens * 8])[:max_tokens]
-            if len(ids) >= 8:
-                prompts.append(ids)
-            if len(prompts) == n:
-                break
-        out[kind] = prompts
-    return out
-
-
-def _totals(results) -> dict:
-    tot = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "new_tokens": 0, "forwards": 0,
-           "wall_s": 0.0, "ttft_s": 0.0, "runs": 0, "draft_s": 0.0, "verify_s": 0.0, "bytes_read": 0, "unique_experts": 0,
-           "expert_hits": 0, "expert_misses": 0}
-    per_pos = []
-    for st in results:
-        st = {**st, "runs": 1}
-        for key in tot:
-            tot[key] += st.get(key) or 0
-        pp = st.get("num_accepted_tokens_per_pos") or []
-        per_pos = [a + b for a, b in zip(per_pos + [0] * (len(pp) - len(per_pos)), pp + [0] * (len(per_pos) - len(pp)))]
-    tot["num_accepted_tokens_per_pos"] = per_pos
-    tot["acceptance_rate"] = tot["num_accepted_tokens"] / tot["num_draft_tokens"] if tot["num_draft_tokens"] else None
-    tot["mean_acceptance_length"] = 1 + tot["num_accepted_tokens"] / tot["num_drafts"] if tot["num_drafts"] else None
-    tot["tokens_per_forward"] = tot["new_tokens"] / tot["forwards"] if tot["forwards"] else None
-    tot["tokens_per_s"] = tot["new_tokens"] / tot["wall_s"] if tot["wall_s"] else None
-    n = tot["new_tokens"] or 1
-    tot["unique_experts_per_token"] = tot["unique_experts"] / n
-    tot["bytes_read_per_token"] = tot["bytes_read"] / n
-    hm = tot["expert_hits"] + tot["expert_misses"]
-    tot["expert_hit_rate"] = tot["expert_hits"] / hm if hm else None
-    return tot
-
-
-def conditional_per_pos(per_pos: list[int], num_drafts: int) -> list[float]:
-    """a_i = P(position i accepted | positions < i accepted), from vLLM-style cumulative counts."""
-    out, prev = [], num_drafts
-    for c in per_pos:
-        out.append(c / prev if prev else 0.0)
-        prev = c
-    return out
-
-
-# ---- experiment 1: acceptance per drafter and kind of text ------------------------------------------
 def acceptance_by_kind(target, drafters: dict, prompts: dict[str, list[list[int]]], *, k: int = 4,
                        max_new_tokens: int = 32):
     """Greedy runs of every drafter on every prompt; returns (DataFrame, Figure)."""
-    import matplotlib.pyplot as plt
     rows = []
     jobs = [(dn, kind) for dn in drafters for kind in prompts]
-    for dn, kind in _progress(jobs, "acceptance"):
+    for dn, kind in tqdm(jobs, desc="acceptance", leave=False):
         sts = [speculative_generate(target, drafters[dn], p, max_new_tokens, k=k).stats for p in prompts[kind]]
-        t = _totals(sts)
+        t = total_stats(sts)
         cond = conditional_per_pos(t["num_accepted_tokens_per_pos"], t["num_drafts"])
         rows.append({"drafter": dn, "kind": kind, "acceptance_rate": t["acceptance_rate"],
                      "mean_acceptance_length": t["mean_acceptance_length"],
@@ -127,27 +59,14 @@ def acceptance_by_kind(target, drafters: dict, prompts: dict[str, list[list[int]
     return df, fig
 
 
-# ---- experiment 2: speed-up against k, next to Leviathan's formula ----------------------------------
 def _timed_runs(fn, prompts, repeats):
     best = None
     for _ in range(repeats):
         sts = [fn(p).stats for p in prompts]
-        tot = _totals(sts)
+        tot = total_stats(sts)
         if best is None or tot["wall_s"] < best["wall_s"]:
             best = tot
     return best
-
-
-def predicted_speedup(plain: dict, spec: dict, k: int, cost: list[float]) -> float:
-    """Speed-up predicted from measured parts: the plain run's prefill and per-token time, E(k) from the
-    per-position acceptance, the cost curve T(k+1)/T(1) and the draft time per token.
-      plain = ttft + (N - runs) * t_tok;   spec = ttft + (N - runs) / E(k) * (t_tok * T(k+1)/T(1) + k * t_draft)"""
-    n_dec = plain["new_tokens"] - plain["runs"]               # tokens after the first of each run
-    t_tok = (plain["wall_s"] - plain["ttft_s"]) / max(n_dec, 1)
-    t_draft = spec["draft_s"] / spec["num_draft_tokens"] if spec["num_draft_tokens"] else 0.0
-    e = expected_tokens_per_pos(conditional_per_pos(spec["num_accepted_tokens_per_pos"], spec["num_drafts"]), k)
-    step = t_tok * cost[k] / cost[0] + k * t_draft
-    return plain["wall_s"] / (plain["ttft_s"] + n_dec / e * step)
 
 
 def speedup_vs_k(target, drafter, prompts: list[list[int]], *, ks=(1, 2, 3, 4, 6, 8), max_new_tokens: int = 32,
@@ -160,13 +79,12 @@ def speedup_vs_k(target, drafter, prompts: list[list[int]], *, ks=(1, 2, 3, 4, 6
     refined: `predicted_speedup`: E(k) from per-position acceptance, T(k+1)/T(1) from the measured cost
     curve, the draft time per token, and the prefill time that no drafting shortens.
     """
-    import matplotlib.pyplot as plt
     kmax = max(ks)
     cost = cost if cost is not None else measure_cost_curve(target, kmax)
     plain = _timed_runs(lambda p: generate(target, p, max_new_tokens), prompts, repeats)
     t_tok = plain["wall_s"] / plain["new_tokens"]
     runs = {}
-    for k in _progress(ks, "speed-up vs k"):
+    for k in tqdm(ks, desc="speed-up vs k", leave=False):
         runs[k] = _timed_runs(lambda p: speculative_generate(target, drafter, p, max_new_tokens, k=k), prompts, repeats)
     deep = runs[kmax]
     cond = conditional_per_pos(deep["num_accepted_tokens_per_pos"], deep["num_drafts"])
@@ -204,14 +122,13 @@ def speedup_vs_k(target, drafter, prompts: list[list[int]], *, ks=(1, 2, 3, 4, 6
     return df, fig
 
 
-# ---- experiment 3: the break-even surface -------------------------------------------------------------
 def simulate_disk(engine, mb_per_s: float | None) -> None:
     """Make every expert miss cost bytes / (mb_per_s MB/s) of extra wall time (a slow-disk model);
     None restores plain reads (which on this machine come from the page cache at memory speed)."""
     store = engine.store
-    if not hasattr(store, "_spec_lab_read"):
-        store._spec_lab_read = store._read
-    real = store._spec_lab_read
+    if not hasattr(store, "_real_read"):
+        store._real_read = store._read
+    real = store._real_read
     if mb_per_s is None:
         store._read = real
         return
@@ -234,10 +151,6 @@ def break_even_surface(model_dir, prompts: list[list[int]], *, error_rates=(0.0,
     """Speed-up of greedy speculative decoding (oracle drafter, so acceptance ~ 1 - error rate) over plain
     greedy at the same expert budget (experts resident per model; None = all), for each depth k.
     Each run starts from an empty expert cache. Returns (DataFrame, Figure)."""
-    import matplotlib.pyplot as plt
-    import numpy as np
-    from lessonkit.drafters import OracleDrafter
-    from lessonkit.engine.engine import Engine
     rows = []
     oracle_engine = Engine(model_dir, name="oracle", dtype=dtype)          # shared by every oracle drafter
     total = oracle_engine.config.n_layers * oracle_engine.config.n_experts
@@ -251,11 +164,11 @@ def break_even_surface(model_dir, prompts: list[list[int]], *, error_rates=(0.0,
             for p in prompts:
                 eng.store.clear()
                 sts.append(fn(p).stats)
-            return _totals(sts)
+            return total_stats(sts)
         plain = run(lambda p: generate(eng, p, max_new_tokens))
         oracles = {P: OracleDrafter(eng, P, seed=0, horizon=max_new_tokens + max(ks) + 2, oracle_engine=oracle_engine)
                    for P in error_rates}
-        for P in _progress(error_rates, f"budget {nb or 'all'}"):
+        for P in tqdm(error_rates, desc=f"budget {nb or 'all'}", leave=False):
             for k in ks:
                 t = run(lambda p: speculative_generate(eng, oracles[P], p, max_new_tokens, k=k))
                 verify_wall = t["wall_s"]
@@ -269,6 +182,11 @@ def break_even_surface(model_dir, prompts: list[list[int]], *, error_rates=(0.0,
                              "plain_bytes_read_per_token": plain["bytes_read_per_token"],
                              "expert_hit_rate": t["expert_hit_rate"], "plain_expert_hit_rate": plain["expert_hit_rate"]})
     df = pd.DataFrame(rows)
+    return df, plot_break_even(df, disk_mb_s)
+
+
+def plot_break_even(df: pd.DataFrame, disk_mb_s: float | None = None):
+    """Heat maps of the speed-up per (acceptance, depth), one per expert budget."""
     budgets = sorted(df.budget_experts.unique())
     fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 3.8), squeeze=False)
     for ax, b in zip(axes[0], budgets):
@@ -289,47 +207,18 @@ def break_even_surface(model_dir, prompts: list[list[int]], *, error_rates=(0.0,
     fig.colorbar(im, ax=axes[0].tolist(), label="speed-up over plain greedy (x)")
     disk = f"simulated disk {disk_mb_s:g} MB/s" if disk_mb_s else "page-cache reads"
     fig.suptitle(f"Break-even: speculation loses at low acceptance, and sooner when few experts fit ({disk})", fontsize=10)
-    return df, fig
+    return fig
 
 
-# ---- models for the notebook -------------------------------------------------------------------------
 def lesson_models(model: str = "tiny-moe", draft: str = "tiny-draft", *, expert_budget_mb=None):
-    """(target, draft engine, note). Falls back to tiny random stand-ins (converted from random
-    transformers models) when the trained models are not there yet, and says so in the note."""
-    from lessonkit.engine.errors import LessonkitError
-    from lessonkit.engine.registry import load_model
-    try:
-        return load_model(model, expert_budget_mb=expert_budget_mb), load_model(draft), f"{model} + {draft}"
-    except LessonkitError as e:
-        import tempfile
-        from pathlib import Path
-        import transformers
-        from lessonkit.engine.checkpoint import convert_hf_checkpoint
-        from lessonkit.engine.engine import Engine
-        tmp = Path(tempfile.mkdtemp(prefix="lessonkit-spec-"))
-        common = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=1024, eos_token_id=None, bos_token_id=None,
-                      pad_token_id=None)
-        out = []
-        for i, m in enumerate([transformers.OlmoeForCausalLM(transformers.OlmoeConfig(num_experts=8, num_experts_per_tok=2, **common)),
-                               transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))]):
-            torch.manual_seed(i)
-            with torch.no_grad():
-                for p in m.parameters():
-                    if p.dim() > 1:
-                        p.normal_(0, 0.5)
-            m.save_pretrained(tmp / f"hf{i}")
-            convert_hf_checkpoint(tmp / f"hf{i}", tmp / f"m{i}")
-        tgt = Engine(tmp / "m0", name="random-moe", expert_budget_mb=expert_budget_mb)
-        return tgt, Engine(tmp / "m1", name="random-draft"), f"RANDOM stand-ins ({e})"
+    """(target, draft engine, a note naming them)."""
+    return load_model(model, expert_budget_mb=expert_budget_mb), load_model(draft), f"{model} + {draft}"
 
 
 def sampling_tv(target, draft_engine, prompt: list[int], *, n: int = 20_000, temperature: float = 1.0, seed: int = 0):
     """Total-variation distance between the target's next-token distribution and the first token emitted
     by one speculative step (k=1, draft sampled from the drafter), for the correct sampler and for a broken
     one that accepts every draft. Returns a DataFrame."""
-    from lessonkit.engine.generate import probs_from_logits
-    from lessonkit.speculative import verify_sampling
     p = probs_from_logits(target.forward(prompt, target.new_cache(), last_only=True)[-1], temperature)
     q = probs_from_logits(draft_engine.forward(prompt, draft_engine.new_cache(), last_only=True)[-1], temperature)
     gen = torch.Generator().manual_seed(seed)

@@ -1,0 +1,150 @@
+"""How deep to draft: expected tokens per verify step, the verify cost curve, and the depth gate.
+
+Leviathan et al. (2023): with i.i.d. acceptance a and k drafts a verify step yields
+E(k) = (1 - a^(k+1)) / (1 - a) tokens; with per-position acceptance a_i (position i accepted given
+1..i-1 were), E(k) = 1 + a1 + a1*a2 + ... The price of a step is the verify forward of k+1 rows,
+T(k+1), plus k drafts. The depth gate (k="auto") picks k maximising E(k) / (T(k+1) + k t_draft)
+from running acceptance counts and the measured cost curve (refined online); k = 0 means "do not
+draft"; every `probe_every` steps it probes one deeper than its choice, so it can notice when
+drafting starts paying again.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from lessonkit.engine.errors import LessonkitError
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Leviathan: expected tokens per verify step with i.i.d. acceptance a, k drafts: (1 - a^(k+1)) / (1 - a)."""
+    if a >= 1.0:
+        return float(k + 1)
+    return (1 - a ** (k + 1)) / (1 - a)
+
+
+def expected_tokens_per_pos(cond_accept: list[float], k: int) -> float:
+    """E(k) = 1 + a1 + a1*a2 + ... + a1*...*ak with a_i the acceptance at position i given 1..i-1 accepted."""
+    e, run = 1.0, 1.0
+    for i in range(k):
+        run *= cond_accept[i] if i < len(cond_accept) else (cond_accept[-1] if cond_accept else 0.0)
+        e += run
+    return e
+
+
+def leviathan_speedup(a: float, k: int, c: float) -> float:
+    """Leviathan's predicted wall-time gain: (1 - a^(k+1)) / ((1 - a)(k c + 1)); c = draft / target cost."""
+    return expected_tokens(a, k) / (k * c + 1)
+
+
+def conditional_per_pos(per_pos: list[int], num_drafts: int) -> list[float]:
+    """a_i = P(position i accepted | positions < i accepted), from vLLM-style cumulative counts."""
+    out, prev = [], num_drafts
+    for c in per_pos:
+        out.append(c / prev if prev else 0.0)
+        prev = c
+    return out
+
+
+def predicted_speedup(plain: dict, spec: dict, k: int, cost: list[float]) -> float:
+    """Speed-up predicted from measured parts: the plain run's prefill and per-token time, E(k) from the
+    per-position acceptance, the cost curve T(k+1)/T(1) and the draft time per token.
+      plain = ttft + (N - runs) * t_tok;   spec = ttft + (N - runs) / E(k) * (t_tok * T(k+1)/T(1) + k * t_draft)"""
+    n_dec = plain["new_tokens"] - plain["runs"]               # tokens after the first of each run
+    t_tok = (plain["wall_s"] - plain["ttft_s"]) / max(n_dec, 1)
+    t_draft = spec["draft_s"] / spec["num_draft_tokens"] if spec["num_draft_tokens"] else 0.0
+    e = expected_tokens_per_pos(conditional_per_pos(spec["num_accepted_tokens_per_pos"], spec["num_drafts"]), k)
+    step = t_tok * cost[k] / cost[0] + k * t_draft
+    return plain["wall_s"] / (plain["ttft_s"] + n_dec / e * step)
+
+
+# ---- cost curve and depth gate -------------------------------------------------------------------
+def measure_cost_curve(engine, k_max: int = 8, *, context_len: int = 64, repeats: int = 5, seed: int = 0) -> list[float]:
+    """Seconds of a verify forward of r = 1 .. k_max+1 rows after a `context_len`-token context.
+
+    Row counts are interleaved within each round (so load drift hits them alike) and the minimum over
+    rounds is kept: on shared cores the minimum is the cost, the rest is interference."""
+    g = torch.Generator().manual_seed(seed)
+    V = engine.config.vocab_size
+    ctx = torch.randint(0, V, (context_len,), generator=g).tolist()
+    cache = engine.new_cache(context_len + k_max + 2)
+    engine.forward(ctx, cache)
+    best = [float("inf")] * (k_max + 1)
+    for _ in range(repeats + 1):
+        for r in range(1, k_max + 2):
+            toks = torch.randint(0, V, (r,), generator=g).tolist()
+            t0 = time.perf_counter()
+            engine.forward(toks, cache)
+            best[r - 1] = min(best[r - 1], time.perf_counter() - t0)
+            cache.rollback(context_len)
+    return best
+
+
+def cost_curve(engine, k_max: int = 8) -> list[float]:
+    """The measured cost curve, cached on the engine (measured once per engine and k_max)."""
+    cache = getattr(engine, "_spec_cost_curves", None)
+    if cache is None:
+        cache = engine._spec_cost_curves = {}
+    if k_max not in cache:
+        cache[k_max] = measure_cost_curve(engine, k_max)
+    return cache[k_max]
+
+
+@dataclass
+class DepthGate:
+    """Chooses k per step from running per-position acceptance and the verify cost curve."""
+    cost: list[float]                         # seconds of a verify forward with r = 1 .. k_max+1 rows
+    k_max: int = 8
+    probe_every: int = 16
+    priors: tuple = (0.8, 0.6, 0.5)           # prior acceptance of positions 1-3 (Colibri's MTP priors); deeper
+                                              # positions take the estimate of the position before as prior
+    prior_weight: float = 2.0
+    ema: float = 0.3
+    learn_cost: bool = True                   # refine cost[] online from observed verify seconds
+    t_draft: float = 0.0                      # seconds per draft token (running)
+    accepted: list = field(default_factory=list)
+    reached: list = field(default_factory=list)
+    steps: int = 0
+
+    def __post_init__(self):
+        if len(self.cost) < self.k_max + 1:
+            raise LessonkitError(f"cost curve has {len(self.cost)} points, the gate needs k_max+1 = {self.k_max + 1}")
+        self.cost = list(self.cost)
+        self.accepted = [0] * self.k_max
+        self.reached = [0] * self.k_max
+
+    def acceptance(self) -> list[float]:
+        out = []
+        for i in range(self.k_max):
+            # beyond the listed priors, a position's prior is the estimate for the position before it
+            prior = self.priors[i] if i < len(self.priors) else out[-1]
+            out.append((self.accepted[i] + self.prior_weight * prior) / (self.reached[i] + self.prior_weight))
+        return out
+
+    def value(self, k: int, acc: list[float] | None = None) -> float:
+        acc = self.acceptance() if acc is None else acc
+        return expected_tokens_per_pos(acc, k) / (self.cost[k] + k * self.t_draft)
+
+    def best(self) -> int:
+        acc = self.acceptance()
+        return max(range(self.k_max + 1), key=lambda k: (self.value(k, acc), -k))
+
+    def choose(self) -> int:
+        self.steps += 1
+        k = self.best()
+        if self.steps % self.probe_every == 0:
+            k = min(k + 1, self.k_max)        # probe one deeper now and then
+        return k
+
+    def observe(self, n_drafted: int, n_accepted: int, verify_s: float, draft_s: float) -> None:
+        for i in range(min(n_accepted + 1, n_drafted)):
+            self.reached[i] += 1
+        for i in range(n_accepted):
+            self.accepted[i] += 1
+        r = n_drafted                          # forward had n_drafted + 1 rows -> cost index n_drafted
+        if self.learn_cost:
+            self.cost[r] = (1 - self.ema) * self.cost[r] + self.ema * verify_s
+        if n_drafted:
+            self.t_draft = (1 - self.ema) * self.t_draft + self.ema * draft_s / n_drafted if self.t_draft else draft_s / n_drafted

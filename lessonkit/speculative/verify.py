@@ -1,0 +1,252 @@
+"""Speculative decoding: draft k tokens cheaply, verify them in one (k+1)-row forward of the target.
+
+One step: the target's last emitted token (not yet in its KV cache) plus the k drafts go through the
+target in a single forward; row i holds the target's distribution for the position of draft i+1.
+  greedy:   accept draft i while argmax(row i-1) == draft i; the first mismatch (or row k) gives the
+            target's own token, the "bonus". Output is token-identical to plain greedy decoding,
+            because the engine's forward is row-invariant (a k-row forward == k 1-row forwards, bit
+            for bit; see lessonkit.engine.model).
+  sampling: modified rejection sampling (Leviathan et al. 2023, Chen et al. 2023). p: target probs,
+            q: draft probs. Accept x with probability min(1, p(x)/q(x)); on rejection sample from
+            norm(max(p - q, 0)) and stop. The emitted tokens are distributed exactly as the target's.
+Rejected positions are rolled back in the target's KV cache (and the drafter's).
+
+Depth gate (k="auto"): pick k maximising E(k) / cost(k), with E(k) = 1 + a1 + a1*a2 + ... from running
+per-position acceptance and cost(k) = T(k+1 rows) + k * t_draft from the measured cost curve of the
+verify forward (refined online); k = 0 means "do not draft"; every `probe_every` steps it probes one
+deeper than its choice, so it can notice when drafting starts paying again.
+
+Statistics use vLLM's names: num_drafts, num_draft_tokens, num_accepted_tokens,
+num_accepted_tokens_per_pos, mean_acceptance_length (= 1 + accepted / drafts, counts the bonus token).
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.generate import (GenerationResult, SamplingParams, StopChecker, engine_counters,
+                                       finish_stats, prefill, probs_from_logits, sample_token)
+from lessonkit.engine.model import ROWWISE_MAX
+from lessonkit.speculative.drafters import Draft, Drafter
+from lessonkit.speculative.gate import DepthGate, cost_curve
+
+
+def verify_greedy(target_logits: torch.Tensor, draft_tokens: list[int]) -> tuple[int, int]:
+    """Rows [k+1, V] of the target, k drafts -> (number accepted, the target's token after them)."""
+    picks = torch.argmax(target_logits, dim=-1).tolist()
+    n = 0
+    while n < len(draft_tokens) and picks[n] == draft_tokens[n]:
+        n += 1
+    return n, picks[n]
+
+
+def verify_sampling(target_probs: torch.Tensor, draft_tokens: list[int], draft_probs: torch.Tensor | None,
+                    gen: torch.Generator | None) -> tuple[int, int]:
+    """Modified rejection sampling. target_probs [k+1, V] (p), draft_probs [k, V] (q) or None (q one-hot)."""
+    for i, x in enumerate(draft_tokens):
+        p = target_probs[i]
+        if draft_probs is None:
+            q = torch.zeros_like(p)
+            q[x] = 1.0
+        else:
+            q = draft_probs[i]
+        px, qx = float(p[x]), float(q[x])
+        r = float(torch.rand((), generator=gen))
+        if qx > 0 and r * qx < px:            # accept with probability min(1, p(x) / q(x))
+            continue
+        residual = torch.clamp(p - q, min=0)
+        s = float(residual.sum())
+        residual = residual / s if s > 0 else p
+        return i, int(torch.multinomial(residual, 1, generator=gen))
+    return len(draft_tokens), int(torch.multinomial(target_probs[len(draft_tokens)], 1, generator=gen))
+
+
+# ---- the loop ------------------------------------------------------------------------------------
+@dataclass
+class _Tally:
+    """What one speculative run counts (vLLM's names), and its timings."""
+    width: int                                # the most drafts a step can propose
+    forwards: int = 1                         # the prefill
+    unique: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted: int = 0
+    per_pos: list = field(default_factory=list)
+    k_hist: Counter = field(default_factory=Counter)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+    def __post_init__(self):
+        self.per_pos = [0] * self.width
+
+    def step(self, drafted: int, accepted: int, draft_s: float, verify_s: float, unique: int) -> None:
+        self.forwards += 1
+        self.unique += unique
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        self.k_hist[drafted] += 1
+        if drafted:
+            self.num_drafts += 1
+            self.num_draft_tokens += drafted
+            self.num_accepted += accepted
+            for i in range(accepted):
+                self.per_pos[i] += 1
+
+    def stats(self, *, prompt_tokens: int, emitted: int, kept: int, drafter, k, reset_s: float, gate) -> dict:
+        extra = {
+            "prompt_tokens": prompt_tokens, "drafter": getattr(drafter, "name", type(drafter).__name__),
+            "k": k, "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted, "num_accepted_tokens_per_pos": self.per_pos,
+            "mean_acceptance_length": 1 + self.num_accepted / self.num_drafts if self.num_drafts else None,
+            "acceptance_rate": self.num_accepted / self.num_draft_tokens if self.num_draft_tokens else None,
+            "tokens_per_forward": kept / max(self.forwards, 1),
+            "tokens_per_verify": (emitted - 1) / (self.forwards - 1) if self.forwards > 1 else None,
+            "draft_s": self.draft_s, "verify_s": self.verify_s, "drafter_reset_s": reset_s,
+            "k_hist": {int(a): b for a, b in sorted(self.k_hist.items())},
+        }
+        if gate:
+            extra["gate_acceptance"] = [round(a, 4) for a in gate.acceptance()]
+        return extra
+
+
+def _draft_width(target, k, k_max: int, cost, probe_every: int, learn_cost: bool) -> tuple[DepthGate | None, int]:
+    """(depth gate or None, the most drafts per step); checks k against the exact verify path."""
+    kmax_allowed = ROWWISE_MAX - 1
+    if (k == "auto" and k_max > kmax_allowed) or (isinstance(k, int) and k > kmax_allowed):
+        raise LessonkitError(f"draft length {k_max if k == 'auto' else k} too long: a verify forward of more than "
+                             f"{ROWWISE_MAX} rows takes the GEMM path, which is not bit-identical to decoding; "
+                             f"use k <= {kmax_allowed}")
+    if k == "auto":
+        if cost is not None:
+            k_max = min(k_max, len(cost) - 1)          # a shorter measured curve bounds the depth
+        gate = DepthGate(cost if cost is not None else cost_curve(target, k_max), k_max=k_max,
+                         probe_every=probe_every, learn_cost=learn_cost)
+        return gate, k_max
+    if isinstance(k, int) and not isinstance(k, bool) and k >= 0:
+        return None, k
+    raise LessonkitError(f"draft length k must be a non-negative integer or 'auto', got {k!r}")
+
+
+def _propose(drafter, context: list[int], kk: int) -> tuple[list[int], torch.Tensor | None, float]:
+    """Up to kk draft tokens, their draft distribution q (None: one-hot) and the seconds it took."""
+    td = time.perf_counter()
+    draft = drafter.propose(list(context), kk) if kk > 0 else Draft([])
+    d = [int(t) for t in draft.tokens[:kk]]
+    dq = draft.probs[:len(d)] if (draft.probs is not None and d) else None
+    return d, dq, time.perf_counter() - td
+
+
+def _verify(target, cache, context: list[int], d: list[int], dq, params: SamplingParams,
+            gen: torch.Generator) -> tuple[int, int, float]:
+    """One (k+1)-row forward of the target: (drafts accepted, the target's own next token, seconds).
+    The cache keeps the last token and the accepted drafts; the rest is rolled back."""
+    pos = cache.length                                # == len(context) - 1: the last token is not cached yet
+    tv = time.perf_counter()
+    rows = target.forward([context[-1]] + d, cache)
+    tv = time.perf_counter() - tv
+    if params.greedy:
+        n, nxt = verify_greedy(rows, d)
+    else:
+        n, nxt = verify_sampling(probs_from_logits(rows, params.temperature, params.top_p), d, dq, gen)
+    cache.rollback(pos + 1 + n)
+    return n, nxt, tv
+
+
+def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_new_tokens: int, *,
+                         k: int | str = 4, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                         stop_token_ids=(), stop_strings=(), callback: Callable[[int], None] | None = None,
+                         use_eos: bool = True, k_max: int = 8, probe_every: int = 16,
+                         cost: list[float] | None = None, learn_cost: bool = True,
+                         cache=None, reset_drafter: bool = True) -> GenerationResult:
+    """Generate with drafts verified by `target`. Greedy: token-identical to `generate`; sampling: same distribution.
+
+    cache: a KV cache that already holds a prefix of the prompt (e.g. restored from the prefix cache);
+    only the rest of the prompt is prefilled, exactly as `generate(..., cache=cache)` does.
+    reset_drafter=False: the caller already reset the drafter (e.g. before prefilling that prefix, so an
+    MTP head saw its hidden states).
+
+    k: drafts per step, or "auto" for the depth gate, which uses `cost` (seconds of a verify forward of
+    1 .. k_max+1 rows; measured once per engine when None) and refines it online unless learn_cost=False.
+    """
+    params = SamplingParams(temperature, top_p, seed)
+    if max_new_tokens < 0:
+        raise LessonkitError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    gate, width = _draft_width(target, k, k_max, cost, probe_every, learn_cost)
+    if hasattr(drafter, "check_vocab"):
+        drafter.check_vocab(target)
+    if hasattr(drafter, "configure"):
+        drafter.configure(temperature, top_p, seed)
+    prompt = list(prompt_ids)
+    checker = StopChecker(target, list(stop_token_ids) + (target.config.eos_ids if use_eos else []), stop_strings)
+    cache = target.new_cache() if cache is None else cache
+    if cache.length >= len(prompt):
+        raise LessonkitError(f"the cache already holds {cache.length} positions: the prompt ({len(prompt)} tokens) "
+                             "needs at least one new token")
+    held = cache.length
+    gen = torch.Generator().manual_seed(seed)
+    t_r = time.perf_counter()
+    if reset_drafter:
+        drafter.reset(prompt)
+    reset_s = time.perf_counter() - t_r
+
+    before = engine_counters(target)
+    t0 = time.perf_counter()
+    logits = prefill(target, prompt, cache) if held == 0 else target.forward(prompt[held:], cache, last_only=True)[-1]
+    ttft = time.perf_counter() - t0
+    tally = _Tally(width)
+    out: list[int] = []
+    context = list(prompt)
+
+    def emit(t: int) -> bool:
+        out.append(t)
+        context.append(t)
+        if callback is not None:
+            callback(t)
+        return checker.done(out) or len(out) >= max_new_tokens
+
+    done = max_new_tokens == 0 or emit(sample_token(logits, params, gen))
+    while not done:
+        room = max_new_tokens - len(out) - 1          # the step emits up to k drafts + 1 own token
+        d, dq, td = _propose(drafter, context, min(gate.choose() if gate else width, room))
+        n, nxt, tv = _verify(target, cache, context, d, dq, params, gen)
+        tally.step(len(d), n, td, tv, target.model.last_forward["unique_experts"])
+        if gate:
+            gate.observe(len(d), n, tv, td)
+        done = any(emit(t) for t in d[:n] + [nxt])
+        drafter.update(list(context), n)
+    ids, text = checker.trim(out)
+    extra = tally.stats(prompt_tokens=len(prompt), emitted=len(out), kept=len(ids), drafter=drafter, k=k,
+                        reset_s=reset_s, gate=gate)
+    stats = finish_stats(target, before, new_tokens=len(ids), forwards=tally.forwards, t_start=t0, ttft=ttft,
+                         unique_experts=tally.unique, extra=extra)
+    return GenerationResult(ids, text, stats)
+
+
+def total_stats(results) -> dict:
+    """The stats of several runs added up, with acceptance, tokens per forward and per-token rates recomputed."""
+    tot = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "new_tokens": 0, "forwards": 0,
+           "wall_s": 0.0, "ttft_s": 0.0, "runs": 0, "draft_s": 0.0, "verify_s": 0.0, "bytes_read": 0, "unique_experts": 0,
+           "expert_hits": 0, "expert_misses": 0}
+    per_pos = []
+    for st in results:
+        st = {**st, "runs": 1}
+        for key in tot:
+            tot[key] += st.get(key) or 0
+        pp = st.get("num_accepted_tokens_per_pos") or []
+        per_pos = [a + b for a, b in zip(per_pos + [0] * (len(pp) - len(per_pos)), pp + [0] * (len(per_pos) - len(pp)))]
+    tot["num_accepted_tokens_per_pos"] = per_pos
+    tot["acceptance_rate"] = tot["num_accepted_tokens"] / tot["num_draft_tokens"] if tot["num_draft_tokens"] else None
+    tot["mean_acceptance_length"] = 1 + tot["num_accepted_tokens"] / tot["num_drafts"] if tot["num_drafts"] else None
+    tot["tokens_per_forward"] = tot["new_tokens"] / tot["forwards"] if tot["forwards"] else None
+    tot["tokens_per_s"] = tot["new_tokens"] / tot["wall_s"] if tot["wall_s"] else None
+    n = tot["new_tokens"] or 1
+    tot["unique_experts_per_token"] = tot["unique_experts"] / n
+    tot["bytes_read_per_token"] = tot["bytes_read"] / n
+    hm = tot["expert_hits"] + tot["expert_misses"]
+    tot["expert_hit_rate"] = tot["expert_hits"] / hm if hm else None
+    return tot
