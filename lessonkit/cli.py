@@ -9,13 +9,13 @@ import sys
 from lessonkit.engine.errors import LessonkitError
 
 # modules that add sub-commands (register_cli) and benchmarks (bench)
-COMMAND_MODULES = ["lessonkit.workloads.corpus", "lessonkit.workloads.train", "lessonkit.gap", "lessonkit.grammar", "lessonkit.semcache",
+COMMAND_MODULES = ["lessonkit.workloads.corpus", "lessonkit.workloads.train", "lessonkit.gap", "lessonkit.semcache",
                    "lessonkit.mtp", "lessonkit.prefix_cache", "lessonkit.stack"]
 BENCHES = {
     "engine": "lessonkit.bench_engine",
     "spec": "lessonkit.bench_spec",
     "mtp": "lessonkit.mtp",
-    "grammar": "lessonkit.grammar_draft",
+    "grammar": "lessonkit.bench.grammar",
     "prefix": "lessonkit.prefix_cache",
     "semcache": "lessonkit.semcache",
     "stack": "lessonkit.stack",
@@ -121,7 +121,7 @@ def cmd_generate(args) -> int:
         stream = _Streamer(eng)
     kw = dict(temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop_strings=args.stop or ())
     if args.grammar or args.schema:
-        from lessonkit.grammar_draft import generate_with_grammar
+        from lessonkit.grammar.drafter import generate_with_grammar
         res = generate_with_grammar(eng, ids, args.max_new_tokens, grammar=args.grammar, schema=args.schema,
                                     mode=args.mode, draft=args.draft, draft_k=args.draft_k, **kw)
     elif args.draft:
@@ -201,6 +201,45 @@ def cmd_compare(args) -> int:
     return compare_summaries(args.old, args.new, rel_noise=args.noise)
 
 
+# ---- grammar ------------------------------------------------------------------------------------
+def cmd_grammar_compile(args) -> int:
+    from lessonkit.grammar.json_schema import compile_schema_file
+    sys.stdout.write(compile_schema_file(args.schema, whitespace=args.whitespace, ndjson=args.ndjson))
+    return 0
+
+
+def cmd_grammar_check(args) -> int:
+    from pathlib import Path
+
+    from lessonkit.grammar.automaton import load_grammar
+    from lessonkit.grammar.json_schema import schema_grammar_file
+    if args.schema:
+        grammar = schema_grammar_file(args.schema, whitespace=args.whitespace, ndjson=args.ndjson)
+    else:
+        grammar = load_grammar(args.grammar)
+    results = []
+    for f in args.files:
+        p = Path(f)
+        if not p.is_file():
+            raise LessonkitError(f"{f}: no such file")
+        data = p.read_bytes()
+        err = grammar.first_error(data)
+        row = {"file": f, "ok": err is None}
+        if err is not None:
+            row["error_offset"] = err
+            row["reason"] = ("ends before the grammar is complete" if err == len(data)
+                             else f"byte {data[err:err + 1]!r} not allowed")
+        results.append(row)
+    ok = all(r["ok"] for r in results)
+    if args.json:
+        print(json.dumps({"grammar": grammar.source, "all_ok": ok, "files": results}))
+    else:
+        for r in results:
+            print(f"{r['file']}: " + ("ok" if r["ok"] else f"NOT in language at byte {r['error_offset']} "
+                                                        f"({r['reason']})"))
+    return 0 if ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lessonkit", description="The lossless acceleration stack, measured.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -252,6 +291,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("new")
     p.add_argument("--noise", type=float, default=0.1, help="relative change treated as noise (default 0.1)")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("grammar", help="compile JSON Schemas to grammars; check files against them")
+    gsub = p.add_subparsers(dest="grammar_cmd", required=True)
+    c = gsub.add_parser("compile", help="print the grammar compiled from a JSON Schema (or the error)")
+    c.add_argument("schema", help="JSON Schema file (draft 2020-12 subset, see docs/grammar.md)")
+    c.add_argument("--whitespace", choices=["compact", "flexible"], default="flexible",
+                   help="compact: no whitespace (best for drafting); flexible: any JSON whitespace")
+    c.add_argument("--ndjson", action="store_true", help="one instance per line")
+    c.set_defaults(func=cmd_grammar_compile)
+    k = gsub.add_parser("check", help="say whether each file's whole content is in the grammar's language")
+    src = k.add_mutually_exclusive_group(required=True)
+    src.add_argument("--schema", help="JSON Schema file")
+    src.add_argument("--grammar", help="built-in (json, json-compact, ndjson, ndjson-compact) or a .gbnf file")
+    k.add_argument("--whitespace", choices=["compact", "flexible"], default="flexible")
+    k.add_argument("--ndjson", action="store_true", help="with --schema: one instance per line")
+    k.add_argument("files", nargs="+")
+    k.add_argument("--json", action="store_true", help="print one JSON object")
+    k.set_defaults(func=cmd_grammar_check)
 
     for modname in COMMAND_MODULES:
         mod = _optional_module(modname)

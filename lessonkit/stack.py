@@ -8,7 +8,7 @@ Lesson 7 (capstone). Each item goes through, in order:
      shared instruction + few-shot prefix is restored from disk instead of prefilled;
   3. the judge's answer is one NDJSON line following JUDGE_SCHEMA, decoded greedily with
      speculative decoding whose drafter is a composite (StackDrafter): the grammar's forced span
-     when there is one (lessonkit.grammar_draft), else the best model drafter for this model (MTP
+     when there is one (lessonkit.grammar.drafter), else the best model drafter for this model (MTP
      head, draft model or prompt lookup), chosen by measuring on calibration items.
 
 Exactness. Every engine answer is byte-identical to the plain engine's, which prefills the same
@@ -36,7 +36,9 @@ import torch
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate
 from lessonkit.engine.registry import load_model
-from lessonkit.grammar_draft import GrammarDrafter, TokenGrammar, resolve_grammar
+from lessonkit.grammar.drafter import GrammarDrafter, resolve_grammar
+from lessonkit.grammar.json_schema import schema_grammar
+from lessonkit.grammar.tokens import TokenGrammar
 from lessonkit.mtp import MtpDrafter
 from lessonkit.speculative.drafters import Draft, Drafter, ModelDrafter, NGramDrafter, OracleDrafter
 from lessonkit.speculative.verify import speculative_generate
@@ -361,8 +363,6 @@ def judge_token_grammar(engine):
     key = (engine.fingerprint(), id(engine.tokenizer))
     tg = _TG_CACHE.get(key)
     if tg is None:
-        from lessonkit.grammar_draft import TokenGrammar
-        from lessonkit.json_schema import schema_grammar
         g = schema_grammar(JUDGE_SCHEMA, whitespace="compact", ndjson=True, source="stack.JUDGE_SCHEMA")
         tg = _TG_CACHE[key] = TokenGrammar(g, engine.tokenizer, eos_ids=engine.config.eos_ids)
     return tg

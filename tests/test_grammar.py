@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.grammar import BUILTIN_GRAMMARS, Grammar, load_grammar, main
+from lessonkit.cli import main
+from lessonkit.grammar.automaton import BUILTIN_GRAMMARS, Grammar, load_grammar
 
 
 def g(text):
@@ -177,7 +178,7 @@ def test_ndjson_variants():
 
 def test_forced_fraction_of_compact_ndjson_records():
     """Compact NDJSON with fixed keys: keys and punctuation are forced once the grammar knows them."""
-    from lessonkit.json_schema import schema_grammar
+    from lessonkit.grammar.json_schema import schema_grammar
     schema = {"type": "object", "properties": {"id": {"type": "integer"}, "level": {"enum": ["info", "warn"]},
                                                "msg": {"type": "string"}}, "required": ["id", "level", "msg"],
               "additionalProperties": False}
@@ -234,9 +235,10 @@ from types import SimpleNamespace
 
 import torch
 
-from lessonkit.grammar_draft import (ConstrainedDecoder, GrammarDrafter, TokenGrammar, generate_with_grammar,
-                                     span_tokenisation_report, token_byte_table, verify_k)
-from lessonkit.json_schema import schema_grammar
+from lessonkit.grammar.drafter import ConstrainedDecoder, GrammarDrafter, generate_with_grammar, verify_k
+from lessonkit.grammar.measure import span_tokenisation_report
+from lessonkit.grammar.tokens import TokenGrammar, token_byte_table
+from lessonkit.grammar.json_schema import schema_grammar
 
 RECORDS = [{"ts": f"2024-05-0{i % 9 + 1}T12:00:0{i % 10}Z", "level": ["info", "warn", "error"][i % 3],
             "service": ["api", "db"][i % 2], "msg": f"request {i} done é", "latency_ms": 17 * i} for i in range(12)]
@@ -443,7 +445,7 @@ def test_span_tokenisation_report_counts_spans_and_backoff(tok):
 
 @pytest.mark.parametrize("confounded", [False, True])
 def test_grammar_ab_reports_identity_and_gain(tok, confounded):
-    from lessonkit.grammar_draft import grammar_ab
+    from lessonkit.lessons.grammar import grammar_ab
     prompt = tok.encode("prompt: write records\n").ids
     target = FakeTarget(tok, COMPACT)
     tg = TokenGrammar(schema_grammar(RECORD_SCHEMA, whitespace="compact", ndjson=True), tok, eos_ids=[target.eos])
@@ -455,7 +457,8 @@ def test_grammar_ab_reports_identity_and_gain(tok, confounded):
 
 def test_byte_sources_label_drafted_forced_and_free(tok):
     import matplotlib
-    from lessonkit.grammar_draft import byte_sources, plot_byte_sources
+    from lessonkit.grammar.measure import byte_sources
+    from lessonkit.lessons.grammar import plot_byte_sources
     from lessonkit.speculative.verify import speculative_generate
     prompt = tok.encode("prompt: write records\n").ids
     target = FakeTarget(tok, COMPACT)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.json_schema import compile_schema, order_like_schema, schema_grammar
+from lessonkit.grammar.json_schema import compile_schema, order_like_schema, schema_grammar
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 SCHEMAS = sorted(p.stem for p in SCHEMA_DIR.glob("*.json"))

@@ -15,8 +15,8 @@ from lessonkit.engine.kv_cache import KVCache
 from lessonkit.engine.model import Transformer
 
 
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet: printable stand-in character -> byte."""
+def byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (bytes_to_unicode), inverted: printable stand-in character -> byte."""
     global _BYTE_DECODER
     if _BYTE_DECODER is None:
         from tokenizers import pre_tokenizers
@@ -95,7 +95,7 @@ class Engine:
         piece = tok.id_to_token(int(token_id))
         if piece is None:
             raise LessonkitError(f"token id {token_id} is not in the vocabulary")
-        table = _byte_decoder()
+        table = byte_decoder()
         if all(ch in table for ch in piece):
             return bytes(table[ch] for ch in piece)
         return piece.encode("utf-8")      # special tokens and non-byte-level vocabularies

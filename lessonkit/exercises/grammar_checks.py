@@ -13,7 +13,7 @@ import random
 
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.exercises import run_cases
-from lessonkit.grammar import Grammar, GrammarState, load_grammar
+from lessonkit.grammar.automaton import Grammar, GrammarState, load_grammar
 
 SEED = 2026
 _ON_RAISE = "{name}: on case '{label}': {error}"   # this lesson puts a colon after the case
@@ -27,7 +27,7 @@ _RECORDS = [{"level": "warn", "status": "activated", "n": 12, "ok": True},
 
 
 def _schema_grammar() -> Grammar:
-    from lessonkit.json_schema import schema_grammar
+    from lessonkit.grammar.json_schema import schema_grammar
     return schema_grammar(_SCHEMA, whitespace="compact", ndjson=True, source="record schema")
 
 
@@ -95,7 +95,7 @@ def _complete_cases():
     nd = load_grammar("ndjson-compact")
     rec = _schema_grammar()
     good = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in _RECORDS).encode()
-    cases = [   # the reference is the grammar's own matcher (lessonkit.grammar.Grammar.matches)
+    cases = [   # the reference is the grammar's own matcher (lessonkit.grammar.automaton.Grammar.matches)
         ("JSON object with spaces", js, b'{ "a": [1, 2] }'),
         ("JSON, cut inside an array (a valid prefix, not complete)", js, b'{"a": [1, 2'),
         ("JSON, a byte the grammar forbids", js, b'{"a": 01}'),

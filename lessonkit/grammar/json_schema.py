@@ -1,4 +1,4 @@
-"""JSON Schema (draft 2020-12 subset) -> grammar text for lessonkit.grammar. Fails closed.
+"""JSON Schema (draft 2020-12 subset) -> grammar text for lessonkit.grammar.automaton. Fails closed.
 
 Every keyword is either compiled exactly, ignored because it is an annotation (title, description,
 examples, default, ...), or rejected with a LessonkitError naming the keyword and its JSON-pointer
@@ -19,89 +19,35 @@ import json
 import re
 from pathlib import Path
 
+import jsonschema
+
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.grammar import Grammar
+from lessonkit.grammar.automaton import Grammar
+from lessonkit.grammar.gbnf import byte_class, literal, repeat_suffix
+from lessonkit.grammar.json_rules import HELPER_RULES, has_type, json_equal, json_string_content
+from lessonkit.grammar.regex import RegexCompiler
 
 ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "examples", "default",
                "deprecated", "readOnly", "writeOnly", "$defs", "definitions"}
+
+
 TYPE_KEYWORDS = {
     "object": {"properties", "required", "additionalProperties"},
     "array": {"items", "prefixItems", "minItems", "maxItems"},
     "string": {"minLength", "maxLength", "pattern", "format"},
 }
+
+
 SUPPORTED = {"type", "enum", "const", "anyOf", "oneOf", "$ref"} | set().union(*TYPE_KEYWORDS.values())
+
+
 EMPTY = '""'
+
+
 FORMATS = ("date", "date-time", "uuid", "email")
+
+
 JSON_TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
-
-# Helper rules the compiled grammar may use; each lists the helpers it needs.
-_HELPERS = {
-    "jchar": ('[\\x20-\\x21\\x23-\\x5B\\x5D-\\x7F] | utf8 | "\\\\" ( ["\\\\/bfnrt] | "u" hex{4} )',
-              ["utf8", "hex"]),
-    "utf8": ('[\\xC2-\\xDF] cont | "\\xE0" [\\xA0-\\xBF] cont | [\\xE1-\\xEC\\xEE\\xEF] cont cont'
-             ' | "\\xED" [\\x80-\\x9F] cont | "\\xF0" [\\x90-\\xBF] cont cont'
-             ' | [\\xF1-\\xF3] cont cont cont | "\\xF4" [\\x80-\\x8F] cont cont', ["cont"]),
-    "cont": ("[\\x80-\\xBF]", []),
-    "hex": ("[0-9a-fA-F]", []),
-    "string": ('"\\"" jchar* "\\""', ["jchar"]),
-    "integer": ('"-"? ( "0" | [1-9] [0-9]* )', []),
-    "number": ('"-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?', []),
-    "boolean": ('"true" | "false"', []),
-    "value": ('object | array | string | number | "true" | "false" | "null"',
-              ["object", "array", "string", "number"]),
-    "object": ('"{" ws ( member ( ws "," ws member )* ws )? "}"', ["member", "ws"]),
-    "member": ('string ws ":" ws value', ["string", "value", "ws"]),
-    "array": ('"[" ws ( value ( ws "," ws value )* ws )? "]"', ["value", "ws"]),
-    # formats
-    "date": ('year "-" mmdd | leapyear "-02-29"', ["year", "mmdd", "leapyear"]),
-    "year": ('"0" ( "0" ( "0" [1-9] | [1-9] [0-9] ) | [1-9] [0-9] [0-9] ) | [1-9] [0-9] [0-9] [0-9]', []),
-    "leapyear": ('[0-9] [0-9] y4 | y4 "00"', ["y4"]),
-    "y4": ('"0" [48] | [2468] [048] | [13579] [26]', []),
-    "mmdd": ('( "01" | "03" | "05" | "07" | "08" | "10" | "12" ) "-" ( d28 | "29" | "30" | "31" )'
-             ' | ( "04" | "06" | "09" | "11" ) "-" ( d28 | "29" | "30" ) | "02-" d28', ["d28"]),
-    "d28": ('"0" [1-9] | "1" [0-9] | "2" [0-8]', []),
-    "date-time": ('date [Tt] hh ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]+ )? ( [Zz] | [-+] hh ":" [0-5] [0-9] )',
-                  ["date", "hh"]),
-    "hh": ('[01] [0-9] | "2" [0-3]', []),
-    "uuid": ('hex{8} "-" hex{4} "-" hex{4} "-" hex{4} "-" hex{12}', ["hex"]),
-    "email": ('elocal ( "." elocal )* "@" elabel ( "." elabel )*', ["elocal", "elabel"]),
-    "elocal": ("[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+", []),
-    "elabel": ('[A-Za-z0-9] ( [A-Za-z0-9-]* [A-Za-z0-9] )?', []),
-}
-
-
-def _lit(data: str | bytes) -> str:
-    """A GBNF string literal for these exact bytes."""
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    out = []
-    for b in data:
-        c = chr(b)
-        if c in '"\\':
-            out.append("\\" + c)
-        elif 0x20 <= b < 0x7F:
-            out.append(c)
-        else:
-            out.append(f"\\x{b:02X}")
-    return '"' + "".join(out) + '"'
-
-
-def _class(chars: set[int]) -> str:
-    """A GBNF byte class for a set of byte values (non-empty)."""
-    items, vals, i = [], sorted(chars), 0
-    while i < len(vals):
-        j = i
-        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
-            j += 1
-        lo, hi = vals[i], vals[j]
-        items.append(f"\\x{lo:02X}" if lo == hi else f"\\x{lo:02X}-\\x{hi:02X}")
-        i = j + 1
-    return "[" + "".join(items) + "]"
-
-
-def _raw(s: str) -> str:
-    """The canonical raw JSON-string content of s (without the quotes)."""
-    return json.dumps(s, ensure_ascii=False)[1:-1]
 
 
 def _ptr(base: str, *parts) -> str:
@@ -141,7 +87,7 @@ class SchemaCompiler:
         base = re.sub(r"[^A-Za-z0-9-]+", "-", hint).strip("-") or "s"
         base = "s-" + base[-40:].strip("-")
         name, n = base, 1
-        while name in self.rules or name in _HELPERS:
+        while name in self.rules or name in HELPER_RULES:
             n += 1
             name = f"{base}-{n}"
         self.rules[name] = ""
@@ -172,7 +118,7 @@ class SchemaCompiler:
             if h in done or h == "ws":
                 continue
             done.add(h)
-            body, deps = _HELPERS[h]
+            body, deps = HELPER_RULES[h]
             lines.append(f"{h} ::= {body}")
             todo += deps
         return "\n".join(lines) + "\n"
@@ -284,9 +230,9 @@ class SchemaCompiler:
         else:
             values = [s["const"]]
         if "const" in s and "enum" in s:
-            values = [v for v in values if _json_equal(v, s["const"])]
+            values = [v for v in values if json_equal(v, s["const"])]
         if "type" in s:
-            values = [v for v in values if any(_has_type(v, t) for t in types)]
+            values = [v for v in values if any(has_type(v, t) for t in types)]
         if not values:
             raise self.err(where, "no enum/const value satisfies the schema")
         alts = []
@@ -301,7 +247,7 @@ class SchemaCompiler:
         if isinstance(v, dict):
             if not v:
                 return self.seq('"{"', W, '"}"')
-            members = [self.seq(_lit(json.dumps(k, ensure_ascii=False)), W, '":"', W, self.value_literal(x))
+            members = [self.seq(literal(json.dumps(k, ensure_ascii=False)), W, '":"', W, self.value_literal(x))
                        for k, x in v.items()]
             return "( " + self.seq('"{"', W, f' {W}"," {W}'.join(members), W, '"}"') + " )"
         if isinstance(v, list):
@@ -309,7 +255,7 @@ class SchemaCompiler:
                 return self.seq('"["', W, '"]"')
             return "( " + self.seq('"["', W, f' {W}"," {W}'.join(self.value_literal(x) for x in v),
                                    W, '"]"') + " )"
-        return _lit(json.dumps(v, ensure_ascii=False))
+        return literal(json.dumps(v, ensure_ascii=False))
 
     # -- strings
     def string(self, s: dict, where: str) -> str:
@@ -364,7 +310,7 @@ class SchemaCompiler:
                     raise self.err(_ptr(where, "properties", name), f"required property {name!r} has schema false")
                 continue
             value = self.schema(sub, _ptr(where, "properties", name))
-            kvs.append((self.seq(_lit('"' + _raw(name) + '"'), W, '":"', W, value), req))
+            kvs.append((self.seq(literal('"' + json_string_content(name) + '"'), W, '":"', W, value), req))
         sep = self.seq(W, '","', W)
         if addl is False:
             extra = None
@@ -395,7 +341,7 @@ class SchemaCompiler:
         """A JSON string key whose (canonical) content is none of `names`."""
         if not names:
             return self.helper("string")
-        raws = [_raw(n).encode("utf-8") for n in names]
+        raws = [json_string_content(n).encode("utf-8") for n in names]
         for n, r in zip(names, raws):
             if any(b >= 0x80 or b == 0x5C for b in r):
                 raise self.err(where, f"additional properties next to the non-ASCII or escaped property "
@@ -416,10 +362,10 @@ class SchemaCompiler:
                 alts.append('"\\""')
             kids = sorted(k for k in node if k is not None)
             for b in kids:
-                alts.append(f"{_lit(bytes([b]))} {node_rule(node[b], prefix + bytes([b]))}")
+                alts.append(f"{literal(bytes([b]))} {node_rule(node[b], prefix + bytes([b]))}")
             other = set(range(0x20, 0x80)) - {0x22, 0x5C} - set(kids)
             if other:
-                alts.append(f"{_class(other)} {tail}")
+                alts.append(f"{byte_class(other)} {tail}")
             alts.append(f'utf8 {tail}')
             alts.append(f'"\\\\" ( ["\\\\/bfnrt] | "u" hex{{4}} ) {tail}')
             self.helper("hex")
@@ -457,9 +403,9 @@ class SchemaCompiler:
         else:
             item = self.schema(items, _ptr(where, "items"))
             if k > 0:
-                tail = f"( {sep} {item} )" + _quant(a, b)
+                tail = f"( {sep} {item} )" + repeat_suffix(a, b)
             else:
-                rest = f"( {sep} {item} )" + _quant(max(a - 1, 0), None if b is None else b - 1)
+                rest = f"( {sep} {item} )" + repeat_suffix(max(a - 1, 0), None if b is None else b - 1)
                 tail = f"{item} {rest}".strip()
                 if a == 0:
                     tail = f"( {tail} )?"
@@ -468,239 +414,6 @@ class SchemaCompiler:
             body = self.seq(sep if i > 0 else "", elems[i], A)
             A = self.rule(f"{where}-a{i}", f'{body} | ""') if i >= lo else f"( {body} )"
         return self.rule(where + "-arr", self.seq('"["', W, A, W, '"]"'))
-
-
-def _quant(a: int, b: int | None) -> str:
-    if b is None:
-        return "*" if a == 0 else ("+" if a == 1 else f"{{{a},}}")
-    if a == b:
-        return "" if a == 1 else f"{{{a}}}"
-    if a == 0 and b == 1:
-        return "?"
-    return f"{{{a},{b}}}"
-
-
-def _has_type(v, t: str) -> bool:
-    if t == "null":
-        return v is None
-    if t == "boolean":
-        return isinstance(v, bool)
-    if t == "integer":
-        return isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and v.is_integer()
-    if t == "number":
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
-    if t == "string":
-        return isinstance(v, str)
-    if t == "object":
-        return isinstance(v, dict)
-    return isinstance(v, list)
-
-
-def _json_equal(a, b) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return a == b
-
-
-# ----------------------------------------------------------------------------- regex subset
-
-class RegexCompiler:
-    """Python-regex subset -> grammar over the raw JSON string content.
-
-    Supports literals, escapes of metacharacters, ., [...] and [^...] with ranges, \\d \\w \\s
-    (ASCII only: stricter than Python's Unicode classes), groups ( ), (?: ), (?P<n> ), alternation,
-    * + ? {m} {m,} {m,n} (lazy forms too), ^ at the start and $ at the end. JSON Schema patterns
-    are unanchored searches, so a missing ^ or $ becomes "any characters" on that side.
-    """
-
-    META = set("\\^$.|?*+()[]{}")
-
-    def __init__(self, pattern: str, comp: SchemaCompiler, where: str):
-        self.p, self.i, self.c, self.where = pattern, 0, comp, where
-
-    def err(self, msg: str) -> LessonkitError:
-        return self.c.err(self.where, f"pattern {self.p!r}: {msg} (at character {self.i})")
-
-    def compile(self) -> str:
-        anchored_start = self.p.startswith("^")
-        if anchored_start:
-            self.i = 1
-        body = self.alternation()
-        anchored_end = False
-        if self.i < len(self.p) and self.p[self.i] == "$" and self.i == len(self.p) - 1:
-            anchored_end = True
-            self.i += 1
-        if self.i != len(self.p):
-            raise self.err(f"unsupported construct {self.p[self.i]!r}")
-        anyc = self.c.helper("jchar") + "*"
-        return self.c.seq("" if anchored_start else anyc, f"( {body} )", "" if anchored_end else anyc)
-
-    def peek(self) -> str:
-        return self.p[self.i] if self.i < len(self.p) else ""
-
-    def alternation(self) -> str:
-        alts = [self.sequence()]
-        while self.peek() == "|":
-            self.i += 1
-            alts.append(self.sequence())
-        return " | ".join(a or '""' for a in alts)
-
-    def sequence(self) -> str:
-        parts = []
-        while self.i < len(self.p) and self.peek() not in "|)":
-            if self.peek() == "$" and self.i == len(self.p) - 1:
-                break
-            parts.append(self.quantified(self.atom()))
-        return " ".join(parts)
-
-    def atom(self) -> str:
-        ch = self.peek()
-        if ch == "(":
-            self.i += 1
-            if self.p.startswith("?:", self.i):
-                self.i += 2
-            elif self.p.startswith("?P<", self.i):
-                j = self.p.find(">", self.i)
-                if j < 0:
-                    raise self.err("unterminated group name")
-                self.i = j + 1
-            elif self.peek() == "?":
-                raise self.err("unsupported group (lookaround, flags or backreference)")
-            body = self.alternation()
-            if self.peek() != ")":
-                raise self.err("missing ')'")
-            self.i += 1
-            return f"( {body} )"
-        if ch == "[":
-            return self.char_set(*self.bracket())
-        if ch == ".":
-            self.i += 1
-            return self.char_set(set(range(0x80)) - {0x0A}, True)
-        if ch in ("^", "$"):
-            raise self.err(f"anchor {ch!r} only supported at the start/end")
-        if ch in "*+?{":
-            raise self.err(f"nothing to repeat before {ch!r}")
-        if ch == "\\":
-            self.i += 1
-            chars = self.escape()
-            return self.char_set(chars, False)
-        self.i += 1
-        return _lit(_raw(ch))
-
-    def escape(self) -> set[int]:
-        if self.i >= len(self.p):
-            raise self.err("trailing backslash")
-        e = self.p[self.i]
-        self.i += 1
-        classes = {"d": set(range(48, 58)), "w": set(range(48, 58)) | set(range(65, 91)) | set(range(97, 123)) | {95},
-                   "s": {9, 10, 11, 12, 13, 32}}
-        if e in classes:
-            return classes[e]
-        simple = {"n": 10, "t": 9, "r": 13, "f": 12, "v": 11}
-        if e in simple:
-            return {simple[e]}
-        if e in "DWSbBAZ0123456789":
-            raise self.err(f"unsupported escape \\{e}")
-        if e in ("x", "u"):
-            width = 2 if e == "x" else 4
-            digits = self.p[self.i:self.i + width]
-            if len(digits) != width or not all(c in "0123456789abcdefABCDEF" for c in digits):
-                raise self.err(f"bad \\{e} escape")
-            self.i += width
-            return {int(digits, 16)}
-        if e.isalnum():
-            raise self.err(f"unsupported escape \\{e}")
-        return {ord(e)}
-
-    def bracket(self) -> tuple[set[int], bool]:
-        self.i += 1
-        negate = self.peek() == "^"
-        if negate:
-            self.i += 1
-        chars: set[int] = set()
-        first = True
-        while True:
-            if self.i >= len(self.p):
-                raise self.err("unterminated character class")
-            ch = self.peek()
-            if ch == "]" and not first:
-                self.i += 1
-                break
-            first = False
-            if ch == "\\":
-                self.i += 1
-                lo_set = self.escape()
-            else:
-                self.i += 1
-                lo_set = {ord(ch)}
-            if self.peek() == "-" and self.p[self.i + 1:self.i + 2] not in ("]", "") and len(lo_set) == 1:
-                self.i += 1
-                hch = self.peek()
-                if hch == "\\":
-                    self.i += 1
-                    hi_set = self.escape()
-                    if len(hi_set) != 1:
-                        raise self.err("bad range")
-                    hi = next(iter(hi_set))
-                else:
-                    self.i += 1
-                    hi = ord(hch)
-                lo = next(iter(lo_set))
-                if hi < lo:
-                    raise self.err("bad range")
-                if hi - lo > 5000:
-                    raise self.err("character range too large")
-                chars |= set(range(lo, hi + 1))
-            else:
-                chars |= lo_set
-        if negate:
-            if any(c >= 0x80 for c in chars):
-                raise self.err("negated classes with non-ASCII characters are not supported")
-            return set(range(0x80)) - chars, True
-        return chars, False
-
-    def char_set(self, chars: set[int], any_non_ascii: bool) -> str:
-        """Alternatives matching one character from `chars` (plus every non-ASCII one if asked)."""
-        plain = {c for c in chars if c < 0x80 and c >= 0x20 and c not in (0x22, 0x5C)}
-        alts = []
-        if plain:
-            alts.append(_class(plain))
-        for c in sorted(c for c in chars if c < 0x80 and c not in plain):
-            alts.append(_lit(_raw(chr(c))))
-        if any_non_ascii:
-            alts.append(self.c.helper("utf8"))
-        else:
-            big = sorted(c for c in chars if c >= 0x80)
-            if len(big) > 256:
-                raise self.err("character class with more than 256 non-ASCII characters")
-            alts += [_lit(chr(c)) for c in big if not 0xD800 <= c <= 0xDFFF]
-        if not alts:
-            raise self.err("empty character class")
-        return alts[0] if len(alts) == 1 else "( " + " | ".join(alts) + " )"
-
-    def quantified(self, atom: str) -> str:
-        while True:
-            ch = self.peek()
-            if ch in ("*", "+", "?"):
-                self.i += 1
-                q = ch
-            elif ch == "{":
-                m = re.match(r"\{(\d*)(,?)(\d*)\}", self.p[self.i:])
-                if not m or not m.group(1) and not m.group(3):
-                    raise self.err("bad {m,n}")
-                self.i += m.end()
-                lo = int(m.group(1) or 0)
-                hi = lo if not m.group(2) else (int(m.group(3)) if m.group(3) else None)
-                if hi is not None and hi < lo:
-                    raise self.err("bad {m,n}: max < min")
-                q = _quant(lo, hi) if (lo, hi) != (1, 1) else ""
-            else:
-                return atom
-            if self.peek() == "?":      # lazy: same language
-                self.i += 1
-            elif self.peek() == "+":
-                raise self.err("possessive quantifiers are not supported")
-            atom = f"( {atom} ){q}" if q else atom
 
 
 # ----------------------------------------------------------------------------- public API
@@ -739,8 +452,6 @@ def schema_grammar_file(path, *, whitespace: str = "flexible", ndjson: bool = Fa
 
 def order_like_schema(instance, schema, root=None):
     """A copy of `instance` with object keys in the order the compiled grammar expects."""
-    import jsonschema
-
     root = schema if root is None else root
     if not isinstance(schema, dict):
         return instance

@@ -1,0 +1,392 @@
+"""Byte-level context-free grammars run by a set-of-stacks pushdown automaton.
+
+The automaton (as in llama.cpp and Colibri's c/grammar.h) keeps a *set of stacks*, one per live
+parse. Each stack is a tuple of positions in a flat element table; its top is always a byte-class
+element, and the empty stack means "this parse is complete". Repetition lowers to right-recursive
+helper rules and a rule reference in tail position is not pushed (tail-call), so loops do not grow
+the stacks. States are interned and their transitions memoised, so a state is an immutable,
+hashable value: keeping one for backtracking costs nothing.
+
+Answers: ``allowed_bytes()``, ``advance(byte)``, ``is_complete`` and ``forced_continuation()`` (the
+longest run of bytes that is the only legal way on, stopping where the parse could end). The text
+format is read by lessonkit.grammar.gbnf; the built-in grammars are the .gbnf files in grammars/.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.grammar.gbnf import AnyChar, Cls, Group, Lit, Ref, Rep, parse_rules, range_mask
+
+END, CHAR, RULE = 0, 1, 2
+GRAMMAR_DIR = Path(__file__).with_name("grammars")
+BUILTIN_GRAMMARS = ("json", "json-compact", "ndjson", "ndjson-compact")
+
+# UTF-8 encoded scalar values (no overlongs, no surrogates), as byte-class sequences.
+_UTF8_SEQS = [
+    [(0x00, 0x7F)],
+    [(0xC2, 0xDF), (0x80, 0xBF)],
+    [(0xE0, 0xE0), (0xA0, 0xBF), (0x80, 0xBF)],
+    [(0xE1, 0xEC), (0x80, 0xBF), (0x80, 0xBF)],
+    [(0xED, 0xED), (0x80, 0x9F), (0x80, 0xBF)],
+    [(0xEE, 0xEF), (0x80, 0xBF), (0x80, 0xBF)],
+    [(0xF0, 0xF0), (0x90, 0xBF), (0x80, 0xBF), (0x80, 0xBF)],
+    [(0xF1, 0xF3), (0x80, 0xBF), (0x80, 0xBF), (0x80, 0xBF)],
+    [(0xF4, 0xF4), (0x80, 0x8F), (0x80, 0xBF), (0x80, 0xBF)],
+]
+
+
+def mask_bytes(mask: int) -> bytes:
+    """The byte values set in a 256-bit mask, ascending."""
+    out = bytearray()
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return bytes(out)
+
+
+class Grammar:
+    """A compiled grammar: flat element table plus rule -> alternative start positions."""
+
+    def __init__(self, text: str, source: str = "<grammar>"):
+        self.source = source
+        self.text = text
+        self.line_oriented = False      # one document per line (NDJSON): a drafter may resync at a newline
+        self._lower(parse_rules(text, source))
+        self._check_left_recursion()
+        self._interned: dict[frozenset, GrammarState] = {}
+        self._initial = self._state(self._closure([(self._root_ref,)]))
+
+    # -- construction
+    def _lower(self, ast: dict[str, list]) -> None:
+        low = _Lowering(ast)
+        kind, arg, alts_start = _flatten(low.rules)
+        # synthetic start: [RULE root, END]
+        self._root_ref = len(kind)
+        kind += [RULE, END]
+        arg += [low.ids["root"], 0]
+        self.kind, self.arg, self.alts, self.rule_names = kind, arg, alts_start, low.rule_names
+        self.root = low.ids["root"]
+        self.rules_ast = low.rules
+
+    def _check_left_recursion(self) -> None:
+        rules = self.rules_ast
+        nullable = [False] * len(rules)
+        changed = True
+        while changed:
+            changed = False
+            for r, alts in enumerate(rules):
+                if not nullable[r] and any(all(k == RULE and nullable[a] for k, a in e) for e in alts):
+                    nullable[r] = changed = True
+        left = [set() for _ in rules]
+        for r, alts in enumerate(rules):
+            for elems in alts:
+                for k, a in elems:
+                    if k == CHAR:
+                        break
+                    left[r].add(a)
+                    if not nullable[a]:
+                        break
+        color = [0] * len(rules)
+        for start in range(len(rules)):
+            if color[start]:
+                continue
+            stack = [(start, iter(left[start]))]
+            color[start] = 1
+            while stack:
+                r, it = stack[-1]
+                nxt = next(it, None)
+                if nxt is None:
+                    color[r] = 2
+                    stack.pop()
+                elif color[nxt] == 1:
+                    raise LessonkitError(
+                        f"{self.source}: rule {self.rule_names[nxt]!r} is left-recursive (it can reach "
+                        "itself without consuming a byte); rewrite it with repetition")
+                elif color[nxt] == 0:
+                    color[nxt] = 1
+                    stack.append((nxt, iter(left[nxt])))
+
+    # -- automaton
+    def _closure(self, stacks) -> frozenset:
+        kind, arg, alts = self.kind, self.arg, self.alts
+        out, seen, work = set(), set(), list(stacks)
+        while work:
+            st = work.pop()
+            if st in seen:
+                continue
+            seen.add(st)
+            if not st:
+                out.add(st)
+                continue
+            pos = st[-1]
+            k = kind[pos]
+            if k == CHAR:
+                out.add(st)
+            elif k == END:
+                work.append(st[:-1])
+            else:
+                rest = st[:-1]
+                if kind[pos + 1] != END:
+                    rest = rest + (pos + 1,)
+                for a in alts[arg[pos]]:
+                    work.append(rest + (a,))
+        return frozenset(out)
+
+    def _state(self, stacks: frozenset) -> GrammarState:
+        s = self._interned.get(stacks)
+        if s is None:
+            if len(self._interned) > 200_000:
+                self._interned.clear()
+            s = self._interned[stacks] = GrammarState(self, stacks)
+        return s
+
+    def _step(self, state: GrammarState, b: int) -> GrammarState | None:
+        bit = 1 << b
+        arg = self.arg
+        moved = [st[:-1] + (st[-1] + 1,) for st in state.stacks if st and arg[st[-1]] & bit]
+        if not moved:
+            return None
+        return self._state(self._closure(moved))
+
+    # -- public
+    def initial(self) -> GrammarState:
+        return self._initial
+
+    def matcher(self) -> GrammarMatcher:
+        return GrammarMatcher(self._initial)
+
+    def matches(self, data: bytes) -> bool:
+        """True if ``data`` as a whole is in the grammar's language."""
+        s = self._initial.advance_bytes(data)
+        return s is not None and s.is_complete
+
+    def first_error(self, data: bytes) -> int | None:
+        """Offset of the first byte that cannot be accepted, len(data) if it stops early, None if ok."""
+        s = self._initial
+        for i, b in enumerate(data):
+            s = s.advance(b)
+            if s is None:
+                return i
+        return None if s.is_complete else len(data)
+
+    def __repr__(self) -> str:
+        return f"Grammar({self.source!r}, {len(self.alts)} rules)"
+
+
+class _Lowering:
+    """Rules as alternatives of (kind, arg) elements: literals become byte classes, groups and
+    repetitions become helper rules (star: R ::= body R | ""; optional chain: R_k ::= body R_{k-1} | "")."""
+
+    def __init__(self, ast: dict[str, list]):
+        names = list(ast)
+        self.ids = {n: i for i, n in enumerate(names)}
+        self.rules: list[list[list[tuple[int, int]]]] = [[] for _ in names]
+        self.rule_names = list(names)
+        self._any_char: int | None = None
+        for n in names:
+            self.rules[self.ids[n]] = [self.seq(a, n) for a in ast[n]]
+
+    def new_rule(self, tag: str) -> int:
+        self.rules.append([])
+        self.rule_names.append(tag)
+        return len(self.rules) - 1
+
+    def any_char_rule(self) -> int:
+        if self._any_char is None:
+            rid = self._any_char = self.new_rule("_utf8_char")
+            self.rules[rid] = [[(CHAR, range_mask(lo, hi)) for lo, hi in seq] for seq in _UTF8_SEQS]
+        return self._any_char
+
+    def seq(self, items, owner: str) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for it in items:
+            out += self.item(it, owner)
+        return out
+
+    def item(self, it, owner: str) -> list[tuple[int, int]]:
+        if isinstance(it, Lit):
+            return [(CHAR, 1 << b) for b in it.data]
+        if isinstance(it, Cls):
+            return [(CHAR, it.mask)]
+        if isinstance(it, AnyChar):
+            return [(RULE, self.any_char_rule())]
+        if isinstance(it, Ref):
+            if it.name not in self.ids:
+                raise LessonkitError(f"{it.where}: rule {owner!r} refers to undefined rule {it.name!r}")
+            return [(RULE, self.ids[it.name])]
+        if isinstance(it, Group):
+            alts = [self.seq(a, owner) for a in it.alts]
+            if len(alts) == 1:
+                return alts[0]
+            rid = self.new_rule(f"{owner}_group")
+            self.rules[rid] = alts
+            return [(RULE, rid)]
+        assert isinstance(it, Rep)
+        return self.repeat(it, owner)
+
+    def repeat(self, it: Rep, owner: str) -> list[tuple[int, int]]:
+        body = self.item(it.item, owner)
+        out = body * it.lo
+        if it.hi is None:               # star: R ::= body R | ""
+            rid = self.new_rule(f"{owner}_star")
+            self.rules[rid] = [body + [(RULE, rid)], []]
+            return out + [(RULE, rid)]
+        prev = None                      # optional chain: R_k ::= body R_{k-1} | ""
+        for _ in range(it.hi - it.lo):
+            rid = self.new_rule(f"{owner}_opt")
+            self.rules[rid] = [body + ([(RULE, prev)] if prev is not None else []), []]
+            prev = rid
+        return out + ([(RULE, prev)] if prev is not None else [])
+
+
+def _flatten(rules) -> tuple[list[int], list[int], list[list[int]]]:
+    """(kind, arg, alternative start positions per rule): every alternative's elements then an END."""
+    kind: list[int] = []
+    arg: list[int] = []
+    alts_start: list[list[int]] = []
+    for alts in rules:
+        starts = []
+        for elems in alts:
+            starts.append(len(kind))
+            for k, a in elems:
+                kind.append(k)
+                arg.append(a)
+            kind.append(END)
+            arg.append(0)
+        alts_start.append(starts)
+    return kind, arg, alts_start
+
+
+class GrammarState:
+    """One automaton state (a set of parse stacks). Immutable and interned: keep it to backtrack."""
+
+    __slots__ = ("grammar", "stacks", "mask", "is_complete", "_next", "_forced")
+
+    def __init__(self, grammar: Grammar, stacks: frozenset):
+        self.grammar = grammar
+        self.stacks = stacks
+        mask = 0
+        for st in stacks:
+            if st:
+                mask |= grammar.arg[st[-1]]
+        self.mask = mask
+        self.is_complete = () in stacks
+        self._next: dict[int, GrammarState | None] = {}
+        self._forced = None
+
+    def allowed_bytes(self) -> bytes:
+        """The legal next bytes, ascending."""
+        return mask_bytes(self.mask)
+
+    def allows(self, b: int) -> bool:
+        return bool(self.mask >> b & 1)
+
+    def advance(self, b: int) -> GrammarState | None:
+        """The state after byte ``b``, or None if ``b`` is not legal here."""
+        try:
+            return self._next[b]
+        except KeyError:
+            nxt = self.grammar._step(self, b) if self.mask >> b & 1 else None
+            self._next[b] = nxt
+            return nxt
+
+    def advance_bytes(self, data: bytes) -> GrammarState | None:
+        s = self
+        for b in data:
+            s = s.advance(b)
+            if s is None:
+                return None
+        return s
+
+    def forced(self, max_bytes: int = 256) -> tuple[bytes, GrammarState]:
+        """(forced bytes, state after them). Forced: exactly one byte is legal and the parse cannot end."""
+        if self._forced is not None and len(self._forced[0]) < max_bytes:
+            return self._forced
+        out = bytearray()
+        s = self
+        while len(out) < max_bytes and not s.is_complete:
+            m = s.mask
+            if m == 0 or m & (m - 1):
+                break
+            b = m.bit_length() - 1
+            out.append(b)
+            s = s.advance(b)
+        res = (bytes(out), s)
+        if len(out) < max_bytes:
+            self._forced = res
+        return res
+
+    def forced_continuation(self, max_bytes: int = 256) -> bytes:
+        return self.forced(max_bytes)[0]
+
+    @property
+    def is_dead(self) -> bool:
+        return not self.stacks
+
+    def __repr__(self) -> str:
+        shown = self.allowed_bytes()[:16]
+        return f"GrammarState({len(self.stacks)} stacks, allowed={shown!r}, complete={self.is_complete})"
+
+
+class GrammarMatcher:
+    """Mutable wrapper over an immutable state: accept bytes one at a time; clone() is O(1)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: GrammarState):
+        self.state = state
+
+    def accept(self, b: int) -> bool:
+        nxt = self.state.advance(b)
+        if nxt is None:
+            return False
+        self.state = nxt
+        return True
+
+    def accept_bytes(self, data: bytes) -> bool:
+        """All or nothing: on failure the state is unchanged."""
+        nxt = self.state.advance_bytes(data)
+        if nxt is None:
+            return False
+        self.state = nxt
+        return True
+
+    def allowed_bytes(self) -> bytes:
+        return self.state.allowed_bytes()
+
+    @property
+    def is_complete(self) -> bool:
+        return self.state.is_complete
+
+    def forced_continuation(self, max_bytes: int = 256) -> bytes:
+        return self.state.forced_continuation(max_bytes)
+
+    def clone(self) -> GrammarMatcher:
+        return GrammarMatcher(self.state)
+
+
+# ----------------------------------------------------------------------------- loading
+
+_LOADED: dict[str, Grammar] = {}
+
+
+def load_grammar(name_or_path: str) -> Grammar:
+    """A built-in grammar by name (json, json-compact, ndjson, ndjson-compact) or a .gbnf file."""
+    if name_or_path in BUILTIN_GRAMMARS:
+        if name_or_path not in _LOADED:
+            path = GRAMMAR_DIR / f"{name_or_path}.gbnf"
+            g = Grammar(path.read_text(encoding="utf-8"), f"{name_or_path}.gbnf")
+            g.line_oriented = name_or_path.startswith("ndjson")
+            _LOADED[name_or_path] = g
+        return _LOADED[name_or_path]
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise LessonkitError(f"grammar {name_or_path!r} is neither a built-in "
+                             f"({', '.join(BUILTIN_GRAMMARS)}) nor an existing file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise LessonkitError(f"{path}: not UTF-8 text") from None
+    return Grammar(text, str(path))

@@ -1,0 +1,199 @@
+"""Lesson 3 (grammar-forced drafting): the experiments and figures of notebooks/03_grammar.ipynb."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.patches import Patch, Rectangle
+
+from lessonkit.engine.generate import generate
+from lessonkit.grammar.automaton import load_grammar
+from lessonkit.grammar.drafter import GrammarDrafter, verify_k
+from lessonkit.grammar.json_schema import schema_grammar
+from lessonkit.grammar.measure import forced_byte_fraction
+from lessonkit.grammar.records import monitoring_grammar
+from lessonkit.grammar.tokens import TokenGrammar
+from lessonkit.speculative.verify import speculative_generate
+from lessonkit.workloads.corpus import load_documents
+
+
+def _test_schema_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "tests" / "schemas"
+
+
+def schema_compile_times(repeats: int = 3) -> dict[str, float]:
+    """Best-of-`repeats` compile time (schema -> grammar text -> automaton) per test schema, in seconds."""
+    out = {}
+    for p in sorted(_test_schema_dir().glob("*.json")):
+        schema = json.loads(p.read_text())
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            schema_grammar(schema, whitespace="compact", source=p.name)
+            best = min(best, time.perf_counter() - t)
+        out[p.stem] = best
+    return out
+
+
+def _clear_experts(eng) -> None:
+    store = getattr(eng, "store", None)
+    if store is not None and hasattr(store, "clear"):
+        store.clear()
+
+
+def grammar_ab(eng, prompt_ids: list[int], max_new_tokens: int, tg: TokenGrammar, *, repeats: int = 3,
+               confounded: bool = False, **drafter_kw) -> dict:
+    """Plain greedy vs grammar-drafted on the same prompt, interleaved, medians of `repeats`.
+
+    controlled: the expert cache is cleared before every run of either arm, so both start alike.
+    confounded=True reproduces the withdrawn figure's mistake: the plain arm starts cold every time
+    while the grammar arm keeps the experts the previous runs loaded (warm in one arm only).
+    """
+
+    plain_t, draft_t = [], []
+    plain = drafted = drafter = None
+    k = verify_k()
+    generate(eng, prompt_ids, 4)                      # process warm-up (kernels, allocator), both arms alike
+    speculative_generate(eng, GrammarDrafter(tg, **drafter_kw), prompt_ids, 4, k=k)
+
+    def run_plain():
+        nonlocal plain
+        _clear_experts(eng)                           # cold in both designs
+        t = time.perf_counter()
+        plain = generate(eng, prompt_ids, max_new_tokens)
+        plain_t.append(time.perf_counter() - t)
+
+    def run_drafted():
+        nonlocal drafted, drafter
+        if confounded:                                # the mistake: this arm's experts are already loaded
+            speculative_generate(eng, GrammarDrafter(tg, **drafter_kw), prompt_ids, max_new_tokens, k=k)
+        else:
+            _clear_experts(eng)
+        drafter = GrammarDrafter(tg, **drafter_kw)
+        t = time.perf_counter()
+        drafted = speculative_generate(eng, drafter, prompt_ids, max_new_tokens, k=verify_k(drafter.max_draft))
+        draft_t.append(time.perf_counter() - t)
+
+    for r in range(repeats):                          # alternate the order so drift hits both arms
+        for arm in ((run_plain, run_drafted) if r % 2 == 0 else (run_drafted, run_plain)):
+            arm()
+    med = lambda xs: sorted(xs)[len(xs) // 2]   # noqa: E731
+    st = drafter.stats()
+    n_plain, n_draft = len(plain.token_ids), len(drafted.token_ids)
+    return {
+        "confounded": confounded, "identical": drafted.token_ids == plain.token_ids,
+        "plain_s": med(plain_t), "drafted_s": med(draft_t), "speedup": med(plain_t) / med(draft_t),
+        "plain_tokens_per_s": n_plain / med(plain_t), "drafted_tokens_per_s": n_draft / med(draft_t),
+        "plain_tokens_per_forward": n_plain / max(plain.stats.get("forwards", n_plain), 1),
+        "tokens_per_forward": drafted.stats["tokens_per_forward"],
+        "forced_tokens": st["forced_tokens"], "grammar_acceptance": st["grammar_acceptance"],
+        "resyncs": st["resyncs"],
+        "forced_fraction": st["accepted"] / max(n_draft, 1),
+        "plain_expert_hit_rate": plain.stats.get("expert_hit_rate"),
+        "drafted_expert_hit_rate": drafted.stats.get("expert_hit_rate"),
+        "token_ids": drafted.token_ids, "text": drafted.text, "provenance": list(drafter.provenance),
+    }
+
+
+def corpus_records(n: int = 50, split: str = "heldout") -> list[dict]:
+    """The first `n` NDJSON monitoring records of the corpus (held-out split by default)."""
+    out = []
+    for doc in load_documents("records", split):
+        if not doc.startswith("{") or "\n  " in doc:       # skip the pretty-printed documents
+            continue
+        for line in doc.splitlines():
+            out.append(json.loads(line))
+            if len(out) >= n:
+                return out
+    return out
+
+
+def forced_fraction_table(records: list[dict]):
+    """Forced bytes of the same records written compactly and sloppily, under generic and schema grammars."""
+    compact = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
+    sloppy = "".join(json.dumps(r) + "\n" for r in records).encode()
+    rows = []
+    for text_name, data, grammars in [
+            ("compact", compact, [("ndjson-compact", load_grammar("ndjson-compact")),
+                                  ("record schema, compact", monitoring_grammar(whitespace="compact"))]),
+            ("sloppy (', ' and ': ')", sloppy, [("ndjson (whitespace-tolerant)", load_grammar("ndjson")),
+                                               ("record schema, flexible", monitoring_grammar(whitespace="flexible"))])]:
+        for gname, g in grammars:
+            rows.append({"text": text_name, "grammar": gname, "bytes": len(data),
+                         "forced fraction": forced_byte_fraction(g, data)})
+    return pd.DataFrame(rows)
+
+
+def plot_forced_fractions(df):
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    labels = [f"{t}\n{g}" for t, g in zip(df["text"], df["grammar"])]
+    vals = [100 * (v or 0) for v in df["forced fraction"]]
+    ax.bar(range(len(vals)), vals, color=["#4477aa", "#228833", "#cc6677", "#ddaa33"][:len(vals)])
+    ax.set_xticks(range(len(vals)), labels, fontsize=7)
+    ax.set_ylabel("bytes forced by the grammar (%)")
+    for i, v in enumerate(vals):
+        ax.annotate(f"{v:.0f}%", (i, v), ha="center", va="bottom", fontsize=8)
+    best = df.loc[df["forced fraction"].fillna(0).idxmax()]
+    ax.set_title(f"A schema over compact records forces {100 * best['forced fraction']:.0f}% of the bytes; "
+                 "whitespace takes most of it away", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def ab_table(results: dict):
+    """{label: grammar_ab result} -> DataFrame for the lesson."""
+    return pd.DataFrame([{"run": k, "plain tok/s": r["plain_tokens_per_s"], "drafted tok/s": r["drafted_tokens_per_s"],
+                          "speed-up": r["speedup"], "tokens/forward": r["tokens_per_forward"],
+                          "grammar acceptance": r["grammar_acceptance"], "forced fraction": r["forced_fraction"],
+                          "identical": r["identical"], "plain expert hit rate": r["plain_expert_hit_rate"],
+                          "drafted expert hit rate": r["drafted_expert_hit_rate"]} for k, r in results.items()])
+
+
+def plot_ab(df):
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    x = range(len(df))
+    ax.bar([i - 0.2 for i in x], df["plain tok/s"], 0.4, label="plain greedy", color="#999999")
+    ax.bar([i + 0.2 for i in x], df["drafted tok/s"], 0.4, label="grammar drafted", color="#228833")
+    ax.set_xticks(list(x), df["run"])
+    ax.set_ylabel("tokens per second")
+    ax.legend(fontsize=8)
+    for i, s_ in enumerate(df["speed-up"]):
+        ax.annotate(f"{s_:.2f}x", (i + 0.2, df["drafted tok/s"].iloc[i]), ha="center", va="bottom", fontsize=8)
+    if len(df) > 1:
+        title = (f"Warming only the drafted arm shows {df['speed-up'].iloc[-1]:.2f}x; "
+                 f"controlled, the gain is {df['speed-up'].iloc[0]:.2f}x")
+    else:
+        title = f"Grammar drafting: {df['speed-up'].iloc[0]:.2f}x, same bytes"
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+SOURCE_COLOURS = {"drafted": "#7fc97f", "forced": "#fdc086", "free": "#ffffff"}
+
+
+def plot_byte_sources(sources: list[tuple[int, str]], *, width: int = 64, title: str | None = None):
+    """The generated text, one cell per byte, coloured by where it came from. Returns a Figure."""
+
+    rows = max(1, (len(sources) + width - 1) // width)
+    fig, ax = plt.subplots(figsize=(width * 0.16, 0.32 * rows + 1.0))
+    for i, (byte, label) in enumerate(sources):
+        x, y = i % width, rows - 1 - i // width
+        ax.add_patch(Rectangle((x, y), 1, 1, facecolor=SOURCE_COLOURS[label], edgecolor="none"))
+        ch = chr(byte) if 0x20 <= byte < 0x7F else ("⏎" if byte == 10 else "·")
+        ax.text(x + 0.5, y + 0.5, ch, ha="center", va="center", family="monospace", fontsize=7)
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, rows)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_xlabel(f"generated bytes ({width} per row)")
+    counts = {k: sum(1 for _, lab in sources if lab == k) for k in SOURCE_COLOURS}
+    n = max(len(sources), 1)
+    ax.legend(handles=[Patch(facecolor=SOURCE_COLOURS[k], edgecolor="grey",
+                             label=f"{k}: {100 * counts[k] / n:.0f}% of bytes") for k in SOURCE_COLOURS],
+              loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=3, fontsize=8, frameon=False)
+    ax.set_title(title or f"{100 * counts['drafted'] / n:.0f}% of the bytes came from accepted grammar drafts")
+    return fig
