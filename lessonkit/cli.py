@@ -10,11 +10,11 @@ from lessonkit.engine.errors import LessonkitError
 
 # modules that add sub-commands (register_cli) and benchmarks (bench)
 COMMAND_MODULES = ["lessonkit.workloads.corpus", "lessonkit.workloads.train", "lessonkit.gap", "lessonkit.semcache",
-                   "lessonkit.mtp", "lessonkit.prefix_cache", "lessonkit.stack"]
+                   "lessonkit.prefix_cache", "lessonkit.stack"]
 BENCHES = {
     "engine": "lessonkit.bench_engine",
     "spec": "lessonkit.bench_spec",
-    "mtp": "lessonkit.mtp",
+    "mtp": "lessonkit.bench.mtp",
     "grammar": "lessonkit.bench.grammar",
     "prefix": "lessonkit.prefix_cache",
     "semcache": "lessonkit.semcache",
@@ -240,6 +240,47 @@ def cmd_grammar_check(args) -> int:
     return 0 if ok else 1
 
 
+# ---- MTP heads ----------------------------------------------------------------------------------
+def cmd_train_mtp(args) -> int:
+    from dataclasses import replace
+    from pathlib import Path
+
+    import torch
+
+    from lessonkit.engine.registry import load_model
+    from lessonkit.mtp.head import head_path, save_head
+    from lessonkit.mtp.train import PRESETS, TrainMtpConfig, train_head, write_card
+    torch.set_num_threads(args.threads)
+    eng = load_model(args.model)
+    tc = PRESETS.get(args.preset or eng.name, TrainMtpConfig())
+    if args.preset and args.preset not in PRESETS:
+        raise LessonkitError(f"unknown preset {args.preset!r}: known {', '.join(PRESETS)}")
+    if args.steps is not None:
+        tc = replace(tc, steps=args.steps)
+    head, log = train_head(eng, tc)
+    out = Path(args.out) if args.out else head_path(eng.name)
+    save_head(head, out)
+    (out.with_suffix(".train_log.json")).write_text(json.dumps(log))
+    write_card(head, log, out.with_name(out.stem + ".card.md"))
+    print(f"saved {out} ({out.stat().st_size / 2**20:.2f} MiB); held-out acceptance at position 1: "
+          + ", ".join(f"{k} {100 * v:.1f}%" for k, v in (log['eval_acceptance'][-1] or {}).items()))
+    return 0
+
+
+def cmd_mtp_doctor(args) -> int:
+    from lessonkit.engine.registry import load_model
+    from lessonkit.mtp.doctor import doctor, format_report
+    from lessonkit.mtp.head import load_head
+    eng = load_model(args.model)
+    head = load_head(args.head or eng)
+    rep = doctor(eng, head, args.quant, n_per_kind=args.windows, progress=not args.json)
+    if args.json:
+        print(json.dumps(rep, default=float))
+    else:
+        print(format_report(rep))
+    return 0 if rep["healthy"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lessonkit", description="The lossless acceleration stack, measured.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -309,6 +350,21 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("files", nargs="+")
     k.add_argument("--json", action="store_true", help="print one JSON object")
     k.set_defaults(func=cmd_grammar_check)
+
+    p = sub.add_parser("train-mtp", help="train an MTP head on a frozen target")
+    p.add_argument("--model", required=True)
+    p.add_argument("--preset", default=None, help="training preset (tiny-moe, smollm2-135m, test); default: the model's")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--out", default=None, help="output .safetensors (default data/models/mtp/<model>.safetensors)")
+    p.add_argument("--threads", type=int, default=2)
+    p.set_defaults(func=cmd_train_mtp)
+    d = sub.add_parser("mtp-doctor", help="diagnose an MTP head (acceptance, controls, quantisation)")
+    d.add_argument("--model", required=True)
+    d.add_argument("--quant", default="none", help="none, int8, int4, int4-g64, int4-g32, int4-g<N>")
+    d.add_argument("--head", default=None, help="a head .safetensors (default: the shipped one)")
+    d.add_argument("--windows", type=int, default=3, help="held-out windows per kind of text")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_mtp_doctor)
 
     for modname in COMMAND_MODULES:
         mod = _optional_module(modname)

@@ -39,7 +39,8 @@ from lessonkit.engine.registry import load_model
 from lessonkit.grammar.drafter import GrammarDrafter, resolve_grammar
 from lessonkit.grammar.json_schema import schema_grammar
 from lessonkit.grammar.tokens import TokenGrammar
-from lessonkit.mtp import MtpDrafter
+from lessonkit.mtp.drafter import MtpDrafter
+from lessonkit.mtp.head import head_path
 from lessonkit.speculative.drafters import Draft, Drafter, ModelDrafter, NGramDrafter, OracleDrafter
 from lessonkit.speculative.verify import speculative_generate
 
@@ -543,7 +544,6 @@ def drafter_candidates(engine, names=("mtp", "tiny-draft", "ngram")) -> list[str
     for n in names:
         if n == "mtp":
             try:
-                from lessonkit.mtp import head_path
                 if head_path(engine.name).exists():
                     out.append(n)
             except Exception:

@@ -1,6 +1,5 @@
 """Lesson 2: MTP heads. Drafting is exact, the doctor tells a broken quantised head from a good one,
 and the shipped heads predict the token after next far better than the controls."""
-import argparse
 import io
 import json
 from contextlib import redirect_stdout
@@ -8,11 +7,16 @@ from contextlib import redirect_stdout
 import pytest
 import torch
 
-from lessonkit import mtp
-
+from lessonkit.cli import main
 from lessonkit.engine import quant
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate
+from lessonkit.lessons.mtp import prompts_from_corpus
+from lessonkit.mtp.doctor import doctor, tensor_problems
+from lessonkit.mtp.drafter import MtpDrafter
+from lessonkit.mtp.evaluate import acceptance_by_kind, eval_windows, pooled_acceptance, target_states, teacher_forced
+from lessonkit.mtp.head import (MtpConfig, MtpHead, Shared, block, eh_scale_ratio, head_logits, init_head, load_head,
+                                mtp_input, rescale_embedding_half)
 from lessonkit.speculative.verify import speculative_generate
 
 
@@ -50,15 +54,15 @@ def tiny(tmp_path_factory):
     from lessonkit.engine.registry import load_model
     _, d = make_hf("olmoe", tmp_path_factory.mktemp("mtp"))
     eng = load_model(str(d))
-    cfg = mtp.MtpConfig.from_target(eng.config, 64)
-    head = mtp.MtpHead(cfg, mtp.init_head(cfg, seed=1, std=0.2))
+    cfg = MtpConfig.from_target(eng.config, 64)
+    head = MtpHead(cfg, init_head(cfg, seed=1, std=0.2))
     return eng, head
 
 
 @pytest.mark.parametrize("q", ["none", "int4"])
 def test_mtp_drafting_is_exact_on_a_random_model(tiny, q):
     eng, head = tiny
-    drafter = mtp.MtpDrafter(eng, head, quant=q)
+    drafter = MtpDrafter(eng, head, quant=q)
     try:
         for prompt, k in (([1, 2, 3], 3), (list(range(10, 50)), 2)):
             ref = generate(eng, prompt, 20, use_eos=False).token_ids
@@ -69,49 +73,49 @@ def test_mtp_drafting_is_exact_on_a_random_model(tiny, q):
 
 def test_drafter_matches_the_teacher_forced_head(tiny):
     eng, head = tiny
-    sh = mtp.Shared.from_engine(eng)
+    sh = Shared.from_engine(eng)
     row = torch.randint(0, eng.config.vocab_size, (40,), generator=torch.Generator().manual_seed(3))
-    st = mtp.target_states(eng, row[None], progress=False)
-    drafter = mtp.MtpDrafter(eng, head)
+    st = target_states(eng, row[None], progress=False)
+    drafter = MtpDrafter(eng, head)
     try:
         drafter.reset([])
         eng.forward(row[:30], eng.new_cache())
         d = drafter.propose(row[:31].tolist(), 1).tokens
     finally:
         drafter.close()
-    x = mtp.mtp_input(head.w, head.cfg, st.hidden[:, :30], sh.embed[row[1:31]][None])
-    y, _, _ = mtp.block(head.w, head.cfg, sh, x, torch.arange(30))
-    assert d == [int(mtp.head_logits(sh, y)[0, -1].argmax())]
+    x = mtp_input(head.w, head.cfg, st.hidden[:, :30], sh.embed[row[1:31]][None])
+    y, _, _ = block(head.w, head.cfg, sh, x, torch.arange(30))
+    assert d == [int(head_logits(sh, y)[0, -1].argmax())]
 
 
 def test_rescaling_the_embedding_half_keeps_the_function(tiny):
     eng, head = tiny
-    sh = mtp.Shared.from_engine(eng)
-    h2 = mtp.rescale_embedding_half(head, 25.0)
-    assert mtp.eh_scale_ratio(h2) == pytest.approx(25 * mtp.eh_scale_ratio(head), rel=1e-4)
+    sh = Shared.from_engine(eng)
+    h2 = rescale_embedding_half(head, 25.0)
+    assert eh_scale_ratio(h2) == pytest.approx(25 * eh_scale_ratio(head), rel=1e-4)
     hid, e = torch.randn(1, 5, head.cfg.dim), sh.embed[torch.arange(1, 6)][None]
-    y1, _, _ = mtp.block(head.w, head.cfg, sh, mtp.mtp_input(head.w, head.cfg, hid, e), torch.arange(5))
-    y2, _, _ = mtp.block(h2.w, h2.cfg, sh, mtp.mtp_input(h2.w, h2.cfg, hid, e), torch.arange(5))
+    y1, _, _ = block(head.w, head.cfg, sh, mtp_input(head.w, head.cfg, hid, e), torch.arange(5))
+    y2, _, _ = block(h2.w, h2.cfg, sh, mtp_input(h2.w, h2.cfg, hid, e), torch.arange(5))
     assert torch.allclose(y1, y2, atol=1e-4)
 
 
 def test_tensor_checks_find_missing_nonfinite_and_untrained(tiny, tmp_path):
     _, head = tiny
-    untrained = mtp.MtpHead(head.cfg, mtp.init_head(head.cfg, seed=5))
-    probs = mtp.tensor_problems(untrained)
+    untrained = MtpHead(head.cfg, init_head(head.cfg, seed=5))
+    probs = tensor_problems(untrained)
     assert any("enorm" in p and "never trained" in p for p in probs)
     assert any("eh_proj" in p and "random" in p for p in probs)
     w = dict(head.w)
     w["wq"] = w["wq"].clone()
     w["wq"][0, 0] = float("nan")
     del w["w_up"]
-    probs = mtp.tensor_problems(mtp.MtpHead(head.cfg, w))
+    probs = tensor_problems(MtpHead(head.cfg, w))
     assert any("w_up is missing" in p for p in probs) and any("wq has 1 non-finite" in p for p in probs)
     bad = tmp_path / "bad.safetensors"
     from safetensors.torch import save_file
     save_file({"eh_proj": torch.zeros(2, 2)}, str(bad), metadata={"config": json.dumps(head.cfg.__dict__)})
     with pytest.raises(LessonkitError, match="bad.safetensors: tensor 'hnorm' is missing"):
-        mtp.load_head(bad)
+        load_head(bad)
 
 
 # ---------------------------------------------------------------- the shipped heads on the real models
@@ -123,38 +127,35 @@ def _engine(name):
 @pytest.fixture(scope="module")
 def moe():
     eng = _engine("tiny-moe")
-    states = mtp.eval_windows(eng, 2, 128, progress=False)
-    return eng, mtp.load_head(eng), states
+    states = eval_windows(eng, 2, 128, progress=False)
+    return eng, load_head(eng), states
 
 
 def test_float_head_beats_the_shifted_target_control(moe):
     eng, head, states = moe
-    sh = mtp.Shared.from_engine(eng)
+    sh = Shared.from_engine(eng)
     for kind, st in states.items():
-        r = mtp.teacher_forced(head, sh, st, depth=2)
+        r = teacher_forced(head, sh, st, depth=2)
         assert r["acceptance"][0] > r["shifted_control"] + 0.15, (kind, r)
-    rand = mtp.MtpHead(head.cfg, mtp.init_head(head.cfg, seed=9))
-    assert mtp._pooled(mtp.acceptance_by_kind(rand, sh, states, 1)) < 0.05
+    rand = MtpHead(head.cfg, init_head(head.cfg, seed=9))
+    assert pooled_acceptance(acceptance_by_kind(rand, sh, states, 1), 1)["acceptance"][0] < 0.05
 
 
 def _doctor_cli(argv):
-    p = argparse.ArgumentParser()
-    mtp.register_cli(p.add_subparsers())
-    a = p.parse_args(argv)
     buf = io.StringIO()
     with redirect_stdout(buf):
-        rc = a.func(a)
+        rc = main(argv)
     return rc, buf.getvalue()
 
 
 def test_doctor_flags_per_row_int4_and_passes_int8(moe):
     eng, head, states = moe
-    bad = mtp.doctor(eng, head, "int4", states=states)
+    bad = doctor(eng, head, "int4", states=states)
     assert bad["healthy"] is False
     assert any("embedding half of eh_proj is zero after quantisation" in v and "never sees the input token" in v
                for v in bad["verdict"])
     assert bad["quantised"]["acceptance"][0] < 0.5 * bad["float"]["acceptance"][0]
-    good = mtp.doctor(eng, head, "int8", states=states)
+    good = doctor(eng, head, "int8", states=states)
     assert good["healthy"] is True, good["verdict"]
     assert good["quant_matrices"]["eh_proj"]["blocks"]["embedding"]["frac_zero"] < 0.5
 
@@ -170,8 +171,8 @@ def test_doctor_cli_exit_codes_and_json(moe):
 @pytest.mark.parametrize("name", ["tiny-moe", "smollm2-135m"])
 def test_mtp_drafting_identical_to_plain_greedy(name):
     eng = _engine(name)
-    prompts = mtp.prompts_from_corpus(eng, 1, 24)
-    drafter = mtp.MtpDrafter(eng)
+    prompts = prompts_from_corpus(eng, 1, 24)
+    drafter = MtpDrafter(eng)
     try:
         accepted = 0
         for kind in ("prose", "records") if name == "smollm2-135m" else ("prose", "code", "records"):

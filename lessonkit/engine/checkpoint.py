@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
+import struct
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
 
+from lessonkit.engine.atomic import atomic_write
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
 
@@ -36,14 +37,34 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
 
 
 def _atomic_save(tensors: dict, path: Path, metadata: dict | None = None) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
+    atomic_write(path, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=metadata))
+
+
+def parse_safetensors_header(f, size: int) -> tuple[dict, int, int]:
+    """(header, data start, data end) of an open safetensors file of `size` bytes, read by hand (the
+    byte offsets are needed for pread). The header keeps "__metadata__". Raises ValueError saying what
+    is wrong; the caller names the file."""
+    raw = f.read(8)
+    if len(raw) < 8:
+        raise ValueError(f"truncated ({size} bytes, no safetensors header)")
+    (n,) = struct.unpack("<Q", raw)
+    if n > 100_000_000 or 8 + n > size:
+        raise ValueError(f"truncated or not a safetensors file (header length {n}, file {size} bytes)")
     try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        header = json.loads(f.read(n))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError("corrupt safetensors header (not JSON)") from None
+    if not isinstance(header, dict):
+        raise ValueError("corrupt safetensors header (not a JSON object)")
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            end = max(end, int(info["data_offsets"][1]))
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise ValueError(f"malformed tensor entry {name!r}") from None
+    return header, 8 + n, 8 + n + end
 
 
 def _dense_shapes(c: ModelConfig) -> dict[str, tuple]:
@@ -197,7 +218,6 @@ def export_hf(stream_dir: str | Path, hf_dir: str | Path, dtype=torch.float32) -
 
 
 def _special_tokens(tok_path: Path, c: ModelConfig) -> dict:
-    from tokenizers import Tokenizer
     t = Tokenizer.from_file(str(tok_path))
     out = {}
     if c.bos_token_id is not None:

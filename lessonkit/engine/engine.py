@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer, pre_tokenizers
 
 from lessonkit.engine.checkpoint import load_dense, sha256_file
 from lessonkit.engine.config import ModelConfig
@@ -19,7 +20,6 @@ def byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet (bytes_to_unicode), inverted: printable stand-in character -> byte."""
     global _BYTE_DECODER
     if _BYTE_DECODER is None:
-        from tokenizers import pre_tokenizers
         alphabet = pre_tokenizers.ByteLevel.alphabet()          # the 256 stand-in characters
         bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
         cs, n = bs[:], 0
@@ -55,7 +55,6 @@ class Engine:
         tok = self.model_dir / "tokenizer.json"
         self.tokenizer = None
         if tok.exists():
-            from tokenizers import Tokenizer
             try:
                 self.tokenizer = Tokenizer.from_file(str(tok))
             except Exception as e:

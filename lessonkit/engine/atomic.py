@@ -1,0 +1,87 @@
+"""Crash-safe writes: a reader sees the old file or the whole new one, never a part of it.
+
+The bytes go to a temporary file in the same directory, which is fsynced, renamed over its final
+name (os.replace, atomic on POSIX) and the directory fsynced, so the rename itself survives a crash.
+Temporary files are named `.tmp-<pid>-<random>.part`, so a later process can tell a dead writer's
+leftovers (its pid is gone) from a live writer's.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from pathlib import Path
+from typing import Callable
+
+TMP_PREFIX = ".tmp-"
+CHUNK = 1 << 20                    # write in 1 MiB chunks
+
+
+def temp_path(directory: str | Path) -> Path:
+    return Path(directory) / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}.part"
+
+
+def write_all(fd: int, data) -> None:
+    """Write every byte (in chunks); the single place a test patches to simulate a full disk."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view[:CHUNK])
+        view = view[n:]
+
+
+def fsync_path(path: str | Path) -> None:
+    """fsync a file or a directory (a directory's fsync makes a rename inside it durable)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_temp(directory: str | Path, data, *, fsync: bool = True) -> Path:
+    """Write data to a new temporary file in directory (fsynced); removes it on any error."""
+    tmp = temp_path(directory)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        write_all(fd, data)
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    return tmp
+
+
+def replace(tmp: str | Path, path: str | Path, *, fsync: bool = True) -> None:
+    """Rename tmp over path (a file or a directory) and make the rename durable."""
+    os.replace(tmp, path)
+    if fsync:
+        fsync_path(Path(path).parent)
+
+
+def atomic_write(path: str | Path, data: bytes | Callable[[Path], None], *, fsync: bool = True) -> Path:
+    """Write `path` crash-safely. data: the bytes, or a function that writes the file at a given
+    temporary path (safetensors' save_file, torch.save, ...)."""
+    path = Path(path)
+    if callable(data):
+        tmp = temp_path(path.parent)
+        try:
+            data(tmp)
+            if fsync:
+                fsync_path(tmp)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    else:
+        tmp = write_temp(path.parent, data, fsync=fsync)
+    try:
+        replace(tmp, path, fsync=fsync)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)             # only still there if the rename did not happen
+    return path

@@ -1,0 +1,121 @@
+"""The MTP head as a drafter: k tokens from the target's last hidden state (the drafter protocol of
+lessonkit.speculative.drafters). The target's forward is tapped so the head reads the hidden states
+the target computes anyway."""
+from __future__ import annotations
+
+import torch
+
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.mtp.head import MtpHead, Shared, block, head_logits, load_head, mtp_input
+from lessonkit.speculative.drafters import Draft
+
+class _HiddenTap:
+    """Wraps engine.forward (on this one engine object) so drafters can read the hidden states it
+    already computes: every forward records rows [start, start + T) of the target's last hidden state."""
+
+    def __init__(self, engine):
+        self.engine, self.orig = engine, engine.forward
+        self.listeners = []
+        engine.forward = self.forward
+        engine._hidden_tap = self
+
+    def forward(self, tokens, cache, *, return_hidden=False, last_only=False):
+        start = cache.length
+        logits, hid = self.orig(tokens, cache, return_hidden=True, last_only=last_only)
+        for fn in self.listeners:
+            fn(start, hid)
+        return (logits, hid) if return_hidden else logits
+
+    @classmethod
+    def of(cls, engine) -> "_HiddenTap":
+        tap = getattr(engine, "_hidden_tap", None)
+        return tap if tap is not None else cls(engine)
+
+
+class MtpDrafter:
+    """Drafts k tokens with an MTP head from the target's last hidden state (drafter protocol).
+
+    propose(context, k) needs the target's hidden state at position len(context) - 2 (the target has
+    run every context token but the last, which is the token it picked); it returns no draft when that
+    state is unknown. The head keeps its own KV cache over its depth-1 stream; positions the target
+    re-runs (after a rejection) invalidate the head's rows from there on.
+    """
+
+    name = "mtp"
+
+    def __init__(self, target, head: MtpHead | None = None, quant: str = "none", dtype=torch.float32):
+        self.target = target
+        head = head if head is not None else load_head(target)
+        if head.cfg.dim != target.config.dim or head.cfg.vocab_size != target.config.vocab_size:
+            raise LessonkitError(f"MTP head (D={head.cfg.dim}, V={head.cfg.vocab_size}) does not fit target "
+                                 f"{target.name} (D={target.config.dim}, V={target.config.vocab_size})")
+        self.head = (head.quantised(quant) if quant != "none" else head).to(dtype)
+        self.sh = Shared.from_engine(target)
+        self.tap = _HiddenTap.of(target)
+        self.tap.listeners.append(self._record)
+        self.reset([])
+
+    def close(self):
+        if self._record in self.tap.listeners:
+            self.tap.listeners.remove(self._record)
+
+    def _record(self, start: int, hid: torch.Tensor):
+        T = hid.shape[0]
+        if start + T > self.hidden.shape[0]:
+            grow = torch.zeros(max(2 * self.hidden.shape[0], start + T), self.hidden.shape[1])
+            grow[:self.hidden.shape[0]] = self.hidden
+            self.hidden = grow
+        self.hidden[start:start + T] = hid.float()
+        self.n_hidden = start + T
+        self.stale_from = min(self.stale_from, start)
+
+    def reset(self, prompt_ids):
+        c = self.head.cfg
+        self.hidden = torch.zeros(256, c.dim)
+        self.n_hidden, self.stale_from = 0, 0
+        n = self.sh.cos.shape[0]
+        self.K = torch.zeros(1, n, c.n_kv_heads, c.head_dim, dtype=self.head.dtype)
+        self.V = torch.zeros_like(self.K)
+        self.kv_len, self.kv_tokens = 0, []
+        self.stats = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+
+    @torch.no_grad()
+    def propose(self, context, k: int):
+        context = list(context)
+        t = len(context) - 2
+        if k <= 0 or t < 0 or self.n_hidden <= t:
+            return Draft([])
+        dt, cfg, w = self.head.dtype, self.head.cfg, self.head.w
+        # rows of the head's stream that no longer match: rerun target positions or changed tokens
+        keep = min(self.kv_len, self.stale_from)
+        for j in range(keep):
+            if self.kv_tokens[j] != context[j + 1]:
+                keep = j
+                break
+        self.stale_from = self.n_hidden
+        self.kv_len, self.kv_tokens = keep, self.kv_tokens[:keep]
+        if t + 1 > self.sh.cos.shape[0] - k:
+            return Draft([])
+        # bring the depth-1 stream up to row t
+        rows = torch.arange(self.kv_len, t + 1)
+        x = mtp_input(w, cfg, self.hidden[rows].to(dt)[None],
+                      self.sh.embed[torch.tensor(context[self.kv_len + 1:t + 2])].to(dt)[None])
+        ctx = (self.K[:, :self.kv_len], self.V[:, :self.kv_len])
+        y, kn, vn = block(w, cfg, self.sh, x, rows, ctx=ctx)
+        self.K[:, self.kv_len:t + 1], self.V[:, self.kv_len:t + 1] = kn, vn
+        self.kv_tokens.extend(context[self.kv_len + 1:t + 2])
+        self.kv_len = t + 1
+        prev = y[:, -1:]
+        draft = [int(head_logits(self.sh, prev).argmax(-1))]
+        ctx = (self.K[:, :t + 1], self.V[:, :t + 1])
+        for s in range(2, k + 1):
+            x = mtp_input(w, cfg, prev, self.sh.embed[torch.tensor([draft[-1]])].to(dt)[None])
+            prev, _, _ = block(w, cfg, self.sh, x, torch.tensor([t + s - 1]), ctx=ctx,
+                               base=torch.tensor([t]), chain=True)
+            draft.append(int(head_logits(self.sh, prev).argmax(-1)))
+        self.stats["num_drafts"] += 1
+        self.stats["num_draft_tokens"] += len(draft)
+        return Draft(draft)
+
+    def update(self, context, num_accepted: int):
+        self.stats["num_accepted_tokens"] += int(num_accepted)
