@@ -96,10 +96,15 @@ def cmd_doctor(args) -> int:
         print(f"  FAIL smollm2 GGUF: {e}")
     import torch
 
-    from lessonkit.engine.model import probe_row_group
-    g = probe_row_group([(256, 768), (384, 256), (256, 4096), (576, 3072), (576, 49152)])
-    print(f"  OK   exact short forwards: {g} row(s) per GEMV-form call on this BLAS, "
-          f"{torch.get_num_threads()} thread(s) (1 = the slow, always-exact fallback; see lessonkit/engine/model.py)")
+    from lessonkit.engine.kernel import backend, check_row_invariance
+    kb = backend()
+    good = check_row_invariance([(256, 768), (576, 960), (1536, 576)])
+    ok &= good
+    path = {"avx2": "C kernel, AVX2 + FMA", "portable": "C kernel, portable path",
+            "mkl": f"MKL GEMV rows, {kb['row_group']} row(s) per call"}[kb["backend"]]
+    print(f"  {'OK  ' if good else 'FAIL'} exact short forwards: {path} ({kb['why']}); "
+          f"rows 1..16 {'equal' if good else 'DIFFER FROM'} one-row products bit for bit, "
+          f"{torch.get_num_threads()} thread(s)")
     print("all checks passed" if ok else "some checks FAILED")
     return 0 if ok else 1
 

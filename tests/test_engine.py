@@ -205,23 +205,25 @@ def test_token_bytes_are_exact_even_for_partial_utf8(tmp_path):
 
 @pytest.mark.parametrize("group", [1, 2])
 def test_row_grouping_changes_no_bit(pair, group, monkeypatch):
-    """Rule 1 of lessonkit/engine/model.py: a verify forward multiplies in groups of ROW_GROUP rows; any group
-    size the probe may pick must give the same bits (and the probe must have picked one of them)."""
-    import lessonkit.engine.model as M
+    """The MKL backend of rule 1 (no C kernel built): a verify forward multiplies in groups of ROW_GROUP
+    rows; any group size the probe may pick must give the same bits (and the probe must pick one)."""
+    import lessonkit.engine.kernel as K
     kind, _, stream = pair
-    assert M.probe_row_group([(64, 96), (96, 300)]) in (1, 2, 3)
+    monkeypatch.setattr(K, "BACKEND", "mkl")
+    assert K.probe_row_group([(64, 96), (96, 300)]) in (1, 2, 3)
     eng = Engine(stream)
+    assert not eng.model.wt["lm_head"].packed
     toks = _tokens(70, seed=7)
     cache = eng.new_cache()
     eng.forward(toks[:64], cache)
     ref = eng.forward(toks[64:], cache)
     cache.rollback(64)
-    monkeypatch.setattr(M, "ROW_GROUP", group)
+    monkeypatch.setattr(K, "ROW_GROUP", group)
     assert torch.equal(eng.forward(toks[64:], cache), ref)
 
 
 def test_expert_store_keeps_the_compute_layout(tmp_path):
-    """The store hands out gate|up transposed [D, 2I] and down^T [I, D], the bytes of the file."""
+    """The store hands out gate|up transposed [D, 2I] and down^T [I, D] (as RowWeights), the bytes of the file."""
     from safetensors.torch import save_file
 
     from lessonkit.engine.expert_store import ExpertStore
@@ -230,6 +232,5 @@ def test_expert_store_keeps_the_compute_layout(tmp_path):
     path = tmp_path / "experts.safetensors"
     save_file({"layers.0.experts.0": t}, str(path))
     ex = ExpertStore(path, 1, 1, (3, 5, 4)).get(0, 0)
-    assert ex.gate_up_t.is_contiguous() and ex.down_t.is_contiguous()
-    assert torch.equal(ex.gate_up_t, torch.cat([t[0], t[1]]).T)
-    assert torch.equal(ex.down_t, t[2])
+    assert torch.equal(ex.gate_up_t.unpacked(), torch.cat([t[0], t[1]]).T)
+    assert torch.equal(ex.down_t.unpacked(), t[2])

@@ -56,6 +56,15 @@ class ModelConfig:
     def expert_numel(self) -> int:
         return 3 * self.intermediate_size * self.dim
 
+    def matrix_shapes(self) -> list[tuple[int, int]]:
+        """(in, out) of every product a forward makes: q|k|v, o, router, expert gate|up and down, lm_head."""
+        hd, d = self.head_dim, self.dim
+        shapes = {(d, (self.n_heads + 2 * self.n_kv_heads) * hd), (self.n_heads * hd, d),
+                  (d, 2 * self.intermediate_size), (self.intermediate_size, d), (d, self.vocab_size)}
+        if self.is_moe:
+            shapes.add((d, self.n_experts))
+        return sorted(shapes)
+
     def param_counts(self) -> dict:
         """Total and active (per-token) parameter counts, with and without embeddings."""
         d, hd = self.dim, self.head_dim

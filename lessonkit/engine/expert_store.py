@@ -25,6 +25,7 @@ import torch
 
 from lessonkit.engine.checkpoint import parse_safetensors_header
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.kernel import RowWeight
 
 _ST_DTYPES = {"F32": (np.float32, torch.float32), "BF16": (np.uint16, torch.bfloat16),
               "F16": (np.float16, torch.float16)}
@@ -50,8 +51,8 @@ def read_safetensors_header(path: str | Path) -> tuple[dict, int]:
 
 class Expert(NamedTuple):
     """One expert in compute layout: h = silu(x @ gate_up_t[:, :I]) * (x @ gate_up_t[:, I:]); y = h @ down_t."""
-    gate_up_t: torch.Tensor    # [D, 2I]
-    down_t: torch.Tensor       # [I, D]
+    gate_up_t: RowWeight       # [D, 2I]
+    down_t: RowWeight          # [I, D]
 
 
 class ExpertStore:
@@ -123,7 +124,7 @@ class ExpertStore:
         t = t.view(self.shape)
         gate_up_t = t[:2].reshape(2 * inter, dim).T.contiguous().to(self.dtype)   # the transpose is the copy
         down_t = t[2].to(self.dtype) if t.dtype != self.dtype else t[2].clone()
-        ex = Expert(gate_up_t, down_t)
+        ex = Expert(RowWeight(gate_up_t), RowWeight(down_t))   # packed for the row kernel
         self.io_s += time.perf_counter() - t0
         self.bytes_read += n
         return ex

@@ -7,24 +7,21 @@ Exactness. CPU BLAS picks different kernels for different row counts (MKL: a 1-r
 a GEMM computes rows in tiles of 4 and the remainder rows take another path), so a position's logits in
 a 1-row decode forward and inside a k-row verify forward can differ in the last bits and flip a
 near-tie. The rules that make them agree bit for bit:
-  1. a forward of at most ROWWISE_MAX rows (decode, speculative verify) multiplies by weights stored
-     transposed ([in, out], "GEMV form": x @ w_t) in groups of at most ROW_GROUP rows. MKL computes
-     such a product of 1, 2 or 3 rows on its GEMV path, one row at a time, so every row gets the decode
-     step's exact arithmetic; the GEMV form is also faster than F.linear's dot-product form (0.6x the
-     time for tiny-moe's output layer, 0.5x for smollm2's). `probe_row_group` checks this property of
-     the BLAS at start-up on the model's own matrices and falls back to one row per call (slower,
-     same bits) where it does not hold;
-  2. longer products (prefill chunks) use one GEMM padded to a multiple of ROW_PAD rows, which is
-     row-invariant among GEMMs (an expert's share of a long forward follows the same rule by its own
-     row count, so two chunkings of a prefill agree to ~1e-6, not always bit for bit);
+  1. a forward of at most ROWWISE_MAX rows (decode, speculative verify, drafting) multiplies by weights
+     held as `kernel.RowWeight`s: with the C kernel (csrc/rowkernel.c) every output is one fixed-order
+     FMA chain over the input dimension, weights packed at load and read once per call for all rows, so
+     a verify row costs arithmetic, not another pass over the weights; without it (no compiler at
+     set-up) rows go in groups of at most ROW_GROUP through MKL's GEMV path (`kernel.probe_row_group`
+     checks that at start-up), same bits per row, one pass over the weights per group;
+  2. longer products (prefill chunks) of the dense layers use one GEMM padded to a multiple of ROW_PAD
+     rows, which is row-invariant among GEMMs; experts go through their RowWeight at any row count
+     (so two chunkings of a prefill agree to ~1e-6, not always bit for bit, through the GEMM layers);
   3. elementwise transcendental ops (silu) run on row-padded tensors: ATen vectorises them and
      computes tail elements with a scalar routine that rounds differently;
   4. attention runs per "key bucket": a row at position p attends over keys [0, ceil((p+1)/B)*B) with
      a causal mask, so its reduction length depends on p only, not on what else is in the forward.
-A prefill chunk (GEMM) and token-by-token decoding (GEMV) still differ by about 1e-6 in the logits
+A prefill chunk (GEMM) and token-by-token decoding still differ by about 1e-6 in the logits
 (measured in tests/test_engine.py); speculative decoding never compares those two paths.
-Why a verify forward is not free here: on a CPU whose weights sit in cache, a GEMV row costs compute,
-not memory traffic, so k+1 rows cost about k+1 row-products (the fixed per-forward overhead is shared).
 """
 from __future__ import annotations
 
@@ -39,53 +36,21 @@ from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.expert_store import ExpertStore
 from lessonkit.engine.kv_cache import KVCache
+from lessonkit.engine.kernel import ROW_PAD, ROWWISE_MAX, RowWeight, ensure_row_group, gemv_rows, pad_rows, probe_row_group  # noqa: F401
 
-ROW_PAD = 8
-ROWWISE_MAX = 16
 KEY_BUCKET = 64
-ROW_GROUP = 3            # set by probe_row_group when the first model is built
-_PROBED: dict = {}
 
 
 def _pad_rows(x: torch.Tensor) -> torch.Tensor:
-    m = x.shape[0]
-    mp = -(-m // ROW_PAD) * ROW_PAD
-    if mp == m:
-        return x
-    return torch.cat([x, x.new_zeros((mp - m,) + x.shape[1:])])
+    return pad_rows(x, ROW_PAD)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
-    """Row-invariant x @ w.T for x [M, in], w [out, in]; w_t = w.T.contiguous() (see the module docstring)."""
+def linear(x: torch.Tensor, w: torch.Tensor, w_t: RowWeight) -> torch.Tensor:
+    """Row-invariant x @ w.T for x [M, in], w [out, in]; w_t = RowWeight(w.T) (see the module docstring)."""
     m = x.shape[0]
     if m <= ROWWISE_MAX:
-        return gemv_rows(x, w_t)
+        return w_t.rows(x)
     return F.linear(_pad_rows(x), w)[:m]
-
-
-def gemv_rows(x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
-    """x [M, in] @ w_t [in, out] for M <= ROWWISE_MAX, in groups of ROW_GROUP rows (rule 1)."""
-    m, g = x.shape[0], ROW_GROUP
-    if m <= g:
-        return x @ w_t
-    return torch.cat([x[i:i + g] @ w_t for i in range(0, m, g)])
-
-
-def probe_row_group(shapes, dtype=torch.float32, seed: int = 0) -> int:
-    """Largest g <= 3 such that a g-row GEMV-form product equals g one-row products bit for bit, for
-    random inputs against random [in, out] matrices of every shape in `shapes` (the model's own)."""
-    gen = torch.Generator().manual_seed(seed)
-    for g in (3, 2):
-        ok = True
-        for k_in, n_out in shapes:
-            w_t = torch.randn(k_in, n_out, generator=gen).to(dtype)
-            x = (torch.randn(g, k_in, generator=gen) * 3).to(dtype)
-            if not torch.equal(x @ w_t, torch.cat([x[i:i + 1] @ w_t for i in range(g)])):
-                ok = False
-                break
-        if ok:
-            return g
-    return 1
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -124,7 +89,7 @@ class Transformer:
         if config.tie_embeddings:
             self.w["lm_head"] = self.w["embed"]
         # GEMV-form copies ([in, out]) of every matrix a decode / verify forward multiplies by (rule 1)
-        self.wt = {k: v.T.contiguous() for k, v in self.w.items()
+        self.wt = {k: RowWeight(v.T.contiguous()) for k, v in self.w.items()
                    if k == "lm_head" or k.endswith((".wqkv", ".wo", ".router"))}
         self._probe_row_group()
         self.alloc_len = -(-config.max_seq_len // KEY_BUCKET) * KEY_BUCKET
@@ -133,14 +98,9 @@ class Transformer:
         self.routing_log: list | None = None   # set to [] to record (layer, expert ids [T, A]) per forward
 
     def _probe_row_group(self) -> None:
-        global ROW_GROUP
         c = self.config
-        shapes = sorted({tuple(v.shape) for v in self.wt.values()} | {(c.dim, 2 * c.intermediate_size),
-                                                                       (c.intermediate_size, c.dim)})
-        key = (tuple(shapes), self.dtype, torch.get_num_threads())
-        if key not in _PROBED:
-            _PROBED[key] = probe_row_group(shapes, self.dtype)
-        ROW_GROUP = min(_PROBED.values())
+        shapes = {(v.k, v.n) for v in self.wt.values()} | {(c.dim, 2 * c.intermediate_size), (c.intermediate_size, c.dim)}
+        ensure_row_group(shapes, self.dtype)
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         c = self.config
@@ -197,15 +157,10 @@ class Transformer:
     @staticmethod
     def _expert(x: torch.Tensor, ew) -> torch.Tensor:
         """SwiGLU of one expert (an expert_store.Expert): down(silu(gate x) * up x), rows padded for silu."""
-        m, inter = x.shape[0], ew.down_t.shape[0]
-        if m <= ROWWISE_MAX:
-            gu = _pad_rows(gemv_rows(x, ew.gate_up_t))                     # gate|up adjacent: one product
-        else:
-            gu = _pad_rows(x) @ ew.gate_up_t
+        m, inter = x.shape[0], ew.down_t.k
+        gu = _pad_rows(ew.gate_up_t.rows(x))                                # gate|up adjacent: one product
         h = F.silu(gu[:, :inter]) * gu[:, inter:]
-        if m <= ROWWISE_MAX:
-            return gemv_rows(h[:m], ew.down_t)
-        return (h @ ew.down_t)[:m]
+        return ew.down_t.rows(h[:m])
 
     def _experts_short(self, l: int, x: torch.Tensor, picks: list[list[int]]) -> torch.Tensor:
         """A forward of <= ROWWISE_MAX rows: every (row, slot) pair through its expert, grouped by expert
@@ -222,15 +177,15 @@ class Transformer:
             pids = union[e]
             r = pids[0] // A
             xe = x[r:r + 1] if len(pids) == 1 else x[[pid // A for pid in pids]]
-            parts.append(gemv_rows(xe, ew.gate_up_t))                       # gate|up adjacent: one product
+            parts.append(ew.gate_up_t.rows(xe))                       # gate|up adjacent: one product
             experts.append((ew, len(pids)))
             order += pids
         gu = _pad_rows(torch.cat(parts) if len(parts) > 1 else parts[0])
-        inter = experts[0][0].down_t.shape[0]
+        inter = experts[0][0].down_t.k
         h = F.silu(gu[:, :inter]) * gu[:, inter:]
         outs, i = [], 0
         for ew, n in experts:
-            outs.append(gemv_rows(h[i:i + n], ew.down_t))
+            outs.append(ew.down_t.rows(h[i:i + n]))
             i += n
         down = torch.cat(outs) if len(outs) > 1 else outs[0]
         if order == sorted(order):
