@@ -13,14 +13,16 @@ near-tie. The rules that make them agree bit for bit:
      a verify row costs arithmetic, not another pass over the weights; without it (no compiler at
      set-up) rows go in groups of at most ROW_GROUP through MKL's GEMV path (`kernel.probe_row_group`
      checks that at start-up), same bits per row, one pass over the weights per group;
-  2. longer products (prefill chunks) of the dense layers use one GEMM padded to a multiple of ROW_PAD
-     rows, which is row-invariant among GEMMs; experts go through their RowWeight at any row count
-     (so two chunkings of a prefill agree to ~1e-6, not always bit for bit, through the GEMM layers);
+  2. with the C kernel, prefill takes the same path at any row count, so a prefill equals token-by-token
+     decoding bit for bit, whatever the chunking (measured cost: 0.98x the GEMM prefill on tiny-moe,
+     1.11x on smollm2-135m, 512 tokens, one thread). Without it, longer products (> ROWWISE_MAX rows)
+     use one GEMM padded to a multiple of ROW_PAD rows, row-invariant among GEMMs: two chunkings of a
+     prefill then agree to ~1e-6, not always bit for bit;
   3. elementwise transcendental ops (silu) run on row-padded tensors: ATen vectorises them and
      computes tail elements with a scalar routine that rounds differently;
   4. attention runs per "key bucket": a row at position p attends over keys [0, ceil((p+1)/B)*B) with
      a causal mask, so its reduction length depends on p only, not on what else is in the forward.
-A prefill chunk (GEMM) and token-by-token decoding still differ by about 1e-6 in the logits
+On the MKL path a prefill chunk (GEMM) and token-by-token decoding differ by about 1e-6 in the logits
 (measured in tests/test_engine.py); speculative decoding never compares those two paths.
 """
 from __future__ import annotations
@@ -48,7 +50,7 @@ def _pad_rows(x: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, w: torch.Tensor, w_t: RowWeight) -> torch.Tensor:
     """Row-invariant x @ w.T for x [M, in], w [out, in]; w_t = RowWeight(w.T) (see the module docstring)."""
     m = x.shape[0]
-    if m <= ROWWISE_MAX:
+    if m <= ROWWISE_MAX or w_t.packed:      # the C kernel is row-invariant at any row count
         return w_t.rows(x)
     return F.linear(_pad_rows(x), w)[:m]
 
@@ -92,6 +94,8 @@ class Transformer:
         self.wt = {k: RowWeight(v.T.contiguous()) for k, v in self.w.items()
                    if k == "lm_head" or k.endswith((".wqkv", ".wo", ".router"))}
         self._probe_row_group()
+        # rows that take the exact short-forward path: all of them when the C kernel holds the weights
+        self.exact_rows = 1 << 30 if self.wt["lm_head"].packed else ROWWISE_MAX
         self.alloc_len = -(-config.max_seq_len // KEY_BUCKET) * KEY_BUCKET
         self.cos, self.sin = rope_tables(config, self.alloc_len)
         self.last_forward: dict = {}
@@ -201,7 +205,7 @@ class Transformer:
             stats["unique_experts"] += 1
             if self.routing_log is not None:
                 self.routing_log.append((l, torch.zeros(T, 1, dtype=torch.long)))
-            if T <= ROWWISE_MAX:
+            if T <= self.exact_rows:
                 return self._experts_short(l, x, [[0]] * T)
             return self._expert(x, self.store.get(l, 0))
         logits = linear(x, self.w[p + "router"], self.wt[p + "router"]).float()
@@ -217,7 +221,7 @@ class Transformer:
             nxt = torch.topk(linear(x, self.w[f"layers.{l + 1}.router"], self.wt[f"layers.{l + 1}.router"]),
                              c.top_k, dim=-1).indices
             self.store.prefetch(l + 1, torch.unique(nxt).tolist())
-        if T <= ROWWISE_MAX:
+        if T <= self.exact_rows:
             picks = topi.tolist()
             stats["unique_experts"] += len({e for row in picks for e in row})
             slots = self._experts_short(l, x, picks).view(T, c.top_k, c.dim)
