@@ -14,6 +14,7 @@ bit, whatever the other rows are. Three backends, chosen once at import:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 
@@ -61,6 +62,25 @@ def backend() -> dict:
             "row_group": ROW_GROUP if BACKEND == "mkl" else None}
 
 
+@contextlib.contextmanager
+def using(name: str):
+    """Weights prepared inside the block take backend `name` ("avx2", "portable" or "mkl"): benchmarks
+    and lessons load the same model twice to compare the paths side by side in one process."""
+    global BACKEND, WHY
+    if name not in ("avx2", "portable", "mkl"):
+        raise ValueError(f"unknown kernel backend {name!r}: expected avx2, portable or mkl")
+    if name != "mkl" and _rowkernel is None:
+        raise RuntimeError(f"backend {name}: the C kernel is not built ({_IMPORT_ERROR})")
+    if name == "avx2" and not _rowkernel.has_avx2():
+        raise RuntimeError("backend avx2: this CPU has no AVX2/FMA")
+    old = BACKEND, WHY
+    BACKEND, WHY = name, f"chosen for a comparison ({name})"
+    try:
+        yield
+    finally:
+        BACKEND, WHY = old
+
+
 def pad_rows(x: torch.Tensor, mult: int = ROW_PAD) -> torch.Tensor:
     m = x.shape[0]
     mp = -(-m // mult) * mult
@@ -76,13 +96,14 @@ class RowWeight:
     its one-row product bit for bit; longer inputs are a prefill's business: the C backends stay
     row-invariant for any M, the MKL backend uses one GEMM padded to a multiple of ROW_PAD rows."""
 
-    __slots__ = ("k", "n", "dtype", "data")
+    __slots__ = ("k", "n", "dtype", "data", "avx2")
 
     def __init__(self, w_t: torch.Tensor):
         if w_t.dim() != 2:
             raise ValueError(f"RowWeight needs a 2-D weight, got shape {tuple(w_t.shape)}")
         self.k, self.n = w_t.shape
         self.dtype = w_t.dtype
+        self.avx2 = BACKEND == "avx2"                 # the path is fixed when the weight is prepared
         if BACKEND == "mkl" or w_t.dtype != torch.float32:
             self.data = w_t.contiguous()
         else:
@@ -135,8 +156,7 @@ def _kernel_rows(x: torch.Tensor, rw: RowWeight) -> torch.Tensor:
         x = x.contiguous()
     m = x.shape[0]
     y = torch.empty(m, rw.n, dtype=torch.float32)
-    _rowkernel.matmul(x.data_ptr(), m, rw.k, x.stride(0), rw.data.data_ptr(), rw.n, y.data_ptr(), rw.n,
-                      BACKEND == "avx2")
+    _rowkernel.matmul(x.data_ptr(), m, rw.k, x.stride(0), rw.data.data_ptr(), rw.n, y.data_ptr(), rw.n, rw.avx2)
     return y
 
 
