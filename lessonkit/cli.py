@@ -16,6 +16,7 @@ BENCHES = {
     "spec": "lessonkit.bench_spec",
     "mtp": "lessonkit.bench.mtp",
     "grammar": "lessonkit.bench.grammar",
+    "kernel": "lessonkit.bench.kernel",
     "prefix": "lessonkit.prefix_cache",
     "semcache": "lessonkit.semcache",
     "stack": "lessonkit.stack",
