@@ -99,6 +99,6 @@ def cost_curves(models=("tiny-moe", "smollm2-135m"), *, k_max: int = 7,
         ax.set_ylabel("verify cost / decode step")
         ax.set_title(name)
         ax.legend(fontsize=8)
-    fig.suptitle("What a verify row costs: the weights read once, or once per row")
+    fig.suptitle("Verify cost: weights read once (kernel) or per row group (MKL)", fontsize=10)
     fig.tight_layout()
     return df, fig
