@@ -29,6 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from lessonkit.engine.atomic import atomic_write
+from lessonkit.engine.attention import attend
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.model import apply_rope, rms_norm
 from lessonkit.engine.quant import fake_quantise, get_scheme
@@ -122,24 +123,21 @@ def block(w: dict, cfg: MtpConfig, sh: Shared, x: torch.Tensor, pos: torch.Tenso
     cos, sin = sh.cos[pos].to(x.dtype), sh.sin[pos].to(x.dtype)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     rep, scale = H // G, 1.0 / math.sqrt(hd)
+
+    def grouped(t):                 # [B, T, H, hd] -> [B*G, rep*T, hd]: a kv head's query heads as extra rows
+        return t.view(B, T, G, rep, hd).permute(0, 2, 3, 1, 4).reshape(B * G, rep * T, hd)
+
     if chain:
         K, V, lim = ctx[0], ctx[1], base
+        own = tuple(grouped(t.repeat_interleave(rep, dim=2)) for t in (k, v))
     else:
         K = k if ctx is None else torch.cat([ctx[0], k], dim=1)
         V = v if ctx is None else torch.cat([ctx[1], v], dim=1)
-        lim = pos
-    Kr, Vr = K.repeat_interleave(rep, dim=2), V.repeat_interleave(rep, dim=2)
-    s = torch.einsum("bthd,blhd->bhtl", q, Kr) * scale                           # [B, H, T, L]
+        lim, own = pos, None
     mask = torch.arange(K.shape[1])[None, :] > lim[:, None]
-    s = s.masked_fill(mask, float("-inf"))
-    if chain:
-        kr, vr = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
-        s_self = (q * kr).sum(-1).transpose(1, 2)[..., None] * scale             # [B, H, T, 1]
-        p = torch.softmax(torch.cat([s, s_self], -1).float(), -1).to(x.dtype)
-        o = torch.einsum("bhtl,blhd->bthd", p[..., :-1], Vr) + p[..., -1:].transpose(1, 2) * vr
-    else:
-        p = torch.softmax(s.float(), -1).to(x.dtype)
-        o = torch.einsum("bhtl,blhd->bthd", p, Vr)
+    Kg, Vg = (t.transpose(1, 2).reshape(B * G, -1, hd) for t in (K, V))
+    o = attend(grouped(q), Kg, Vg, scale, mask.repeat(rep, 1), own)              # [B*G, rep*T, hd]
+    o = o.view(B, G, rep, T, hd).permute(0, 3, 1, 2, 4)
     x = x + F.linear(o.reshape(B, T, H * hd), w["wo"])
     m = rms_norm(x, w["mlp_norm"], cfg.norm_eps)
     x = x + F.linear(F.silu(F.linear(m, w["w_gate"])) * F.linear(m, w["w_up"]), w["w_down"])
