@@ -155,7 +155,7 @@ def read_records(path: Path, required: list[str], report: LoadReport) -> list[tu
     Records whose field count differs from the header's are dropped and reported."""
     path = Path(path)
     if not path.is_file():
-        raise LessonkitError(f"{path}: no such file (copy it from shared/data/epoch/)")
+        raise LessonkitError(f"{path}: no such file (the workbook ships it in data/epoch/; see data/epoch/README.md)")
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             rows = list(csv.reader(f))
