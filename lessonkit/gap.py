@@ -747,8 +747,8 @@ def comparison_table(figures: dict) -> pd.DataFrame:
          f"this notebook ({meth})": lag("mmlu@2024-11-04", meth),
          "this notebook (records)": lag("mmlu@2024-11-04", "records"),
          "why they differ": "one benchmark of Epoch's several; externally reported 5-shot scores "
-                            "(few after mid-2024); GPT-4's 86.4 in Mar 2023 stood for 18 months, "
-                            "so the lag is long until DeepSeek-V3 passed it"},
+                            "(few after mid-2024); GPT-4's 86.4 of Mar 2023 stood until an open "
+                            "model passed it (the next cell computes how long), so the lag is long"},
         {"finding": "lag on GPQA Diamond, Nov 2024", "Epoch": bench,
          f"this notebook ({meth})": lag("gpqa@2024-11-04", meth),
          "this notebook (records)": lag("gpqa@2024-11-04", "records"),

@@ -9,7 +9,8 @@ the target's own (shared, never copied into the head's file). Drafting k > 1 tok
 head: y_t plays the hidden state, the drafted token plays token_{t+1}, at RoPE position + 1.
 
 Column blocks of eh_proj: [:, :D] reads the hidden state ("hidden half"), [:, D:] reads the input
-token ("embedding half"). Their scale ratio is what per-row int4 quantisation trips over (quant.py).
+token ("embedding half"): the DeepSeek-V3 paper's order. The checkpoint diagnosed in Colibri PR 397
+stores the embedding half first. Their scale ratio is what per-row int4 quantisation trips over (quant.py).
 
 Simplifications: one head, trained for depth 1 and reused for deeper drafts (DeepSeek-V3 trains one
 module per depth); the chained rows attend to the depth-1 stream plus themselves; training regresses
@@ -42,7 +43,7 @@ NORMS = ("hnorm", "enorm", "attn_norm", "mlp_norm")
 
 MATRICES = ("eh_proj", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
-REAL_SCALE_RATIO = 25.0     # hidden half / embedding half of eh_proj, as in the models of Colibri issue 8
+REAL_SCALE_RATIO = 25.0     # hidden half / embedding half of eh_proj, as diagnosed in Colibri PR 397 (issue 8)
 
 
 # ----------------------------------------------------------------------------- config and weights
