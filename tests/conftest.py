@@ -18,3 +18,5 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    config.addinivalue_line("markers", "serial: measures wall time; `./workbook test` runs it alone, after the "
+                            "parallel part, so that no other test shares the machine")

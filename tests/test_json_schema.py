@@ -145,6 +145,7 @@ def check_instance(name, schema, g_compact, g_flex, inst, rnd):
     return rejected
 
 
+@pytest.mark.serial
 def test_at_least_30_schemas_all_compile_fast():
     assert len(SCHEMAS) >= 30
     slow = {}
