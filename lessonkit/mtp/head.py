@@ -91,12 +91,14 @@ class Shared:
     cos: torch.Tensor
     sin: torch.Tensor
     eps: float
+    lm_head_rows: object = None     # the engine's RowWeight of lm_head (row kernel) for drafting, when float32
 
     @classmethod
     def from_engine(cls, engine) -> "Shared":
         m = engine.model
         f = lambda t: t.float()
-        return cls(f(m.w["embed"]), f(m.w["norm"]), f(m.w["lm_head"]), m.cos, m.sin, engine.config.norm_eps)
+        rows = m.wt["lm_head"] if m.wt["lm_head"].dtype == torch.float32 else None
+        return cls(f(m.w["embed"]), f(m.w["norm"]), f(m.w["lm_head"]), m.cos, m.sin, engine.config.norm_eps, rows)
 
 
 # ----------------------------------------------------------------------------- the forward
@@ -146,8 +148,12 @@ def block(w: dict, cfg: MtpConfig, sh: Shared, x: torch.Tensor, pos: torch.Tenso
 
 
 def head_logits(sh: Shared, y: torch.Tensor) -> torch.Tensor:
-    """The target's own final norm and output head on the head's output."""
-    return F.linear(rms_norm(y, sh.norm.to(y.dtype), sh.eps), sh.lm_head.to(y.dtype)).float()
+    """The target's own final norm and output head on the head's output. Drafting (no gradient, float32)
+    multiplies through the engine's own row-kernel weight: the output head is most of a draft's bytes."""
+    h = rms_norm(y, sh.norm.to(y.dtype), sh.eps)
+    if sh.lm_head_rows is not None and y.dtype == torch.float32 and not torch.is_grad_enabled():
+        return (h @ sh.lm_head_rows).float()
+    return F.linear(h, sh.lm_head.to(y.dtype)).float()
 
 
 class MtpHead:
