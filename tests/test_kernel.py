@@ -112,3 +112,21 @@ def test_forced_backend_must_exist(monkeypatch):
         K._choose()
     monkeypatch.setenv("LESSONKIT_KERNEL", "mkl")
     assert K._choose()[0] == "mkl"
+
+
+@needs_c
+@pytest.mark.parametrize("kind", ["olmoe", "llama"])
+def test_prefill_equals_token_by_token_decoding(kind, tmp_path):
+    """On the kernel every product is row-invariant at any row count, so any chunking of a prefill, and
+    decoding one token at a time, give the same logits bit for bit (what the prefix cache relies on)."""
+    from lessonkit.engine.engine import Engine
+    from tests.hf_tiny import make_hf
+    _, stream = make_hf(kind, tmp_path)
+    eng = Engine(stream)
+    toks = torch.randint(0, 300, (90,), generator=torch.Generator().manual_seed(3)).tolist()
+    whole = eng.forward(toks, eng.new_cache())
+    c = eng.new_cache()
+    chunked = torch.cat([eng.forward(toks[:37], c), eng.forward(toks[37:70], c), eng.forward(toks[70:], c)])
+    c = eng.new_cache()
+    one_by_one = torch.cat([eng.forward([t], c) for t in toks])
+    assert torch.equal(whole, chunked) and torch.equal(whole, one_by_one)

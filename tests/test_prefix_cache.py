@@ -439,9 +439,13 @@ def test_resume_in_a_new_process_is_bit_identical_to_a_fresh_prefill(tmp_path, t
     assert got["logits"].dtype == torch.float32
     assert torch.equal(got["logits"][: len(tail)], fresh)
     assert got["greedy"].tolist() == out
-    # one forward over everything chunks the prefill differently; any difference is BLAS rounding, not the cache
+    # one forward over everything chunks the prefill differently: on the row kernel the bits cannot move;
+    # on the MKL path (no compiler at set-up) any difference is GEMM rounding, not the cache
     one = e.forward(prompt + tail, e.new_cache())[len(prompt):]
-    assert torch.allclose(one, fresh, rtol=0, atol=1e-3)
+    if e.model.wt["lm_head"].packed:
+        assert torch.equal(one, fresh)
+    else:
+        assert torch.allclose(one, fresh, rtol=0, atol=1e-3)
 
 
 def test_score_is_identical_off_cold_and_warm(tmp_path, tiny):
