@@ -6,21 +6,12 @@ import importlib
 import json
 import sys
 
+from lessonkit.bench import BENCHES
 from lessonkit.engine.errors import LessonkitError
 
 # modules that add sub-commands (register_cli) and benchmarks (bench)
 COMMAND_MODULES = ["lessonkit.workloads.corpus", "lessonkit.workloads.train", "lessonkit.gap", "lessonkit.semcache",
-                   "lessonkit.prefix_cache", "lessonkit.stack"]
-BENCHES = {
-    "engine": "lessonkit.bench_engine",
-    "spec": "lessonkit.bench_spec",
-    "mtp": "lessonkit.bench.mtp",
-    "grammar": "lessonkit.bench.grammar",
-    "kernel": "lessonkit.bench.kernel",
-    "prefix": "lessonkit.prefix_cache",
-    "semcache": "lessonkit.semcache",
-    "stack": "lessonkit.stack",
-}
+                   "lessonkit.stack"]
 
 
 def _optional_module(name: str):
@@ -137,7 +128,7 @@ def cmd_generate(args) -> int:
         drafter = make_drafter(args.draft, eng, seed=args.seed)
         res = speculative_generate(eng, drafter, ids, args.max_new_tokens, k=k, callback=stream, **kw)
     elif args.prefix_cache:
-        from lessonkit.prefix_cache import generate_with_prefix_cache
+        from lessonkit.prefix_cache.generate import generate_with_prefix_cache
         res = generate_with_prefix_cache(eng, ids, args.prefix_cache, max_new_tokens=args.max_new_tokens,
                                          callback=stream, **kw)
     else:
@@ -189,7 +180,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from lessonkit.bench_util import format_table
+    from lessonkit.bench.common import format_table
     modname = BENCHES[args.name]
     mod = _optional_module(modname)
     if mod is None or not hasattr(mod, "bench"):
@@ -287,6 +278,23 @@ def cmd_mtp_doctor(args) -> int:
     return 0 if rep["healthy"] else 1
 
 
+# ---- prefix cache -------------------------------------------------------------------------------
+def cmd_prefix_cache(args) -> int:
+    from pathlib import Path
+
+    from lessonkit.engine.registry import load_model
+    from lessonkit.prefix_cache.cache import PrefixCache
+    if not Path(args.dir).is_dir():
+        raise LessonkitError(f"{args.dir}: no such prefix cache directory")
+    pc = PrefixCache(args.dir, load_model(args.model))
+    if args.action == "clear":
+        pc.clear()
+    rep = pc.verify() if args.action == "verify" else {"entries": len(pc.entries()), "total_bytes": pc.total_bytes()}
+    rep["dir"] = str(args.dir)
+    print(json.dumps(rep) if args.json else "\n".join(f"{k}: {v}" for k, v in rep.items()))
+    return 0 if not rep.get("bad") else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lessonkit", description="The lossless acceleration stack, measured.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -371,6 +379,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--windows", type=int, default=3, help="held-out windows per kind of text")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_mtp_doctor)
+
+    p = sub.add_parser("prefix-cache", help="inspect, verify or clear a persistent prefix-KV cache directory")
+    p.add_argument("action", choices=["info", "verify", "clear"])
+    p.add_argument("dir")
+    p.add_argument("--model", default="smollm2-135m", help="the model whose snapshots to check (its fingerprint)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_prefix_cache)
 
     for modname in COMMAND_MODULES:
         mod = _optional_module(modname)

@@ -327,7 +327,7 @@ def record_ground_truth(batched: bool = True, n_check: int = 3, path=GROUND_TRUT
 
 def _machine_info() -> dict:
     try:
-        from lessonkit.bench_util import machine_info
+        from lessonkit.bench.common import machine_info
         return machine_info()
     except ImportError:
         import os

@@ -41,6 +41,7 @@ from lessonkit.grammar.json_schema import schema_grammar
 from lessonkit.grammar.tokens import TokenGrammar
 from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.mtp.head import head_path
+from lessonkit.prefix_cache.cache import PrefixCache
 from lessonkit.speculative.drafters import Draft, Drafter, ModelDrafter, NGramDrafter, OracleDrafter
 from lessonkit.speculative.verify import speculative_generate
 
@@ -438,7 +439,6 @@ class StackPipeline:
         self._tmp = None
         self.pc = None
         if "prefix" in techniques:
-            from lessonkit.prefix_cache import PrefixCache
             if prefix_cache_dir is None:
                 self._tmp = tempfile.TemporaryDirectory(prefix="lessonkit-stack-pc-")
                 prefix_cache_dir = self._tmp.name
@@ -728,24 +728,8 @@ def plot_ablation(df, title: str | None = None):
 
 
 def smoke_engine():
-    """A fast engine for smoke runs: tiny-moe when trained, else a tiny random model with a byte tokenizer."""
-    from lessonkit.engine.registry import MODELS_DIR, load_model
-    if (MODELS_DIR / "tiny-moe" / "config.json").exists():
-        return load_model("tiny-moe")
-    from lessonkit.prefix_cache import tiny_random_model
-    d = Path(tempfile.gettempdir()) / "lessonkit-stack-smoke-model"
-    if not (d / "config.json").exists():
-        tiny_random_model(d, seed=0, vocab=512, tokenizer_json=_byte_tokenizer_json())
-    return load_model(str(d))
-
-
-def _byte_tokenizer_json() -> str:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(sorted(alphabet))}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return tok.to_str()
+    """The engine of smoke runs: tiny-moe."""
+    return load_model("tiny-moe")
 
 
 def available_models(smoke: bool = False) -> list[str]:
@@ -814,7 +798,7 @@ def _cfg_from_args(args, smoke: bool) -> StackConfig:
 
 def bench(args) -> dict:
     """`lessonkit bench stack`: the plain engine vs all techniques together on the stream, one run."""
-    from lessonkit.bench_util import machine_info
+    from lessonkit.bench.common import machine_info
     smoke = bool(getattr(args, "smoke", False))
     cfg = _cfg_from_args(args, smoke)
     model = getattr(args, "model", None)

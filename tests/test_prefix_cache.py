@@ -14,10 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from lessonkit import prefix_cache as pcm
+from lessonkit.bench import prefix as bench_prefix
+from lessonkit.engine import atomic
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.kv_cache import KVCache
-from lessonkit.prefix_cache import PrefixCache, PrefixCacheWarning, block_hashes, fingerprint
+from lessonkit.engine.checkpoint import sha256_file
+from lessonkit.lessons.prefix_cache import tiny_random_model
+from lessonkit.prefix_cache.cache import PrefixCache, PrefixCacheWarning
+from lessonkit.prefix_cache.generate import generate_with_prefix_cache, results_identical, score
+from lessonkit.prefix_cache.snapshot import block_hashes, encode_snapshot, fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = (2, 3, 4)          # n_layers, n_kv_heads, head_dim of the fake caches
@@ -70,7 +75,7 @@ def test_fingerprint_catches_every_provenance_change(tmp_path):
         assert fp != base, what
     assert len(set(changed.values())) == len(changed)
     # a manifest mapping name -> sha256 is accepted in place of the files
-    assert fingerprint({"dense.safetensors": pcm.file_sha256(w)}, tok, cfg, torch.float32) == changed["weights"]
+    assert fingerprint({"dense.safetensors": sha256_file(w)}, tok, cfg, torch.float32) == changed["weights"]
     with pytest.raises(LessonkitError):
         fingerprint([], tok, cfg, torch.float32)
 
@@ -133,7 +138,7 @@ def test_lookup_prefers_the_longest_of_several_snapshots(tmp_path):
 
 
 def test_lru_eviction_keeps_the_byte_budget(tmp_path):
-    one = len(pcm.encode_snapshot({"k": torch.zeros(2, 20, 3, 4), "v": torch.zeros(2, 20, 3, 4),
+    one = len(encode_snapshot({"k": torch.zeros(2, 20, 3, 4), "v": torch.zeros(2, 20, 3, 4),
                                    "token_ids": torch.zeros(20, dtype=torch.int64)},
                                   {"x": "y" * 300}))
     pc = make(tmp_path, budget_bytes=int(3.5 * one))
@@ -255,7 +260,7 @@ def test_full_disk_gives_a_clear_error_and_leaves_the_cache_consistent(tmp_path,
         os.write(fd, bytes(memoryview(data)[:100]))
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(pcm, "_write_all", full)
+    monkeypatch.setattr(atomic, "write_all", full)
     other = list(range(500, 540))
     with pytest.raises(LessonkitError, match="no space left"):
         pc.save(other, fake_cache(other))
@@ -275,7 +280,7 @@ CHILD_PRELUDE = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     sys.path.insert(0, {tests!r})
     from test_prefix_cache import fake_cache, empty_cache, make
-    import lessonkit.prefix_cache as pcm
+    import lessonkit.engine.atomic as atomic
     from pathlib import Path
     d = Path({d!r})
 """)
@@ -292,11 +297,11 @@ def test_writer_killed_mid_save_leaves_a_consistent_cache(tmp_path, where):
     pc, ids, _ = _saved(tmp_path)
     code = {
         "mid_write": """
-            real = pcm._write_all
+            real = atomic.write_all
             def slow(fd, data):
                 os.write(fd, bytes(memoryview(data)[: len(data) // 2]))
                 print("MID", flush=True); time.sleep(60)
-            pcm._write_all = slow
+            atomic.write_all = slow
         """,
         "after_rename": """
             real = os.replace
@@ -304,7 +309,7 @@ def test_writer_killed_mid_save_leaves_a_consistent_cache(tmp_path, where):
                 real(a, b)
                 if str(b).endswith(".safetensors"):
                     print("MID", flush=True); time.sleep(60)
-            pcm.os.replace = replace_then_hang
+            os.replace = replace_then_hang
         """,
     }[where]
     code = textwrap.dedent(code) + textwrap.dedent("""
@@ -378,8 +383,8 @@ TOKENIZER = json.dumps({"version": "1.0", "model": {"type": "WordLevel", "vocab"
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    return {"a": pcm.tiny_random_model(root / "a", seed=0, tokenizer_json=TOKENIZER),
-            "b": pcm.tiny_random_model(root / "b", seed=1, tokenizer_json=TOKENIZER)}
+    return {"a": tiny_random_model(root / "a", seed=0, tokenizer_json=TOKENIZER),
+            "b": tiny_random_model(root / "b", seed=1, tokenizer_json=TOKENIZER)}
 
 
 def engine(path):
@@ -405,7 +410,7 @@ def test_resume_in_a_new_process_is_bit_identical_to_a_fresh_prefill(tmp_path, t
     writer = f"""
         import sys, torch; sys.path.insert(0, {str(ROOT)!r})
         from lessonkit.engine.engine import Engine
-        from lessonkit.prefix_cache import PrefixCache
+        from lessonkit.prefix_cache.cache import PrefixCache
         e = Engine({str(tiny['a'])!r}); c = e.new_cache()
         e.forward({prompt!r}, c, last_only=True)
         print(PrefixCache({str(cache_dir)!r}, e).save({prompt!r}, c))
@@ -414,7 +419,7 @@ def test_resume_in_a_new_process_is_bit_identical_to_a_fresh_prefill(tmp_path, t
         import sys, torch, warnings; sys.path.insert(0, {str(ROOT)!r}); warnings.simplefilter("error")
         from safetensors.torch import save_file
         from lessonkit.engine.engine import Engine
-        from lessonkit.prefix_cache import PrefixCache
+        from lessonkit.prefix_cache.cache import PrefixCache
         e = Engine({str(tiny['a'])!r}); c = e.new_cache()
         ids = {prompt + tail!r}
         n = PrefixCache({str(cache_dir)!r}, e).lookup_and_restore(ids, c, max_tokens=len(ids) - 1)
@@ -449,7 +454,6 @@ def test_resume_in_a_new_process_is_bit_identical_to_a_fresh_prefill(tmp_path, t
 
 
 def test_score_is_identical_off_cold_and_warm(tmp_path, tiny):
-    from lessonkit.prefix_cache import results_identical, score
     e = engine(tiny["a"])
     items = [[(11 * i + j) % 400 + 1 for j in range(1 + i % 3)] for i in range(6)]
     off = score(e, PROMPT, items)
@@ -496,7 +500,6 @@ def test_other_weights_or_tokenizer_never_resume_the_state(tmp_path, tiny):
 
 def test_generate_with_prefix_cache_equals_plain_generate(tmp_path, tiny):
     from lessonkit.engine.generate import generate
-    from lessonkit.prefix_cache import generate_with_prefix_cache
     e = engine(tiny["a"])
     other = PROMPT[:100] + [5, 6, 7]
 
@@ -521,7 +524,7 @@ def test_generate_with_prefix_cache_equals_plain_generate(tmp_path, tiny):
 
 def test_bench_smoke_runs_and_reports_targets():
     import argparse
-    r = pcm.bench(argparse.Namespace(smoke=True, repeats=1, model=None))
+    r = bench_prefix.bench(argparse.Namespace(smoke=True, repeats=1, model=None))
     assert r["bench"] == "prefix" and len(r["rows"]) == 5 and len(r["targets"]) == 3
     assert all(row["identical_to_plain"] for row in r["rows"])
     assert json.loads(json.dumps(r)) == r

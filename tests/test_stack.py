@@ -13,15 +13,16 @@ from lessonkit import stack
 from lessonkit.speculative.drafters import Draft, OracleDrafter
 from lessonkit.workloads.monitoring import MonitoringItem
 from lessonkit.engine.registry import MODELS_DIR, load_model
+from lessonkit.lessons.prefix_cache import tiny_random_model
+from tests.hf_tiny import byte_tokenizer_json
 
 CFG = replace(stack.PRESETS["smoke"], n_items=3, max_new_tokens=12, n_examples=2, calibration_items=1)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from lessonkit.prefix_cache import tiny_random_model
     d = tmp_path_factory.mktemp("stack") / "tiny"
-    tiny_random_model(d, seed=3, vocab=300, tokenizer_json=stack._byte_tokenizer_json())
+    tiny_random_model(d, seed=3, vocab=300, tokenizer_json=byte_tokenizer_json())
     return load_model(str(d))
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from lessonkit.bench_util import machine_info
+from lessonkit.bench.common import machine_info
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.registry import load_model
 from lessonkit.grammar.measure import drafting_ceiling

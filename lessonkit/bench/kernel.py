@@ -11,10 +11,10 @@ import time
 
 import torch
 
+from lessonkit.bench.common import goal, machine_info
 from lessonkit.engine import kernel
 from lessonkit.engine.registry import load_model
 from lessonkit.speculative.gate import measure_cost_curve
-from lessonkit.bench_util import machine_info, target
 from lessonkit.engine.roofline import roofline
 
 ROWS = (1, 2, 4, 8, 16)
@@ -88,7 +88,7 @@ def bench(args) -> dict:
 def _smollm2_targets(shapes, ratios, roof) -> list[dict]:
     worst = min(r["kernel_speed_vs_mkl"] for r in shapes)
     frac = roof["fraction_of_roofline"]
-    return [target("smollm2: kernel / MKL one-row speed, worst shape", round(worst, 3), ">= 0.9", worst >= 0.9),
-            target("smollm2: decode / memcpy roofline", round(frac, 3), ">= 0.6", frac >= 0.6),
-            target("smollm2: verify T(k+1)/T(1), k <= 3", max(ratios[:3]), "<= 1.15", max(ratios[:3]) <= 1.15),
-            target("smollm2: verify T(8)/T(1)", ratios[6], "<= 1.35", ratios[6] <= 1.35)]
+    return [goal("smollm2: kernel / MKL one-row speed, worst shape", round(worst, 3), ">= 0.9", worst >= 0.9),
+            goal("smollm2: decode / memcpy roofline", round(frac, 3), ">= 0.6", frac >= 0.6),
+            goal("smollm2: verify T(k+1)/T(1), k <= 3", max(ratios[:3]), "<= 1.15", max(ratios[:3]) <= 1.15),
+            goal("smollm2: verify T(8)/T(1)", ratios[6], "<= 1.35", ratios[6] <= 1.35)]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import statistics
 
-from lessonkit.bench_util import machine_info, target as goal
+from lessonkit.bench.common import goal, machine_info
 from lessonkit.engine.registry import load_model
 from lessonkit.lessons.mtp import prompts_from_corpus, speed_comparison
 

@@ -7,7 +7,8 @@ import time
 
 import torch
 
-from lessonkit.bench_util import machine_info, median_time, memcpy_bandwidth, target
+from lessonkit.bench.common import goal, machine_info, median_time, memcpy_bandwidth
+from lessonkit.engine.checkpoint import export_hf
 from lessonkit.engine.generate import generate
 from lessonkit.engine.registry import load_model, resolve_model_dir
 
@@ -30,7 +31,6 @@ def _decode_rate(eng, prompt_ids, n):
 
 def bench(args) -> dict:
     import transformers
-    from lessonkit.engine.checkpoint import export_hf
     smoke = getattr(args, "smoke", False)
     model = getattr(args, "model", None) or "tiny-moe"
     n_new = 8 if smoke else 64
@@ -50,8 +50,8 @@ def bench(args) -> dict:
     rows = [{"name": "transformers generate", "tokens_per_s": total / t_hf, "identical_to_plain": identical},
             {"name": "lessonkit greedy", "tokens_per_s": total / t_lk, "identical_to_plain": True}]
     ratio = t_hf / t_lk
-    targets = [target("lessonkit / transformers tokens per second", round(ratio, 3), ">= 1.5", ratio >= 1.5),
-               target("identical greedy tokens", identical, "true", identical)]
+    targets = [goal("lessonkit / transformers tokens per second", round(ratio, 3), ">= 1.5", ratio >= 1.5),
+               goal("identical greedy tokens", identical, "true", identical)]
     c = eng.config
     if c.is_moe:
         quarter_mb = max(1, c.n_layers * c.n_experts // 4) * eng.expert_bytes / 2**20
@@ -65,7 +65,7 @@ def bench(args) -> dict:
                      "identical_to_plain": same, "expert_hit_rate": hits / max(hits + misses, 1),
                      "bytes_read_per_token": sum(r.stats["bytes_read"] for r in res) / total,
                      "budget_mb": round(quarter_mb, 3)})
-        targets.append(target("25% budget: identical tokens", same, "true", same))
+        targets.append(goal("25% budget: identical tokens", same, "true", same))
     else:
         # dense: achieved weight bandwidth vs this machine's memory-copy bandwidth
         _, rate = _decode_rate(eng, ids[0], n_new)
@@ -76,6 +76,6 @@ def bench(args) -> dict:
         rows.append({"name": "lessonkit decode (weights streamed per token)", "tokens_per_s": rate,
                      "identical_to_plain": True, "weight_gb_per_s": weight_bytes * rate / 1e9,
                      "memcpy_gb_per_s": bw / 1e9})
-        targets.append(target("weight bandwidth / memcpy bandwidth", round(frac, 3), ">= 0.5", frac >= 0.5))
+        targets.append(goal("weight bandwidth / memcpy bandwidth", round(frac, 3), ">= 0.5", frac >= 0.5))
     return {"bench": "engine", "model": name, "machine": machine_info(), "new_tokens_per_prompt": n_new,
             "repeats": repeats, "rows": rows, "targets": targets}

@@ -15,24 +15,16 @@ from pathlib import Path
 
 import torch
 
+from lessonkit.bench.common import goal, machine_info
+from lessonkit.engine.checkpoint import export_hf
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate
+from lessonkit.engine.registry import lessonkit_home, load_model
 from lessonkit.speculative.drafters import ModelDrafter, NGramDrafter
-from lessonkit.speculative.gate import conditional_per_pos, expected_tokens_per_pos, measure_cost_curve, predicted_speedup
+from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens_per_pos, measure_cost_curve,
+                                        predicted_speedup)
 from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.workloads.corpus import prompts_by_kind
-
-try:
-    from lessonkit.bench_util import machine_info, target as _target
-except ImportError:  # pragma: no cover
-    import os
-    import platform
-
-    def machine_info():
-        return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count()}
-
-    def _target(name, value, goal, met):
-        return {"name": name, "value": value, "target": goal, "met": bool(met)}
 
 
 def _median_run(fn, prompts, repeats):
@@ -49,8 +41,6 @@ def _median_run(fn, prompts, repeats):
 
 
 def _hf_export(engine, tag: str) -> Path:
-    from lessonkit.engine.checkpoint import export_hf
-    from lessonkit.engine.registry import lessonkit_home
     out = lessonkit_home() / "hf-export" / f"{engine.name}-{engine.fingerprint()[:12]}"
     if not (out / "config.json").exists():
         export_hf(engine.model_dir, out)
@@ -118,11 +108,11 @@ def _pair(rows, targets, notes, *, label, target, drafter_fn, hf_kwargs_fn, prom
     best_name = min(spec, key=lambda n: spec[n][0])
     if hf_rows:
         hf_best = min(hf_rows.values())
-        targets.append(_target(f"{label}: lessonkit {best_name} tok/s / transformers assisted tok/s",
+        targets.append(goal(f"{label}: lessonkit {best_name} tok/s / transformers assisted tok/s",
                                round(hf_best / spec[best_name][0], 3), ">= 1.0", hf_best / spec[best_name][0] >= 1.0))
     if with_formula:
         auto_wall = spec.get("tiny-draft k=auto", spec[best_name])[0]
-        targets.append(_target(f"{label}: speculative (k=auto) speed-up over plain greedy, experts resident",
+        targets.append(goal(f"{label}: speculative (k=auto) speed-up over plain greedy, experts resident",
                                round(plain_wall / auto_wall, 3), ">= 1.3", plain_wall / auto_wall >= 1.3))
         name = [n for n in spec if "k=" in n and "auto" not in n][-1]     # the deepest fixed k
         k = int(name.split("k=")[1])
@@ -133,7 +123,7 @@ def _pair(rows, targets, notes, *, label, target, drafter_fn, hf_kwargs_fn, prom
         measured = plain_wall / wall
         e = expected_tokens_per_pos(conditional_per_pos(t["num_accepted_tokens_per_pos"], t["num_drafts"]), k)
         t_draft = t["draft_s"] / t["num_draft_tokens"] if t["num_draft_tokens"] else 0.0
-        targets.append(_target(f"{label}: measured speed-up (k={k}) / prediction with measured cost curve",
+        targets.append(goal(f"{label}: measured speed-up (k={k}) / prediction with measured cost curve",
                                round(measured / predicted, 3), "within 15% (0.85 .. 1.15)",
                                0.85 <= measured / predicted <= 1.15))
         notes.append(f"{label}: k={k} predicted {predicted:.2f}x from E={e:.2f} tokens/verify, "
@@ -157,7 +147,6 @@ def _by_kind(rows, notes, target, drafter, prompts_by_kind_, max_new, repeats, k
 
 
 def bench(args) -> dict:
-    from lessonkit.engine.registry import load_model
     smoke = bool(getattr(args, "smoke", False))
     repeats = 1 if smoke else 3
     rows, targets, notes = [], [], []

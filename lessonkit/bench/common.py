@@ -1,4 +1,4 @@
-"""Shared pieces of every `lessonkit bench`: machine description, medians, the readable table."""
+"""Shared pieces of every `lessonkit bench`: machine description, medians, goals, the readable table."""
 from __future__ import annotations
 
 import os
@@ -7,6 +7,7 @@ import statistics
 import time
 
 import numpy as np
+import pandas as pd
 import torch
 
 
@@ -35,12 +36,12 @@ def memcpy_bandwidth(mb: int = 256, repeats: int = 3) -> float:
     return 2 * a.nbytes / t
 
 
-def target(name: str, value, goal: str, met: bool) -> dict:
-    return {"name": name, "value": value, "target": goal, "met": bool(met)}
+def goal(name: str, value, wanted, met: bool) -> dict:
+    """One row of a benchmark's goals: what was measured, the value it should reach, and whether it did."""
+    return {"name": name, "value": value, "target": wanted, "met": bool(met)}
 
 
 def format_table(result: dict) -> str:
-    import pandas as pd
     lines = [f"bench {result['bench']}"]
     if result.get("rows"):
         lines.append(pd.DataFrame(result["rows"]).to_string(index=False))

@@ -1,0 +1,17 @@
+"""The benchmarks: one module per `lessonkit bench NAME`, each with `bench(args) -> dict`.
+
+Each runs a baseline and its contenders side by side in one process, reports medians of repeats and
+ratios, and says which goals (`common.goal`) were met. None is part of the tests' pass/fail (a smoke
+test runs each once). BENCHES names them; the CLI imports one only when it runs.
+"""
+
+BENCHES = {
+    "engine": "lessonkit.bench.engine",
+    "spec": "lessonkit.bench.spec",
+    "mtp": "lessonkit.bench.mtp",
+    "grammar": "lessonkit.bench.grammar",
+    "kernel": "lessonkit.bench.kernel",
+    "prefix": "lessonkit.bench.prefix",
+    "semcache": "lessonkit.semcache",
+    "stack": "lessonkit.stack",
+}

@@ -1,0 +1,468 @@
+"""A persistent prefix-KV cache: resume a long prompt from disk, never from a wrong state.
+
+Layout of a cache directory DIR (one snapshot format: lessonkit.prefix_cache.snapshot):
+
+    DIR/.lock                          fcntl.flock: one writer of the index at a time
+    DIR/index.json                     an acceleration only: rebuilt from the files when stale
+    DIR/kv/<fingerprint[:32]>/<token ids sha256[:40]>.safetensors
+
+A prompt that shares only part of a saved prefix resumes from the deepest shared block (or the
+exact end of a saved prompt). Crash safety: a snapshot is written to a temporary file in the same
+directory, fsynced, renamed over its final name and the directory fsynced (lessonkit.engine.atomic);
+a reader sees a whole file or none. A corrupt, truncated or foreign file is reported in one warning
+naming it, removed and recomputed. Stats follow vLLM: prefix_cache_queries and prefix_cache_hits are
+counted in tokens.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from lessonkit.engine.atomic import TMP_PREFIX, replace, write_temp
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.prefix_cache.snapshot import (DEFAULT_BLOCK_SIZE, DEFAULT_BUDGET_BYTES, FORMAT, FORMAT_VERSION,
+                                             BadSnapshot, block_hashes, cache_key, dtype_name, encode_snapshot,
+                                             load_from_file, load_snapshot, longest_prefix_match, read_header,
+                                             root_hash, token_ids_sha256)
+
+
+class PrefixCacheWarning(UserWarning):
+    """A snapshot was found unusable (corrupt, truncated, foreign) and ignored."""
+
+
+def _disk_full(e: OSError) -> bool:
+    return e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class PrefixCacheStats:
+    prefix_cache_queries: int = 0      # tokens looked up (vLLM counts tokens)
+    prefix_cache_hits: int = 0         # tokens restored from disk
+    lookups: int = 0
+    restores: int = 0
+    restore_s: float = 0.0
+    prefill_s_saved: float = 0.0       # recorded prefill time of the restored tokens minus restore_s
+    saves: int = 0
+    save_s: float = 0.0
+    bytes_written: int = 0
+    bytes_read: int = 0
+    evictions: int = 0
+    ignored_bad: int = 0
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["hit_rate"] = self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+        return d
+
+
+class PrefixCache:
+    """A directory of prefix-KV snapshots shared by processes, with a byte budget and LRU eviction.
+
+    PrefixCache(dir, engine): the key is derived from engine.fingerprint() and the expected shapes
+    from engine.config. Without an engine (tests with fake tensors) pass fingerprint=... instead.
+    """
+
+    def __init__(self, directory, engine=None, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
+                 block_size: int = DEFAULT_BLOCK_SIZE, fingerprint: str | None = None, fsync: bool = True):
+        if engine is None and fingerprint is None:
+            raise LessonkitError("PrefixCache needs an engine or an explicit fingerprint")
+        if block_size < 1:
+            raise LessonkitError(f"block_size must be >= 1, got {block_size}")
+        if budget_bytes <= 0:
+            raise LessonkitError(f"budget_bytes must be > 0, got {budget_bytes}")
+        self.dir = Path(directory)
+        self.engine = engine
+        self.key = cache_key(fingerprint if fingerprint is not None else engine.fingerprint())
+        self.root = root_hash(self.key)
+        self.block_size = block_size
+        self.budget_bytes = int(budget_bytes)
+        self.fsync = fsync
+        self.stats = PrefixCacheStats()
+        self.subdir = self.dir / "kv" / self.key[:32]
+        try:
+            self.subdir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise LessonkitError(f"cannot create prefix cache directory {self.subdir}: {e.strerror}") from None
+        self._lock_path = self.dir / ".lock"
+        self._index_path = self.dir / "index.json"
+        self._warned: set[str] = set()
+        with self._locked():
+            self._remove_stale_temps()
+            self._write_index(self._load_index())
+
+    # -- locking and the index ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self):
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def _remove_stale_temps(self) -> list[str]:
+        """Temporary files of writers that died mid-save (their pid is gone, or older than a day)."""
+        removed = []
+        for p in [*self.dir.glob(f"{TMP_PREFIX}*.part"), *(self.dir / "kv").glob(f"*/{TMP_PREFIX}*.part")]:
+            try:
+                pid = int(p.name[len(TMP_PREFIX):].split("-")[0])
+                dead = not _pid_alive(pid) or time.time() - p.stat().st_mtime > 86400
+            except (ValueError, OSError):
+                dead = True
+            if dead:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+                    removed.append(str(p))
+        return removed
+
+    def _snapshot_files(self) -> dict[str, os.stat_result]:
+        out = {}
+        for p in (self.dir / "kv").glob("*/*.safetensors"):
+            with contextlib.suppress(OSError):
+                out[str(p.relative_to(self.dir))] = p.stat()
+        return out
+
+    def _load_index(self) -> dict:
+        """The index reconciled with the files on disk (call under the lock)."""
+        entries = {}
+        try:
+            data = json.loads(self._index_path.read_text())
+            if data.get("format_version") == FORMAT_VERSION and isinstance(data.get("entries"), dict):
+                entries = data["entries"]
+        except (OSError, ValueError, AttributeError):
+            pass                                    # missing or damaged index: rebuilt below
+        files = self._snapshot_files()
+        out = {}
+        for rel, st in files.items():
+            e = entries.get(rel)
+            if e is not None and e.get("bytes") == st.st_size:
+                e["last_used"] = max(float(e.get("last_used", 0.0)), st.st_mtime)
+                out[rel] = e
+                continue
+            mine = rel.startswith(str(self.subdir.relative_to(self.dir)) + os.sep)
+            try:                                    # a file the index does not know: read its header
+                h = read_header(self.dir / rel)
+                if mine and h.get("fingerprint") != self.key:
+                    raise BadSnapshot(f"foreign: written by another model/tokenizer/dtype (fingerprint "
+                                       f"{str(h.get('fingerprint'))[:12]}..., expected {self.key[:12]}...)")
+                out[rel] = {"fingerprint": h["fingerprint"], "n_tokens": int(h["n_tokens"]),
+                            "block_size": int(h["block_size"]), "block_hashes": list(h["block_hashes"]),
+                            "tail": list(h["tail"]), "bytes": st.st_size, "last_used": st.st_mtime,
+                            "prefill_s": h.get("prefill_s")}
+            except (BadSnapshot, OSError, KeyError, TypeError, ValueError) as err:
+                if mine:
+                    self._reject(self.dir / rel, str(err))
+                else:                               # another model's namespace: counted, never matched
+                    out[rel] = {"fingerprint": None, "n_tokens": 0, "block_size": 1, "block_hashes": [],
+                                "tail": [], "bytes": st.st_size, "last_used": st.st_mtime}
+        return out
+
+    def _write_index(self, entries: dict, fsync: bool = False) -> None:
+        data = json.dumps({"format_version": FORMAT_VERSION, "entries": entries}, sort_keys=True).encode()
+        replace(write_temp(self.dir, data, fsync=fsync), self._index_path, fsync=fsync)
+
+    def _reject(self, path: Path, reason: str) -> None:
+        """One warning naming the file; the file is removed so it is recomputed, never used."""
+        self.stats.ignored_bad += 1
+        if str(path) not in self._warned:
+            self._warned.add(str(path))
+            warnings.warn(f"prefix cache: ignoring {path}: {reason}; removed, it will be recomputed",
+                          PrefixCacheWarning, stacklevel=3)
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+    # -- public API --------------------------------------------------------------------------------
+    def entries(self) -> dict:
+        with self._locked():
+            return self._load_index()
+
+    def total_bytes(self) -> int:
+        return sum(e["bytes"] for e in self.entries().values())
+
+    def _expected_shape(self, cache) -> tuple:
+        if self.engine is not None and hasattr(self.engine, "config"):
+            c = self.engine.config
+            return (c.n_layers, c.n_kv_heads, c.head_dim)
+        return (cache.k.shape[0], cache.k.shape[2], cache.k.shape[3])
+
+    def lookup(self, token_ids: Sequence[int]) -> tuple[str | None, int]:
+        """(relative path, estimated tokens) of the best saved snapshot for token_ids; no I/O of tensors."""
+        with self._locked():
+            entries = self._load_index()
+        return self._best(entries, list(token_ids))
+
+    def _best(self, entries: dict, token_ids: list[int], exclude=()) -> tuple[str | None, int]:
+        mine = {rel: e for rel, e in entries.items() if e.get("fingerprint") == self.key and rel not in exclude}
+        best, best_n = None, 0
+        for bs in sorted({e["block_size"] for e in mine.values()}):
+            group = {rel: e for rel, e in mine.items() if e["block_size"] == bs}
+            q = block_hashes(token_ids, bs, self.root)
+            _, depth = longest_prefix_match(q, {rel: e["block_hashes"] for rel, e in group.items()})
+            for rel, e in group.items():     # entries sharing `depth` blocks; the tail may add a few tokens
+                hs = e["block_hashes"]
+                if depth and (len(hs) < depth or hs[depth - 1] != q[depth - 1]):
+                    continue
+                n = depth * bs
+                if len(hs) == depth:
+                    for t_saved, t_q in zip(e["tail"], token_ids[n:]):
+                        if t_saved != t_q:
+                            break
+                        n += 1
+                n = min(n, e["n_tokens"])
+                if n > best_n or (n == best_n and n > 0 and e["last_used"] > entries[best]["last_used"]):
+                    best, best_n = rel, n
+        return best, best_n
+
+    def lookup_and_restore(self, token_ids: Sequence[int], cache, max_tokens: int | None = None) -> int:
+        """Restore the longest saved prefix of token_ids into cache (a fresh KVCache); returns n restored.
+
+        max_tokens caps the restore (generation restores at most len(prompt) - 1 tokens so that the
+        last prompt token is forwarded and yields logits). On a miss the cache is left untouched.
+        Every restored state is fully verified (format, fingerprint, shapes, dtype, payload hash,
+        token ids); an unusable file is reported once, removed, and the next best one tried.
+        """
+        token_ids = [int(t) for t in token_ids]
+        cap = len(token_ids) if max_tokens is None else max(0, min(int(max_tokens), len(token_ids)))
+        self.stats.lookups += 1
+        self.stats.prefix_cache_queries += len(token_ids)
+        t0 = time.perf_counter()
+        tried: set[str] = set()
+        for _ in range(8):
+            found = self._open_best(token_ids[:cap], tried)
+            if found is None:
+                return 0
+            rel, f = found
+            tried.add(rel)
+            if f is None:
+                continue
+            snap = self._read_verified(rel, f, cache)
+            if snap is None:
+                continue
+            n = self._restore(rel, snap, token_ids[:min(cap, cache.k.shape[1])], cache, t0)
+            if n:
+                return n
+        return 0
+
+    def _open_best(self, token_ids: list[int], tried: set) -> tuple[str, object] | None:
+        """(relative path, open file or None if it vanished) of the best untried snapshot; None: no match.
+        The file is opened under the lock, so an eviction cannot race the open."""
+        with self._locked():
+            entries = self._load_index()
+            rel, est = self._best(entries, token_ids, exclude=tried)
+            if rel is None or est == 0:
+                return None
+            try:
+                return rel, open(self.dir / rel, "rb")
+            except OSError:
+                return rel, None
+
+    def _read_verified(self, rel: str, f, cache) -> tuple[dict, dict, os.stat_result] | None:
+        """(header, tensors, file stat) of a fully verified snapshot that fits cache; a bad one is
+        reported and removed (only if nobody replaced it with a fresh file meanwhile) and None returned."""
+        path = self.dir / rel
+        st = os.fstat(f.fileno())
+        try:
+            with f:
+                header, tensors = load_from_file(f, path, self.key)
+                self._check_fits(header, tensors, cache)
+        except BadSnapshot as err:
+            with self._locked():
+                try:
+                    same = os.stat(path).st_ino == st.st_ino
+                except OSError:
+                    same = False
+                if same:
+                    self._reject(path, str(err))
+            return None
+        return header, tensors, st
+
+    def _restore(self, rel: str, snap, token_ids: list[int], cache, t0: float) -> int:
+        """Copy the snapshot's K/V for the tokens it shares with token_ids into cache; returns how many."""
+        header, tensors, st = snap
+        n = 0
+        for a, b in zip(tensors["token_ids"].tolist(), token_ids):
+            if a != b:
+                break
+            n += 1
+        if n == 0:
+            return 0
+        cache.restore({"k": tensors["k"][:, :n], "v": tensors["v"][:, :n]})
+        dt = time.perf_counter() - t0
+        self.stats.restores += 1
+        self.stats.prefix_cache_hits += n
+        self.stats.restore_s += dt
+        self.stats.bytes_read += st.st_size
+        if header.get("prefill_s"):
+            self.stats.prefill_s_saved += header["prefill_s"] * n / header["n_tokens"] - dt
+        self._touch(rel, st.st_ino)
+        return n
+
+    def _check_fits(self, header: dict, tensors: dict, cache) -> None:
+        k = tensors["k"]
+        want = self._expected_shape(cache)
+        got = (k.shape[0], k.shape[2], k.shape[3])
+        if got != want:
+            raise BadSnapshot(f"KV shape {tuple(k.shape)} does not match this model (layers, kv heads, head dim) = {want}")
+        if k.dtype != cache.k.dtype or header.get("dtype") != dtype_name(cache.k.dtype):
+            raise BadSnapshot(f"dtype {header.get('dtype')} does not match the cache dtype {dtype_name(cache.k.dtype)}")
+
+    def _touch(self, rel: str, ino: int | None = None) -> None:
+        """Mark as recently used (LRU): file mtime and index entry."""
+        with self._locked():
+            path = self.dir / rel
+            with contextlib.suppress(OSError):
+                if ino is None or os.stat(path).st_ino == ino:
+                    os.utime(path)
+            entries = self._load_index()
+            if rel in entries:
+                entries[rel]["last_used"] = time.time()
+                with contextlib.suppress(OSError):
+                    self._write_index(entries)
+
+    def save(self, token_ids: Sequence[int], cache, *, prefill_s: float | None = None) -> Path | None:
+        """Save the KV state of token_ids (the first len(token_ids) positions of cache) atomically.
+
+        Returns the file path, or None when the snapshot alone exceeds the byte budget. Evicts the
+        least recently used snapshots to stay within budget. A full disk raises LessonkitError and
+        leaves the cache as it was.
+        """
+        token_ids = [int(t) for t in token_ids]
+        n = len(token_ids)
+        if n == 0:
+            return None
+        if cache.length < n:
+            raise LessonkitError(f"cannot save {n} tokens: the KV cache holds only {cache.length} positions")
+        t0 = time.perf_counter()
+        name = token_ids_sha256(token_ids)
+        final = self.subdir / f"{name[:40]}.safetensors"
+        rel = str(final.relative_to(self.dir))
+        if self._refresh_if_saved(rel, final):
+            return final
+        hs = block_hashes(token_ids, self.block_size, self.root)
+        entry, data = self._encode(token_ids, cache, name, hs, prefill_s)
+        if len(data) > self.budget_bytes:
+            return None
+        self._commit(self._write_snapshot(final, data), final, rel, entry)
+        self.stats.saves += 1
+        self.stats.bytes_written += len(data)
+        self.stats.save_s += time.perf_counter() - t0
+        return final
+
+    def _refresh_if_saved(self, rel: str, final: Path) -> bool:
+        """True (and marked recently used) when this exact prompt is already saved for this model."""
+        with self._locked():
+            entries = self._load_index()
+            e = entries.get(rel)
+            if e is not None and e.get("fingerprint") == self.key and e.get("block_size") == self.block_size:
+                e["last_used"] = time.time()
+                with contextlib.suppress(OSError):
+                    os.utime(final)
+                    self._write_index(entries)
+                return True
+        return False
+
+    def _encode(self, token_ids: list[int], cache, name: str, hs: list[str], prefill_s) -> tuple[dict, bytes]:
+        """(index entry, file bytes) of the snapshot of the first len(token_ids) positions of cache."""
+        n = len(token_ids)
+        snap = cache.snapshot(n)
+        tensors = {"k": snap["k"], "v": snap["v"], "token_ids": torch.tensor(token_ids, dtype=torch.int64)}
+        header = {"format": FORMAT, "format_version": FORMAT_VERSION, "fingerprint": self.key,
+                  "n_tokens": n, "token_ids_sha256": name, "dtype": dtype_name(snap["k"].dtype),
+                  "block_size": self.block_size, "block_hashes": hs, "tail": token_ids[len(hs) * self.block_size:],
+                  "prefill_s": prefill_s, "created_unix": time.time(),
+                  "model": getattr(self.engine, "name", None)}
+        data = encode_snapshot(tensors, header)
+        entry = {"fingerprint": self.key, "n_tokens": n, "block_size": self.block_size, "block_hashes": hs,
+                 "tail": header["tail"], "bytes": len(data), "prefill_s": prefill_s}
+        return entry, data
+
+    def _write_snapshot(self, final: Path, data: bytes) -> Path:
+        """The snapshot's bytes in a temporary file next to `final`; a full disk is a clear error."""
+        try:
+            return write_temp(self.subdir, data, fsync=self.fsync)
+        except OSError as e:
+            if _disk_full(e):
+                raise LessonkitError(
+                    f"prefix cache: no space left on the device writing {final} ({len(data):,} bytes); "
+                    f"nothing was saved and the cache is unchanged") from None
+            raise LessonkitError(f"prefix cache: cannot write {final}: {e.strerror}") from None
+
+    def _commit(self, tmp: Path, final: Path, rel: str, entry: dict) -> None:
+        """Under the lock: evict to make room, rename the snapshot into place, index it."""
+        try:
+            with self._locked():
+                entries = self._load_index()
+                self._evict(entries, entry["bytes"], keep=rel)
+                replace(tmp, final, fsync=self.fsync)
+                entries[rel] = {**entry, "last_used": time.time()}
+                try:
+                    self._write_index(entries, fsync=self.fsync)
+                except OSError as e:        # the snapshot is complete; the index is rebuilt next time
+                    if _disk_full(e):
+                        raise LessonkitError(
+                            f"prefix cache: no space left on the device updating {self._index_path}; "
+                            f"the snapshot {final} is complete and the index will be rebuilt") from None
+                    raise
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()                # only still there if the rename did not happen
+
+    def _evict(self, entries: dict, incoming: int, keep: str) -> None:
+        total = sum(e["bytes"] for rel, e in entries.items() if rel != keep)
+        for rel in sorted((r for r in entries if r != keep), key=lambda r: entries[r]["last_used"]):
+            if total + incoming <= self.budget_bytes:
+                break
+            with contextlib.suppress(OSError):
+                (self.dir / rel).unlink()
+            total -= entries.pop(rel)["bytes"]
+            self.stats.evictions += 1
+
+    def clear(self) -> None:
+        with self._locked():
+            for rel in self._load_index():
+                with contextlib.suppress(OSError):
+                    (self.dir / rel).unlink()
+            self._write_index({})
+
+    def verify(self) -> dict:
+        """Check every snapshot of this model fully; report problems (does not remove anything)."""
+        with self._locked():
+            entries = self._load_index()
+            files = self._snapshot_files()
+            temps = [str(p) for p in (self.dir / "kv").glob(f"*/{TMP_PREFIX}*.part")]
+            bad, ok = [], 0
+            for rel, e in entries.items():
+                if e.get("fingerprint") != self.key:
+                    continue
+                try:
+                    load_snapshot(self.dir / rel, self.key)
+                    ok += 1
+                except (BadSnapshot, OSError) as err:
+                    bad.append(f"{rel}: {err}")
+        return {"valid": ok, "bad": bad, "temp_files": temps,
+                "index_matches_files": set(entries) == set(files),
+                "total_bytes": sum(e["bytes"] for e in entries.values())}
+
+    def __repr__(self):
+        return f"PrefixCache({str(self.dir)!r}, key={self.key[:12]}, budget={self.budget_bytes:,} B, block={self.block_size})"
