@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from lessonkit.bench.common import goal, machine_info
+from lessonkit.bench.grounded import grounded_rows
 from lessonkit.engine.checkpoint import export_hf
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate
@@ -146,6 +147,17 @@ def _by_kind(rows, notes, target, drafter, prompts_by_kind_, max_new, repeats, k
     notes.append(f"tiny-moe + tiny-draft k={k} by kind of text: " + ", ".join(parts))
 
 
+def _grounded(rows, targets, smoke, repeats) -> None:
+    """smollm2-135m with prompt lookup on input-grounded requests (fix, rename, convert, extract)."""
+    g_rows, best = grounded_rows("smollm2-135m", ks=(4,) if smoke else (4, 8, "auto"),
+                                 max_new_tokens=16 if smoke else 96, repeats=repeats, n_prompts=2 if smoke else None)
+    rows += [r | {"name": f"smollm2-135m grounded requests: {r['name']}"} for r in g_rows]
+    same = all(r["identical_to_plain"] for r in g_rows)
+    targets.append(goal(f"smollm2-135m prompt lookup on input-grounded requests ({best['name']}): decode-phase "
+                        "speed-up over plain greedy, byte-identical", round(best["speedup_decode"], 3), ">= 1.8",
+                        same and best["speedup_decode"] >= 1.8))
+
+
 def bench(args) -> dict:
     smoke = bool(getattr(args, "smoke", False))
     repeats = 1 if smoke else 3
@@ -177,6 +189,7 @@ def bench(args) -> dict:
               drafter_fn=lambda: [("ngram k=4", NGramDrafter(), 4)],
               hf_kwargs_fn=lambda: {"prompt lookup (prompt_lookup_num_tokens=4)": {"prompt_lookup_num_tokens": 4}},
               prompts=prompts, max_new=8 if smoke else 32, repeats=repeats, with_formula=False)
+        _grounded(rows, targets, smoke, repeats)
     for r in rows:
         if not r["identical_to_plain"] and "transformers" not in r["name"]:
             notes.append(f"NOT IDENTICAL: {r['name']}")
