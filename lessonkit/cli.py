@@ -10,8 +10,7 @@ from lessonkit.bench import BENCHES
 from lessonkit.engine.errors import LessonkitError
 
 # modules that add sub-commands (register_cli) and benchmarks (bench)
-COMMAND_MODULES = ["lessonkit.workloads.corpus", "lessonkit.workloads.train", "lessonkit.gap", "lessonkit.semcache",
-                   "lessonkit.stack"]
+COMMAND_MODULES = ["lessonkit.workloads.corpus", "lessonkit.workloads.train", "lessonkit.gap", "lessonkit.stack"]
 
 
 def _optional_module(name: str):
@@ -295,6 +294,47 @@ def cmd_prefix_cache(args) -> int:
     return 0 if not rep.get("bad") else 1
 
 
+# ---- semantic cache -----------------------------------------------------------------------------
+def cmd_semcache_run(args) -> int:
+    from lessonkit.semcache.audit import AuditConfig
+    from lessonkit.semcache.policies import embed_stream, load_embedder, make_policy, run_stream
+    from lessonkit.semcache.store import CacheStore, scope_key
+    from lessonkit.workloads.judge import RuleJudge, ground_truth_judge, instruction_fingerprint
+    from lessonkit.workloads.monitoring import load_stream
+    items = load_stream(limit=args.limit)
+    texts = [it.text for it in items]
+    judge, _ = ground_truth_judge(args.judge, progress=not args.json)
+    if args.judge == "rule":
+        judge = RuleJudge({it.text: it.needs_action for it in items})
+    policy = make_policy(args.policy, args.threshold)
+    first = args.audit_first if args.audit_first is not None else (2 if args.audit_rate > 0 else 0)
+    audit = AuditConfig(rate=args.audit_rate, first_n=first, limit=args.audit_limit, seed=args.seed)
+    embedder = load_embedder()
+    embeddings = None if args.policy == "exact" else embed_stream(texts, progress=not args.json)
+    store = CacheStore(args.store, scope_key(judge.fingerprint, instruction_fingerprint(), embedder.fingerprint))
+    s = run_stream(texts, policy, judge, embeddings=embeddings, audit=audit, store=store,
+                   progress=not args.json).summary()
+    store.close()
+    if args.json:
+        print(json.dumps(s))
+        return 0
+    print(f"policy {s['policy']} @ {s['threshold']:g}, audit rate {s['audit_rate']:g}, {s['queries']} queries")
+    print(f"  hits {s['hits']} ({100 * s['hit_rate']:.1f}%), judge calls saved {s['judge_calls_saved']}")
+    print(f"  losses {s['losses']}, actionable losses {s['actionable_losses']}")
+    print(f"  audits {s['audits']} with {s['audit_losses']} losses: 95% upper bound on the loss rate "
+          f"{s['audit_upper_bound']:.3f}; entries retired {s['entries_retired']}; "
+          f"policy stopped at query {s['policy_stopped_at']}")
+    return 0
+
+
+def cmd_semcache_record(args) -> int:
+    from lessonkit.workloads.judge import record_ground_truth
+    from lessonkit.workloads.monitoring import load_stream
+    path = record_ground_truth([it.text for it in load_stream()], batched=args.batched, n_check=args.check)
+    print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lessonkit", description="The lossless acceleration stack, measured.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -386,6 +426,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m", help="the model whose snapshots to check (its fingerprint)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_prefix_cache)
+
+    p = sub.add_parser("semcache", help="semantic cache over the monitoring stream (lesson 5)")
+    ssub = p.add_subparsers(dest="semcache_cmd", required=True)
+    r = ssub.add_parser("run", help="run one policy over the shipped stream")
+    r.add_argument("--policy", default="one-sided+guard", choices=["exact", "two-sided", "one-sided", "one-sided+guard"])
+    r.add_argument("--threshold", type=float, default=None, help="cosine threshold (policy default if omitted)")
+    r.add_argument("--audit-rate", type=float, default=0.05, help="share of hits re-judged after probation")
+    r.add_argument("--audit-first", type=int, default=None,
+                   help="hits of a new entry always audited (default 2, or 0 with --audit-rate 0: audit off)")
+    r.add_argument("--audit-limit", type=float, default=0.10, help="stop serving above this loss bound")
+    r.add_argument("--limit", type=int, default=None, help="use only the first N items of the stream")
+    r.add_argument("--judge", default="recorded", choices=("recorded", "real", "rule"))
+    r.add_argument("--store", default=":memory:", help="SQLite file for the cache (default: in memory)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_semcache_run)
+    rec = ssub.add_parser("record", help="recompute the judge ground-truth file with the real judge")
+    rec.add_argument("--batched", action="store_true", help="score in transformers batches, check on the engine")
+    rec.add_argument("--check", type=int, default=3, help="items re-scored by the engine (with --batched)")
+    rec.set_defaults(func=cmd_semcache_record)
 
     for modname in COMMAND_MODULES:
         mod = _optional_module(modname)

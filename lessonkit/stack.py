@@ -42,6 +42,9 @@ from lessonkit.grammar.tokens import TokenGrammar
 from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.mtp.head import head_path
 from lessonkit.prefix_cache.cache import PrefixCache
+from lessonkit.semcache.audit import AuditConfig, Auditor
+from lessonkit.semcache.policies import CosinePolicy, load_embedder
+from lessonkit.semcache.store import CacheStore
 from lessonkit.speculative.drafters import Draft, Drafter, ModelDrafter, NGramDrafter, OracleDrafter
 from lessonkit.speculative.verify import speculative_generate
 
@@ -381,9 +384,6 @@ class SemanticFront:
 
     def __init__(self, embeddings, texts, *, threshold: float = 0.85, audit_rate: float = 0.1,
                  audit_first_n: int = 1, seed: int = 0):
-        from lessonkit.semcache import CosinePolicy
-        from lessonkit.semcache_audit import AuditConfig, Auditor
-        from lessonkit.semcache_store import CacheStore
         self.emb = {t: e for t, e in zip(texts, embeddings)}
         self.policy = CosinePolicy(threshold, one_sided=True, guard=True)
         self.store = CacheStore(":memory:", "stack")
@@ -528,7 +528,6 @@ def run_stack(engine, workload: Workload, techniques=TECHNIQUES, *, cfg: StackCo
 
 def embed_items(texts: list[str]) -> tuple:
     """(unit embeddings [n, 384], seconds): all-MiniLM-L6-v2, as lesson 5."""
-    from lessonkit.semcache import load_embedder
     emb = load_embedder()
     emb.embed(list(texts[:1]))                  # warm-up: first-call costs are not per-item costs
     t0 = time.perf_counter()

@@ -37,7 +37,7 @@ def serve_observed_rate(k, n, limit, c):
 
 
 def serve_bound_only(k, n, limit, c):       # also stops before any loss was seen
-    from lessonkit.semcache_audit import clopper_pearson_upper
+    from lessonkit.semcache.audit import clopper_pearson_upper
     return n > 0 and clopper_pearson_upper(k, n, c) <= limit
 
 

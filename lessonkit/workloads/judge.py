@@ -4,7 +4,7 @@ Its fresh answer is the ground truth a semantic cache must reproduce; it does no
 about the world. Three implementations share one protocol, ``judge(item) -> bool`` plus a
 ``fingerprint`` string that goes into the cache's scope key:
 
-- ``LogitJudge``: smollm2-135m (instruct) on the lead's engine. The item is put into a fixed
+- ``LogitJudge``: smollm2-135m (instruct) on the lessonkit engine. The item is put into a fixed
   instruction, rendered with the GGUF's chat template (generation prompt on), and the judge
   compares the next-token logits of "yes" against "no" (log-sum-exp over the spellings yes/Yes and
   no/No). The constant part of the prompt is run once and its KV snapshot reused per item.
@@ -14,14 +14,20 @@ about the world. Three implementations share one protocol, ``judge(item) -> bool
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
+import sys
 import time
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+
+import torch
+from tqdm.auto import tqdm
 
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.gguf_loader import apply_chat_template, load_smollm2, to_transformers
+from lessonkit.engine.registry import load_model
 
 INSTRUCTION = (
     "You triage alerts for an on-call engineer. Answer with one word: yes if an engineer must act "
@@ -38,13 +44,6 @@ def instruction_fingerprint(instruction: str = INSTRUCTION) -> str:
     """Hash of the instruction template and the decision rule (part of the cache scope key)."""
     rule = "argmax logsumexp" + repr((YES_SPELLINGS, NO_SPELLINGS))
     return hashlib.sha256((instruction + "\x00" + rule).encode()).hexdigest()[:16]
-
-
-@runtime_checkable
-class Judge(Protocol):
-    fingerprint: str
-
-    def __call__(self, item: str) -> bool: ...
 
 
 class RuleJudge:
@@ -106,7 +105,6 @@ class LogitJudge:
 
     def score(self, item: str) -> float:
         """log P(yes) - log P(no) over the spellings, from the next-token logits."""
-        import torch
         t0 = time.perf_counter()
         rest = self.engine.encode(item + self.tail)
         cache = self.engine.new_cache(len(self.head_ids) + len(rest) + 8)
@@ -136,9 +134,7 @@ def judge_fingerprint(score_fingerprint: str, bias: float) -> str:
 
 def load_judge(model: str = "smollm2-135m", **kw) -> LogitJudge:
     """The real judge: the lessonkit engine for ``model`` plus its chat template."""
-    from lessonkit.engine import registry
-    from lessonkit.engine.gguf_loader import apply_chat_template
-    engine = registry.load_model(model)
+    engine = load_model(model)
     return LogitJudge(engine, lambda msgs: apply_chat_template(engine, msgs, add_generation_prompt=True), **kw)
 
 
@@ -192,7 +188,6 @@ def record_scores(judge: LogitJudge, items: list[str], path: str | Path = GROUND
     ``partial`` (a JSONL file) makes the run resumable: scores already there are reused when they
     carry the same score fingerprint.
     """
-    from tqdm.auto import tqdm
     unique = list(dict.fromkeys(items))
     scores: dict[str, float] = {}
     if partial is not None and Path(partial).exists():
@@ -217,7 +212,7 @@ def write_ground_truth(judge: LogitJudge, scores: dict[str, float], path: str | 
     doc = {"what": "Ground truth of lesson 5: fresh yes/no log-odds of the monitoring judge "
                    "(smollm2-135m on the lessonkit engine) for every distinct item of the shipped "
                    "stream, precomputed so the notebook runs quickly. The judge's answer is "
-                   "score > bias. Regenerate with: python -m lessonkit semcache record",
+                   "score > bias. Regenerate with: lessonkit semcache record",
            "score_fingerprint": judge.score_fingerprint, "instruction": judge.instruction,
            "yes_spellings": YES_SPELLINGS, "no_spellings": NO_SPELLINGS, "check": check or {},
            "scores": {t: round(float(v), 5) for t, v in scores.items()}}
@@ -235,10 +230,6 @@ def score_batched_transformers(judge: LogitJudge, hf_model, items: list[str], ba
     items right-padded, each read at its last real token). Only a faster way to fill the
     ground-truth file on a busy CPU: ``check_against_engine`` compares it with the engine.
     """
-    import copy
-
-    import torch
-    from tqdm.auto import tqdm
     from transformers import DynamicCache
     head = torch.tensor([judge.head_ids])
     with torch.inference_mode():
@@ -269,3 +260,46 @@ def score_batched_transformers(judge: LogitJudge, hf_model, items: list[str], ba
             scores[chunk[r]] = float(torch.logsumexp(logp[judge.yes_ids], 0) -
                                      torch.logsumexp(logp[judge.no_ids], 0))
     return scores
+
+
+# ---------------------------------------------------------------- the ground truth of lesson 5
+
+def ground_truth_judge(kind: str = "recorded", path=GROUND_TRUTH_PATH, progress: bool = True):
+    """The judge whose fresh answers are the ground truth.
+
+    kind: "real" (smollm2-135m live on the engine), "recorded" (the recorded file, checked against
+    the live judge's fingerprint and completed live where items are missing; if the live judge is
+    a different one, its answers replace the file's), or "rule" (the fast fake, for tests).
+    """
+    if kind == "rule":
+        return RuleJudge(), None
+    live = load_judge()
+    if kind == "real":
+        return live, live
+    try:
+        rec = RecordedJudge.from_file(path)
+    except LessonkitError:
+        return RecordedJudge({}, live.score_fingerprint, live.bias, live), live
+    if rec.score_fingerprint != live.score_fingerprint:
+        print(f"note: recorded scores are from judge {rec.score_fingerprint}, the live judge is "
+              f"{live.score_fingerprint}; judging live instead", file=sys.stderr)
+        return RecordedJudge({}, live.score_fingerprint, live.bias, live), live
+    return RecordedJudge(rec.scores, rec.score_fingerprint, live.bias, live), live
+
+
+def record_ground_truth(texts: list[str], batched: bool = True, n_check: int = 3, path=GROUND_TRUTH_PATH) -> Path:
+    """Score every distinct text (the shipped stream's, for lesson 5) with the real judge and write the file.
+
+    batched: same weights and token ids run in batches by transformers (much faster on a CPU),
+    then ``n_check`` items re-scored by the engine itself; the largest difference is recorded.
+    """
+    judge = load_judge()
+    texts = list(dict.fromkeys(texts))
+    if not batched:
+        return record_scores(judge, texts, path)
+    hf = to_transformers(load_smollm2(progress=False))
+    scores = score_batched_transformers(judge, hf, texts)
+    diffs = [abs(judge.score(t) - scores[t]) for t in texts[:n_check]]
+    check = {"computed_with": "transformers, batched, same weights and token ids",
+             "engine_rescored_items": len(diffs), "max_abs_diff_vs_engine": max(diffs) if diffs else None}
+    return write_ground_truth(judge, scores, path, check)

@@ -1,0 +1,197 @@
+"""Lesson 5 (semantic caching): the measurements and figures of notebooks/05_semantic_cache.ipynb.
+
+Everything runs the real pipeline of lessonkit.semcache on the shipped stream
+(data/semcache/stream.jsonl): the fresh answers of the judge are the ground truth, read from the
+recorded ground-truth file when its judge fingerprint matches the live judge, else computed live.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from lessonkit.semcache.audit import clopper_pearson_upper
+from lessonkit.semcache.policies import embed_stream, load_embedder, make_policy, run_stream
+from lessonkit.semcache.store import CacheStore
+from lessonkit.workloads.judge import RecordedJudge, ground_truth_judge
+from lessonkit.workloads.monitoring import load_stream
+
+SMOKE_ITEMS = 300
+
+
+
+class LessonData:
+    """What the notebook works on: the stream, the ground-truth judge, the live judge, embeddings."""
+
+    def __init__(self, smoke: bool, live: bool = True, progress: bool = True):
+        self.items = load_stream(limit=SMOKE_ITEMS if smoke else None)
+        self.texts = [it.text for it in self.items]
+        if live:
+            self.judge, self.live = ground_truth_judge("recorded", progress=progress)
+        else:
+            self.judge, self.live = RecordedJudge.from_file(), None
+        self.embeddings = embed_stream(self.texts, progress=progress)
+
+
+def stream_table(items, judge):
+    """Counts per relation and perturbation, with the share the judge answers "yes"."""
+    df = pd.DataFrame([{"relation": it.relation, "perturbation": it.perturbation or "",
+                        "judge_yes": bool(judge(it.text))} for it in items])
+    return df.groupby(["relation", "perturbation"]).agg(items=("judge_yes", "size"),
+                                                        judge_yes_share=("judge_yes", "mean"))
+
+
+def live_check(recorded, live, texts, n: int = 3):
+    """The live judge against the recorded ground truth on ``n`` distinct items (and its call time)."""
+    rows = []
+    for t in list(dict.fromkeys(texts))[:n]:
+        t0 = time.perf_counter()
+        s = live.score(t)
+        rows.append({"item": t[:60], "recorded_score": recorded.score(t), "live_score": s,
+                     "same_answer": (s > live.bias) == recorded(t), "judge_ms": (time.perf_counter() - t0) * 1e3})
+    return pd.DataFrame(rows)
+
+
+def calibrate_safe_margin(items, judge) -> float:
+    """Widest spread of the judge's log-odds within one meaning (an original, its repeats and paraphrases).
+
+    A "no" stored at least this far below the judge's boundary stays a "no" for every rewording of
+    the same facts seen here. Computed on the calibration split (the first SMOKE_ITEMS items).
+    """
+    groups: dict[int, list] = {}
+    for it in items:
+        if it.relation in ("original", "exact_repeat", "paraphrase"):
+            groups.setdefault(it.id if it.parent is None else it.parent, []).append(judge.score(it.text))
+    spreads = [max(g) - min(g) for g in groups.values() if len(g) > 1]
+    return max(spreads) if spreads else 0.0
+
+
+def sweep(texts, judge, embeddings, thresholds=(0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.98),
+          policies=("two-sided", "one-sided", "one-sided+guard"), no_margin: bool = True,
+          progress: bool = True):
+    """Hit rate and (actionable) loss rate of each policy as the threshold moves.
+
+    With ``no_margin`` the one-sided policies also run with safe_margin 0 (every "no" reused).
+    """
+    rows = [run_stream(texts, make_policy("exact"), judge, embeddings=embeddings).summary()]
+    grid = [(p, t, None) for p in policies for t in thresholds]
+    if no_margin:
+        grid += [(p, t, 0.0) for p in policies if p.startswith("one-sided") for t in thresholds]
+    for p, t, m in tqdm(grid, desc="threshold sweep", disable=not progress):
+        s = run_stream(texts, make_policy(p, t, m), judge, embeddings=embeddings).summary()
+        if m is not None:
+            s["policy"] += f" (margin {m:g})"
+        rows.append(s)
+    return pd.DataFrame(rows)
+
+
+def losses_by_relation(result, items):
+    """Served hits and losses split by how the query relates to its original."""
+    rel = {k: (it.relation if it.relation != "hard_negative" else f"hard negative: {it.perturbation}")
+           for k, it in enumerate(items)}
+    df = pd.DataFrame([{"relation": rel[r.index], "hit": r.hit, "loss": r.loss, "actionable": r.actionable}
+                       for r in result.records])
+    return df.groupby("relation").agg(queries=("hit", "size"), hits=("hit", "sum"), losses=("loss", "sum"),
+                                      actionable_losses=("actionable", "sum"))
+
+
+def plot_tradeoff(df):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, g in df.groupby("policy", sort=False):
+        g = g.sort_values("threshold")
+        ax.plot(100 * g["hit_rate"], 100 * g["actionable_loss_rate"], "o-", label=name)
+        if name != "exact":
+            for _, r in g.iterrows():
+                ax.annotate(f"{r['threshold']:g}", (100 * r["hit_rate"], 100 * r["actionable_loss_rate"]),
+                            fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("hit rate (% of queries served from cache)")
+    ax.set_ylabel("actionable losses (% of queries)")
+    ax.set_title("Only the guarded one-sided cache buys hits without hiding alerts")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def similarity_to_parent(items, embeddings) -> dict[str, np.ndarray]:
+    """Cosine of each derived item to its original, grouped by relation / perturbation."""
+    index = {it.id: k for k, it in enumerate(items)}
+    groups: dict[str, list] = {}
+    for k, it in enumerate(items):
+        if it.parent is None or it.parent not in index:
+            continue
+        label = it.relation if it.relation != "hard_negative" else f"hard negative: {it.perturbation}"
+        groups.setdefault(label, []).append(float(embeddings[k] @ embeddings[index[it.parent]]))
+    return {k: np.array(v) for k, v in sorted(groups.items())}
+
+
+def plot_similarity(groups: dict[str, np.ndarray], threshold: float = 0.8):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    bins = np.linspace(min(0.5, min(v.min() for v in groups.values())), 1.0, 41)
+    for name, v in groups.items():
+        if name == "exact_repeat":
+            continue
+        ax.hist(v, bins=bins, histtype="step", linewidth=1.6, label=f"{name} (n={len(v)})")
+    ax.axvline(threshold, color="k", linestyle="--", label=f"GPTCache default {threshold}")
+    ax.set_xlabel("cosine similarity to the original item")
+    ax.set_ylabel("items")
+    ax.set_title("Hard negatives score as high as paraphrases: a threshold cannot separate them")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_audit(result, confidence: float = 0.95):
+    """The audit's upper bound on the loss rate as audits accumulate, against the rule of three."""
+    traj = result.auditor.trajectory
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    n = np.arange(1, max(len(traj), 2) + 1)
+    ax.plot(n, [clopper_pearson_upper(0, int(k), confidence) for k in n], "k:",
+            label="0 losses in n audits (Clopper-Pearson)")
+    ax.plot(n, np.minimum(3.0 / n, 1.0), color="grey", linestyle="--", label="3/n (rule of three)")
+    if traj:
+        ax.plot([t[1] for t in traj], [t[3] for t in traj], "-", linewidth=2,
+                label=f"{result.policy} audits (losses so far: {traj[-1][2]})")
+    ax.axhline(result.audit.limit, color="tab:red", linewidth=1, label=f"stop limit {result.audit.limit:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("audited hits n")
+    ax.set_ylabel(f"{int(confidence * 100)}% upper bound on the loss rate")
+    ax.set_title("Zero losses in n audits bounds the loss rate by about 3/n, not by zero")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def time_hits(texts, policy, judge, embeddings, n: int = 40) -> dict:
+    """Cache-side time per query on a hit, with the query embedded live (median over ``n`` hits, ms).
+
+    The stream runs once on precomputed embeddings to find its hits; then each of the first ``n``
+    hits is replayed against the filled store: embed the query (MiniLM, one text), search, guard.
+    """
+    store = CacheStore(":memory:", "timing")
+    result = run_stream(texts, policy, judge, embeddings=embeddings, store=store)
+    embedder = load_embedder()
+    embedder.embed_one("warm-up")
+    hit_ms = []
+    for r in [r for r in result.records if r.hit][:n]:
+        t0 = time.perf_counter()
+        policy.lookup(store, r.text, embedder.embed_one(r.text))
+        hit_ms.append((time.perf_counter() - t0) * 1e3)
+    return {"median_hit_ms": statistics.median(hit_ms) if hit_ms else None, "hits_timed": len(hit_ms)}
+
+
+def time_judge(judge, texts, n: int = 15) -> float:
+    """Median wall time of a fresh judge call in ms (the real judge, not the recorded file).
+
+    One untimed warm-up call first: it runs the constant instruction head once for the snapshot.
+    """
+    judge(texts[0])
+    times = []
+    for t in texts[:n]:
+        t0 = time.perf_counter()
+        judge(t)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
