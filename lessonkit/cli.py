@@ -10,7 +10,7 @@ from lessonkit.bench import BENCHES
 from lessonkit.engine.errors import LessonkitError
 
 # modules that add sub-commands (register_cli) and benchmarks (bench)
-COMMAND_MODULES = ["lessonkit.workloads.corpus", "lessonkit.workloads.train", "lessonkit.gap", "lessonkit.stack"]
+COMMAND_MODULES = ["lessonkit.workloads.corpus", "lessonkit.workloads.train", "lessonkit.stack"]
 
 
 def _optional_module(name: str):
@@ -335,6 +335,15 @@ def cmd_semcache_record(args) -> int:
     return 0
 
 
+# ---- the gap ------------------------------------------------------------------------------------
+def cmd_gap(args) -> int:
+    from lessonkit.gap.data import load_epoch
+    from lessonkit.gap.summary import format_figures, json_safe, measure
+    fig = measure(load_epoch(args.data), n_boot=args.boot, seed=args.seed)
+    print(json.dumps(json_safe(fig), indent=2) if args.json else format_figures(fig))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lessonkit", description="The lossless acceleration stack, measured.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -446,6 +455,13 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--batched", action="store_true", help="score in transformers batches, check on the engine")
     rec.add_argument("--check", type=int, default=3, help="items re-scored by the engine (with --batched)")
     rec.set_defaults(func=cmd_semcache_record)
+
+    p = sub.add_parser("gap", help="open-vs-closed lag and compute growth from Epoch AI data")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--data", default=None, help="folder with the Epoch CSVs (default data/epoch/)")
+    p.add_argument("--boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_gap)
 
     for modname in COMMAND_MODULES:
         mod = _optional_module(modname)

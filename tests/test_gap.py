@@ -1,5 +1,4 @@
 """Lesson 6 (lessonkit.gap): loading Epoch's files, frontiers, lag estimator, compute growth."""
-import argparse
 import csv
 import io
 import json
@@ -10,7 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lessonkit import gap
+from lessonkit.cli import main
+from lessonkit.gap.data import FILES, classify, exclude_family, from_months, load_epoch, parse_number
+from lessonkit.gap.growth import compute_frontier, fit_growth
+from lessonkit.gap.lag import estimate_lag, frontier_records, lag_months, level_at
+from lessonkit.gap.summary import comparison_table, headline, sensitivity
 from lessonkit.engine.errors import LessonkitError
 
 ECI_HEADER = ["Model version", "ECI Score", "Release date", "Organization", "Country",
@@ -56,7 +59,7 @@ def messy_dir(tmp_path):
                 name="open-b"),                                      # a year too early
         ["short-row", "100", "2024-01-01"],                          # wrong field count
     ]
-    write_csv(tmp_path / gap.FILES["eci"], ECI_HEADER, rows)
+    write_csv(tmp_path / FILES["eci"], ECI_HEADER, rows)
     mm = [
         ["closed-a", "0.80", "2023-01-15", "Org", "X", "", "", "A", "5", "s", "", "", "r1"],
         ["closed-a", "0.78", "2023-01-15", "Org", "X", "", "", "A", "5", "s2", "", "", "r2"],
@@ -66,18 +69,18 @@ def messy_dir(tmp_path):
         ["unknown-model", "0.50", "2023-01-01", "Org", "X", "", "", "U", "5", "s", "", "", "r6"],
         ["closed-b", "80", "2024-01-15", "Org", "X", "", "", "C", "5", "s", "", "", "r7"],  # %
     ]
-    write_csv(tmp_path / gap.FILES["mmlu"], MMLU_HEADER, mm)
+    write_csv(tmp_path / FILES["mmlu"], MMLU_HEADER, mm)
     gq = [
         ["closed-a", "0.40", "0.40", "2023-01-15", "Org", "X", "", "", "0.02", "", "", "", "g1"],
         ["open-b ", "0.35", "0.35", "2024-06-01", "Org", "X", "", "", "0.02", "", "", "", "g2"],
         ["typo-0905", "0.36", "0.36", "2023-06-20", "Org", "X", "", "", "0.02", "", "", "", "g3"],
     ]
-    write_csv(tmp_path / gap.FILES["gpqa"], GPQA_HEADER, gq)
+    write_csv(tmp_path / FILES["gpqa"], GPQA_HEADER, gq)
     return tmp_path
 
 
 def test_malformed_rows_are_dropped_and_reported(messy_dir):
-    d = gap.load_epoch(messy_dir)
+    d = load_epoch(messy_dir)
     eci, rep = d.tables["eci"], d.reports["eci"]
     assert sorted(eci["model"]) == ["bad-flop", "closed-a", "closed-b", "open-a", "open-b"]
     reasons = {r.model: r.reason for r in rep.dropped}
@@ -104,7 +107,7 @@ def test_malformed_rows_are_dropped_and_reported(messy_dir):
 
 
 def test_benchmarks_join_accessibility_and_report_drops(messy_dir):
-    d = gap.load_epoch(messy_dir)
+    d = load_epoch(messy_dir)
     mmlu, rep = d.tables["mmlu"].set_index("model"), d.reports["mmlu"]
     assert mmlu.at["closed-a", "value"] == pytest.approx(80.0)   # best of two sources, in %
     assert mmlu.at["open-a", "date"] == pd.Timestamp("2023-09-01")  # filled from the ECI file
@@ -119,30 +122,30 @@ def test_benchmarks_join_accessibility_and_report_drops(messy_dir):
 
 def test_missing_file_or_column_is_a_lessonkit_error(tmp_path, messy_dir):
     with pytest.raises(LessonkitError, match="no such file"):
-        gap.load_epoch(tmp_path / "nowhere")
-    write_csv(messy_dir / gap.FILES["gpqa"], ["Model version", "Release date"], [])
+        load_epoch(tmp_path / "nowhere")
+    write_csv(messy_dir / FILES["gpqa"], ["Model version", "Release date"], [])
     with pytest.raises(LessonkitError, match="missing column"):
-        gap.load_epoch(messy_dir)
+        load_epoch(messy_dir)
 
 
 @pytest.mark.parametrize("text,value", [
     ("3.8e+25", 3.8e25), ("5.0000000000001e+26", 5.0000000000001e26), ("1,000", 1000.0),
     (" ~1e25 ", 1e25), ("≈2e24", 2e24), ("1.2×10^25", 1.2e25), ("2e24 FLOP", 2e24)])
 def test_parse_number_reads_compute_text(text, value):
-    assert gap.parse_number(text) == pytest.approx(value)
+    assert parse_number(text) == pytest.approx(value)
 
 
 def test_parse_number_blank_and_junk():
-    assert gap.parse_number("  ") is None
-    assert math.isnan(gap.parse_number("unknown"))
+    assert parse_number("  ") is None
+    assert math.isnan(parse_number("unknown"))
 
 
 def test_frontier_records_are_the_running_max():
     t = np.array([3.0, 1.0, 2.0, 2.0, 5.0, 4.0])
     y = np.array([5.0, 1.0, 4.0, 2.0, 4.5, 6.0])
-    rt, ry, _ = gap.frontier_records(t, y)
+    rt, ry, _ = frontier_records(t, y)
     assert list(rt) == [1.0, 2.0, 3.0, 4.0] and list(ry) == [1.0, 4.0, 5.0, 6.0]
-    step = gap.level_at(rt, ry, np.array([0.5, 2.5, 4.5, 9.0]), "step")
+    step = level_at(rt, ry, np.array([0.5, 2.5, 4.5, 9.0]), "step")
     assert np.isnan(step[0]) and list(step[1:]) == [4.0, 6.0, 6.0]
 
 
@@ -158,10 +161,10 @@ def synthetic_pair(shift_months=6.0, seed=1, n=60):
 def test_lag_estimator_recovers_a_six_month_shift(seed):
     ot, oy, ct, cy = synthetic_pair(6.0, seed)
     at = np.arange(12.0, 60.0, 1.0)
-    lags = gap.lag_months(ot, oy, ct, cy, at, "linear")
+    lags = lag_months(ot, oy, ct, cy, at, "linear")
     assert np.isfinite(lags).sum() > 30
     assert np.nanmean(lags) == pytest.approx(6.0, abs=0.5)
-    catch = gap.lag_months(ot, oy, ct, cy, at, "records")
+    catch = lag_months(ot, oy, ct, cy, at, "records")
     assert np.nanmean(catch) == pytest.approx(6.0, abs=0.5)
 
 
@@ -170,22 +173,22 @@ def test_estimate_lag_on_tables_with_bootstrap_is_seeded():
     rows = [("o%d" % i, t, v, "Open weights (unrestricted)") for i, (t, v) in enumerate(zip(ot, oy))]
     rows += [("c%d" % i, t, v, "API access") for i, (t, v) in enumerate(zip(ct, cy))]
     table = pd.DataFrame(rows, columns=["model", "t", "value", "access"])
-    table["date"] = gap.from_months(table["t"] + 12 * 40)     # months since 2010
-    start, end = gap.from_months([12 * 41, 12 * 45])
-    e = gap.estimate_lag(table, start, end, "synthetic", n_boot=200, seed=7)
+    table["date"] = from_months(table["t"] + 12 * 40)     # months since 2010
+    start, end = from_months([12 * 41, 12 * 45])
+    e = estimate_lag(table, start, end, "synthetic", n_boot=200, seed=7)
     assert e.lag_months == pytest.approx(6.0, abs=0.5)
     assert e.ci_low <= e.ci_high and math.isfinite(e.ci_low)
-    again = gap.estimate_lag(table, start, end, "synthetic", n_boot=200, seed=7)
+    again = estimate_lag(table, start, end, "synthetic", n_boot=200, seed=7)
     assert (again.ci_low, again.ci_high) == (e.ci_low, e.ci_high)
 
 
 def test_lag_is_negative_when_open_leads_and_nan_when_undefined():
     ot, oy, ct, cy = synthetic_pair(6.0, seed=5)
     at = np.arange(12.0, 50.0, 1.0)
-    swapped = gap.lag_months(ct, cy, ot, oy, at, "linear")   # "open" is now 6 months ahead
+    swapped = lag_months(ct, cy, ot, oy, at, "linear")   # "open" is now 6 months ahead
     assert np.nanmean(swapped) == pytest.approx(-6.0, abs=0.5)
     # levels the closed frontier had already passed at its first record: unknown, not zero
-    early = gap.lag_months(np.array([0.0]), np.array([1.0]), np.array([0.0]), np.array([9.0]),
+    early = lag_months(np.array([0.0]), np.array([1.0]), np.array([0.0]), np.array([9.0]),
                            np.array([1.0]), "linear")
     assert np.isnan(early).all()
 
@@ -194,8 +197,8 @@ def test_compute_fit_recovers_a_known_growth_rate():
     rng = np.random.default_rng(3)
     years = np.sort(rng.uniform(2018, 2025, 80))
     flop = 1e22 * 4.7 ** (years - 2018) * 10 ** rng.normal(0, 0.15, len(years))
-    dates = gap.from_months((years - 1970) * 12)
-    fit = gap.fit_growth(dates, flop, "open", n_boot=500, seed=0)
+    dates = from_months((years - 1970) * 12)
+    fit = fit_growth(dates, flop, "open", n_boot=500, seed=0)
     assert fit.x_per_year == pytest.approx(4.7, rel=0.05)
     assert fit.ci_low < 4.7 < fit.ci_high
     assert fit.predict(dates[:1])[0] == pytest.approx(1e22 * 4.7 ** (years[0] - 2018), rel=0.3)
@@ -205,26 +208,26 @@ def test_compute_frontier_keeps_top_k_at_release():
     table = pd.DataFrame({"model": list("abcde"), "value": [10.0, 5.0, 20.0, 1.0, 15.0],
                           "date": pd.to_datetime(["2020-01-01", "2020-02-01", "2020-03-01",
                                                   "2020-04-01", "2020-05-01"])})
-    assert list(gap.compute_frontier(table, 1)["model"]) == ["a", "c"]
-    assert list(gap.compute_frontier(table, 2)["model"]) == ["a", "b", "c", "e"]
+    assert list(compute_frontier(table, 1)["model"]) == ["a", "c"]
+    assert list(compute_frontier(table, 2)["model"]) == ["a", "b", "c", "e"]
 
 
 def test_groupings_and_family_exclusion():
     access = pd.Series(["Open weights (restricted use)", "API access", "Unreleased",
                         "Open weights (unrestricted)"])
-    assert list(gap.classify(access)) == ["open", "closed", "closed", "open"]
-    strict = gap.classify(access, "unrestricted_only")
+    assert list(classify(access)) == ["open", "closed", "closed", "open"]
+    strict = classify(access, "unrestricted_only")
     assert strict.isna().tolist() == [True, False, False, False]      # left out, not closed
     assert list(strict[1:]) == ["closed", "closed", "open"]
-    assert list(gap.classify(access, "restricted_as_closed"))[0] == "closed"
+    assert list(classify(access, "restricted_as_closed"))[0] == "closed"
     with pytest.raises(LessonkitError):
-        gap.classify(access, "nope")
+        classify(access, "nope")
     t = pd.DataFrame({"model": ["Llama 3-70B", "LLaMA-65B", "Qwen2-72B", "Codellama"]})
-    assert list(gap.exclude_family(t, "Llama")["model"]) == ["Qwen2-72B", "Codellama"]
+    assert list(exclude_family(t, "Llama")["model"]) == ["Qwen2-72B", "Codellama"]
 
 
 def test_real_data_loads_with_its_quirks_reported():
-    d = gap.load_epoch()
+    d = load_epoch()
     eci = d.reports["eci"]
     dropped = {r.model: r for r in eci.dropped}
     assert dropped["Kimi-K2-Instruct-0905"].reason == "suspect release date"
@@ -233,17 +236,14 @@ def test_real_data_loads_with_its_quirks_reported():
     assert not d.tables["eci"]["model"].str.contains("\n").any()
     assert d.tables["eci"]["model"].is_unique
     assert str(d.latest_date.date()) == "2026-01-27"
-    unlabelled = gap.load_epoch(hand_labels=False)
+    unlabelled = load_epoch(hand_labels=False)
     assert "GPT-5.2" not in set(unlabelled.tables["eci"]["model"])
 
 
 def test_measure_and_cli_json():
-    sub = argparse.ArgumentParser().add_subparsers()
-    gap.register_cli(sub)
-    args = sub.choices["gap"].parse_args(["--json", "--boot", "50"])
     buf = io.StringIO()
     with redirect_stdout(buf):
-        assert args.func(args) == 0
+        assert main(["gap", "--json", "--boot", "50"]) == 0
     fig = json.loads(buf.getvalue())
     assert fig["latest_date"] == "2026-01-27"
     assert set(fig["lag"]) == {"eci", "mmlu", "gpqa"}
@@ -251,13 +251,13 @@ def test_measure_and_cli_json():
     for e in fig["lag"].values():
         assert e["ci_low"] <= e["ci_high"]
     assert fig["compute_growth"]["open"]["x_per_year"] > 1
-    table = gap.comparison_table(fig)
+    table = comparison_table(fig)
     assert len(table) == 4 and table["why they differ"].str.len().min() > 20
-    assert all(isinstance(v, (str, int, float)) for v in gap.headline(fig).values())
+    assert all(isinstance(v, (str, int, float)) for v in headline(fig).values())
 
 
 def test_sensitivity_table_has_every_variant():
-    d = gap.load_epoch()
-    s = gap.sensitivity(d, measures=("eci",), n_boot=20)
+    d = load_epoch()
+    s = sensitivity(d, measures=("eci",), n_boot=20)
     assert {"baseline", "without Llama", "grouping: unrestricted_only",
             "blank accessibility dropped", "method: records"} <= set(s.index)

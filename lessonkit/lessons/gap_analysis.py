@@ -1,13 +1,16 @@
-"""Figures and widgets for lesson 6 (lessonkit.gap). Each function returns a matplotlib Figure;
-the widgets are a thin layer over the same functions."""
+"""Lesson 6 (the open-vs-closed gap): the figures and widgets of notebooks/06_gap_analysis.ipynb.
+
+Each function returns a matplotlib Figure; the widgets are a thin layer over the same functions."""
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-import matplotlib.pyplot as plt
 
-from lessonkit import gap
+from lessonkit.gap.data import GROUPINGS, MEASURE_LABELS, MEASURES, EpochData, from_months, grouped, to_months
+from lessonkit.gap.growth import compute_frontier, compute_growth
+from lessonkit.gap.lag import estimate_lag, frontier, frontier_records, lag_series, time_reached
 
 COLORS = {"open": "tab:orange", "closed": "tab:blue"}
 
@@ -24,13 +27,13 @@ def _window(table: pd.DataFrame, start, end) -> pd.DataFrame:
 def draw_frontier(ax, table: pd.DataFrame, measure: str, grouping: str = "open_weights",
                   start=None, end=None, family: str | None = None, log: bool = False) -> None:
     """Models as dots, each group's running max as a step line, its records ringed."""
-    g = _window(gap.grouped(table, grouping, family), start, end)
+    g = _window(grouped(table, grouping, family), start, end)
     last = g["date"].max() if len(g) else None
     for name in ("closed", "open"):
         part = g[g["group"] == name]
         ax.scatter(part["date"], part["value"], s=10, alpha=0.35, color=COLORS[name],
                    label=f"{name} models ({len(part)})")
-        rec = gap.frontier(part)
+        rec = frontier(part)
         if len(rec):
             x = list(rec["date"]) + [last]
             y = list(rec["value"]) + [rec["value"].iloc[-1]]
@@ -40,47 +43,47 @@ def draw_frontier(ax, table: pd.DataFrame, measure: str, grouping: str = "open_w
     if log:
         ax.set_yscale("log")
     ax.set_xlabel("release date")
-    ax.set_ylabel(gap.MEASURE_LABELS[measure])
+    ax.set_ylabel(MEASURE_LABELS[measure])
     ax.grid(alpha=0.3)
 
 
-def plot_frontiers(data: gap.EpochData, grouping: str = "open_weights", start=None, end=None,
+def plot_frontiers(data: EpochData, grouping: str = "open_weights", start=None, end=None,
                    family: str | None = None) -> Figure:
     """Frontier curves, open vs closed: ECI, MMLU, GPQA Diamond and training compute."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
-    for ax, m in zip(axes.flat, gap.MEASURES + ("compute",)):
+    for ax, m in zip(axes.flat, MEASURES + ("compute",)):
         draw_frontier(ax, data.tables[m], m, grouping, start, end, family, log=m == "compute")
-        ax.set_title(gap.MEASURE_LABELS[m])
+        ax.set_title(MEASURE_LABELS[m])
     axes[0, 0].legend(loc="lower right", fontsize=8)
     fig.suptitle("The open frontier climbs behind the closed one on every measure "
                  f"(grouping: {grouping})")
     return fig
 
 
-def plot_lag(data: gap.EpochData, grouping: str = "open_weights", measures=gap.MEASURES,
+def plot_lag(data: EpochData, grouping: str = "open_weights", measures=MEASURES,
              start=None, end=None, family: str | None = None) -> Figure:
     """Horizontal lag (months; linear and step) and vertical gap (points) over time."""
     fig, axes = plt.subplots(2, len(measures), figsize=(4.2 * len(measures), 6.5),
                              constrained_layout=True, sharex="col", squeeze=False)
     for k, m in enumerate(measures):
         t = data.tables[m]
-        lin = gap.lag_series(t, grouping=grouping, method="linear", family=family)
-        stp = gap.lag_series(t, grouping=grouping, method="step", family=family)
+        lin = lag_series(t, grouping=grouping, method="linear", family=family)
+        stp = lag_series(t, grouping=grouping, method="step", family=family)
         lin, stp = _window(lin, start, end), _window(stp, start, end)
         ax = axes[0, k]
         ax.plot(lin["date"], lin["lag_months"], "-o", ms=3, label="linear frontiers")
         ax.plot(stp["date"], stp["lag_months"], "--", color="gray", label="step (running max)")
-        g = gap.grouped(t, grouping, family)
+        g = grouped(t, grouping, family)
         o, c = g[g["group"] == "open"], g[g["group"] == "closed"]
-        ot, oy, _ = gap.frontier_records(gap.to_months(o["date"]), o["value"].to_numpy())
-        ct, cy, _ = gap.frontier_records(gap.to_months(c["date"]), c["value"].to_numpy())
-        catch = ot - gap.time_reached(ct, cy, oy, "step")
-        cd = gap.from_months(ot)
+        ot, oy, _ = frontier_records(to_months(o["date"]), o["value"].to_numpy())
+        ct, cy, _ = frontier_records(to_months(c["date"]), c["value"].to_numpy())
+        catch = ot - time_reached(ct, cy, oy, "step")
+        cd = from_months(ot)
         keep = (np.isfinite(catch) & (cd >= (lin["date"].min() if len(lin) else cd.min()))
                 & (cd <= (lin["date"].max() if len(lin) else cd.max())))
         ax.scatter(cd[keep], catch[keep], marker="x", color="k", label="catch-up at open records")
         ax.axhline(0, color="k", lw=0.5)
-        ax.set_title(gap.MEASURE_LABELS[m])
+        ax.set_title(MEASURE_LABELS[m])
         ax.set_ylabel("open lags closed by (months)")
         ax.grid(alpha=0.3)
         ax2 = axes[1, k]
@@ -96,17 +99,17 @@ def plot_lag(data: gap.EpochData, grouping: str = "open_weights", measures=gap.M
     return fig
 
 
-def plot_growth(data: gap.EpochData, grouping: str = "open_weights", top_k: int = 5,
+def plot_growth(data: EpochData, grouping: str = "open_weights", top_k: int = 5,
                 n_boot: int = 1000, seed: int = 0, start=None, end=None) -> Figure:
     """Training compute over time, each group's top-k-at-release models and their fit."""
     t = data.tables["compute"]
-    fits = gap.compute_growth(t, grouping, top_k, start, end, n_boot, seed)
-    g = _window(gap.grouped(t, grouping), start, end)
+    fits = compute_growth(t, grouping, top_k, start, end, n_boot, seed)
+    g = _window(grouped(t, grouping), start, end)
     fig, ax = plt.subplots(figsize=(8, 5), constrained_layout=True)
     for name in ("closed", "open"):
         part = g[g["group"] == name]
         ax.scatter(part["date"], part["value"], s=10, alpha=0.3, color=COLORS[name])
-        f = gap.compute_frontier(part, top_k)
+        f = compute_frontier(part, top_k)
         ax.scatter(f["date"], f["value"], s=30, color=COLORS[name],
                    label=f"{name}: top {top_k} at release")
         if name in fits:
@@ -124,7 +127,7 @@ def plot_growth(data: gap.EpochData, grouping: str = "open_weights", top_k: int 
     return fig
 
 
-def widgets(data: gap.EpochData):
+def widgets(data: EpochData):
     """Date window, measure and accessibility grouping over the frontier and lag figures."""
     import ipywidgets as w
     from IPython.display import display
@@ -134,9 +137,9 @@ def widgets(data: gap.EpochData):
     window = w.SelectionRangeSlider(options=[(d.strftime("%Y-%m"), d) for d in months],
                                     index=(0, len(months) - 1), description="window",
                                     layout=w.Layout(width="600px"))
-    measure = w.Dropdown(options=list(gap.MEASURES) + ["compute"], value="eci",
+    measure = w.Dropdown(options=list(MEASURES) + ["compute"], value="eci",
                          description="measure")
-    grouping = w.Dropdown(options=list(gap.GROUPINGS), value="open_weights",
+    grouping = w.Dropdown(options=list(GROUPINGS), value="open_weights",
                           description="grouping")
 
     def show(window, measure, grouping):
@@ -145,12 +148,12 @@ def widgets(data: gap.EpochData):
         draw_frontier(ax, data.tables[measure], measure, grouping, start, end,
                       log=measure == "compute")
         ax.legend(fontsize=8)
-        if measure in gap.MEASURES:
-            e = gap.estimate_lag(data.tables[measure], start, end, measure, grouping, n_boot=200)
+        if measure in MEASURES:
+            e = estimate_lag(data.tables[measure], start, end, measure, grouping, n_boot=200)
             ax.set_title(f"{measure}: mean lag {e.lag_months:.1f} months "
                          f"(90% CI {e.ci_low:.1f}-{e.ci_high:.1f}), {e.n_dates} months defined")
         else:
-            fits = gap.compute_growth(data.tables["compute"], grouping, start=start, end=end,
+            fits = compute_growth(data.tables["compute"], grouping, start=start, end=end,
                                       n_boot=200)
             ax.set_title("; ".join(f"{k} {f.x_per_year:.1f}x/year" for k, f in fits.items())
                          or "too few points for a fit")
