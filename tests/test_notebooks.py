@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from lessonkit.runner import execute_notebook, extract_figures
+from lessonkit.lessons.runner import execute_notebook, extract_figures
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "notebooks" / "exercises").glob("*.ipynb")) \

@@ -1,7 +1,7 @@
 """The main job's report: executed notebook, figures as PNG, summary.md and summary.json."""
 import json
 
-from lessonkit.runner import run_all
+from lessonkit.lessons.runner import run_all
 
 
 def test_run_writes_the_report(tmp_path):

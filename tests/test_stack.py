@@ -10,10 +10,13 @@ import numpy as np
 import pytest
 
 from lessonkit import stack
+from lessonkit.bench import stack as bench_stack
+from lessonkit.engine.registry import MODELS_DIR, load_model
+from lessonkit.lessons import stack as lesson
+from lessonkit.lessons.prefix_cache import tiny_random_model
 from lessonkit.speculative.drafters import Draft, OracleDrafter
 from lessonkit.workloads.monitoring import MonitoringItem
-from lessonkit.engine.registry import MODELS_DIR, load_model
-from lessonkit.lessons.prefix_cache import tiny_random_model
+from lessonkit.workloads.triage import Workload, make_workload, needs_action
 from tests.hf_tiny import byte_tokenizer_json
 
 CFG = replace(stack.PRESETS["smoke"], n_items=3, max_new_tokens=12, n_examples=2, calibration_items=1)
@@ -28,9 +31,9 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def workload():
-    wl = stack.make_workload(CFG)
+    wl = make_workload(CFG)
     # the byte tokenizer makes one token per byte: a short prefix keeps the tiny model's forwards cheap
-    return stack.Workload(wl.items, wl.examples, wl.calibration, wl.prefix[-240:])
+    return Workload(wl.items, wl.examples, wl.calibration, wl.prefix[-240:])
 
 
 def _answers(eng, wl, techniques, drafter=None, **kw):
@@ -81,13 +84,13 @@ def test_semantic_cache_never_serves_a_cached_positive(tiny, monkeypatch):
     monkeypatch.setattr(stack, "Judge", _FakeJudge)
     texts = ["web-04 failed its health check", "disk usage on lb-02 is at 80%"] * 6
     items = [MonitoringItem(i, t, "f", "alert", "original", None, None, False) for i, t in enumerate(texts)]
-    wl = stack.Workload(items, [], [], "prefix text")
+    wl = Workload(items, [], [], "prefix text")
     emb = np.tile(np.eye(1, 384, dtype=np.float32), (len(texts), 1))     # everything looks alike
     cfg = replace(CFG, n_items=len(texts), audit_rate=0.0, audit_first_n=1)
     run = stack.run_stack(tiny, wl, ("semcache",), cfg=cfg, embeddings=emb)
     served = [a for a, s in zip(run.answers, run.sources) if s == "cache"]
     assert served, "the repeated negative should be served from the cache"
-    assert all(not stack.needs_action(a) for a in served)
+    assert all(not needs_action(a) for a in served)
     assert run.extra["cached_positives_served"] == 0
     # every positive went to the judge, and the first hit of the negative was audited
     assert all(s != "cache" for t, s in zip(texts, run.sources) if "fail" in t)
@@ -134,21 +137,21 @@ def test_stack_drafter_prefers_the_forced_span():
 
 def test_ablation_table_has_the_columns(tiny, workload):
     emb = np.tile(np.eye(1, 384, dtype=np.float32), (CFG.n_items, 1))
-    df, runs, ddf = stack.ablation(tiny, CFG, embeddings=emb, workload=workload, model_drafter="ngram")
+    df, runs, ddf = lesson.ablation(tiny, CFG, embeddings=emb, workload=workload, model_drafter="ngram")
     for c in ["wall_s", "tokens_per_s", "forwards", "expert_bytes", "judge_calls", "identical_to_plain",
               "audited_losses", "actionable_losses"]:
         assert c in df.columns
-    assert list(df["row"]) == list(stack.ROWS)
+    assert list(df["row"]) == list(lesson.ROWS)
     engine_rows = df[~df["techniques"].str.contains("semcache")]
     assert engine_rows["identical_to_plain"].all()
     assert df.loc[df["row"] == "semantic cache", "actionable_losses"].iloc[0] == 0
     assert df.loc[df["row"] == "plain engine", "audited_losses"].isna().all()
-    fig = stack.plot_ablation(df)
+    fig = lesson.plot_ablation(df)
     assert fig.axes[0].get_ylabel()
 
 
 def test_bench_smoke_runs(tiny):
-    res = stack.bench(Namespace(smoke=True, json=True, model=str(tiny.model_dir), limit=3))
+    res = bench_stack.bench(Namespace(smoke=True, json=True, model=str(tiny.model_dir), limit=3))
     json.dumps(res)
     assert res["bench"] == "stack" and res["rows"] and res["targets"]
     assert {"name", "tokens_per_s", "identical_to_plain"} <= set(res["rows"][0])

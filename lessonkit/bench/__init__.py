@@ -13,5 +13,5 @@ BENCHES = {
     "kernel": "lessonkit.bench.kernel",
     "prefix": "lessonkit.bench.prefix",
     "semcache": "lessonkit.bench.semcache",
-    "stack": "lessonkit.stack",
+    "stack": "lessonkit.bench.stack",
 }

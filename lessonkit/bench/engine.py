@@ -3,7 +3,6 @@ side by side in one process, plus the expert store under a 25% budget and weight
 from __future__ import annotations
 
 import tempfile
-import time
 
 import torch
 

@@ -31,6 +31,9 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from pydoc_data.topics import topics
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from lessonkit.engine.errors import LessonkitError
 
@@ -117,12 +120,8 @@ def _module_half(path: Path) -> int:
 def prose_documents(cfg: CorpusConfig) -> list[str]:
     base = _stdlib_dir()
     docs: list[str] = []
-    try:
-        from pydoc_data.topics import topics
-        for key in sorted(topics):
-            docs.extend(_chunks(topics[key], cfg.max_doc_bytes))
-    except ImportError:  # pragma: no cover - pydoc_data is part of CPython
-        pass
+    for key in sorted(topics):
+        docs.extend(_chunks(topics[key], cfg.max_doc_bytes))
     for rel in ("idlelib/NEWS.txt", "idlelib/NEWS2x.txt", "idlelib/README.txt", "idlelib/HISTORY.txt",
                 "idlelib/TODO.txt", "idlelib/extend.txt", "email/architecture.rst"):
         p = base / rel
@@ -390,8 +389,6 @@ def load_documents(kind: str, split: str, corpus_dir: str | Path = CORPUS_DIR) -
 # ----------------------------------------------------------------------------- tokenizer
 def train_tokenizer(corpus_dir: str | Path = CORPUS_DIR, vocab_size: int = 4096):
     """Byte-level BPE (GPT-2 style pre-tokenisation) on the train split; EOT is id 0."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -408,7 +405,6 @@ def train_tokenizer(corpus_dir: str | Path = CORPUS_DIR, vocab_size: int = 4096)
 
 
 def load_tokenizer(corpus_dir: str | Path = CORPUS_DIR):
-    from tokenizers import Tokenizer
     path = Path(corpus_dir) / "tokenizer.json"
     if not path.exists():
         raise LessonkitError(f"tokenizer {path} is missing; build it with `lessonkit corpus build`")
@@ -443,26 +439,3 @@ def prompts_by_kind(engine=None, n: int = 20, max_tokens: int = 48, *, seed: int
                 break
         out[kind] = prompts
     return out
-
-
-def register_cli(subparsers) -> None:
-    p = subparsers.add_parser("corpus", help="build the training corpus and tokenizer under data/corpus/")
-    sp = p.add_subparsers(dest="corpus_cmd", required=True)
-    b = sp.add_parser("build", help="rebuild data/corpus/*.txt.gz and tokenizer.json (deterministic)")
-    b.add_argument("--out", default=str(CORPUS_DIR))
-    b.add_argument("--preset", default="default", choices=sorted(PRESETS))
-    b.add_argument("--json", action="store_true")
-    b.set_defaults(func=_cli_build)
-
-
-def _cli_build(args) -> int:
-    stats = build_corpus(args.out, PRESETS[args.preset])
-    tok = train_tokenizer(args.out)
-    tok.save(str(Path(args.out) / "tokenizer.json"))
-    stats["tokenizer_vocab"] = tok.get_vocab_size()
-    if args.json:
-        print(json.dumps(stats))
-    else:
-        for k, v in stats.items():
-            print(f"{k:20s} {v}")
-    return 0

@@ -24,15 +24,18 @@ import os
 import platform
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
-from lessonkit.workloads.corpus import CORPUS_DIR, EOT, KINDS, load_documents, load_tokenizer
+from lessonkit.engine.checkpoint import convert_hf_checkpoint, export_hf, write_manifest
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.workloads.corpus import CORPUS_DIR, EOT, KINDS, load_documents, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS_DIR = ROOT / "data" / "models"
@@ -183,7 +186,6 @@ def load_hf(name_or_dir: str | Path):
             src = MODELS_DIR / str(name_or_dir)
             if not (src / "config.json").exists():
                 raise LessonkitError(f"no trained model {name_or_dir!r}: neither {p} nor {src} exists")
-            from lessonkit.engine.checkpoint import export_hf
             export_hf(src, p)
     m = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32)
     return m.eval()
@@ -269,8 +271,6 @@ def _save_hf(model, tokenizer_path: Path, out: Path) -> None:
 def train(cfg: TrainConfig, *, corpus_dir: str | Path = CORPUS_DIR, hf_out: str | Path | None = None,
           progress: bool = True) -> dict:
     """Train one model; saves it in HF format to hf_out (default build/hf/<name>) and returns the log."""
-    from tqdm.auto import tqdm
-
     torch.set_num_threads(cfg.threads)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(cfg.seed)
@@ -341,24 +341,6 @@ def train(cfg: TrainConfig, *, corpus_dir: str | Path = CORPUS_DIR, hf_out: str 
 
 
 # ----------------------------------------------------------------------------- shipping
-def loss_curve_figure(log: dict):
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    steps = [s["step"] for s in log["steps"]]
-    ax.plot(steps, [s["ce"] for s in log["steps"]], lw=0.8, alpha=0.6, label="train (batch)")
-    for kind in KINDS + ("mean",):
-        ax.plot([e["step"] for e in log["eval"]], [e[kind] for e in log["eval"]],
-                lw=1.8 if kind == "mean" else 1.0, marker="o" if kind == "mean" else None, ms=3,
-                label=f"held-out {kind}")
-    ax.axhline(log["unigram_loss"]["mean"], color="gray", ls="--", lw=1, label="unigram baseline")
-    ax.set_xlabel("training step (batches of %d x %d tokens)" % (log["config"]["batch_size"],
-                                                                log["config"]["seq_len"]))
-    ax.set_ylabel("cross-entropy (nats / token)")
-    ax.set_title(f"{log['name']}: held-out loss {log['heldout_loss']['mean']:.2f} vs unigram "
-                 f"{log['unigram_loss']['mean']:.2f} nats/token")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
 
 
 def _card(log: dict, files: dict) -> str:
@@ -415,9 +397,10 @@ def _card(log: dict, files: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | None = None) -> Path:
-    """Convert build/hf/<name> to data/models/<name> (bf16), with train_log.json, loss_curve.png, card.md."""
-    from lessonkit.engine.checkpoint import convert_hf_checkpoint
+def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | None = None,
+         loss_curve: Callable[[dict, Path], None] | None = None) -> Path:
+    """Convert build/hf/<name> to data/models/<name> (bf16), with train_log.json, card.md and, when
+    `loss_curve(log, path)` is given, the loss curve it draws (loss_curve.png)."""
     hf = Path(hf_dir) if hf_dir else HF_DIR / name
     out = Path(out_dir) if out_dir else MODELS_DIR / name
     if not (hf / "train_log.json").exists():
@@ -426,107 +409,9 @@ def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | N
     shutil.copyfile(CORPUS_DIR / "tokenizer.json", hf / "tokenizer.json")
     convert_hf_checkpoint(hf, out, dtype=torch.bfloat16)
     (out / "train_log.json").write_text(json.dumps(log, indent=1))
-    fig = loss_curve_figure(log)
-    fig.savefig(out / "loss_curve.png", dpi=80)
+    if loss_curve is not None:
+        loss_curve(log, out / "loss_curve.png")
     files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.name != "card.md"}
     (out / "card.md").write_text(_card(log, files))
-    try:
-        from lessonkit.engine.checkpoint import write_manifest
-        write_manifest(out)
-    except ImportError:  # pragma: no cover
-        pass
+    write_manifest(out)
     return out
-
-
-# ----------------------------------------------------------------------------- for the notebooks
-def expert_load_figure(load: list[list[float]], name: str = "tiny-moe"):
-    """Bars of each expert's share of routed token slots, one group per layer; load is [layers][E]."""
-    import matplotlib.pyplot as plt
-    L, E = len(load), len(load[0])
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    width = 0.8 / L
-    for l, row in enumerate(load):
-        ax.bar([e + (l - (L - 1) / 2) * width for e in range(E)], [100 * v for v in row], width, label=f"layer {l}")
-    ax.axhline(100 / E, color="gray", ls="--", lw=1, label=f"uniform ({100 / E:.1f}%)")
-    ax.set_xticks(range(E))
-    ax.set_xlabel("expert")
-    ax.set_ylabel("share of routed token slots (%)")
-    lo = min(min(r) for r in load)
-    ax.set_title(f"{name}: routing is not collapsed (every expert gets >= {100 * lo:.1f}% of tokens)")
-    ax.legend(fontsize=7, ncol=L + 1)
-    fig.tight_layout()
-    return fig
-
-
-def continuation_prompts(n_per_kind: int = 1, prompt_chars: int = 160) -> list[dict]:
-    """Held-out prompts per kind: a document's first ~prompt_chars characters (records: whole lines
-    plus the start of the next record, '{"ts":"')."""
-    out = []
-    for kind in KINDS:
-        docs = [d for d in load_documents(kind, "heldout") if len(d) > 2 * prompt_chars]
-        if kind == "records":
-            docs = [d for d in docs if not d.startswith("{\n")]
-        for d in docs[:n_per_kind]:
-            if kind == "records":
-                lines = d.splitlines(keepends=True)
-                prompt = "".join(lines[:2]) + '{"ts":"'
-            else:
-                cut = d.rfind(" ", 0, prompt_chars)
-                prompt = d[: cut if cut > 0 else prompt_chars]
-            out.append({"kind": kind, "prompt": prompt})
-    return out
-
-
-def continuation_samples(engine, n_per_kind: int = 1, max_new_tokens: int = 60) -> list[dict]:
-    """Greedy continuations of held-out prompts of each kind (records stop at the end of the line)."""
-    from lessonkit.engine.generate import generate
-    rows = []
-    for p in continuation_prompts(n_per_kind):
-        stop = ("\n",) if p["kind"] == "records" else ()
-        r = generate(engine, engine.encode(p["prompt"]), max_new_tokens, stop_strings=stop)
-        rows.append({**p, "continuation": r.text})
-    return rows
-
-
-# ----------------------------------------------------------------------------- CLI
-def register_cli(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train tiny-moe or tiny-draft on data/corpus/ (deterministic)")
-    p.add_argument("name", choices=sorted(PRESETS))
-    p.add_argument("--steps", type=int, default=None, help="override the preset's step count (quick checks)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: the preset's, 1)")
-    p.add_argument("--out", default=None, help="streaming-layout output dir (default data/models/NAME; with --steps build/models/NAME-stepsN)")
-    p.add_argument("--no-ship", action="store_true", help="only write the HF checkpoint under build/hf/")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_cli_train)
-    e = subparsers.add_parser("export", help="export a model in the streaming layout to Hugging Face format")
-    e.add_argument("name", help="model name (tiny-moe, tiny-draft) or a streaming-layout directory")
-    e.add_argument("out_dir")
-    e.set_defaults(func=_cli_export)
-
-
-def _cli_train(args) -> int:
-    cfg = PRESETS[args.name]
-    if args.steps is not None:
-        cfg = replace(cfg, steps=args.steps)
-    if getattr(args, "threads", None):
-        cfg = replace(cfg, threads=args.threads)
-    hf = HF_DIR / cfg.name if args.steps is None else HF_DIR / f"{cfg.name}-steps{args.steps}"
-    log = train(cfg, hf_out=hf, progress=not args.json)
-    summary = {"name": cfg.name, "heldout_loss": log["heldout_loss"], "unigram_loss": log["unigram_loss"],
-               "train_time_s": log["train_time_s"], "params": log["params"], "hf_dir": str(hf)}
-    if not args.no_ship:
-        out = args.out or (None if args.steps is None else ROOT / "build" / "models" / hf.name)
-        summary["model_dir"] = str(ship(cfg.name, hf_dir=hf, out_dir=out))
-    print(json.dumps(summary) if args.json else json.dumps(summary, indent=1))
-    return 0
-
-
-def _cli_export(args) -> int:
-    from lessonkit.engine.checkpoint import export_hf
-    src = Path(args.name)
-    if not (src / "config.json").exists():
-        src = MODELS_DIR / args.name
-    if not (src / "config.json").exists():
-        raise LessonkitError(f"no model {args.name!r}: not a streaming-layout dir and not under {MODELS_DIR}")
-    print(export_hf(src, args.out_dir))
-    return 0

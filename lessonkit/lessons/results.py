@@ -6,6 +6,8 @@ import math
 import os
 from pathlib import Path
 
+import pandas as pd
+
 
 def _plain(v):
     if hasattr(v, "item"):
@@ -17,7 +19,6 @@ def _plain(v):
 
 def record_results(lesson: str, figures: dict):
     """Write figures to $LESSONKIT_BUILD/results/<lesson>.json (when set) and return them as a table."""
-    import pandas as pd
     clean = {k: _plain(v) for k, v in figures.items()}
     build = os.environ.get("LESSONKIT_BUILD")
     if build:

@@ -9,9 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from lessonkit.engine.errors import LessonkitError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 
 
@@ -77,7 +79,6 @@ def write_summary(build_dir: Path, status: dict[str, dict]) -> None:
 
 
 def run_all(build_dir: str | Path = "build", smoke: bool = False, only: list[str] | None = None) -> int:
-    from tqdm.auto import tqdm
     build_dir = Path(build_dir)
     (build_dir / "notebooks").mkdir(parents=True, exist_ok=True)
     nbs = [p for p in lesson_notebooks() if not only or any(o in p.name for o in only)]

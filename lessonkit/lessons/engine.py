@@ -1,8 +1,11 @@
-"""Experiments for lesson 00 (the worked engine). Each returns data (a DataFrame) and a Figure."""
+"""Lesson 0 (the worked engine): the experiments and figures of notebooks/00_engine.ipynb.
+
+Each experiment returns data (a DataFrame) and a Figure. Also the figures of the shipped models' cards
+(loss curve, expert load) and greedy continuations of held-out corpus prompts."""
 from __future__ import annotations
 
-import time
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
@@ -10,6 +13,7 @@ from tqdm.auto import tqdm
 
 from lessonkit.engine.generate import generate
 from lessonkit.engine.registry import load_model
+from lessonkit.workloads.corpus import KINDS, load_documents
 
 
 def token_path(engine, text: str, top: int = 5) -> pd.DataFrame:
@@ -46,7 +50,6 @@ def token_path(engine, text: str, top: int = 5) -> pd.DataFrame:
 
 def routing_heat(engine, texts: list[str]):
     """Tokens routed to each expert per layer over `texts` (load per expert), as a heat map."""
-    import matplotlib.pyplot as plt
     c = engine.config
     counts = np.zeros((c.n_layers, c.n_experts))
     engine.model.routing_log = []
@@ -71,7 +74,6 @@ def routing_heat(engine, texts: list[str]):
 
 def budget_sweep(model: str, prompt: str, fractions=(0.125, 0.25, 0.5, 0.75, 1.0), n_new: int = 48):
     """Expert hit rate, bytes read per token and tokens per second against the expert-cache budget."""
-    import matplotlib.pyplot as plt
     base = load_model(model)
     c = base.config
     n_total = c.n_layers * c.n_experts
@@ -106,7 +108,6 @@ def budget_sweep(model: str, prompt: str, fractions=(0.125, 0.25, 0.5, 0.75, 1.0
 
 def batch_union(engine, text: str, sizes=(1, 2, 4, 8, 16, 32)):
     """Unique experts loaded per position when N positions share one forward (batch-union)."""
-    import matplotlib.pyplot as plt
     c = engine.config
     ids = engine.encode(text)
     cache = engine.new_cache()
@@ -145,3 +146,75 @@ def decode_profile(engine, prompt: str, n_new: int = 32) -> dict:
     return {"tokens_per_s": r.stats["tokens_per_s"], "io_s_per_token": r.stats["io_s"] / n,
             "compute_s_per_token": (r.stats["wall_s"] - r.stats["io_s"]) / n,
             "expert_hit_rate": r.stats["expert_hit_rate"], "text": r.text}
+
+
+# ---- the shipped models ---------------------------------------------------------------------------
+def loss_curve_figure(log: dict):
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    steps = [s["step"] for s in log["steps"]]
+    ax.plot(steps, [s["ce"] for s in log["steps"]], lw=0.8, alpha=0.6, label="train (batch)")
+    for kind in KINDS + ("mean",):
+        ax.plot([e["step"] for e in log["eval"]], [e[kind] for e in log["eval"]],
+                lw=1.8 if kind == "mean" else 1.0, marker="o" if kind == "mean" else None, ms=3,
+                label=f"held-out {kind}")
+    ax.axhline(log["unigram_loss"]["mean"], color="gray", ls="--", lw=1, label="unigram baseline")
+    ax.set_xlabel("training step (batches of %d x %d tokens)" % (log["config"]["batch_size"],
+                                                                log["config"]["seq_len"]))
+    ax.set_ylabel("cross-entropy (nats / token)")
+    ax.set_title(f"{log['name']}: held-out loss {log['heldout_loss']['mean']:.2f} vs unigram "
+                 f"{log['unigram_loss']['mean']:.2f} nats/token")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def expert_load_figure(load: list[list[float]], name: str = "tiny-moe"):
+    """Bars of each expert's share of routed token slots, one group per layer; load is [layers][E]."""
+    L, E = len(load), len(load[0])
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    width = 0.8 / L
+    for l, row in enumerate(load):
+        ax.bar([e + (l - (L - 1) / 2) * width for e in range(E)], [100 * v for v in row], width, label=f"layer {l}")
+    ax.axhline(100 / E, color="gray", ls="--", lw=1, label=f"uniform ({100 / E:.1f}%)")
+    ax.set_xticks(range(E))
+    ax.set_xlabel("expert")
+    ax.set_ylabel("share of routed token slots (%)")
+    lo = min(min(r) for r in load)
+    ax.set_title(f"{name}: routing is not collapsed (every expert gets >= {100 * lo:.1f}% of tokens)")
+    ax.legend(fontsize=7, ncol=L + 1)
+    fig.tight_layout()
+    return fig
+
+
+def continuation_prompts(n_per_kind: int = 1, prompt_chars: int = 160) -> list[dict]:
+    """Held-out prompts per kind: a document's first ~prompt_chars characters (records: whole lines
+    plus the start of the next record, '{"ts":"')."""
+    out = []
+    for kind in KINDS:
+        docs = [d for d in load_documents(kind, "heldout") if len(d) > 2 * prompt_chars]
+        if kind == "records":
+            docs = [d for d in docs if not d.startswith("{\n")]
+        for d in docs[:n_per_kind]:
+            if kind == "records":
+                lines = d.splitlines(keepends=True)
+                prompt = "".join(lines[:2]) + '{"ts":"'
+            else:
+                cut = d.rfind(" ", 0, prompt_chars)
+                prompt = d[: cut if cut > 0 else prompt_chars]
+            out.append({"kind": kind, "prompt": prompt})
+    return out
+
+
+def continuation_samples(engine, n_per_kind: int = 1, max_new_tokens: int = 60) -> list[dict]:
+    """Greedy continuations of held-out prompts of each kind (records stop at the end of the line)."""
+    rows = []
+    for p in continuation_prompts(n_per_kind):
+        stop = ("\n",) if p["kind"] == "records" else ()
+        r = generate(engine, engine.encode(p["prompt"]), max_new_tokens, stop_strings=stop)
+        rows.append({**p, "continuation": r.text})
+    return rows
+
+
+def save_loss_curve(log: dict, path) -> None:
+    """loss_curve.png of a shipped model (`lessonkit train` passes this to workloads.train.ship)."""
+    loss_curve_figure(log).savefig(path, dpi=80)

@@ -1,0 +1,42 @@
+"""`lessonkit bench stack`: the plain engine vs all techniques together on the stream, one run."""
+from __future__ import annotations
+
+from lessonkit.bench.common import machine_info
+from lessonkit.lessons.stack import ablation, available_models, load_engine, run_config
+from lessonkit.stack import embed_items
+from lessonkit.workloads.triage import make_workload
+
+def bench(args) -> dict:
+    """`lessonkit bench stack`: the plain engine vs all techniques together on the stream, one run."""
+    smoke = bool(getattr(args, "smoke", False))
+    cfg = run_config(args, smoke)
+    model = getattr(args, "model", None)
+    models = [model] if model else available_models(smoke)
+    wl = make_workload(cfg)
+    emb, embed_s = embed_items(wl.texts)
+    rows, targets = [], []
+    for m in models:
+        eng = load_engine(m)
+        df, runs, ddf = ablation(eng, cfg, rows=["plain engine", "all together"], embeddings=emb, embed_s=embed_s,
+                                 workload=wl)
+        plain_w = float(df.loc[df["row"] == "plain engine", "wall_s"].iloc[0])
+        for r in df.to_dict("records"):
+            rows.append({"name": f"{eng.name}: {r['row']}", "tokens_per_s": r["tokens_per_s"],
+                         "identical_to_plain": bool(r["identical_to_plain"]), "wall_s": r["wall_s"],
+                         "forwards": int(r["forwards"]), "expert_bytes": int(r["expert_bytes"]),
+                         "judge_calls": int(r["judge_calls"]), "cache_hits": int(r["cache_hits"]),
+                         "audited_losses": r["audited_losses"], "actionable_losses": r["actionable_losses"],
+                         "model_drafter": r["model_drafter"]})
+        a = df[df["row"] == "all together"].iloc[0]
+        sp = plain_w / float(a["wall_s"])
+        targets += [
+            {"name": f"{eng.name}: all together speed-up over the plain engine", "value": round(sp, 3),
+             "target": ">= 2.0", "met": bool(sp >= 2.0)},
+            {"name": f"{eng.name}: engine outputs byte-identical to the plain engine",
+             "value": bool(a["identical_to_plain"]), "target": True, "met": bool(a["identical_to_plain"])},
+            {"name": f"{eng.name}: actionable losses from the semantic cache", "value": int(a["actionable_losses"]),
+             "target": 0, "met": int(a["actionable_losses"]) == 0},
+        ]
+    return {"bench": "stack", "machine": {**machine_info(), "timing_threads": cfg.threads}, "smoke": smoke,
+            "items": cfg.n_items, "max_new_tokens": cfg.max_new_tokens, "embed_s": embed_s,
+            "rows": rows, "targets": targets}

