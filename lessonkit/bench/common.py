@@ -28,6 +28,21 @@ def median_time(fn, repeats: int = 3, warmup: int = 1) -> tuple[float, list[floa
     return statistics.median(ts), ts
 
 
+def median_times(fns: dict, repeats: int = 3, warmup: int = 1) -> dict:
+    """Median seconds of each contender, run in turn within every repeat (baseline and contenders side by
+    side: load drift on a shared machine hits all of them alike)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    ts = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            ts[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(v) for name, v in ts.items()}
+
+
 def memcpy_bandwidth(mb: int = 256, repeats: int = 3) -> float:
     """Bytes per second moved (read + write) by a large numpy copy: this machine's memory bandwidth."""
     a = np.ones(mb * 2**20 // 4, dtype=np.float32)

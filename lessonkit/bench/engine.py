@@ -6,7 +6,7 @@ import tempfile
 
 import torch
 
-from lessonkit.bench.common import goal, machine_info, median_time, memcpy_bandwidth
+from lessonkit.bench.common import goal, machine_info, median_time, median_times, memcpy_bandwidth
 from lessonkit.engine.checkpoint import export_hf
 from lessonkit.engine.generate import generate
 from lessonkit.engine.registry import load_model, resolve_model_dir
@@ -43,8 +43,9 @@ def bench(args) -> dict:
         hf.eval()
     ids = [eng.encode(p) for p in prompts]
     identical = all(generate(eng, p, n_new, use_eos=False).token_ids == _hf_generate(hf, p, n_new) for p in ids)
-    t_lk, _ = median_time(lambda: [generate(eng, p, n_new, use_eos=False) for p in ids], repeats, warmup=0 if smoke else 1)
-    t_hf, _ = median_time(lambda: [_hf_generate(hf, p, n_new) for p in ids], repeats, warmup=0 if smoke else 1)
+    t = median_times({"lk": lambda: [generate(eng, p, n_new, use_eos=False) for p in ids],
+                      "hf": lambda: [_hf_generate(hf, p, n_new) for p in ids]}, repeats, warmup=0 if smoke else 1)
+    t_lk, t_hf = t["lk"], t["hf"]
     total = n_new * len(ids)
     rows = [{"name": "transformers generate", "tokens_per_s": total / t_hf, "identical_to_plain": identical},
             {"name": "lessonkit greedy", "tokens_per_s": total / t_lk, "identical_to_plain": True}]
