@@ -3,7 +3,7 @@ expert budgets from one expert to unlimited), and the sampler keeps the target's
 import pytest
 import torch
 
-from lessonkit.cli import parse_draft_k
+from lessonkit.commands import parse_draft_k
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate, probs_from_logits

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from lessonkit.bench.common import goal, machine_info
-from lessonkit.bench.grounded import grounded_rows
+from lessonkit.lessons.grounded import grounded_rows
 from lessonkit.engine.checkpoint import export_hf
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate

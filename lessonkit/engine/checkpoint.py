@@ -85,51 +85,50 @@ def _dense_shapes(c: ModelConfig) -> dict[str, tuple]:
 
 
 # ---- Hugging Face -> streaming layout ---------------------------------------------------------
-def convert_hf_state_dict(hf_config: dict, state_dict: dict[str, torch.Tensor], out_dir: str | Path,
-                          tokenizer_json: str | None = None, dtype=torch.float32, source: str = "state dict") -> ModelConfig:
-    """Write a Llama / OLMoE / Mixtral state dict (HF names) in the streaming layout. Returns the config."""
-    c = ModelConfig.from_hf(hf_config, source=source)
-    sd = dict(state_dict)
+class _Tensors:
+    """A Hugging Face state dict taken apart tensor by tensor: a missing one is an error naming it."""
 
-    def take(name):
-        if name not in sd:
-            raise LessonkitError(f"{source}: missing tensor {name}")
-        return sd.pop(name)
+    def __init__(self, state_dict: dict, source: str):
+        self.sd, self.source = dict(state_dict), source
 
-    dense = {"embed": take("model.embed_tokens.weight"), "norm": take("model.norm.weight")}
-    if c.tie_embeddings:
-        sd.pop("lm_head.weight", None)
-    else:
-        dense["lm_head"] = take("lm_head.weight")
-    experts = {}
-    for l in range(c.n_layers):
-        p, q = f"model.layers.{l}.", f"layers.{l}."
-        dense[q + "attn_norm"] = take(p + "input_layernorm.weight")
-        dense[q + "mlp_norm"] = take(p + "post_attention_layernorm.weight")
-        for a, b in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
-            dense[q + a] = take(p + f"self_attn.{b}.weight")
-        if c.qk_norm:
-            dense[q + "q_norm"] = take(p + "self_attn.q_norm.weight")
-            dense[q + "k_norm"] = take(p + "self_attn.k_norm.weight")
-        if not c.is_moe:
-            g, u, d = (take(p + f"mlp.{n}.weight") for n in ("gate_proj", "up_proj", "down_proj"))
-            experts[q + "experts.0"] = torch.stack([g, u, d.T])
-            continue
-        moe = "block_sparse_moe." if p + "block_sparse_moe.gate.weight" in sd else "mlp."
-        dense[q + "router"] = take(p + moe + "gate.weight")
-        if p + moe + "experts.gate_up_proj" in sd:     # fused layout (transformers 5 in memory)
-            gu, dn = take(p + moe + "experts.gate_up_proj"), take(p + moe + "experts.down_proj")
-            for e in range(c.n_experts):
-                g, u = gu[e].chunk(2, dim=0)
-                experts[q + f"experts.{e}"] = torch.stack([g, u, dn[e].T])
-            continue
-        names = ("w1", "w3", "w2") if moe == "block_sparse_moe." else ("gate_proj", "up_proj", "down_proj")
+    def take(self, name: str) -> torch.Tensor:
+        if name not in self.sd:
+            raise LessonkitError(f"{self.source}: missing tensor {name}")
+        return self.sd.pop(name)
+
+    def has(self, name: str) -> bool:
+        return name in self.sd
+
+
+def _layer_tensors(c: ModelConfig, t: _Tensors, l: int, dense: dict, experts: dict) -> None:
+    """Layer l's attention and norms into `dense`, its experts as [3, I, D] (gate, up, down^T) into `experts`."""
+    p, q = f"model.layers.{l}.", f"layers.{l}."
+    dense[q + "attn_norm"] = t.take(p + "input_layernorm.weight")
+    dense[q + "mlp_norm"] = t.take(p + "post_attention_layernorm.weight")
+    for a, b in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
+        dense[q + a] = t.take(p + f"self_attn.{b}.weight")
+    if c.qk_norm:
+        dense[q + "q_norm"] = t.take(p + "self_attn.q_norm.weight")
+        dense[q + "k_norm"] = t.take(p + "self_attn.k_norm.weight")
+    if not c.is_moe:
+        g, u, d = (t.take(p + f"mlp.{n}.weight") for n in ("gate_proj", "up_proj", "down_proj"))
+        experts[q + "experts.0"] = torch.stack([g, u, d.T])
+        return
+    moe = "block_sparse_moe." if t.has(p + "block_sparse_moe.gate.weight") else "mlp."
+    dense[q + "router"] = t.take(p + moe + "gate.weight")
+    if t.has(p + moe + "experts.gate_up_proj"):     # fused layout (transformers 5 in memory)
+        gu, dn = t.take(p + moe + "experts.gate_up_proj"), t.take(p + moe + "experts.down_proj")
         for e in range(c.n_experts):
-            g, u, d = (take(p + moe + f"experts.{e}.{n}.weight") for n in names)
-            experts[q + f"experts.{e}"] = torch.stack([g, u, d.T])
-    leftover = [k for k in sd if "rotary_emb" not in k]
-    if leftover:
-        raise LessonkitError(f"{source}: unexpected tensors {leftover[:5]}{' ...' if len(leftover) > 5 else ''}")
+            g, u = gu[e].chunk(2, dim=0)
+            experts[q + f"experts.{e}"] = torch.stack([g, u, dn[e].T])
+        return
+    names = ("w1", "w3", "w2") if moe == "block_sparse_moe." else ("gate_proj", "up_proj", "down_proj")
+    for e in range(c.n_experts):
+        g, u, d = (t.take(p + moe + f"experts.{e}.{n}.weight") for n in names)
+        experts[q + f"experts.{e}"] = torch.stack([g, u, d.T])
+
+
+def _check_shapes(c: ModelConfig, dense: dict, experts: dict, source: str) -> None:
     want = _dense_shapes(c)
     for k, v in dense.items():
         if tuple(v.shape) != want[k]:
@@ -138,6 +137,25 @@ def convert_hf_state_dict(hf_config: dict, state_dict: dict[str, torch.Tensor], 
     for k, v in experts.items():
         if tuple(v.shape) != eshape:
             raise LessonkitError(f"{source}: expert {k} has shape {tuple(v.shape)}, config needs {eshape}")
+
+
+def convert_hf_state_dict(hf_config: dict, state_dict: dict[str, torch.Tensor], out_dir: str | Path,
+                          tokenizer_json: str | None = None, dtype=torch.float32, source: str = "state dict") -> ModelConfig:
+    """Write a Llama / OLMoE / Mixtral state dict (HF names) in the streaming layout. Returns the config."""
+    c = ModelConfig.from_hf(hf_config, source=source)
+    t = _Tensors(state_dict, source)
+    dense = {"embed": t.take("model.embed_tokens.weight"), "norm": t.take("model.norm.weight")}
+    if c.tie_embeddings:
+        t.sd.pop("lm_head.weight", None)
+    else:
+        dense["lm_head"] = t.take("lm_head.weight")
+    experts = {}
+    for l in range(c.n_layers):
+        _layer_tensors(c, t, l, dense, experts)
+    leftover = [k for k in t.sd if "rotary_emb" not in k]
+    if leftover:
+        raise LessonkitError(f"{source}: unexpected tensors {leftover[:5]}{' ...' if len(leftover) > 5 else ''}")
+    _check_shapes(c, dense, experts, source)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # one metadata key: safetensors writes metadata from a hash map, so with several keys their order (and

@@ -132,6 +132,19 @@ def _draft_width(target, k, k_max: int, cost, probe_every: int, learn_cost: bool
     raise LessonkitError(f"draft length k must be a non-negative integer or 'auto', got {k!r}")
 
 
+def _prepare_drafter(drafter, target, params: SamplingParams, prompt: list[int], reset: bool) -> float:
+    """Check the drafter fits the target, let it sample like the target, reset it for this prompt;
+    returns the reset's seconds (an oracle computes its look-ahead there)."""
+    if hasattr(drafter, "check_vocab"):
+        drafter.check_vocab(target)
+    if hasattr(drafter, "configure"):
+        drafter.configure(params.temperature, params.top_p, params.seed)
+    t = time.perf_counter()
+    if reset:
+        drafter.reset(prompt)
+    return time.perf_counter() - t
+
+
 def _propose(drafter, context: list[int], kk: int) -> tuple[list[int], torch.Tensor | None, float]:
     """Up to kk draft tokens, their draft distribution q (None: one-hot) and the seconds it took."""
     td = time.perf_counter()
@@ -177,10 +190,6 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
     if max_new_tokens < 0:
         raise LessonkitError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     gate, width = _draft_width(target, k, k_max, cost, probe_every, learn_cost)
-    if hasattr(drafter, "check_vocab"):
-        drafter.check_vocab(target)
-    if hasattr(drafter, "configure"):
-        drafter.configure(temperature, top_p, seed)
     prompt = list(prompt_ids)
     checker = StopChecker(target, list(stop_token_ids) + (target.config.eos_ids if use_eos else []), stop_strings)
     cache = target.new_cache() if cache is None else cache
@@ -189,11 +198,7 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
                              "needs at least one new token")
     held = cache.length
     gen = torch.Generator().manual_seed(seed)
-    t_r = time.perf_counter()
-    if reset_drafter:
-        drafter.reset(prompt)
-    reset_s = time.perf_counter() - t_r
-
+    reset_s = _prepare_drafter(drafter, target, params, prompt, reset_drafter)
     before = engine_counters(target)
     t0 = time.perf_counter()
     logits = prefill(target, prompt, cache) if held == 0 else target.forward(prompt[held:], cache, last_only=True)[-1]

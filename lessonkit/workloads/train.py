@@ -268,6 +268,28 @@ def _save_hf(model, tokenizer_path: Path, out: Path) -> None:
     shutil.copyfile(tokenizer_path, out / "tokenizer.json")  # the corpus tokenizer, byte for byte
 
 
+def _losses(cfg: TrainConfig, model, teacher, x: torch.Tensor):
+    """(loss, cross-entropy, router balance loss, KL to the teacher) of one batch of token windows x."""
+    inp, tgt = x[:, :-1], x[:, 1:]
+    if cfg.arch == "olmoe":
+        out = model(input_ids=inp, output_router_logits=True)
+        aux = load_balancing_loss(out.router_logits, cfg.top_k)
+    else:
+        out = model(input_ids=inp)
+        aux = torch.zeros(())
+    V = out.logits.shape[-1]
+    ce = F.cross_entropy(out.logits.reshape(-1, V), tgt.reshape(-1))
+    loss = ce + cfg.router_aux_loss_coef * aux if cfg.arch == "olmoe" else ce
+    kl = torch.zeros(())
+    if teacher is not None:
+        with torch.no_grad():
+            t_logp = F.log_softmax(teacher(input_ids=inp).logits.reshape(-1, V), -1)
+        kl = F.kl_div(F.log_softmax(out.logits.reshape(-1, V), -1), t_logp, log_target=True,
+                      reduction="batchmean")
+        loss = (1 - cfg.distill_alpha) * ce + cfg.distill_alpha * kl
+    return loss, ce, aux, kl
+
+
 def train(cfg: TrainConfig, *, corpus_dir: str | Path = CORPUS_DIR, hf_out: str | Path | None = None,
           progress: bool = True) -> dict:
     """Train one model; saves it in HF format to hf_out (default build/hf/<name>) and returns the log."""
@@ -292,24 +314,7 @@ def train(cfg: TrainConfig, *, corpus_dir: str | Path = CORPUS_DIR, hf_out: str 
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = _lr(cfg, step)
-        x = batches.next()
-        inp, tgt = x[:, :-1], x[:, 1:]
-        if cfg.arch == "olmoe":
-            out = model(input_ids=inp, output_router_logits=True)
-            aux = load_balancing_loss(out.router_logits, cfg.top_k)
-        else:
-            out = model(input_ids=inp)
-            aux = torch.zeros(())
-        V = out.logits.shape[-1]
-        ce = F.cross_entropy(out.logits.reshape(-1, V), tgt.reshape(-1))
-        loss = ce + cfg.router_aux_loss_coef * aux if cfg.arch == "olmoe" else ce
-        kl = torch.zeros(())
-        if teacher is not None:
-            with torch.no_grad():
-                t_logp = F.log_softmax(teacher(input_ids=inp).logits.reshape(-1, V), -1)
-            kl = F.kl_div(F.log_softmax(out.logits.reshape(-1, V), -1), t_logp, log_target=True,
-                          reduction="batchmean")
-            loss = (1 - cfg.distill_alpha) * ce + cfg.distill_alpha * kl
+        loss, ce, aux, kl = _losses(cfg, model, teacher, batches.next())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
