@@ -1,5 +1,6 @@
 """Prompt lookup on input-grounded requests (lessonkit.workloads.grounded), for lesson 1 and `bench spec`:
-drafting at several k, side by side in one process, byte-identical output checked on every run.
+plain greedy vs n-gram drafting at several k, side by side in one process, byte-identical output
+checked on every run.
 
 The prompt's prefill is the same work on both sides, so the speed-up is reported twice: over the whole
 request and over the decode phase alone (what speculation changes)."""
