@@ -10,22 +10,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from lessonkit.engine.timing import median_time
+
 
 def machine_info() -> dict:
     return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
             "processor": platform.processor() or platform.machine()}
-
-
-def median_time(fn, repeats: int = 3, warmup: int = 1) -> tuple[float, list[float]]:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts), ts
 
 
 def median_times(fns: dict, repeats: int = 3, warmup: int = 1) -> dict:

@@ -6,10 +6,11 @@ import tempfile
 
 import torch
 
-from lessonkit.bench.common import goal, machine_info, median_time, median_times, memcpy_bandwidth
+from lessonkit.bench.common import goal, machine_info, median_times, memcpy_bandwidth
 from lessonkit.engine.checkpoint import export_hf
 from lessonkit.engine.generate import generate
 from lessonkit.engine.registry import load_model, resolve_model_dir
+from lessonkit.engine.timing import median_time
 
 PROMPTS = ['{"ts": "2026-03-01T12:00:00Z", "host": "web-', "def parse_config(path):\n    ",
            "The expert cache keeps the most recently used"]

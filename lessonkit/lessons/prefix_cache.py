@@ -15,9 +15,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from lessonkit.bench.common import median_time
 from lessonkit.engine.checkpoint import convert_hf_state_dict
 from lessonkit.engine.registry import load_model
+from lessonkit.engine.timing import median_time
 from lessonkit.prefix_cache.cache import PrefixCache, PrefixCacheWarning
 from lessonkit.prefix_cache.generate import results_identical, score
 from lessonkit.prefix_cache.snapshot import dtype_name

@@ -1,0 +1,187 @@
+"""The shape of the house: dependencies point one way,
+engine <- workloads <- techniques <- stack <- lessons <- bench <- commands <- cli,
+with no import cycles, short modules and short functions. Imports are read with `ast` (every import
+counts, also one inside a function), so nothing here imports the package."""
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "lessonkit"
+TECHNIQUES = ("speculative", "mtp", "grammar", "prefix_cache", "semcache", "gap")
+LAYER = {"__init__": 0, "engine": 0, "workloads": 1, **{t: 2 for t in TECHNIQUES}, "stack": 3,
+         "lessons": 4, "exercises": 4, "bench": 5, "commands": 6, "cli": 7, "__main__": 8}
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
+DRAWING = ("matplotlib", "ipywidgets")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def _unit(module: str) -> str:
+    """The part of the house a module belongs to: lessonkit.engine.model -> engine, lessonkit -> __init__."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _resolve(name: str) -> str | None:
+    """The lessonkit module an imported dotted name refers to (a module, or the module defining the name)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str) -> list[tuple[str, int]]:
+    """(imported top-level package or lessonkit module, line) for every import statement in `module`."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            out += [(f"{base}.{a.name}", node.lineno) for a in node.names]
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = {m: set() for m in MODULES}
+    for m in MODULES:
+        for name, _ in _imports(m):
+            if name.split(".")[0] == "lessonkit":
+                target = _resolve(name)
+                if target and target != m:
+                    graph[m].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_module_has_a_place_in_the_house():
+    assert {_unit(m) for m in MODULES} <= set(LAYER), sorted({_unit(m) for m in MODULES} - set(LAYER))
+
+
+def test_dependencies_point_one_way():
+    """The engine imports only the engine; techniques import no stack, lesson, benchmark or CLI code; and so on."""
+    wrong = []
+    for m, deps in _graph().items():
+        for d in deps:
+            if LAYER[_unit(d)] > LAYER[_unit(m)]:
+                wrong.append(f"{m} imports {d}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_import_cycles_between_modules_or_packages():
+    graph = _graph()
+    assert _cycles(graph) == []
+    units = {}
+    for m, deps in graph.items():
+        units.setdefault(_unit(m), set()).update(_unit(d) for d in deps if _unit(d) != _unit(m))
+    assert _cycles(units) == []
+
+
+def test_only_the_lessons_draw():
+    drawing = [f"{m}:{line} imports {name}" for m in MODULES if _unit(m) != "lessons"
+               for name, line in _imports(m) if name.split(".")[0] in DRAWING]
+    assert not drawing, "\n".join(drawing)
+
+
+def test_modules_and_functions_are_short():
+    long = []
+    for m, path in MODULES.items():
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long.append(f"{m}: {len(text.splitlines())} lines")
+        if _unit(m) == "exercises":
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{m}.{node.name}: {n} lines")
+    assert not long, "\n".join(long)
+
+
+NOTEBOOKS = sorted((ROOT / "notebooks").rglob("*.ipynb"))
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT / "notebooks")))
+def test_notebooks_import_lessons_and_techniques_that_exist(nb):
+    """A notebook imports existing lessonkit modules and names, never the CLI or a benchmark."""
+    bad = []
+    for cell in json.loads(nb.read_text())["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        for node in ast.walk(ast.parse("".join(cell["source"]))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "lessonkit":
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.split(".")[0] == "lessonkit"]
+            else:
+                continue
+            for name in names:
+                target = _resolve(name)
+                if target is None or _unit(target) in ("bench", "commands", "cli"):
+                    bad.append(name)
+                elif target != name and name.rpartition(".")[2] not in _defined_names(target):
+                    bad.append(name)
+    assert not bad, bad
+
+
+def _defined_names(module: str) -> set[str]:
+    tree = ast.parse(MODULES[module].read_text())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
