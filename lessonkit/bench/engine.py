@@ -5,6 +5,7 @@ from __future__ import annotations
 import tempfile
 
 import torch
+import transformers
 
 from lessonkit.bench.common import goal, machine_info, median_times, memcpy_bandwidth
 from lessonkit.engine.checkpoint import export_hf
@@ -30,7 +31,6 @@ def _decode_rate(eng, prompt_ids, n):
 
 
 def bench(args) -> dict:
-    import transformers
     smoke = getattr(args, "smoke", False)
     model = getattr(args, "model", None) or "tiny-moe"
     n_new = 8 if smoke else 64

@@ -14,13 +14,14 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 
 from lessonkit.bench.common import goal, machine_info
-from lessonkit.lessons.grounded import grounded_rows
 from lessonkit.engine.checkpoint import export_hf
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate
 from lessonkit.engine.registry import lessonkit_home, load_model
+from lessonkit.lessons.grounded import grounded_rows
 from lessonkit.speculative.drafters import ModelDrafter, NGramDrafter
 from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens_per_pos, measure_cost_curve,
                                         predicted_speedup)
@@ -49,7 +50,6 @@ def _hf_export(engine, tag: str) -> Path:
 
 
 def _hf_load(path: Path):
-    import transformers
     m = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     m.eval()
     return m

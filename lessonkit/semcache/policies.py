@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 from lessonkit.engine.errors import LessonkitError
@@ -60,7 +61,6 @@ class Embedder:
     def embed(self, texts: list[str], batch_size: int = 64, progress: bool = False) -> np.ndarray:
         """Unit embeddings [n, 384]. A few short texts run on one thread: such a forward is too small
         to share, and on a busy CPU two spinning threads were measured 40x slower (1.2 s vs 32 ms)."""
-        import torch
         texts = list(texts)
         prev = torch.get_num_threads()
         if len(texts) <= 4:

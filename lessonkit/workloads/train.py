@@ -32,6 +32,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, OlmoeConfig, OlmoeForCausalLM,
+                          PreTrainedTokenizerFast)
 
 from lessonkit.engine.checkpoint import convert_hf_checkpoint, export_hf, write_manifest
 from lessonkit.engine.errors import LessonkitError
@@ -139,7 +141,6 @@ class Batches:
 
 # ----------------------------------------------------------------------------- models
 def hf_config(cfg: TrainConfig, tokenizer):
-    from transformers import LlamaConfig, OlmoeConfig
     eot = tokenizer.token_to_id(EOT)
     common = dict(vocab_size=tokenizer.get_vocab_size(), hidden_size=cfg.dim, num_hidden_layers=cfg.n_layers,
                   num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
@@ -155,7 +156,6 @@ def hf_config(cfg: TrainConfig, tokenizer):
 
 
 def build_model(cfg: TrainConfig, tokenizer):
-    from transformers import LlamaForCausalLM, OlmoeForCausalLM
     torch.manual_seed(cfg.seed)
     cls = OlmoeForCausalLM if cfg.arch == "olmoe" else LlamaForCausalLM
     return cls(hf_config(cfg, tokenizer))
@@ -178,7 +178,6 @@ def parameter_counts(model) -> dict:
 
 def load_hf(name_or_dir: str | Path):
     """A trained model in HF format: build/hf/<name>/ if present, else exported from data/models/<name>/."""
-    from transformers import AutoModelForCausalLM
     p = Path(name_or_dir)
     if not p.is_dir():
         p = HF_DIR / str(name_or_dir)
@@ -258,7 +257,6 @@ def _lr(cfg: TrainConfig, step: int) -> float:
 
 
 def _save_hf(model, tokenizer_path: Path, out: Path) -> None:
-    from transformers import PreTrainedTokenizerFast
     if out.exists():
         shutil.rmtree(out)
     model.save_pretrained(str(out))
