@@ -1,7 +1,18 @@
 """lessonkit: a workbook for the lossless acceleration stack of local LLM inference.
 
-Layers, bottom up: the engine (config, kv_cache, expert_store, model, engine, generate, registry),
-the techniques on top (drafters, speculative, mtp, grammar, prefix_cache, semcache), and the
-notebooks on top of those. Nothing in the engine imports a technique.
+The house, bottom up; every import points down (tests/test_layout.py checks it):
+
+  engine/        the disk-streaming MoE engine and what it needs (nothing here imports a technique)
+  workloads/     what the lessons run on: corpus, monitoring stream, judges, shipped-model training
+  speculative/   \\
+  mtp/            |
+  grammar/        |  the techniques, one package each; none imports a lesson, benchmark or the CLI
+  prefix_cache/   |
+  semcache/       |
+  gap/           /
+  stack.py       the whole stack as one pipeline, and the drafters by name
+  lessons/       one module per notebook (the only code that draws), the results recorder, the main job
+  bench/         one module per benchmark
+  commands.py    what each command does; cli.py: every command in one table
 """
 __version__ = "0.1.0"

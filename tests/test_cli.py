@@ -97,3 +97,30 @@ def test_bench_smoke_runs_once(name, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["bench"] == name and out["rows"] and out["targets"]
     assert all({"name", "value", "target", "met"} <= set(t) for t in out["targets"])
+
+
+def test_help_is_quick_and_imports_no_torch_or_technique():
+    """Building the parser imports the command table only; each command imports its code when it runs."""
+    allowed = {"lessonkit.cli", "lessonkit.commands", "lessonkit.bench", "lessonkit.engine", "lessonkit.engine.errors"}
+    code = ("import sys, time; t = time.perf_counter(); from lessonkit.cli import build_parser; build_parser(); "
+            "print(time.perf_counter() - t); "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('lessonkit.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert float(out[0]) < 1.0, out
+    assert set(eval(out[1])) <= allowed, out[1]
+    t = subprocess.run([sys.executable, "-m", "lessonkit", "--help"], capture_output=True, text=True)
+    assert t.returncode == 0 and "benchmarks" in t.stdout
+
+
+def test_command_table_choices_match_the_code():
+    """The table spells some choices out (so that building it imports nothing); they must match the code."""
+    from lessonkit.cli import COMMANDS
+    from lessonkit.semcache.policies import POLICY_NAMES
+    from lessonkit.workloads.corpus import PRESETS as CORPUS_PRESETS
+    from lessonkit.workloads.train import PRESETS as TRAIN_PRESETS
+
+    def choices(entry, flag):
+        return next(kw["choices"] for flags, kw in entry[2] if flag in flags)
+    assert sorted(choices(COMMANDS["train"], "name")) == sorted(TRAIN_PRESETS)
+    assert sorted(choices(COMMANDS["corpus"][1]["build"], "--preset")) == sorted(CORPUS_PRESETS)
+    assert tuple(choices(COMMANDS["semcache"][1]["run"], "--policy")) == POLICY_NAMES

@@ -10,6 +10,11 @@
   checkpoint    the streaming layout on disk, conversion from / to Hugging Face
   gguf_loader   SmolLM2's GGUF file in Hugging Face form, and chat templates
   quant         weight quantisation (int8 / int4, per row or per group)
+  attention     the one scaled dot-product attention (grouped by kv head)
+  kernel        row-invariant products for short forwards (the C kernel or MKL row groups)
+  roofline      bytes per token against the machine's copy bandwidth
+  atomic        crash-safe writes (temporary file, fsync, rename, directory fsync)
+  timing        median wall time of repeats
   errors        LessonkitError, the one exception for bad input
 
 Nothing here imports a technique, a lesson, a benchmark or the CLI.
