@@ -18,6 +18,34 @@ def arg(*flags, **kw):
     return flags, kw
 
 
+def number(lo: float | None = None, hi: float | None = None, *, zero_or_from: float | None = None,
+           integer: bool = False, open_lo: bool = False):
+    """An argparse type for a finite number in [lo, hi] (lo excluded when open_lo); zero_or_from: 0 or at
+    least that value (a temperature: 0 is greedy, a tiny positive one overflows the logits). Bad values get
+    argparse's one-line error naming the option, never a traceback or a silent fallback."""
+    def parse(text: str):
+        try:
+            v = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if integer else 'a number'}") from None
+        if v != v or v in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if zero_or_from is not None and v != 0 and v < zero_or_from:
+            raise argparse.ArgumentTypeError(f"{text}: use 0 (greedy) or a value of at least {zero_or_from}")
+        if lo is not None and (v <= lo if open_lo else v < lo):
+            raise argparse.ArgumentTypeError(f"{text}: must be {'greater than' if open_lo else 'at least'} {lo}")
+        if hi is not None and v > hi:
+            raise argparse.ArgumentTypeError(f"{text}: must be at most {hi}")
+        return v
+    return parse
+
+
+def nonempty(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("an empty stop string would stop before the first token")
+    return text
+
+
 def one_of(*args, required: bool = False):
     """Mutually exclusive arguments."""
     return "one of", args, required
@@ -32,10 +60,12 @@ COMMANDS = {
     "models": ("list the available models", c.cmd_models, [JSON]),
     "doctor": ("versions, paths, and every model file checked against its SHA-256", c.cmd_doctor, []),
     "generate": ("generate text with the engine (and any technique)", c.cmd_generate, [
-        MODEL, arg("--prompt", required=True), arg("--max-new-tokens", type=int, default=64),
-        arg("--temperature", type=float, default=0.0), arg("--top-p", type=float, default=1.0),
-        arg("--seed", type=int, default=0), arg("--stop", action="append", help="stop string (repeatable)"),
-        arg("--expert-budget-mb", type=float, default=None),
+        MODEL, arg("--prompt", required=True), arg("--max-new-tokens", type=number(0, integer=True), default=64),
+        arg("--temperature", type=number(0, 100, zero_or_from=0.01), default=0.0,
+            help="0 = greedy (default), else 0.01 .. 100"),
+        arg("--top-p", type=number(0, 1, open_lo=True), default=1.0),
+        arg("--seed", type=int, default=0), arg("--stop", action="append", type=nonempty, help="stop string (repeatable)"),
+        arg("--expert-budget-mb", type=number(0, open_lo=True), default=None),
         arg("--prefetch", action="store_true", help="one-layer-ahead expert prefetch thread"),
         arg("--dtype", choices=["float32", "bfloat16"], default="float32"),
         arg("--chat", action="store_true", help="wrap the prompt in the model's chat template"),
@@ -52,10 +82,10 @@ COMMANDS = {
     "bench": ("benchmarks: baseline and contenders side by side", c.cmd_bench, [
         arg("name", choices=sorted(BENCHES)), JSON,
         arg("--smoke", action="store_true", help="tiny sizes, just checks that it runs"),
-        arg("--model", default=None), arg("--repeats", type=int, default=3)]),
+        arg("--model", default=None), arg("--repeats", type=number(1, integer=True), default=3)]),
     "compare": ("what moved beyond noise between two build/summary.json files", c.cmd_compare, [
         arg("old"), arg("new"),
-        arg("--noise", type=float, default=0.1, help="relative change treated as noise (default 0.1)")]),
+        arg("--noise", type=number(0), default=0.1, help="relative change treated as noise (default 0.1)")]),
     "corpus": ("build the training corpus and tokenizer under data/corpus/", {
         "build": ("rebuild data/corpus/*.txt.gz and tokenizer.json (deterministic)", c.cmd_corpus_build, [
             arg("--out", default=None, help="output folder (default data/corpus/)"),
@@ -87,12 +117,12 @@ COMMANDS = {
     "semcache": ("semantic cache over the monitoring stream (lesson 5)", {
         "run": ("run one policy over the shipped stream", c.cmd_semcache_run, [
             arg("--policy", default="one-sided+guard", choices=["exact", "two-sided", "one-sided", "one-sided+guard"]),
-            arg("--threshold", type=float, default=None, help="cosine threshold (policy default if omitted)"),
-            arg("--audit-rate", type=float, default=0.05, help="share of hits re-judged after probation"),
+            arg("--threshold", type=number(-1, 1), default=None, help="cosine threshold (policy default if omitted)"),
+            arg("--audit-rate", type=number(0, 1), default=0.05, help="share of hits re-judged after probation"),
             arg("--audit-first", type=int, default=None,
                 help="hits of a new entry always audited (default 2, or 0 with --audit-rate 0: audit off)"),
-            arg("--audit-limit", type=float, default=0.10, help="stop serving above this loss bound"),
-            arg("--limit", type=int, default=None, help="use only the first N items of the stream"),
+            arg("--audit-limit", type=number(0, 1, open_lo=True), default=0.10, help="stop serving above this loss bound"),
+            arg("--limit", type=number(1, integer=True), default=None, help="use only the first N items of the stream"),
             arg("--judge", default="recorded", choices=("recorded", "real", "rule")),
             arg("--store", default=":memory:", help="SQLite file for the cache (default: in memory)"),
             arg("--seed", type=int, default=0), JSON]),
@@ -117,7 +147,7 @@ COMMANDS = {
         "run": ("ablation: plain engine, each technique alone, all together", c.cmd_stack_run, [
             arg("--json", action="store_true", help="print one JSON object"),
             arg("--model", default=None, help="one model (default: tiny-moe when trained, and smollm2-135m)"),
-            arg("--limit", type=int, default=None, help="judge only the first N items of the stream"),
+            arg("--limit", type=number(1, integer=True), default=None, help="judge only the first N items of the stream"),
             arg("--smoke", action="store_true", help="a tiny quick run")])}),
 }
 

@@ -98,6 +98,9 @@ def cmd_generate(args) -> int:
     from lessonkit.engine.generate import generate
     from lessonkit.engine.registry import load_model
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    if args.prefix_cache and (args.grammar or args.schema or args.draft):
+        raise LessonkitError("--prefix-cache cannot be combined with --grammar, --schema or --draft yet "
+                             "(it would be ignored); the capstone `lessonkit stack run` combines them")
     eng = load_model(args.model, expert_budget_mb=args.expert_budget_mb, dtype=dtype, prefetch=args.prefetch)
     prompt = args.prompt
     if args.chat:
