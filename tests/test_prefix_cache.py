@@ -528,3 +528,32 @@ def test_bench_smoke_runs_and_reports_targets():
     assert r["bench"] == "prefix" and len(r["rows"]) == 5 and len(r["targets"]) == 3
     assert all(row["identical_to_plain"] for row in r["rows"])
     assert json.loads(json.dumps(r)) == r
+
+
+# ---- deletion stays inside the cache, and inside the model's own entries (issue 21, item 1) ---------------
+def test_clear_removes_this_models_snapshots_only(tmp_path):
+    a, b = make(tmp_path, "model-a"), make(tmp_path, "model-b")
+    pa = a.save(list(range(200, 240)), fake_cache(list(range(200, 240))))
+    pb = b.save(list(range(300, 340)), fake_cache(list(range(300, 340))))
+    assert a.clear() == 1
+    assert not pa.exists() and pb.exists()
+    assert len(make(tmp_path, "model-b").entries()) == 1
+
+
+def test_clear_never_follows_a_symlink_out_of_the_cache(tmp_path):
+    outside = tmp_path / "weights"
+    outside.mkdir()
+    victim = outside / "model.safetensors"
+    victim.write_bytes(b"precious")
+    cache_dir = tmp_path / "cache"
+    pc = make(cache_dir)
+    pc.save(list(range(200, 240)), fake_cache(list(range(200, 240))))
+    (cache_dir / "kv" / "elsewhere").symlink_to(outside, target_is_directory=True)
+    os.symlink(victim, cache_dir / "kv" / pc.subdir.name / "link.safetensors")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pc.clear()
+        make(cache_dir, "model-b").clear()
+        PrefixCache(cache_dir, fingerprint="model-a", budget_bytes=1, block_size=4).save(
+            list(range(400, 440)), fake_cache(list(range(400, 440))))    # evicts everything it may
+    assert victim.read_bytes() == b"precious"

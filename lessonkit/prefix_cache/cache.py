@@ -130,10 +130,8 @@ class PrefixCache:
                 dead = not _pid_alive(pid) or time.time() - p.stat().st_mtime > 86400
             except (ValueError, OSError):
                 dead = True
-            if dead:
-                with contextlib.suppress(OSError):
-                    p.unlink()
-                    removed.append(str(p))
+            if dead and self._remove(p):
+                removed.append(str(p))
         return removed
 
     def _snapshot_files(self) -> dict[str, os.stat_result]:
@@ -182,6 +180,23 @@ class PrefixCache:
         data = json.dumps({"format_version": FORMAT_VERSION, "entries": entries}, sort_keys=True).encode()
         replace(write_temp(self.dir, data, fsync=fsync), self._index_path, fsync=fsync)
 
+    def _remove(self, path: Path) -> bool:
+        """Delete a file of this cache, never anything else: a path that leaves the cache directory
+        (a symlinked kv/<key> entry, a `..` in an index entry) or that is itself a symlink is left alone."""
+        root = self.dir.resolve()
+        try:
+            inside = path.parent.resolve().is_relative_to(root) and not path.is_symlink()
+        except OSError:
+            return False
+        if not inside:
+            warnings.warn(f"prefix cache: not removing {path}: it leads outside {self.dir}", PrefixCacheWarning,
+                          stacklevel=3)
+            return False
+        with contextlib.suppress(OSError):
+            path.unlink()
+            return True
+        return False
+
     def _reject(self, path: Path, reason: str) -> None:
         """One warning naming the file; the file is removed so it is recomputed, never used."""
         self.stats.ignored_bad += 1
@@ -189,8 +204,7 @@ class PrefixCache:
             self._warned.add(str(path))
             warnings.warn(f"prefix cache: ignoring {path}: {reason}; removed, it will be recomputed",
                           PrefixCacheWarning, stacklevel=3)
-        with contextlib.suppress(OSError):
-            path.unlink()
+        self._remove(path)
 
     # -- public API --------------------------------------------------------------------------------
     def entries(self) -> dict:
@@ -433,17 +447,18 @@ class PrefixCache:
         for rel in sorted((r for r in entries if r != keep), key=lambda r: entries[r]["last_used"]):
             if total + incoming <= self.budget_bytes:
                 break
-            with contextlib.suppress(OSError):
-                (self.dir / rel).unlink()
+            self._remove(self.dir / rel)
             total -= entries.pop(rel)["bytes"]
             self.stats.evictions += 1
 
-    def clear(self) -> None:
+    def clear(self) -> int:
+        """Remove this model's snapshots (other models' entries stay); returns how many were removed."""
         with self._locked():
-            for rel in self._load_index():
-                with contextlib.suppress(OSError):
-                    (self.dir / rel).unlink()
-            self._write_index({})
+            entries = self._load_index()
+            mine = [rel for rel, e in entries.items() if e.get("fingerprint") == self.key]
+            removed = sum(self._remove(self.dir / rel) for rel in mine)
+            self._write_index({rel: e for rel, e in entries.items() if rel not in mine})
+        return removed
 
     def verify(self) -> dict:
         """Check every snapshot of this model fully; report problems (does not remove anything)."""
