@@ -22,13 +22,16 @@ def lesson_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
 
 
 def execute_notebook(nb: Path, out: Path, *, smoke: bool, build_dir: Path, kernel: str = "python3",
-                     timeout: int = 1800, extra: dict | None = None) -> None:
+                     timeout: int = 1800, extra: dict | None = None, progress: dict | bool = False) -> None:
+    """Execute one notebook with papermill. progress: False, or tqdm arguments for a bar over its cells.
+    The kernel logs errors only: its start-up warning about local TCP sockets is not a student's concern."""
     import papermill as pm
     env_before = os.environ.get("LESSONKIT_BUILD")
     os.environ["LESSONKIT_BUILD"] = str(build_dir.resolve())
     try:
         pm.execute_notebook(str(nb), str(out), parameters={"SMOKE": smoke, "INTERACTIVE": False, **(extra or {})},
-                            cwd=str(nb.parent), kernel_name=kernel, progress_bar=False, execution_timeout=timeout)
+                            cwd=str(nb.parent), kernel_name=kernel, progress_bar=progress, execution_timeout=timeout,
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"])
     finally:
         if env_before is None:
             os.environ.pop("LESSONKIT_BUILD", None)
@@ -86,11 +89,13 @@ def run_all(build_dir: str | Path = "build", smoke: bool = False, only: list[str
         raise LessonkitError(f"no lesson notebooks found in {NOTEBOOKS}" + (f" matching {only}" if only else ""))
     status: dict[str, dict] = {}
     failed = []
-    for nb in tqdm(nbs, desc="lessons", unit="notebook"):
+    for nb in (bar := tqdm(nbs, desc="lessons", unit="notebook", position=0)):
+        bar.set_postfix_str(nb.stem)
         out = build_dir / "notebooks" / nb.name
         t0 = time.perf_counter()
         try:
-            execute_notebook(nb, out, smoke=smoke, build_dir=build_dir)
+            execute_notebook(nb, out, smoke=smoke, build_dir=build_dir,
+                             progress={"desc": f"  {nb.stem}", "position": 1, "leave": False})
             st = "ok"
         except Exception as e:  # papermill raises PapermillExecutionError with the cell's traceback
             st = "FAILED"
