@@ -272,3 +272,54 @@ def test_pattern_subset():
     assert m("^a.c$", "a\"c") and not m("^a.c$", "a\nc")
     assert m("^é{2,3}$", "ééé") and not m("^é{2,3}$", "é")
     assert m(r"^\d{3}-\w+$", "123-ab_9") and not m(r"^\d{3}-\w+$", "12-a")
+
+
+# -- issue 19: the four ways the grammar accepted an instance jsonschema rejects, one test each
+
+def _accepts(schema, text: bytes) -> bool:
+    return schema_grammar(schema, whitespace="compact").matches(text)
+
+
+def test_one_of_exclusivity_enforced_or_refused():
+    both = {"oneOf": [{"type": "integer"}, {"type": "number"}]}     # 1 matches both branches
+    with pytest.raises(LessonkitError) as e:
+        compile_schema(both, source="s.json")
+    assert "oneOf" in str(e.value) and "#/oneOf" in str(e.value)
+    with pytest.raises(LessonkitError, match="#/properties/x/oneOf"):
+        compile_schema({"properties": {"x": {"oneOf": [{"const": "auto"}, {"type": "string"}]}}})
+    disjoint = {"oneOf": [{"type": "integer"}, {"type": "string"}, {"const": None}]}
+    assert _accepts(disjoint, b"1") and _accepts(disjoint, b'"a"') and _accepts(disjoint, b"null")
+    tagged = load("shape_union")       # a required const discriminator makes object branches disjoint
+    assert _accepts(tagged, b'{"kind":"circle","r":1}') and not _accepts(tagged, b'{"kind":"circle"}')
+
+
+def test_string_length_counts_code_points_not_escapes():
+    pile = json.dumps("\U0001F4A9").encode()        # b'"\\ud83d\\udca9"': one character
+    assert not _accepts({"type": "string", "minLength": 2}, pile)
+    assert _accepts({"type": "string", "maxLength": 1, "minLength": 1}, pile)
+    assert _accepts({"type": "string", "maxLength": 1}, "\U0001F4A9".join('""').encode())
+    assert _accepts({"type": "string", "minLength": 2, "maxLength": 2}, b'"\\u00e9\\n"')
+    assert not _accepts({"type": "string"}, b'"\\ud83d"')       # a lone surrogate: refused (safe side)
+
+
+def test_boolean_schemas_in_prefix_items():
+    s = {"type": "array", "prefixItems": [True, False]}
+    assert _accepts(s, b"[1]") and _accepts(s, b"[]") and not _accepts(s, b"[1,2]")
+    assert not _accepts({"type": "array", "prefixItems": [False]}, b"[1]")
+    assert _accepts({"type": "object", "properties": {"a": False}}, b'{"b":1}')
+    assert not _accepts({"type": "object", "properties": {"a": False}}, b'{"a":1}')
+
+
+def test_required_names_outside_properties_follow_additional_properties():
+    s = {"type": "object", "properties": {"a": {}}, "required": ["b"], "additionalProperties": {"type": "integer"}}
+    assert _accepts(s, b'{"b":1}') and not _accepts(s, b'{"b":"x"}')
+    with pytest.raises(LessonkitError, match="unsatisfiable.*#/required"):
+        compile_schema({"properties": {"a": {}}, "required": ["b"], "additionalProperties": False})
+    with pytest.raises(LessonkitError, match="unsatisfiable.*#/properties/a"):
+        compile_schema({"properties": {"a": False}, "required": ["a"]})
+
+
+def test_escaped_extra_key_cannot_spell_a_declared_key():
+    s = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}}
+    assert not _accepts(s, b'{"\\u0061":"x"}')       # "\u0061" is "a": it must be an integer
+    assert _accepts(s, b'{"\\u00e9":"x"}') and _accepts(s, b'{"a":1,"b\\u0061":"x"}')

@@ -11,7 +11,8 @@ an invalid one, except where noted in docs/grammar.md):
 - keys, enum/const values and `pattern` strings are matched in their canonical serialisation
   (json.dumps(..., ensure_ascii=False): only `"`, `\\` and control characters escaped);
 - integers are written as JSON integers (no 1.0, no 1e2); numbers as JSON numbers, no ranges;
-- anyOf and oneOf both become alternatives (oneOf's exclusivity is not enforced).
+- anyOf becomes alternatives; so does oneOf, but only when its branches are provably disjoint (distinct
+  types, const/enum values, or a required const/enum discriminator property): otherwise refused.
 """
 from __future__ import annotations
 
@@ -48,6 +49,20 @@ FORMATS = ("date", "date-time", "uuid", "email")
 
 
 JSON_TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
+
+
+# kinds of JSON values, disjoint: a number is an integer ("int", 1.0 included) or not ("frac")
+KINDS = ("null", "boolean", "object", "array", "string", "int", "frac")
+TYPE_KINDS = {"null": {"null"}, "boolean": {"boolean"}, "object": {"object"}, "array": {"array"},
+              "string": {"string"}, "integer": {"int"}, "number": {"int", "frac"}}
+
+
+def value_kind(v) -> str:
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "int" if has_type(v, "integer") else "frac"
+    return {type(None): "null", str: "string", dict: "object", list: "array"}[type(v)]
 
 
 def _ptr(base: str, *parts) -> str:
@@ -150,6 +165,8 @@ class SchemaCompiler:
             branches = s[comb[0]]
             if not isinstance(branches, list) or not branches:
                 raise self.err(_ptr(where, comb[0]), f"{comb[0]} must be a non-empty list")
+            if comb[0] == "oneOf":
+                self.check_disjoint(branches, _ptr(where, "oneOf"))
             alts = [self.schema(b, _ptr(where, comb[0], i)) for i, b in enumerate(branches) if b is not False]
             if not alts:
                 raise self.err(_ptr(where, comb[0]), "no branch can match")
@@ -195,10 +212,19 @@ class SchemaCompiler:
         return types
 
     def ref(self, ref, where: str) -> str:
+        if isinstance(ref, str) and ref in self.ref_names:
+            return self.ref_names[ref]
+        target = self.lookup(ref, where)
+        name = self.fresh("ref-" + (ref[1:].rsplit("/", 1)[-1] or "root"))
+        self.ref_names[ref] = name
+        body = self.schema(target, ref)
+        self.rules[name] = body
+        return name
+
+    def lookup(self, ref, where: str):
+        """The subschema a local reference points to."""
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise self.err(where, f"only local references ('#...') are supported, not {ref!r}")
-        if ref in self.ref_names:
-            return self.ref_names[ref]
         target = self.root
         pointer = ref[1:]
         if pointer and not pointer.startswith("/"):
@@ -211,11 +237,78 @@ class SchemaCompiler:
                 target = target[int(part)]
             else:
                 raise self.err(where, f"reference {ref!r} does not resolve")
-        name = self.fresh("ref-" + (pointer.rsplit("/", 1)[-1] or "root"))
-        self.ref_names[ref] = name
-        body = self.schema(target, ref)
-        self.rules[name] = body
-        return name
+        return target
+
+    # -- oneOf: exclusivity is exact only when no instance can match two branches
+    def check_disjoint(self, branches: list, where: str) -> None:
+        live = [(i, b) for i, b in enumerate(branches) if b is not False]
+        for x, (i, a) in enumerate(live):
+            for j, b in live[x + 1:]:
+                if not self.disjoint(a, b, where):
+                    raise self.err(where, f"oneOf branches {i} and {j} are not provably disjoint (no distinct "
+                                          "type, const or enum discriminator), so exclusivity cannot be enforced; "
+                                          "use anyOf if overlapping branches are meant")
+
+    def deref(self, s, where: str):
+        for _ in range(64):
+            if not (isinstance(s, dict) and "$ref" in s and len(s) == 1):
+                return s
+            s = self.lookup(s["$ref"], where)
+        return s
+
+    def values_of(self, s, where: str):
+        """The finite list of values s allows (const/enum), or None when not finite or not known."""
+        s = self.deref(s, where)
+        if s is False:
+            return []
+        if not isinstance(s, dict) or ("const" not in s and "enum" not in s):
+            return None
+        vals = [s["const"]] if "const" in s else s["enum"]
+        if not isinstance(vals, list):
+            return None
+        return [v for v in vals if self.validator(s).is_valid(v)]
+
+    def kinds_of(self, s, where: str, depth: int = 0) -> set[str]:
+        """The JSON kinds an instance of s may have (an over-approximation)."""
+        s = self.deref(s, where)
+        if s is False:
+            return set()
+        if not isinstance(s, dict) or depth > 32:
+            return set(KINDS)
+        out = set(KINDS)
+        vals = self.values_of(s, where)
+        if vals is not None:
+            out &= {value_kind(v) for v in vals}
+        if isinstance(s.get("type"), (str, list)):
+            ts = [s["type"]] if isinstance(s["type"], str) else s["type"]
+            out &= set().union(*(TYPE_KINDS.get(t, set(KINDS)) for t in ts))
+        for comb in ("anyOf", "oneOf"):
+            if isinstance(s.get(comb), list):
+                out &= set().union(*(self.kinds_of(b, where, depth + 1) for b in s[comb]))
+        for b in s.get("allOf", []) if isinstance(s.get("allOf"), list) else []:
+            out &= self.kinds_of(b, where, depth + 1)
+        return out
+
+    def validator(self, s):
+        return jsonschema.Draft202012Validator(self.root).evolve(schema=s)
+
+    def disjoint(self, a, b, where: str) -> bool:
+        a, b = self.deref(a, where), self.deref(b, where)
+        common = self.kinds_of(a, where) & self.kinds_of(b, where)
+        if not common:
+            return True
+        for x, y in ((a, b), (b, a)):       # a finite branch none of whose values the other accepts
+            vals = self.values_of(x, where)
+            if vals is not None and not any(self.validator(y).is_valid(v) for v in vals):
+                return True
+        if common == {"object"} and isinstance(a, dict) and isinstance(b, dict):
+            req = set(a.get("required", [])) & set(b.get("required", []))
+            for p in sorted(req):
+                va = self.values_of(a.get("properties", {}).get(p), where)
+                vb = self.values_of(b.get("properties", {}).get(p), where)
+                if va is not None and vb is not None and not any(json_equal(u, v) for u in va for v in vb):
+                    return True
+        return False
 
     # -- enum / const
     def enum(self, s: dict, types: list[str], where: str) -> str:
@@ -302,14 +395,22 @@ class SchemaCompiler:
             raise self.err(_ptr(where, "required"), "required must be a list of strings")
         addl = s.get("additionalProperties", True)
         entries = [(k, v, k in required) for k, v in props.items()]
-        entries += [(k, True, True) for k in dict.fromkeys(required) if k not in props]
+        for k in dict.fromkeys(required):
+            if k in props:
+                continue
+            if addl is False:   # the name must be present but no schema allows it
+                raise self.err(_ptr(where, "required"), f"required property {k!r} is not in properties and "
+                               "additionalProperties is false: no instance is valid (unsatisfiable schema)")
+            entries.append((k, addl, True))     # a name outside properties follows additionalProperties
         kvs = []
         for name, sub, req in entries:
             if sub is False:
                 if req:
-                    raise self.err(_ptr(where, "properties", name), f"required property {name!r} has schema false")
+                    raise self.err(_ptr(where, "properties", name), f"required property {name!r} has schema false: "
+                                   "no instance is valid (unsatisfiable schema)")
                 continue
-            value = self.schema(sub, _ptr(where, "properties", name))
+            value = self.schema(sub, _ptr(where, "properties", name) if name in props
+                                else _ptr(where, "additionalProperties"))
             kvs.append((self.seq(literal('"' + json_string_content(name) + '"'), W, '":"', W, value), req))
         sep = self.seq(W, '","', W)
         if addl is False:
@@ -367,8 +468,8 @@ class SchemaCompiler:
             if other:
                 alts.append(f"{byte_class(other)} {tail}")
             alts.append(f'utf8 {tail}')
-            alts.append(f'"\\\\" ( ["\\\\/bfnrt] | "u" hex{{4}} ) {tail}')
-            self.helper("hex")
+            alts.append(f'"\\\\" kesc {tail}')   # no escape of a printable ASCII (name) character
+            self.helper("kesc")
             return self.rule(where + "-key", " | ".join(alts))
 
         return self.seq('"\\""', node_rule(trie, b""))
@@ -386,8 +487,9 @@ class SchemaCompiler:
                 raise self.err(_ptr(where, k), f"{k} must be a non-negative integer")
         k = len(prefix)
         for i, p in enumerate(prefix):
-            if p is False:
+            if p is False:      # nothing may stand at position i, so the array ends before it
                 k = i
+                hi = k if hi is None else min(hi, k)
                 break
         if items is False:
             hi = k if hi is None else min(hi, k)
@@ -473,7 +575,7 @@ def order_like_schema(instance, schema, root=None):
         order = list(props) + [k for k in schema.get("required", []) if k not in props]
         keys = [k for k in order if k in instance] + [k for k in instance if k not in order]
         addl = schema.get("additionalProperties", True)
-        return {k: order_like_schema(instance[k], props.get(k, addl if k not in order else True), root)
+        return {k: order_like_schema(instance[k], props.get(k, addl), root)
                 for k in keys}
     if isinstance(instance, list):
         prefix = schema.get("prefixItems", [])
