@@ -231,7 +231,8 @@ def test_date_format_knows_the_calendar():
 
 
 @pytest.mark.parametrize("schema,keyword,where", [
-    ({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}, "minimum", "#/properties/age/minimum"),
+    ({"type": "object", "properties": {"age": {"type": "number", "minimum": 0.5}}}, "minimum", "#/properties/age/minimum"),
+    ({"type": "integer", "minimum": 3, "exclusiveMaximum": 3}, "unsatisfiable", "#/exclusiveMaximum"),
     ({"allOf": [{"type": "string"}]}, "allOf", "#/allOf"),
     ({"type": "string", "format": "ipv4"}, "ipv4", "#/format"),
     ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties", "#/patternProperties"),
@@ -323,3 +324,25 @@ def test_escaped_extra_key_cannot_spell_a_declared_key():
     s = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}}
     assert not _accepts(s, b'{"\\u0061":"x"}')       # "\u0061" is "a": it must be an integer
     assert _accepts(s, b'{"\\u00e9":"x"}') and _accepts(s, b'{"a":1,"b\\u0061":"x"}')
+
+
+# -- issue 19: coverage, each keyword compiled exactly or refused with its JSON pointer
+
+@pytest.mark.parametrize("schema", [
+    {"type": "integer", "minimum": -17, "maximum": 1234},
+    {"type": "integer", "exclusiveMinimum": 9.5, "exclusiveMaximum": 101},
+    {"type": "integer", "minimum": 100},
+    {"type": "integer", "maximum": -3},
+    {"type": "number", "minimum": 0, "maximum": 1},
+    {"type": "number", "exclusiveMinimum": -2, "exclusiveMaximum": 3},
+    {"type": ["number", "null"], "maximum": 0},
+])
+def test_numeric_ranges_are_exact(schema):
+    g, v = schema_grammar(schema, whitespace="compact"), validator(schema)
+    texts = [str(i) for i in range(-140, 1300, 3)] + ["-0", "1e2", "null"]
+    texts += [f"{i}.{f}" for i in range(-20, 20) for f in ("5", "0", "25", "999999999999999999999", "0000000000000000000001")]
+    for t in texts:
+        ok = v.is_valid(json.loads(t))
+        assert not (g.matches(t.encode()) and not ok), t                       # sound
+        if ok and "." not in t and t not in ("-0", "1e2"):
+            assert g.matches(t.encode()), t                                     # exact on integers

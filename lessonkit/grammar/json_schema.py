@@ -17,7 +17,9 @@ an invalid one, except where noted in docs/grammar.md):
 from __future__ import annotations
 
 import json
+import math
 import re
+from fractions import Fraction
 from pathlib import Path
 
 import jsonschema
@@ -25,6 +27,7 @@ import jsonschema
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.grammar.automaton import Grammar
 from lessonkit.grammar.gbnf import byte_class, literal, repeat_suffix
+from lessonkit.grammar.json_numbers import NUMBER_BOUND_LIMIT, int_range, number_range
 from lessonkit.grammar.json_rules import HELPER_RULES, has_type, json_equal, json_string_content
 from lessonkit.grammar.regex import RegexCompiler
 
@@ -36,6 +39,7 @@ TYPE_KEYWORDS = {
     "object": {"properties", "required", "additionalProperties"},
     "array": {"items", "prefixItems", "minItems", "maxItems"},
     "string": {"minLength", "maxLength", "pattern", "format"},
+    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
 }
 
 
@@ -180,10 +184,8 @@ class SchemaCompiler:
                 alts.append('"null"')
             elif t == "boolean":
                 alts.append(self.helper("boolean"))
-            elif t == "integer":
-                alts.append(self.helper("integer"))
-            elif t == "number":
-                alts.append(self.helper("number"))
+            elif t in ("integer", "number"):
+                alts.append(self.numeric(s, t, where))
             elif t == "string":
                 alts.append(self.string(s, where))
             elif t == "object":
@@ -312,10 +314,6 @@ class SchemaCompiler:
 
     # -- enum / const
     def enum(self, s: dict, types: list[str], where: str) -> str:
-        extra = {k for k in s if k not in ANNOTATIONS} - {"enum", "const", "type"}
-        if extra:
-            k = sorted(extra)[0]
-            raise self.err(_ptr(where, k), f"unsupported keyword {k!r} next to enum/const")
         if "enum" in s:
             if not isinstance(s["enum"], list) or not s["enum"]:
                 raise self.err(_ptr(where, "enum"), "enum must be a non-empty list")
@@ -326,6 +324,8 @@ class SchemaCompiler:
             values = [v for v in values if json_equal(v, s["const"])]
         if "type" in s:
             values = [v for v in values if any(has_type(v, t) for t in types)]
+        if {k for k in s if k not in ANNOTATIONS} - {"enum", "const", "type"}:
+            values = [v for v in values if self.validator(s).is_valid(v)]    # the other keywords, exactly
         if not values:
             raise self.err(where, "no enum/const value satisfies the schema")
         alts = []
@@ -349,6 +349,36 @@ class SchemaCompiler:
             return "( " + self.seq('"["', W, f' {W}"," {W}'.join(self.value_literal(x) for x in v),
                                    W, '"]"') + " )"
         return literal(json.dumps(v, ensure_ascii=False))
+
+    # -- numbers
+    def numeric(self, s: dict, t: str, where: str) -> str:
+        """integer or number, with minimum/maximum/exclusiveMinimum/exclusiveMaximum compiled exactly."""
+        bounds = {}
+        for k in TYPE_KEYWORDS["number"]:
+            if k in s:
+                v = s[k]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                    raise self.err(_ptr(where, k), f"{k} must be a finite number")
+                bounds[k] = Fraction(v)
+        if not bounds:
+            return self.helper(t)
+        lo = max(((v, k == "exclusiveMinimum") for k, v in bounds.items() if k.endswith("inimum")), default=None)
+        hi = min(((v, k != "exclusiveMaximum") for k, v in bounds.items() if k.endswith("aximum")), default=None)
+        if t == "integer":
+            a = None if lo is None else (math.floor(lo[0]) + 1 if lo[1] else math.ceil(lo[0]))
+            b = None if hi is None else (math.ceil(hi[0]) - 1 if not hi[1] else math.floor(hi[0]))
+            body = int_range(a, b)
+        else:
+            for k, v in bounds.items():
+                if v.denominator != 1 or abs(v) > NUMBER_BOUND_LIMIT:
+                    raise self.err(_ptr(where, k), f"{k} {s[k]!r} for type number: only integer bounds up to "
+                                                   f"{NUMBER_BOUND_LIMIT} in size are compiled exactly")
+            body = number_range(None if lo is None else int(lo[0]), bool(lo and lo[1]),
+                                None if hi is None else int(hi[0]), bool(hi and not hi[1]))
+        if not body:
+            k = sorted(bounds)[0]
+            raise self.err(_ptr(where, k), f"the bounds leave no {t} (unsatisfiable schema)")
+        return self.rule(where + "-range", body)
 
     # -- strings
     def string(self, s: dict, where: str) -> str:
