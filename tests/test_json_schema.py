@@ -233,7 +233,9 @@ def test_date_format_knows_the_calendar():
 @pytest.mark.parametrize("schema,keyword,where", [
     ({"type": "object", "properties": {"age": {"type": "number", "minimum": 0.5}}}, "minimum", "#/properties/age/minimum"),
     ({"type": "integer", "minimum": 3, "exclusiveMaximum": 3}, "unsatisfiable", "#/exclusiveMaximum"),
-    ({"allOf": [{"type": "string"}]}, "allOf", "#/allOf"),
+    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "type", "#/allOf/1/type"),
+    ({"allOf": [{"pattern": "a"}, {"pattern": "b"}]}, "pattern", "#/allOf/1/pattern"),
+    ({"properties": {"a": {"allOf": [{"minProperties": 1}]}}}, "minProperties", "#/properties/a/allOf/0/minProperties"),
     ({"type": "string", "format": "ipv4"}, "ipv4", "#/format"),
     ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties", "#/patternProperties"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems", "#/uniqueItems"),
@@ -245,7 +247,7 @@ def test_date_format_knows_the_calendar():
     ({"properties": {"x": {"$ref": "#/$defs/missing"}}}, "does not resolve", "#/properties/x/$ref"),
     ({"$ref": "https://example.com/s.json"}, "local references", "#/$ref"),
     ({"type": "string", "format": "date", "maxLength": 3}, "maxLength", "#/maxLength"),
-    ({"type": "integer", "$ref": "#"}, "type", "#/type"),
+    ({"type": "integer", "$ref": "#"}, "too deep", "at #"),
     ({"type": "strin"}, "strin", "#/type"),
     ({"if": {}, "then": {}}, "if", "#/if"),
 ])
@@ -346,3 +348,22 @@ def test_numeric_ranges_are_exact(schema):
         assert not (g.matches(t.encode()) and not ok), t                       # sound
         if ok and "." not in t and t not in ("-0", "1e2"):
             assert g.matches(t.encode()), t                                     # exact on integers
+
+
+def test_all_of_merged_exactly():
+    s = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                   {"properties": {"a": {"minimum": 3}, "b": {"type": "string"}}, "additionalProperties": False}]}
+    assert _accepts(s, b'{"a":3}') and _accepts(s, b'{"a":3,"b":"x"}')
+    for bad in (b'{"a":2}', b'{"a":3,"b":1}', b'{"a":3,"c":1}', b'{"b":"x"}'):
+        assert not _accepts(s, bad), bad
+    ref = {"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n", "maximum": 3}   # $ref with siblings
+    assert _accepts(ref, b"3") and not _accepts(ref, b"4") and not _accepts(ref, b'"x"')
+    assert _accepts({"allOf": [{"enum": [1, "a", 2]}, {"type": "integer"}]}, b"2")
+    assert not _accepts({"allOf": [{"enum": [1, "a", 2]}, {"type": "integer"}]}, b'"a"')
+
+
+def test_any_of_with_sibling_keywords_distributes():
+    s = {"type": "object", "properties": {"a": {}, "b": {}}, "additionalProperties": False,
+         "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}
+    assert _accepts(s, b'{"a":1}') and _accepts(s, b'{"b":1}') and _accepts(s, b'{"a":1,"b":2}')
+    assert not _accepts(s, b"{}") and not _accepts(s, b'{"c":1}') and not _accepts(s, b"null")

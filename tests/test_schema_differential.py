@@ -15,6 +15,7 @@ schema's key order and canonical compact form must be accepted.
 A schema the compiler refuses is not checked here: refusing is the safe answer.
 """
 import copy
+import math
 import os
 import json
 import random
@@ -96,7 +97,8 @@ def sample(s, root, rnd: random.Random, depth: int = 0):
     if t in ("integer", "number"):
         lo = s.get("minimum", s.get("exclusiveMinimum", -50))
         hi = s.get("maximum", s.get("exclusiveMaximum", lo + 100))
-        x = rnd.randint(int(lo) if lo == int(lo) else int(lo) + 1, max(int(hi), int(lo)))
+        a = math.ceil(lo)
+        x = rnd.randint(a, max(math.floor(hi), a))
         return x if t == "integer" or rnd.random() < 0.5 else x + 0.25
     if t == "string":
         if s.get("format") in FORMAT_SEEDS:
@@ -344,7 +346,9 @@ def composites(child):
                                "required": ["kind"]} for t, c in bs]})
     return st.one_of(obj, arr, tagged,
                      st.lists(child, min_size=1, max_size=3).map(lambda bs: {"anyOf": bs}),
-                     st.lists(child, min_size=2, max_size=3).map(lambda bs: {"oneOf": bs}))
+                     st.lists(child, min_size=2, max_size=3).map(lambda bs: {"oneOf": bs}),
+                     st.lists(child, min_size=1, max_size=3).map(lambda bs: {"allOf": bs}),
+                     st.builds(lambda o, bs: {**o, "anyOf": bs}, obj, st.lists(child, min_size=1, max_size=2)))
 
 
 GENERATED_EXAMPLES = int(os.environ.get("LESSONKIT_HYPOTHESIS_EXAMPLES", "25")) * 6

@@ -27,6 +27,7 @@ import jsonschema
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.grammar.automaton import Grammar
 from lessonkit.grammar.gbnf import byte_class, literal, repeat_suffix
+from lessonkit.grammar.json_merge import Conflict, merge
 from lessonkit.grammar.json_numbers import NUMBER_BOUND_LIMIT, int_range, number_range
 from lessonkit.grammar.json_rules import HELPER_RULES, has_type, json_equal, json_string_content
 from lessonkit.grammar.regex import RegexCompiler
@@ -43,7 +44,7 @@ TYPE_KEYWORDS = {
 }
 
 
-SUPPORTED = {"type", "enum", "const", "anyOf", "oneOf", "$ref"} | set().union(*TYPE_KEYWORDS.values())
+SUPPORTED = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref"} | set().union(*TYPE_KEYWORDS.values())
 
 
 EMPTY = '""'
@@ -85,6 +86,7 @@ class SchemaCompiler:
         self.by_body: dict[str, str] = {}
         self.ref_names: dict[str, str] = {}
         self.used: set[str] = set()
+        self.depth = 0
 
     # -- helpers
     def err(self, where: str, msg: str) -> LessonkitError:
@@ -144,28 +146,38 @@ class SchemaCompiler:
 
     # -- schemas
     def schema(self, s, where: str) -> str:
+        self.depth += 1
+        try:
+            if self.depth > 200:
+                raise self.err(where, "schema nests too deep (allOf or $ref merging that recurses)")
+            return self.schema_body(s, where)
+        finally:
+            self.depth -= 1
+
+    def schema_body(self, s, where: str) -> str:
         if s is True:
             return self.helper("value")
         if s is False:
             raise self.err(where, "schema `false` (no instance is valid) cannot be compiled")
         if not isinstance(s, dict):
             raise self.err(where, f"a schema must be an object or boolean, not {type(s).__name__}")
-        for k in s:
-            if k not in SUPPORTED and k not in ANNOTATIONS:
-                raise self.err(_ptr(where, k), f"unsupported keyword {k!r}")
+        self.check_keys(s, where)
         keys = {k for k in s if k not in ANNOTATIONS}
         if not keys:
             return self.schema(True, where)
+        if "allOf" in keys or "$ref" in keys and len(keys) > 1:
+            return self.schema(self.flatten(s, where), where)
         if "$ref" in keys:
-            if len(keys) > 1:
-                other = sorted(keys - {"$ref"})[0]
-                raise self.err(_ptr(where, other), f"unsupported keyword {other!r} next to $ref")
             return self.ref(s["$ref"], _ptr(where, "$ref"))
         comb = [k for k in ("anyOf", "oneOf") if k in keys]
+        if comb and len(keys) > 1:          # siblings distribute over the branches, exactly
+            branches = s[comb[0]]
+            if not isinstance(branches, list) or not branches:
+                raise self.err(_ptr(where, comb[0]), f"{comb[0]} must be a non-empty list")
+            rest = {k: v for k, v in s.items() if k != comb[0]}
+            return self.schema({comb[0]: [self.conjoin(rest, b, _ptr(where, comb[0], i))
+                                          for i, b in enumerate(branches)]}, where)
         if comb:
-            if len(keys) > 1:
-                other = sorted(keys - {comb[0]})[0]
-                raise self.err(_ptr(where, other), f"unsupported keyword {other!r} next to {comb[0]}")
             branches = s[comb[0]]
             if not isinstance(branches, list) or not branches:
                 raise self.err(_ptr(where, comb[0]), f"{comb[0]} must be a non-empty list")
@@ -195,6 +207,52 @@ class SchemaCompiler:
         if len(alts) == 1:
             return alts[0]
         return self.rule(where + "-types", " | ".join(alts))
+
+    def check_keys(self, s: dict, where: str) -> None:
+        for k in s:
+            if k not in SUPPORTED and k not in ANNOTATIONS:
+                raise self.err(_ptr(where, k), f"unsupported keyword {k!r}")
+
+    # -- allOf, and $ref with siblings: merged into one schema (json_merge), or refused
+    def flatten(self, s, where: str):
+        """s without allOf and without $ref next to other keywords (True, False or a dict)."""
+        self.depth += 1
+        try:
+            if self.depth > 200:
+                raise self.err(where, "schema nests too deep (allOf or $ref merging that recurses)")
+            if not isinstance(s, dict):
+                return s
+            self.check_keys(s, where)
+            if "$ref" in s and len([k for k in s if k not in ANNOTATIONS]) > 1:
+                target = self.flatten(self.lookup(s["$ref"], _ptr(where, "$ref")), s["$ref"])
+                rest = {k: v for k, v in s.items() if k != "$ref"}
+                return self.conjoin(target, rest, where)
+            if "allOf" in s:
+                parts = s["allOf"]
+                if not isinstance(parts, list) or not parts:
+                    raise self.err(_ptr(where, "allOf"), "allOf must be a non-empty list")
+                acc = self.flatten({k: v for k, v in s.items() if k != "allOf"}, where)
+                for i, p in enumerate(parts):
+                    acc = self.conjoin(acc, p, _ptr(where, "allOf", i))
+                return acc
+            return s
+        finally:
+            self.depth -= 1
+
+    def conjoin(self, a, b, where: str):
+        """One schema equal to allOf [a, b]; `where` locates b."""
+        a = self.flatten(self.deref(a, where), where)
+        b = self.flatten(self.deref(b, where), where)
+        if a is False or b is False:
+            return False
+        if b is True:
+            return a
+        if a is True or not isinstance(a, dict) or not isinstance(b, dict):
+            return b if a is True else (a if not isinstance(a, dict) else b)
+        try:
+            return merge(a, b, lambda sch, v: self.validator(sch).is_valid(v), ANNOTATIONS)
+        except Conflict as c:
+            raise self.err(_ptr(where, c.keyword), f"allOf: {c}") from None
 
     def types(self, s: dict, where: str) -> list[str]:
         t = s.get("type")
@@ -587,6 +645,12 @@ def order_like_schema(instance, schema, root=None):
     root = schema if root is None else root
     if not isinstance(schema, dict):
         return instance
+    if "allOf" in schema or "$ref" in schema and len([k for k in schema if k not in ANNOTATIONS]) > 1:
+        try:
+            schema = SchemaCompiler(root).flatten(schema, "#")
+        except LessonkitError:
+            return instance
+        return order_like_schema(instance, schema, root)
     if "$ref" in schema:
         target = root
         for part in schema["$ref"][1:].split("/")[1:]:
@@ -596,8 +660,14 @@ def order_like_schema(instance, schema, root=None):
     for comb in ("anyOf", "oneOf"):
         if comb in schema:
             base = jsonschema.Draft202012Validator(root)
+            rest = {k: v for k, v in schema.items() if k != comb}
             for b in schema[comb]:
                 if base.evolve(schema=b).is_valid(instance):
+                    if [k for k in rest if k not in ANNOTATIONS]:
+                        try:
+                            b = SchemaCompiler(root).conjoin(rest, b, "#")
+                        except LessonkitError:
+                            return instance
                     return order_like_schema(instance, b, root)
             return instance
     if isinstance(instance, dict):
