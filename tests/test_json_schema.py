@@ -240,6 +240,12 @@ def test_date_format_knows_the_calendar():
     ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties", "#/patternProperties"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems", "#/uniqueItems"),
     ({"$defs": {"a": {"not": {}}}, "$ref": "#/$defs/a"}, "not", "#/$defs/a/not"),
+    ({"not": {"const": 1}}, "not", "#/not"),
+    ({"type": "number", "not": {"type": "integer"}}, "not", "#/not"),
+    ({"type": "object", "dependentRequired": {"a": "b"}}, "dependentRequired", "#/dependentRequired"),
+    ({"type": "object", "minProperties": 1}, "minProperties", "#/minProperties"),
+    ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}, "uniqueItems",
+     "#/properties/a/uniqueItems"),
     ({"type": "number", "multipleOf": 2}, "multipleOf", "#/multipleOf"),
     ({"properties": {"a/b": {"type": "array", "items": {"contains": {}}}}}, "contains", "#/properties/a~1b/items/contains"),
     ({"type": "string", "pattern": "(?=a)b"}, "pattern", "#/pattern"),
@@ -367,3 +373,14 @@ def test_any_of_with_sibling_keywords_distributes():
          "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}
     assert _accepts(s, b'{"a":1}') and _accepts(s, b'{"b":1}') and _accepts(s, b'{"a":1,"b":2}')
     assert not _accepts(s, b"{}") and not _accepts(s, b'{"c":1}') and not _accepts(s, b"null")
+
+
+def test_not_uniqueitems_dependentrequired():
+    assert not _accepts({"not": {"type": "null"}}, b"null") and _accepts({"not": {"type": "null"}}, b"[1]")
+    assert not _accepts({"type": ["string", "integer"], "not": {"type": "integer"}}, b"1")
+    assert _accepts({"type": "integer", "not": False}, b"1")
+    assert _accepts({"type": "array", "uniqueItems": False}, b"[1,1]")
+    d = {"type": "object", "properties": {"card": {"type": "string"}, "addr": {"type": "string"}},
+         "dependentRequired": {"card": ["addr"]}}
+    assert _accepts(d, b'{"card":"x","addr":"y"}') and _accepts(d, b'{"addr":"y"}') and _accepts(d, b"{}")
+    assert not _accepts(d, b'{"card":"x"}')

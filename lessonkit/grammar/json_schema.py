@@ -44,7 +44,7 @@ TYPE_KEYWORDS = {
 }
 
 
-SUPPORTED = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref"} | set().union(*TYPE_KEYWORDS.values())
+SUPPORTED = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "not", "uniqueItems", "dependentRequired"} | set().union(*TYPE_KEYWORDS.values())
 
 
 EMPTY = '""'
@@ -169,6 +169,15 @@ class SchemaCompiler:
             return self.schema(self.flatten(s, where), where)
         if "$ref" in keys:
             return self.ref(s["$ref"], _ptr(where, "$ref"))
+        if "uniqueItems" in keys:
+            if s["uniqueItems"] is not False:
+                raise self.err(_ptr(where, "uniqueItems"), "unsupported keyword 'uniqueItems' (a grammar cannot "
+                                                           "compare items; only uniqueItems: false is accepted)")
+            return self.schema({k: v for k, v in s.items() if k != "uniqueItems"}, where)
+        if "not" in keys:
+            return self.schema(self.negation(s, where), where)
+        if "dependentRequired" in keys:
+            return self.schema(self.dependent(s, where), where)
         comb = [k for k in ("anyOf", "oneOf") if k in keys]
         if comb and len(keys) > 1:          # siblings distribute over the branches, exactly
             branches = s[comb[0]]
@@ -207,6 +216,45 @@ class SchemaCompiler:
         if len(alts) == 1:
             return alts[0]
         return self.rule(where + "-types", " | ".join(alts))
+
+    def negation(self, s: dict, where: str):
+        """s without `not`, where `not` is trivially decidable: false, or a bare `type` (types removed)."""
+        n, rest = self.deref(s["not"], _ptr(where, "not")), {k: v for k, v in s.items() if k != "not"}
+        if n is False:
+            return rest
+        if n is True or n == {}:
+            raise self.err(_ptr(where, "not"), "`not: true` allows nothing (unsatisfiable schema)")
+        if not isinstance(n, dict) or {k for k in n if k not in ANNOTATIONS} != {"type"}:
+            raise self.err(_ptr(where, "not"), "unsupported keyword 'not' (only `not: false` and `not` of a bare "
+                                               "`type` are compiled)")
+        gone = set(self.types(n, _ptr(where, "not")))
+        if "number" in gone:
+            gone.add("integer")
+        kept = [t for t in self.types(rest, where) if t not in gone]
+        if "integer" in gone and "number" in kept:
+            raise self.err(_ptr(where, "not"), "`not` integer within number (non-integral numbers) is not compiled")
+        if not kept:
+            raise self.err(_ptr(where, "not"), "`not` removes every type (unsatisfiable schema)")
+        return {**rest, "type": kept}
+
+    def dependent(self, s: dict, where: str):
+        """dependentRequired {k: [names]} as anyOf [k absent, k and names present], one entry at a time."""
+        deps = s["dependentRequired"]
+        ptr = _ptr(where, "dependentRequired")
+        if not isinstance(deps, dict) or not all(isinstance(v, list) and all(isinstance(x, str) for x in v)
+                                                 for v in deps.values()):
+            raise self.err(ptr, "dependentRequired must map names to lists of names")
+        if len(deps) > 4:
+            raise self.err(ptr, "more than 4 dependentRequired entries (the grammar doubles with each)")
+        rest = {k: v for k, v in s.items() if k != "dependentRequired"}
+        if not deps:
+            return rest
+        (k, names), *more = deps.items()
+        if more:
+            rest["dependentRequired"] = dict(more)
+        absent = self.conjoin(rest, {"properties": {k: False}}, ptr)
+        present = self.conjoin(rest, {"required": [k, *names]}, ptr)
+        return {"anyOf": [absent, present]}
 
     def check_keys(self, s: dict, where: str) -> None:
         for k in s:
