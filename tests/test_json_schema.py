@@ -235,7 +235,7 @@ def test_date_format_knows_the_calendar():
     ({"type": "integer", "minimum": 3, "exclusiveMaximum": 3}, "unsatisfiable", "#/exclusiveMaximum"),
     ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "type", "#/allOf/1/type"),
     ({"allOf": [{"pattern": "a"}, {"pattern": "b"}]}, "pattern", "#/allOf/1/pattern"),
-    ({"properties": {"a": {"allOf": [{"minProperties": 1}]}}}, "minProperties", "#/properties/a/allOf/0/minProperties"),
+    ({"properties": {"a": {"allOf": [{"propertyNames": {}}]}}}, "propertyNames", "#/properties/a/allOf/0/propertyNames"),
     ({"type": "string", "format": "ipv4"}, "ipv4", "#/format"),
     ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties", "#/patternProperties"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems", "#/uniqueItems"),
@@ -243,7 +243,10 @@ def test_date_format_knows_the_calendar():
     ({"not": {"const": 1}}, "not", "#/not"),
     ({"type": "number", "not": {"type": "integer"}}, "not", "#/not"),
     ({"type": "object", "dependentRequired": {"a": "b"}}, "dependentRequired", "#/dependentRequired"),
-    ({"type": "object", "minProperties": 1}, "minProperties", "#/minProperties"),
+    ({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2}, "minProperties",
+     "#/minProperties"),
+    ({"type": "object", "properties": {"a": {}}, "required": ["a"], "maxProperties": 0}, "unsatisfiable",
+     "#/maxProperties"),
     ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}, "uniqueItems",
      "#/properties/a/uniqueItems"),
     ({"type": "number", "multipleOf": 2}, "multipleOf", "#/multipleOf"),
@@ -384,3 +387,12 @@ def test_not_uniqueitems_dependentrequired():
          "dependentRequired": {"card": ["addr"]}}
     assert _accepts(d, b'{"card":"x","addr":"y"}') and _accepts(d, b'{"addr":"y"}') and _accepts(d, b"{}")
     assert not _accepts(d, b'{"card":"x"}')
+
+
+def test_min_and_max_properties():
+    m = {"type": "object", "additionalProperties": {"type": "string"}, "minProperties": 1}    # a non-empty map
+    assert not _accepts(m, b"{}") and _accepts(m, b'{"a":"x"}') and _accepts(m, b'{"a":"x","b":"y"}')
+    m = {"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1, "maxProperties": 2}
+    assert _accepts(m, b'{"a":1}') and _accepts(m, b'{"a":1,"b":2}') and _accepts(m, b'{"b":2,"c":3}')
+    assert not _accepts(m, b"{}") and not _accepts(m, b'{"a":1,"b":2,"c":3}')
+    assert not _accepts({"type": "object", "maxProperties": 1}, b'{"x":1,"x":2}')    # duplicates count (safe side)

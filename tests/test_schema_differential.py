@@ -349,6 +349,8 @@ def composites(child):
                      st.lists(child, min_size=2, max_size=3).map(lambda bs: {"oneOf": bs}),
                      st.lists(child, min_size=1, max_size=3).map(lambda bs: {"allOf": bs}),
                      st.builds(lambda o, bs: {**o, "anyOf": bs}, obj, st.lists(child, min_size=1, max_size=2)),
+                     st.builds(lambda o, b: {**o, **b}, obj, st.dictionaries(
+                         st.sampled_from(["minProperties", "maxProperties"]), st.integers(0, 3), min_size=1)),
                      st.builds(lambda o, d: {**o, "dependentRequired": d}, obj,
                                st.dictionaries(NAMES, st.lists(NAMES, max_size=2), min_size=1, max_size=2)),
                      st.builds(lambda c, t: {"allOf": [c], "not": {"type": t}}, child,

@@ -37,7 +37,7 @@ ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "examples",
 
 
 TYPE_KEYWORDS = {
-    "object": {"properties", "required", "additionalProperties"},
+    "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties"},
     "array": {"items", "prefixItems", "minItems", "maxItems"},
     "string": {"minLength", "maxLength", "pattern", "format"},
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
@@ -252,8 +252,10 @@ class SchemaCompiler:
         (k, names), *more = deps.items()
         if more:
             rest["dependentRequired"] = dict(more)
-        absent = self.conjoin(rest, {"properties": {k: False}}, ptr)
         present = self.conjoin(rest, {"required": [k, *names]}, ptr)
+        if isinstance(rest.get("required"), list) and k in rest["required"]:
+            return present
+        absent = self.conjoin(rest, {"properties": {k: False}}, ptr)
         return {"anyOf": [absent, present]}
 
     def check_keys(self, s: dict, where: str) -> None:
@@ -557,6 +559,8 @@ class SchemaCompiler:
             value = self.schema(addl, _ptr(where, "additionalProperties"))
             key = self.key_not_in([name for name, _, _ in entries], _ptr(where, "additionalProperties"))
             extra = self.rule(where + "-extra", self.seq(key, W, '":"', W, value))
+        if "minProperties" in s or "maxProperties" in s:
+            return self.counted_obj(s, kvs, extra, sep, where)
         # F: nothing emitted yet; C: something emitted already (each member then starts with a comma)
         if extra is None:
             F = C = ""
@@ -573,6 +577,63 @@ class SchemaCompiler:
             F = self.rule(f"{where}-f{i}", F_i) if "|" in F_i else f"( {F_i} )"
             C = self.rule(f"{where}-c{i}", C_i) if "|" in C_i else f"( {C_i} )"
         return self.rule(where + "-obj", self.seq('"{"', W, F, W, '"}"'))
+
+    def counted_obj(self, s: dict, kvs: list, extra: str | None, sep: str, where: str) -> str:
+        """Members with minProperties/maxProperties. R(i, d): members from declared index i on, d declared
+        members emitted. Extra keys may repeat one another (json.loads keeps the last), so toward
+        minProperties all extras together count as one; toward maxProperties each counts."""
+        lo, hi = s.get("minProperties", 0), s.get("maxProperties")
+        for k, v in (("minProperties", lo), ("maxProperties", hi)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise self.err(_ptr(where, k), f"{k} must be a non-negative integer")
+        cap = hi if hi is not None else max(lo, 1)
+        memo: dict = {}
+
+        def tail(d):
+            a = 0 if d >= lo else (1 if d == lo - 1 and extra is not None else None)
+            b = None if hi is None else hi - d
+            if a is None or b is not None and b < a:
+                return None
+            if extra is None or b == 0:
+                return ""
+            if d > 0:
+                return f"( {sep} {extra} )" + repeat_suffix(a, b)
+            body = f"{extra} ( {sep} {extra} )" + repeat_suffix(0, None if b is None else b - 1)
+            return body if a else f"( {body} )?"
+
+        def R(i, d):
+            d = min(d, cap)
+            if (i, d) not in memo:
+                if i == len(kvs):
+                    memo[i, d] = tail(d)
+                else:
+                    kv, req = kvs[i]
+                    alts = []
+                    if hi is None or d + 1 <= hi:
+                        nxt = R(i + 1, d + 1)
+                        if nxt is not None:
+                            alts.append(self.seq(sep if d else "", kv, nxt))
+                    if not req:
+                        nxt = R(i + 1, d)
+                        if nxt is not None:
+                            alts.append(nxt or EMPTY)
+                    if not alts:
+                        memo[i, d] = None
+                    elif len(alts) == 1:
+                        memo[i, d] = f"( {alts[0]} )" if alts[0] != EMPTY else ""
+                    else:
+                        memo[i, d] = self.rule(f"{where}-n{i}-{d}", " | ".join(alts))
+            return memo[i, d]
+
+        body = R(0, 0)
+        if body is None:
+            k = "minProperties" if "minProperties" in s else "maxProperties"
+            why = ("the declared properties plus one additional key cannot reach it (additional keys may "
+                   "repeat one another, so a grammar cannot count them as distinct)" if extra is not None and
+                   k == "minProperties" else "no object fits it (unsatisfiable schema)")
+            raise self.err(_ptr(where, k), f"{k}: {why}")
+        W = self.W
+        return self.rule(where + "-obj", self.seq('"{"', W, body, W, '"}"'))
 
     def key_not_in(self, names: list[str], where: str) -> str:
         """A JSON string key whose (canonical) content is none of `names`."""
