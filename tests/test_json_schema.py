@@ -237,7 +237,7 @@ def test_date_format_knows_the_calendar():
     ({"allOf": [{"pattern": "a"}, {"pattern": "b"}]}, "pattern", "#/allOf/1/pattern"),
     ({"properties": {"a": {"allOf": [{"propertyNames": {}}]}}}, "propertyNames", "#/properties/a/allOf/0/propertyNames"),
     ({"type": "string", "format": "ipv4"}, "ipv4", "#/format"),
-    ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties", "#/patternProperties"),
+    ({"type": "object", "patternProperties": {"^x": {}, "^y": {}}, "additionalProperties": False}, "patternProperties", "#/patternProperties"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems", "#/uniqueItems"),
     ({"$defs": {"a": {"not": {}}}, "$ref": "#/$defs/a"}, "not", "#/$defs/a/not"),
     ({"not": {"const": 1}}, "not", "#/not"),
@@ -396,3 +396,14 @@ def test_min_and_max_properties():
     assert _accepts(m, b'{"a":1}') and _accepts(m, b'{"a":1,"b":2}') and _accepts(m, b'{"b":2,"c":3}')
     assert not _accepts(m, b"{}") and not _accepts(m, b'{"a":1,"b":2,"c":3}')
     assert not _accepts({"type": "object", "maxProperties": 1}, b'{"x":1,"x":2}')    # duplicates count (safe side)
+
+
+def test_pattern_properties_with_closed_objects():
+    s = {"type": "object", "properties": {"id": {"type": "integer"}},
+         "patternProperties": {"^x-": {"type": "string"}}, "additionalProperties": False}
+    assert _accepts(s, b'{"id":1,"x-a":"s"}') and _accepts(s, b'{"x-a":"s","x-b":"t"}')
+    assert not _accepts(s, b'{"id":1,"x-a":1}') and not _accepts(s, b'{"y":"s"}')
+    with pytest.raises(LessonkitError, match="additionalProperties: false.*#/patternProperties"):
+        compile_schema({"type": "object", "patternProperties": {"^x": {}}})
+    with pytest.raises(LessonkitError, match="'xa' matches.*#/patternProperties"):
+        compile_schema({"properties": {"xa": {}}, "patternProperties": {"^x": {}}, "additionalProperties": False})

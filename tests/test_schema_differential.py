@@ -19,6 +19,7 @@ import math
 import os
 import json
 import random
+import re
 from pathlib import Path
 
 import jsonschema
@@ -36,6 +37,7 @@ SCHEMAS = sorted(p.stem for p in SCHEMA_DIR.glob("*.json"))
 NO_HYPOTHESIS_SEEDS = {"geo_point", "rgb_tuple", "expression_tree", "linked_list", "tree"}
 CHARS = ["a", "Z", "0", " ", "é", "ß", "€", "\U0001F4A9", "\U00010348", '"', "\\", "/", "\n", "\x01", "\u2028"]
 POOL = [None, True, False, 0, 1, -1, 2.5, -0.5, 1.0, 10 ** 6, "", "a", "\U0001F4A9", [], [None], {}, {"zz": 1}]
+PATTERN_KEYS = ["xa", "ab", "zy", "é", "x", "y", "abc", "xéy", "\U0001F4A9y", "q"]
 FORMAT_SEEDS = {"date": ["2024-02-29", "2023-02-29"], "date-time": ["2024-01-01T00:00:00Z", "2024-01-01"],
                 "uuid": ["12345678-1234-1234-1234-1234567890ab", "1234"], "email": ["a@b.c", "ab"]}
 
@@ -121,6 +123,10 @@ def sample(s, root, rnd: random.Random, depth: int = 0):
             out[k] = sample(addl, root, rnd, depth + 1)
     if addl is not False and rnd.random() < 0.3:
         out["x" + text_of(rnd, 1)] = sample(addl, root, rnd, depth + 1)
+    for pat, sub in s.get("patternProperties", {}).items():
+        keys = [k for k in PATTERN_KEYS if re.search(pat, k) and k not in props]
+        for k in rnd.sample(keys, min(len(keys), rnd.randint(0, 2))):
+            out[k] = sample(sub, root, rnd, depth + 1)
     return out
 
 
@@ -167,7 +173,7 @@ def edits(x, s, root, rnd):
     if isinstance(x, dict):
         for k in list(x) + list(s.get("required", [])):
             out.append({kk: vv for kk, vv in x.items() if kk != k})           # drop a (required) key
-        for k in ["zz", *s.get("required", []), *s.get("properties", {})]:
+        for k in ["zz", *PATTERN_KEYS[:4], *s.get("required", []), *s.get("properties", {})]:
             for val in (None, 1, "s", [], {}):
                 out.append({**x, k: val})                                     # extra / retyped key
     if isinstance(x, list):
@@ -349,6 +355,8 @@ def composites(child):
                      st.lists(child, min_size=2, max_size=3).map(lambda bs: {"oneOf": bs}),
                      st.lists(child, min_size=1, max_size=3).map(lambda bs: {"allOf": bs}),
                      st.builds(lambda o, bs: {**o, "anyOf": bs}, obj, st.lists(child, min_size=1, max_size=2)),
+                     st.builds(lambda o, p, c: {**o, "patternProperties": {p: c}, "additionalProperties": False},
+                               obj, st.sampled_from(["^x", "y$", "^[a-c]+$", "é"]), child),
                      st.builds(lambda o, b: {**o, **b}, obj, st.dictionaries(
                          st.sampled_from(["minProperties", "maxProperties"]), st.integers(0, 3), min_size=1)),
                      st.builds(lambda o, d: {**o, "dependentRequired": d}, obj,

@@ -16,6 +16,9 @@ MAX = {"minLength", "minItems", "minimum", "exclusiveMinimum", "minProperties"}
 MIN = {"maxLength", "maxItems", "maximum", "exclusiveMaximum", "maxProperties"}
 
 
+OBJECT_NAMES = ("properties", "additionalProperties", "patternProperties")
+
+
 class Conflict(Exception):
     def __init__(self, keyword: str, why: str):
         super().__init__(why)
@@ -62,6 +65,9 @@ def merge(a: dict, b: dict, accepts, annotations) -> dict:
             continue                      # handled below, with both parts' values
         elif k not in ("properties", "additionalProperties", "prefixItems", "items"):
             raise Conflict(k, f"allOf parts disagree on {k!r} and cannot be merged")
+    for x, y in ((a, b), (b, a)):        # per-name pairing below does not know about patterns
+        if "patternProperties" in x and any(k in y for k in OBJECT_NAMES):
+            raise Conflict("patternProperties", "allOf parts with patternProperties and other per-name rules")
     _values(out, a, b, accepts)
     _objects(out, a, b)
     _arrays(out, a, b)

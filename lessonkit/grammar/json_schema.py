@@ -37,7 +37,8 @@ ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "examples",
 
 
 TYPE_KEYWORDS = {
-    "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties"},
+    "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties",
+               "patternProperties"},
     "array": {"items", "prefixItems", "minItems", "maxItems"},
     "string": {"minLength", "maxLength", "pattern", "format"},
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
@@ -551,7 +552,10 @@ class SchemaCompiler:
                                 else _ptr(where, "additionalProperties"))
             kvs.append((self.seq(literal('"' + json_string_content(name) + '"'), W, '":"', W, value), req))
         sep = self.seq(W, '","', W)
-        if addl is False:
+        pattern_extra = self.pattern_properties(s, [name for name, _, _ in entries], where)
+        if pattern_extra is not None:
+            extra = pattern_extra
+        elif addl is False:
             extra = None
         else:
             if addl is not True and not isinstance(addl, dict):
@@ -577,6 +581,36 @@ class SchemaCompiler:
             F = self.rule(f"{where}-f{i}", F_i) if "|" in F_i else f"( {F_i} )"
             C = self.rule(f"{where}-c{i}", C_i) if "|" in C_i else f"( {C_i} )"
         return self.rule(where + "-obj", self.seq('"{"', W, F, W, '"}"'))
+
+    def pattern_properties(self, s: dict, names: list[str], where: str) -> str | None:
+        """The member rule for keys matching the one pattern of patternProperties, or None when there is
+        none. Exact only with additionalProperties: false and no declared name matching the pattern (an
+        extra key could then repeat a declared one); anything else is refused."""
+        pp = s.get("patternProperties")
+        ptr = _ptr(where, "patternProperties")
+        if pp is None or pp == {}:
+            return None
+        if not isinstance(pp, dict):
+            raise self.err(ptr, "patternProperties must be an object")
+        if len(pp) != 1:
+            raise self.err(ptr, "patternProperties with more than one pattern is not compiled (a key may match several)")
+        if s.get("additionalProperties", True) is not False:
+            raise self.err(ptr, "patternProperties is compiled only next to additionalProperties: false (keys no "
+                                "pattern matches would need the pattern's complement)")
+        (pat, sub), = pp.items()
+        try:
+            rx = re.compile(pat)
+        except re.error:
+            raise self.err(ptr, f"pattern {pat!r} is not a valid regex") from None
+        clash = [n for n in names if rx.search(n)]
+        if clash:
+            raise self.err(ptr, f"the declared property {clash[0]!r} matches the pattern {pat!r} (not compiled)")
+        if sub is False:
+            return None
+        W = self.W
+        key = RegexCompiler(pat, self, _ptr(ptr, pat)).compile()
+        value = self.schema(sub, _ptr(ptr, pat))
+        return self.rule(where + "-pattern-member", self.seq('"\\""', key, '"\\""', W, '":"', W, value))
 
     def counted_obj(self, s: dict, kvs: list, extra: str | None, sep: str, where: str) -> str:
         """Members with minProperties/maxProperties. R(i, d): members from declared index i on, d declared
