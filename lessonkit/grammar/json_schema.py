@@ -10,9 +10,13 @@ an invalid one, except where noted in docs/grammar.md):
   additional properties); `order_like_schema` puts an instance's keys in that order;
 - keys, enum/const values and `pattern` strings are matched in their canonical serialisation
   (json.dumps(..., ensure_ascii=False): only `"`, `\\` and control characters escaped);
-- integers are written as JSON integers (no 1.0, no 1e2); numbers as JSON numbers, no ranges;
+- integers are written as JSON integers (no 1.0, no 1e2); ranges become digit grammars
+  (json_numbers); bounded numbers have no exponent;
 - anyOf becomes alternatives; so does oneOf, but only when its branches are provably disjoint (distinct
-  types, const/enum values, or a required const/enum discriminator property): otherwise refused.
+  types, const/enum values, or a required const/enum discriminator property): otherwise refused;
+- allOf and $ref with siblings are merged into one schema (json_merge) or refused; anyOf/oneOf
+  siblings are distributed over the branches; `not` and `dependentRequired` are rewritten likewise.
+The support table in docs/grammar.md lists each keyword as exact or refused.
 """
 from __future__ import annotations
 
