@@ -407,3 +407,18 @@ def test_pattern_properties_with_closed_objects():
         compile_schema({"type": "object", "patternProperties": {"^x": {}}})
     with pytest.raises(LessonkitError, match="'xa' matches.*#/patternProperties"):
         compile_schema({"properties": {"xa": {}}, "patternProperties": {"^x": {}}, "additionalProperties": False})
+
+
+def test_unevaluated_without_applicators_percent_refs_double_negation():
+    s = {"type": "object", "properties": {"a": {}}, "unevaluatedProperties": {"type": "integer"}}
+    assert _accepts(s, b'{"a":"x","b":1}') and not _accepts(s, b'{"b":"x"}')
+    t = {"type": "array", "prefixItems": [{"type": "string"}], "unevaluatedItems": False}
+    assert _accepts(t, b'["x"]') and not _accepts(t, b'["x",1]')
+    with pytest.raises(LessonkitError, match="unevaluatedProperties.*#/unevaluatedProperties"):
+        compile_schema({"allOf": [{"properties": {"a": {}}}], "unevaluatedProperties": False})
+    with pytest.raises(LessonkitError, match="unevaluatedProperties.*#/allOf/1/unevaluatedProperties"):
+        compile_schema({"allOf": [{"properties": {"a": {}}}, {"unevaluatedProperties": False}]})
+    r = {"$defs": {"a%b": {"type": "integer"}}, "properties": {"x": {"$ref": "#/$defs/a%25b"}}}
+    assert _accepts(r, b'{"x":1}') and not _accepts(r, b'{"x":"s"}')
+    assert _accepts({"not": {"not": {"type": "integer"}}}, b"1")
+    assert not _accepts({"not": {"not": {"type": "integer"}}}, b'"s"')

@@ -357,6 +357,9 @@ def composites(child):
                      st.builds(lambda o, bs: {**o, "anyOf": bs}, obj, st.lists(child, min_size=1, max_size=2)),
                      st.builds(lambda o, p, c: {**o, "patternProperties": {p: c}, "additionalProperties": False},
                                obj, st.sampled_from(["^x", "y$", "^[a-c]+$", "é"]), child),
+                     st.builds(lambda o, u: {k: v for k, v in {**o, "unevaluatedProperties": u}.items()
+                                             if k != "additionalProperties"}, obj, child),
+                     st.builds(lambda a, u: {**a, "unevaluatedItems": u}, arr, child),
                      st.builds(lambda o, b: {**o, **b}, obj, st.dictionaries(
                          st.sampled_from(["minProperties", "maxProperties"]), st.integers(0, 3), min_size=1)),
                      st.builds(lambda o, d: {**o, "dependentRequired": d}, obj,

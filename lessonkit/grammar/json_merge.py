@@ -65,6 +65,9 @@ def merge(a: dict, b: dict, accepts, annotations) -> dict:
             continue                      # handled below, with both parts' values
         elif k not in ("properties", "additionalProperties", "prefixItems", "items"):
             raise Conflict(k, f"allOf parts disagree on {k!r} and cannot be merged")
+    for k in ("unevaluatedProperties", "unevaluatedItems"):
+        if k in a or k in b:              # what counts as evaluated changes with the merge
+            raise Conflict(k, f"{k} inside allOf or next to a merged keyword is not compiled")
     for x, y in ((a, b), (b, a)):        # per-name pairing below does not know about patterns
         if "patternProperties" in x and any(k in y for k in OBJECT_NAMES):
             raise Conflict("patternProperties", "allOf parts with patternProperties and other per-name rules")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import urllib.parse
 from fractions import Fraction
 from pathlib import Path
 
@@ -49,7 +50,11 @@ TYPE_KEYWORDS = {
 }
 
 
-SUPPORTED = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "not", "uniqueItems", "dependentRequired"} | set().union(*TYPE_KEYWORDS.values())
+SUPPORTED = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "not", "uniqueItems", "dependentRequired",
+             "unevaluatedProperties", "unevaluatedItems"} | set().union(*TYPE_KEYWORDS.values())
+
+# keywords that apply subschemas in place: their evaluations would count for unevaluated*
+IN_PLACE = {"allOf", "anyOf", "oneOf", "not", "$ref", "$dynamicRef", "if", "then", "else", "dependentSchemas"}
 
 
 EMPTY = '""'
@@ -170,6 +175,8 @@ class SchemaCompiler:
         keys = {k for k in s if k not in ANNOTATIONS}
         if not keys:
             return self.schema(True, where)
+        if keys & {"unevaluatedProperties", "unevaluatedItems"}:
+            return self.schema(self.unevaluated(s, where), where)
         if "allOf" in keys or "$ref" in keys and len(keys) > 1:
             return self.schema(self.flatten(s, where), where)
         if "$ref" in keys:
@@ -222,6 +229,22 @@ class SchemaCompiler:
             return alts[0]
         return self.rule(where + "-types", " | ".join(alts))
 
+    def unevaluated(self, s: dict, where: str) -> dict:
+        """Without in-place applicators, unevaluatedProperties is additionalProperties and
+        unevaluatedItems is items (or nothing, where those are present: everything is evaluated)."""
+        out = dict(s)
+        for k, plain in (("unevaluatedProperties", "additionalProperties"), ("unevaluatedItems", "items")):
+            if k not in s:
+                continue
+            applied = sorted(IN_PLACE & set(s))
+            if applied:
+                raise self.err(_ptr(where, k), f"unsupported keyword {k!r} next to {applied[0]!r} (what the "
+                                               "applicator evaluates is not tracked)")
+            v = out.pop(k)
+            if plain not in s:
+                out[plain] = v
+        return out
+
     def negation(self, s: dict, where: str):
         """s without `not`, where `not` is trivially decidable: false, or a bare `type` (types removed)."""
         n, rest = self.deref(s["not"], _ptr(where, "not")), {k: v for k, v in s.items() if k != "not"}
@@ -229,6 +252,8 @@ class SchemaCompiler:
             return rest
         if n is True or n == {}:
             raise self.err(_ptr(where, "not"), "`not: true` allows nothing (unsatisfiable schema)")
+        if isinstance(n, dict) and {k for k in n if k not in ANNOTATIONS} == {"not"}:
+            return self.conjoin(rest, n["not"], _ptr(where, "not", "not"))       # double negation
         if not isinstance(n, dict) or {k for k in n if k not in ANNOTATIONS} != {"type"}:
             raise self.err(_ptr(where, "not"), "unsupported keyword 'not' (only `not: false` and `not` of a bare "
                                                "`type` are compiled)")
@@ -341,7 +366,7 @@ class SchemaCompiler:
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise self.err(where, f"only local references ('#...') are supported, not {ref!r}")
         target = self.root
-        pointer = ref[1:]
+        pointer = urllib.parse.unquote(ref[1:])     # a URI fragment: percent-encoded
         if pointer and not pointer.startswith("/"):
             raise self.err(where, f"unsupported reference {ref!r} (anchors are not supported)")
         for part in pointer.split("/")[1:]:
@@ -799,10 +824,10 @@ def order_like_schema(instance, schema, root=None):
             return instance
         return order_like_schema(instance, schema, root)
     if "$ref" in schema:
-        target = root
-        for part in schema["$ref"][1:].split("/")[1:]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            target = target[int(part)] if isinstance(target, list) else target[part]
+        try:
+            target = SchemaCompiler(root).lookup(schema["$ref"], "#")
+        except LessonkitError:
+            return instance
         return order_like_schema(instance, target, root)
     for comb in ("anyOf", "oneOf"):
         if comb in schema:
