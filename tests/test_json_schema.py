@@ -235,7 +235,7 @@ def test_date_format_knows_the_calendar():
     ({"type": "integer", "minimum": 3, "exclusiveMaximum": 3}, "unsatisfiable", "#/exclusiveMaximum"),
     ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "type", "#/allOf/1/type"),
     ({"allOf": [{"pattern": "a"}, {"pattern": "b"}]}, "pattern", "#/allOf/1/pattern"),
-    ({"properties": {"a": {"allOf": [{"propertyNames": {}}]}}}, "propertyNames", "#/properties/a/allOf/0/propertyNames"),
+    ({"properties": {"a": {"allOf": [{"dependentSchemas": {}}]}}}, "dependentSchemas", "#/properties/a/allOf/0/dependentSchemas"),
     ({"type": "string", "format": "ipv4"}, "ipv4", "#/format"),
     ({"type": "object", "patternProperties": {"^x": {}, "^y": {}}, "additionalProperties": False}, "patternProperties", "#/patternProperties"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems", "#/uniqueItems"),
@@ -250,7 +250,8 @@ def test_date_format_knows_the_calendar():
     ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}, "uniqueItems",
      "#/properties/a/uniqueItems"),
     ({"type": "number", "multipleOf": 2}, "multipleOf", "#/multipleOf"),
-    ({"properties": {"a/b": {"type": "array", "items": {"contains": {}}}}}, "contains", "#/properties/a~1b/items/contains"),
+    ({"properties": {"a/b": {"type": "array", "items": {"contains": {}, "maxItems": 2}}}}, "contains",
+     "#/properties/a~1b/items/contains"),
     ({"type": "string", "pattern": "(?=a)b"}, "pattern", "#/pattern"),
     ({"type": "string", "pattern": "^a\\b"}, "pattern", "#/pattern"),
     ({"properties": {"x": {"$ref": "#/$defs/missing"}}}, "does not resolve", "#/properties/x/$ref"),
@@ -258,7 +259,7 @@ def test_date_format_knows_the_calendar():
     ({"type": "string", "format": "date", "maxLength": 3}, "maxLength", "#/maxLength"),
     ({"type": "integer", "$ref": "#"}, "too deep", "at #"),
     ({"type": "strin"}, "strin", "#/type"),
-    ({"if": {}, "then": {}}, "if", "#/if"),
+    ({"if": {"const": 1}, "then": {}}, "if", "#/if"),
 ])
 def test_unsupported_keywords_fail_closed_naming_keyword_and_location(schema, keyword, where):
     with pytest.raises(LessonkitError) as e:
@@ -422,3 +423,24 @@ def test_unevaluated_without_applicators_percent_refs_double_negation():
     assert _accepts(r, b'{"x":1}') and not _accepts(r, b'{"x":"s"}')
     assert _accepts({"not": {"not": {"type": "integer"}}}, b"1")
     assert not _accepts({"not": {"not": {"type": "integer"}}}, b'"s"')
+
+
+def test_contains_if_property_names_anchor_and_nested_id():
+    c = {"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 5}}
+    assert _accepts(c, b"[1,7,2]") and not _accepts(c, b"[1,2]") and not _accepts(c, b"[]")
+    with pytest.raises(LessonkitError, match="#/contains"):
+        compile_schema({"type": "array", "contains": {}, "maxItems": 3})
+    assert _accepts({"if": True, "then": {"type": "integer"}, "else": {"type": "string"}}, b"1")
+    assert not _accepts({"if": True, "then": {"type": "integer"}, "else": {"type": "string"}}, b'"s"')
+    assert _accepts({"then": {"const": 0}}, b"5")                    # then without if: ignored
+    with pytest.raises(LessonkitError, match="'if'.*#/if"):
+        compile_schema({"if": {"const": 1}, "then": False})
+    p = {"type": "object", "properties": {"ab": {}, "x": {}}, "additionalProperties": False,
+         "propertyNames": {"maxLength": 1}}
+    assert _accepts(p, b'{"x":1}') and not _accepts(p, b'{"ab":1}')
+    with pytest.raises(LessonkitError, match="propertyNames.*#/propertyNames"):
+        compile_schema({"type": "object", "propertyNames": {"maxLength": 1}})
+    a = {"$ref": "#foo", "$defs": {"A": {"$anchor": "foo", "type": "integer"}}}
+    assert _accepts(a, b"1") and not _accepts(a, b'"s"')
+    with pytest.raises(LessonkitError, match="'\\$id' below the root.*#/\\$defs/A/\\$id"):
+        compile_schema({"$defs": {"A": {"$id": "a.json", "type": "integer"}}, "$ref": "#/$defs/A"})

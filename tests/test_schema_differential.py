@@ -360,6 +360,10 @@ def composites(child):
                      st.builds(lambda o, u: {k: v for k, v in {**o, "unevaluatedProperties": u}.items()
                                              if k != "additionalProperties"}, obj, child),
                      st.builds(lambda a, u: {**a, "unevaluatedItems": u}, arr, child),
+                     st.builds(lambda i, c: {"type": "array", "items": i, "contains": c}, child, child),
+                     st.builds(lambda o, p: {**o, "additionalProperties": False, "propertyNames": p}, obj,
+                               st.sampled_from([True, False, {"maxLength": 1}, {"pattern": "^[ab]"}])),
+                     st.builds(lambda c, t, e: {"if": c, "then": t, "else": e}, st.booleans(), child, child),
                      st.builds(lambda o, b: {**o, **b}, obj, st.dictionaries(
                          st.sampled_from(["minProperties", "maxProperties"]), st.integers(0, 3), min_size=1)),
                      st.builds(lambda o, d: {**o, "dependentRequired": d}, obj,

@@ -51,7 +51,8 @@ TYPE_KEYWORDS = {
 
 
 SUPPORTED = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "not", "uniqueItems", "dependentRequired",
-             "unevaluatedProperties", "unevaluatedItems"} | set().union(*TYPE_KEYWORDS.values())
+             "unevaluatedProperties", "unevaluatedItems", "if", "then", "else", "propertyNames", "contains",
+             "$anchor"} | set().union(*TYPE_KEYWORDS.values())
 
 # keywords that apply subschemas in place: their evaluations would count for unevaluated*
 IN_PLACE = {"allOf", "anyOf", "oneOf", "not", "$ref", "$dynamicRef", "if", "then", "else", "dependentSchemas"}
@@ -129,6 +130,7 @@ class SchemaCompiler:
 
     # -- entry
     def compile(self) -> str:
+        self.check_no_nested_id(self.root, "#", True)
         body = self.schema(self.root, "#")
         W = self.W
         if self.ndjson:
@@ -190,6 +192,10 @@ class SchemaCompiler:
             return self.schema(self.negation(s, where), where)
         if "dependentRequired" in keys:
             return self.schema(self.dependent(s, where), where)
+        if keys & {"if", "then", "else"}:
+            return self.schema(self.conditional(s, where), where)
+        if "propertyNames" in keys:
+            return self.schema(self.property_names(s, where), where)
         comb = [k for k in ("anyOf", "oneOf") if k in keys]
         if comb and len(keys) > 1:          # siblings distribute over the branches, exactly
             branches = s[comb[0]]
@@ -224,10 +230,44 @@ class SchemaCompiler:
             elif t == "object":
                 alts.append(self.obj(s, where))
             elif t == "array":
-                alts.append(self.array(s, where))
+                arr = self.array(s, where)
+                if arr is not None:
+                    alts.append(arr)
+        if not alts:
+            raise self.err(where, "no instance of any allowed type is valid (unsatisfiable schema)")
         if len(alts) == 1:
             return alts[0]
         return self.rule(where + "-types", " | ".join(alts))
+
+    def conditional(self, s: dict, where: str):
+        """if/then/else where the condition is decided: `then`/`else` without `if`, or `if` alone, are
+        ignored (as the spec says); `if: true` keeps `then`, `if: false` keeps `else`. Else refused."""
+        rest = {k: v for k, v in s.items() if k not in ("if", "then", "else")}
+        if "if" not in s or ("then" not in s and "else" not in s):
+            return rest
+        cond = self.deref(s["if"], _ptr(where, "if"))
+        if cond is True or cond == {}:
+            return self.conjoin(rest, s.get("then", True), _ptr(where, "then"))
+        if cond is False:
+            return self.conjoin(rest, s.get("else", True), _ptr(where, "else"))
+        raise self.err(_ptr(where, "if"), "unsupported keyword 'if' (only a condition that is true or false "
+                                          "for every instance is compiled)")
+
+    def property_names(self, s: dict, where: str):
+        """propertyNames on a closed object (no additional keys): the declared names it rejects are
+        forbidden. `true` is dropped; `false` forbids every key. Objects with additional keys: refused."""
+        pn, rest = s["propertyNames"], {k: v for k, v in s.items() if k != "propertyNames"}
+        ptr = _ptr(where, "propertyNames")
+        if pn is True or pn == {}:
+            return rest
+        if pn is False:
+            return self.conjoin(rest, {"additionalProperties": False}, ptr)
+        if rest.get("additionalProperties", True) is not False or rest.get("patternProperties"):
+            raise self.err(ptr, "unsupported keyword 'propertyNames' (compiled only where additionalProperties "
+                                "is false and there are no patternProperties)")
+        names = list(rest.get("properties", {})) + [n for n in rest.get("required", []) if isinstance(n, str)]
+        bad = {n: False for n in names if not self.validator(pn).is_valid(n)}
+        return self.conjoin(rest, {"properties": bad}, ptr) if bad else rest
 
     def unevaluated(self, s: dict, where: str) -> dict:
         """Without in-place applicators, unevaluatedProperties is additionalProperties and
@@ -287,6 +327,19 @@ class SchemaCompiler:
             return present
         absent = self.conjoin(rest, {"properties": {k: False}}, ptr)
         return {"anyOf": [absent, present]}
+
+    def check_no_nested_id(self, x, where: str, top: bool = False) -> None:
+        """A `$id` below the root starts a new resource: its `#...` references mean something else."""
+        if isinstance(x, dict):
+            if isinstance(x.get("$id"), str) and not top:
+                raise self.err(_ptr(where, "$id"), "unsupported keyword '$id' below the root (it changes what "
+                                                   "references inside it mean)")
+            for k, v in x.items():
+                if k not in ("const", "enum", "default", "examples"):
+                    self.check_no_nested_id(v, _ptr(where, k))
+        elif isinstance(x, list):
+            for i, v in enumerate(x):
+                self.check_no_nested_id(v, _ptr(where, i))
 
     def check_keys(self, s: dict, where: str) -> None:
         for k in s:
@@ -368,7 +421,7 @@ class SchemaCompiler:
         target = self.root
         pointer = urllib.parse.unquote(ref[1:])     # a URI fragment: percent-encoded
         if pointer and not pointer.startswith("/"):
-            raise self.err(where, f"unsupported reference {ref!r} (anchors are not supported)")
+            return self.anchor(pointer, ref, where)
         for part in pointer.split("/")[1:]:
             part = part.replace("~1", "/").replace("~0", "~")
             if isinstance(target, dict) and part in target:
@@ -378,6 +431,29 @@ class SchemaCompiler:
             else:
                 raise self.err(where, f"reference {ref!r} does not resolve")
         return target
+
+    def anchor(self, name: str, ref: str, where: str):
+        """The subschema with `$anchor: name`, when no nested $id could change which one is meant."""
+        found, ids = [], []
+
+        def walk(x, top):
+            if isinstance(x, dict):
+                if "$id" in x and not top:
+                    ids.append(x["$id"])
+                if x.get("$anchor") == name:
+                    found.append(x)
+                for k, v in x.items():
+                    if k not in ("const", "enum", "default", "examples"):
+                        walk(v, False)
+            elif isinstance(x, list):
+                for v in x:
+                    walk(v, False)
+
+        walk(self.root, True)
+        if ids or len(found) != 1:
+            raise self.err(where, f"unsupported reference {ref!r} (an anchor is resolved only when it is "
+                                  "unique and no nested $id is present)")
+        return found[0]
 
     # -- oneOf: exclusivity is exact only when no instance can match two branches
     def check_disjoint(self, branches: list, where: str) -> None:
@@ -509,7 +585,7 @@ class SchemaCompiler:
         else:
             for k, v in bounds.items():
                 if v.denominator != 1 or abs(v) > NUMBER_BOUND_LIMIT:
-                    raise self.err(_ptr(where, k), f"{k} {s[k]!r} for type number: only integer bounds up to "
+                    raise self.err(_ptr(where, k), f"{k!r} {s[k]!r} for type number: only integer bounds up to "
                                                    f"{NUMBER_BOUND_LIMIT} in size are compiled exactly")
             body = number_range(None if lo is None else int(lo[0]), bool(lo and lo[1]),
                                 None if hi is None else int(hi[0]), bool(hi and not hi[1]))
@@ -735,8 +811,10 @@ class SchemaCompiler:
         return self.seq('"\\""', node_rule(trie, b""))
 
     # -- arrays
-    def array(self, s: dict, where: str) -> str:
+    def array(self, s: dict, where: str) -> str | None:
         W = self.W
+        if "contains" in s:
+            return self.contains(s, where)
         prefix = s.get("prefixItems", [])
         if not isinstance(prefix, list):
             raise self.err(_ptr(where, "prefixItems"), "prefixItems must be a list")
@@ -776,6 +854,24 @@ class SchemaCompiler:
             body = self.seq(sep if i > 0 else "", elems[i], A)
             A = self.rule(f"{where}-a{i}", f'{body} | ""') if i >= lo else f"( {body} )"
         return self.rule(where + "-arr", self.seq('"["', W, A, W, '"]"'))
+
+
+    def contains(self, s: dict, where: str) -> str | None:
+        """Arrays where some item also satisfies `contains`: [ (I ,)* I&C (, I)* ]; None if no array fits.
+        Exact for uniform items; next to prefixItems, item counts or min/maxContains: refused."""
+        ptr = _ptr(where, "contains")
+        for k in ("prefixItems", "minItems", "maxItems", "minContains", "maxContains"):
+            if k in s and not (k == "minItems" and s[k] in (0, 1)):
+                raise self.err(ptr, f"unsupported keyword 'contains' next to {k!r}")
+        items = s.get("items", True)
+        both = self.conjoin(items, s["contains"], ptr)
+        if both is False:
+            return None
+        W, sep = self.W, self.seq(self.W, '","', self.W)
+        item = self.schema(items, _ptr(where, "items")) if items is not False else None
+        hit = self.schema(both, ptr)
+        body = hit if item is None else f"( {item} {sep} )* {hit} ( {sep} {item} )*"
+        return self.rule(where + "-contains", self.seq('"["', W, body, W, '"]"'))
 
 
 # ----------------------------------------------------------------------------- public API
