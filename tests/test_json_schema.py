@@ -430,6 +430,11 @@ def test_contains_if_property_names_anchor_and_nested_id():
     assert _accepts(c, b"[1,7,2]") and not _accepts(c, b"[1,2]") and not _accepts(c, b"[]")
     with pytest.raises(LessonkitError, match="#/contains"):
         compile_schema({"type": "array", "contains": {}, "maxItems": 3})
+    two = {"type": "array", "contains": {"const": 1}, "minContains": 2}
+    assert _accepts(two, b'[1,"a",1]') and not _accepts(two, b'[1,"a"]')
+    assert _accepts({"type": "array", "contains": {"const": 1}, "minContains": 0}, b"[]")
+    with pytest.raises(LessonkitError, match="maxContains.*#/maxContains"):
+        compile_schema({"type": "array", "contains": {}, "maxContains": 1})
     assert _accepts({"if": True, "then": {"type": "integer"}, "else": {"type": "string"}}, b"1")
     assert not _accepts({"if": True, "then": {"type": "integer"}, "else": {"type": "string"}}, b'"s"')
     assert _accepts({"then": {"const": 0}}, b"5")                    # then without if: ignored

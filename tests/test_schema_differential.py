@@ -360,7 +360,8 @@ def composites(child):
                      st.builds(lambda o, u: {k: v for k, v in {**o, "unevaluatedProperties": u}.items()
                                              if k != "additionalProperties"}, obj, child),
                      st.builds(lambda a, u: {**a, "unevaluatedItems": u}, arr, child),
-                     st.builds(lambda i, c: {"type": "array", "items": i, "contains": c}, child, child),
+                     st.builds(lambda i, c, m: {"type": "array", "items": i, "contains": c, "minContains": m},
+                               child, child, st.integers(0, 2)),
                      st.builds(lambda o, p: {**o, "additionalProperties": False, "propertyNames": p}, obj,
                                st.sampled_from([True, False, {"maxLength": 1}, {"pattern": "^[ab]"}])),
                      st.builds(lambda c, t, e: {"if": c, "then": t, "else": e}, st.booleans(), child, child),
@@ -397,7 +398,7 @@ SUITE = os.environ.get("LESSONKIT_SCHEMA_SUITE")   # path to JSON-Schema-Test-Su
 @pytest.mark.skipif(not SUITE, reason="set LESSONKIT_SCHEMA_SUITE to JSON-Schema-Test-Suite/tests/draft2020-12")
 def test_official_suite():
     """Every schema of the suite compiles or is refused; a compiled one accepts no text the suite
-    marks invalid. Prints the share compiled (45% when written)."""
+    marks invalid. Prints the share compiled (47% when written)."""
     compiled = total = 0
     holes = []
     for f in sorted(Path(SUITE).glob("*.json")):

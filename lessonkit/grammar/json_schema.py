@@ -486,8 +486,9 @@ class SchemaCompiler(SchemaRewriter):
     # -- arrays
     def array(self, s: dict, where: str) -> str | None:
         W = self.W
-        if "contains" in s:
+        if "contains" in s and s.get("minContains", 1) != 0:
             return self.contains(s, where)
+        s = {k: v for k, v in s.items() if k not in ("contains", "minContains")}   # minContains 0, or no contains
         prefix = s.get("prefixItems", [])
         if not isinstance(prefix, list):
             raise self.err(_ptr(where, "prefixItems"), "prefixItems must be a list")
@@ -529,11 +530,15 @@ class SchemaCompiler(SchemaRewriter):
         return self.rule(where + "-arr", self.seq('"["', W, A, W, '"]"'))
 
     def contains(self, s: dict, where: str) -> str | None:
-        """Arrays where some item also satisfies `contains`: [ (I ,)* I&C (, I)* ]; None if no array fits.
-        Exact for uniform items; next to prefixItems, item counts or min/maxContains: refused."""
+        """Arrays where at least minContains (default 1) items also satisfy `contains`:
+        [ X H (, X H){m-1} (, I)* ] with X = (I ,)*, H = I and C; None if no array fits.
+        Exact for uniform items; next to prefixItems or item counts: refused."""
         ptr = _ptr(where, "contains")
-        for k in ("prefixItems", "minItems", "maxItems", "minContains", "maxContains"):
-            if k in s and not (k == "minItems" and s[k] in (0, 1)):
+        m = s.get("minContains", 1)
+        if not isinstance(m, int) or isinstance(m, bool) or m < 0:
+            raise self.err(_ptr(where, "minContains"), "minContains must be a non-negative integer")
+        for k in ("prefixItems", "minItems", "maxItems"):
+            if k in s and not (k == "minItems" and s[k] <= m):
                 raise self.err(ptr, f"unsupported keyword 'contains' next to {k!r}")
         items = s.get("items", True)
         both = self.conjoin(items, s["contains"], ptr)
@@ -542,7 +547,11 @@ class SchemaCompiler(SchemaRewriter):
         W, sep = self.W, self.seq(self.W, '","', self.W)
         item = self.schema(items, _ptr(where, "items")) if items is not False else None
         hit = self.schema(both, ptr)
-        body = hit if item is None else f"( {item} {sep} )* {hit} ( {sep} {item} )*"
+        if item is None:
+            body = self.seq(hit, f"( {sep} {hit} )" + repeat_suffix(m - 1, None))
+        else:
+            x_hit = f"( {item} {sep} )* {hit}"
+            body = self.seq(x_hit, f"( {sep} {x_hit} )" + repeat_suffix(m - 1, m - 1), f"( {sep} {item} )*")
         return self.rule(where + "-contains", self.seq('"["', W, body, W, '"]"'))
 
 
