@@ -235,7 +235,7 @@ def test_date_format_knows_the_calendar():
     ({"type": "integer", "minimum": 3, "exclusiveMaximum": 3}, "unsatisfiable", "#/exclusiveMaximum"),
     ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "type", "#/allOf/1/type"),
     ({"allOf": [{"pattern": "a"}, {"pattern": "b"}]}, "pattern", "#/allOf/1/pattern"),
-    ({"properties": {"a": {"allOf": [{"dependentSchemas": {}}]}}}, "dependentSchemas", "#/properties/a/allOf/0/dependentSchemas"),
+    ({"properties": {"a": {"allOf": [{"$dynamicRef": "#x"}]}}}, "$dynamicRef", "#/properties/a/allOf/0/$dynamicRef"),
     ({"type": "string", "format": "ipv4"}, "ipv4", "#/format"),
     ({"type": "object", "patternProperties": {"^x": {}, "^y": {}}, "additionalProperties": False}, "patternProperties", "#/patternProperties"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems", "#/uniqueItems"),
@@ -449,3 +449,11 @@ def test_contains_if_property_names_anchor_and_nested_id():
     assert _accepts(a, b"1") and not _accepts(a, b'"s"')
     with pytest.raises(LessonkitError, match="'\\$id' below the root.*#/\\$defs/A/\\$id"):
         compile_schema({"$defs": {"A": {"$id": "a.json", "type": "integer"}}, "$ref": "#/$defs/A"})
+
+
+def test_dependent_schemas():
+    d = {"type": "object", "properties": {"a": {}, "b": {"type": "integer"}},
+         "dependentSchemas": {"a": {"properties": {"b": {"minimum": 3}}, "required": ["b"]}}}
+    assert _accepts(d, b'{"a":1,"b":3}') and _accepts(d, b'{"b":2}') and _accepts(d, b"{}")
+    assert not _accepts(d, b'{"a":1,"b":2}') and not _accepts(d, b'{"a":1}')
+    assert not _accepts({"dependentSchemas": {"a": False}}, b'{"a":1}')

@@ -367,6 +367,8 @@ def composites(child):
                      st.builds(lambda c, t, e: {"if": c, "then": t, "else": e}, st.booleans(), child, child),
                      st.builds(lambda o, b: {**o, **b}, obj, st.dictionaries(
                          st.sampled_from(["minProperties", "maxProperties"]), st.integers(0, 3), min_size=1)),
+                     st.builds(lambda o, d: {**o, "dependentSchemas": d}, obj,
+                               st.dictionaries(NAMES, child, min_size=1, max_size=2)),
                      st.builds(lambda o, d: {**o, "dependentRequired": d}, obj,
                                st.dictionaries(NAMES, st.lists(NAMES, max_size=2), min_size=1, max_size=2)),
                      st.builds(lambda c, t: {"allOf": [c], "not": {"type": t}}, child,
@@ -398,7 +400,7 @@ SUITE = os.environ.get("LESSONKIT_SCHEMA_SUITE")   # path to JSON-Schema-Test-Su
 @pytest.mark.skipif(not SUITE, reason="set LESSONKIT_SCHEMA_SUITE to JSON-Schema-Test-Suite/tests/draft2020-12")
 def test_official_suite():
     """Every schema of the suite compiles or is refused; a compiled one accepts no text the suite
-    marks invalid. Prints the share compiled (47% when written)."""
+    marks invalid. Prints the share compiled (47% when written: 181 of 383)."""
     compiled = total = 0
     holes = []
     for f in sorted(Path(SUITE).glob("*.json")):

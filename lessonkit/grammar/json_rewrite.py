@@ -28,7 +28,7 @@ TYPE_KEYWORDS = {
 
 SUPPORTED = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "not", "uniqueItems", "dependentRequired",
              "unevaluatedProperties", "unevaluatedItems", "if", "then", "else", "propertyNames", "contains",
-             "minContains",
+             "minContains", "dependentSchemas",
              "$anchor"} | set().union(*TYPE_KEYWORDS.values())
 
 # keywords that apply subschemas in place: their evaluations would count for unevaluated*
@@ -78,6 +78,8 @@ class SchemaRewriter:
             return self.negation(s, where)
         if "dependentRequired" in keys:
             return self.dependent(s, where)
+        if "dependentSchemas" in keys:
+            return self.dependent(s, where, "dependentSchemas")
         if keys & {"if", "then", "else"}:
             return self.conditional(s, where)
         if "propertyNames" in keys:
@@ -344,23 +346,30 @@ class SchemaRewriter:
             raise self.err(_ptr(where, "not"), "`not` removes every type (unsatisfiable schema)")
         return {**rest, "type": kept}
 
-    def dependent(self, s: dict, where: str):
-        """dependentRequired {k: [names]} as anyOf [k absent, k and names present], one entry at a time."""
-        deps = s["dependentRequired"]
-        ptr = _ptr(where, "dependentRequired")
-        if not isinstance(deps, dict) or not all(isinstance(v, list) and all(isinstance(x, str) for x in v)
-                                                 for v in deps.values()):
-            raise self.err(ptr, "dependentRequired must map names to lists of names")
+    def dependent(self, s: dict, where: str, key: str = "dependentRequired"):
+        """dependentRequired {k: [names]} as anyOf [k absent, k and names present], and dependentSchemas
+        {k: S} as anyOf [k absent, k present and S], one entry at a time."""
+        deps = s[key]
+        ptr = _ptr(where, key)
+        if not isinstance(deps, dict) or key == "dependentRequired" and not all(
+                isinstance(v, list) and all(isinstance(x, str) for x in v) for v in deps.values()):
+            raise self.err(ptr, f"{key} must map names to " + ("lists of names" if key == "dependentRequired"
+                                                                  else "schemas"))
         if len(deps) > 4:
-            raise self.err(ptr, "more than 4 dependentRequired entries (the grammar doubles with each)")
-        rest = {k: v for k, v in s.items() if k != "dependentRequired"}
+            raise self.err(ptr, f"more than 4 {key} entries (the grammar doubles with each)")
+        rest = {k: v for k, v in s.items() if k != key}
         if not deps:
             return rest
-        (k, names), *more = deps.items()
+        (k, dep), *more = deps.items()
         if more:
-            rest["dependentRequired"] = dict(more)
-        present = self.conjoin(rest, {"required": [k, *names]}, ptr)
+            rest[key] = dict(more)
+        if key == "dependentRequired":
+            present = self.conjoin(rest, {"required": [k, *dep]}, ptr)
+        else:
+            present = self.conjoin(self.conjoin(rest, {"required": [k]}, ptr), dep, _ptr(ptr, k))
         if isinstance(rest.get("required"), list) and k in rest["required"]:
             return present
         absent = self.conjoin(rest, {"properties": {k: False}}, ptr)
+        if present is False:
+            return absent
         return {"anyOf": [absent, present]}
