@@ -220,7 +220,7 @@ def test_cli_check_and_compile(tmp_path, capsys):
     assert main(["grammar", "compile", str(schema)]) == 0
     assert "root ::=" in capsys.readouterr().out
     unsupported = tmp_path / "u.json"
-    unsupported.write_text('{"type": "integer", "minimum": 3}')
+    unsupported.write_text('{"type": "number", "minimum": 0.5}')
     assert main(["grammar", "compile", str(unsupported)]) == 2
     err = capsys.readouterr().err
     assert "'minimum'" in err and "#/minimum" in err and err.count("\n") == 1

@@ -231,22 +231,35 @@ def test_date_format_knows_the_calendar():
 
 
 @pytest.mark.parametrize("schema,keyword,where", [
-    ({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}, "minimum", "#/properties/age/minimum"),
-    ({"allOf": [{"type": "string"}]}, "allOf", "#/allOf"),
+    ({"type": "object", "properties": {"age": {"type": "number", "minimum": 0.5}}}, "minimum", "#/properties/age/minimum"),
+    ({"type": "integer", "minimum": 3, "exclusiveMaximum": 3}, "unsatisfiable", "#/exclusiveMaximum"),
+    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "type", "#/allOf/1/type"),
+    ({"allOf": [{"pattern": "a"}, {"pattern": "b"}]}, "pattern", "#/allOf/1/pattern"),
+    ({"properties": {"a": {"allOf": [{"$dynamicRef": "#x"}]}}}, "$dynamicRef", "#/properties/a/allOf/0/$dynamicRef"),
     ({"type": "string", "format": "ipv4"}, "ipv4", "#/format"),
-    ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties", "#/patternProperties"),
+    ({"type": "object", "patternProperties": {"^x": {}, "^y": {}}, "additionalProperties": False}, "patternProperties", "#/patternProperties"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems", "#/uniqueItems"),
     ({"$defs": {"a": {"not": {}}}, "$ref": "#/$defs/a"}, "not", "#/$defs/a/not"),
+    ({"not": {"const": 1}}, "not", "#/not"),
+    ({"type": "number", "not": {"type": "integer"}}, "not", "#/not"),
+    ({"type": "object", "dependentRequired": {"a": "b"}}, "dependentRequired", "#/dependentRequired"),
+    ({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2}, "minProperties",
+     "#/minProperties"),
+    ({"type": "object", "properties": {"a": {}}, "required": ["a"], "maxProperties": 0}, "unsatisfiable",
+     "#/maxProperties"),
+    ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}, "uniqueItems",
+     "#/properties/a/uniqueItems"),
     ({"type": "number", "multipleOf": 2}, "multipleOf", "#/multipleOf"),
-    ({"properties": {"a/b": {"type": "array", "items": {"contains": {}}}}}, "contains", "#/properties/a~1b/items/contains"),
+    ({"properties": {"a/b": {"type": "array", "items": {"contains": {}, "maxItems": 2}}}}, "contains",
+     "#/properties/a~1b/items/contains"),
     ({"type": "string", "pattern": "(?=a)b"}, "pattern", "#/pattern"),
     ({"type": "string", "pattern": "^a\\b"}, "pattern", "#/pattern"),
     ({"properties": {"x": {"$ref": "#/$defs/missing"}}}, "does not resolve", "#/properties/x/$ref"),
     ({"$ref": "https://example.com/s.json"}, "local references", "#/$ref"),
     ({"type": "string", "format": "date", "maxLength": 3}, "maxLength", "#/maxLength"),
-    ({"type": "integer", "$ref": "#"}, "type", "#/type"),
+    ({"type": "integer", "$ref": "#"}, "too deep", "at #"),
     ({"type": "strin"}, "strin", "#/type"),
-    ({"if": {}, "then": {}}, "if", "#/if"),
+    ({"if": {"const": 1}, "then": {}}, "if", "#/if"),
 ])
 def test_unsupported_keywords_fail_closed_naming_keyword_and_location(schema, keyword, where):
     with pytest.raises(LessonkitError) as e:
@@ -272,3 +285,175 @@ def test_pattern_subset():
     assert m("^a.c$", "a\"c") and not m("^a.c$", "a\nc")
     assert m("^é{2,3}$", "ééé") and not m("^é{2,3}$", "é")
     assert m(r"^\d{3}-\w+$", "123-ab_9") and not m(r"^\d{3}-\w+$", "12-a")
+
+
+# -- issue 19: the four ways the grammar accepted an instance jsonschema rejects, one test each
+
+def _accepts(schema, text: bytes) -> bool:
+    return schema_grammar(schema, whitespace="compact").matches(text)
+
+
+def test_one_of_exclusivity_enforced_or_refused():
+    both = {"oneOf": [{"type": "integer"}, {"type": "number"}]}     # 1 matches both branches
+    with pytest.raises(LessonkitError) as e:
+        compile_schema(both, source="s.json")
+    assert "oneOf" in str(e.value) and "#/oneOf" in str(e.value)
+    with pytest.raises(LessonkitError, match="#/properties/x/oneOf"):
+        compile_schema({"properties": {"x": {"oneOf": [{"const": "auto"}, {"type": "string"}]}}})
+    disjoint = {"oneOf": [{"type": "integer"}, {"type": "string"}, {"const": None}]}
+    assert _accepts(disjoint, b"1") and _accepts(disjoint, b'"a"') and _accepts(disjoint, b"null")
+    tagged = load("shape_union")       # a required const discriminator makes object branches disjoint
+    assert _accepts(tagged, b'{"kind":"circle","r":1}') and not _accepts(tagged, b'{"kind":"circle"}')
+
+
+def test_string_length_counts_code_points_not_escapes():
+    pile = json.dumps("\U0001F4A9").encode()        # b'"\\ud83d\\udca9"': one character
+    assert not _accepts({"type": "string", "minLength": 2}, pile)
+    assert _accepts({"type": "string", "maxLength": 1, "minLength": 1}, pile)
+    assert _accepts({"type": "string", "maxLength": 1}, "\U0001F4A9".join('""').encode())
+    assert _accepts({"type": "string", "minLength": 2, "maxLength": 2}, b'"\\u00e9\\n"')
+    assert not _accepts({"type": "string"}, b'"\\ud83d"')       # a lone surrogate: refused (safe side)
+
+
+def test_boolean_schemas_in_prefix_items():
+    s = {"type": "array", "prefixItems": [True, False]}
+    assert _accepts(s, b"[1]") and _accepts(s, b"[]") and not _accepts(s, b"[1,2]")
+    assert not _accepts({"type": "array", "prefixItems": [False]}, b"[1]")
+    assert _accepts({"type": "object", "properties": {"a": False}}, b'{"b":1}')
+    assert not _accepts({"type": "object", "properties": {"a": False}}, b'{"a":1}')
+
+
+def test_required_names_outside_properties_follow_additional_properties():
+    s = {"type": "object", "properties": {"a": {}}, "required": ["b"], "additionalProperties": {"type": "integer"}}
+    assert _accepts(s, b'{"b":1}') and not _accepts(s, b'{"b":"x"}')
+    with pytest.raises(LessonkitError, match="unsatisfiable.*#/required"):
+        compile_schema({"properties": {"a": {}}, "required": ["b"], "additionalProperties": False})
+    with pytest.raises(LessonkitError, match="unsatisfiable.*#/properties/a"):
+        compile_schema({"properties": {"a": False}, "required": ["a"]})
+
+
+def test_escaped_extra_key_cannot_spell_a_declared_key():
+    s = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}}
+    assert not _accepts(s, b'{"\\u0061":"x"}')       # "\u0061" is "a": it must be an integer
+    assert _accepts(s, b'{"\\u00e9":"x"}') and _accepts(s, b'{"a":1,"b\\u0061":"x"}')
+
+
+# -- issue 19: coverage, each keyword compiled exactly or refused with its JSON pointer
+
+@pytest.mark.parametrize("schema", [
+    {"type": "integer", "minimum": -17, "maximum": 1234},
+    {"type": "integer", "exclusiveMinimum": 9.5, "exclusiveMaximum": 101},
+    {"type": "integer", "minimum": 100},
+    {"type": "integer", "maximum": -3},
+    {"type": "number", "minimum": 0, "maximum": 1},
+    {"type": "number", "exclusiveMinimum": -2, "exclusiveMaximum": 3},
+    {"type": ["number", "null"], "maximum": 0},
+])
+def test_numeric_ranges_are_exact(schema):
+    g, v = schema_grammar(schema, whitespace="compact"), validator(schema)
+    texts = [str(i) for i in range(-140, 1300, 3)] + ["-0", "1e2", "null"]
+    texts += [f"{i}.{f}" for i in range(-20, 20) for f in ("5", "0", "25", "999999999999999999999", "0000000000000000000001")]
+    for t in texts:
+        ok = v.is_valid(json.loads(t))
+        assert not (g.matches(t.encode()) and not ok), t                       # sound
+        if ok and "." not in t and t not in ("-0", "1e2"):
+            assert g.matches(t.encode()), t                                     # exact on integers
+
+
+def test_all_of_merged_exactly():
+    s = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                   {"properties": {"a": {"minimum": 3}, "b": {"type": "string"}}, "additionalProperties": False}]}
+    assert _accepts(s, b'{"a":3}') and _accepts(s, b'{"a":3,"b":"x"}')
+    for bad in (b'{"a":2}', b'{"a":3,"b":1}', b'{"a":3,"c":1}', b'{"b":"x"}'):
+        assert not _accepts(s, bad), bad
+    ref = {"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n", "maximum": 3}   # $ref with siblings
+    assert _accepts(ref, b"3") and not _accepts(ref, b"4") and not _accepts(ref, b'"x"')
+    assert _accepts({"allOf": [{"enum": [1, "a", 2]}, {"type": "integer"}]}, b"2")
+    assert not _accepts({"allOf": [{"enum": [1, "a", 2]}, {"type": "integer"}]}, b'"a"')
+
+
+def test_any_of_with_sibling_keywords_distributes():
+    s = {"type": "object", "properties": {"a": {}, "b": {}}, "additionalProperties": False,
+         "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}
+    assert _accepts(s, b'{"a":1}') and _accepts(s, b'{"b":1}') and _accepts(s, b'{"a":1,"b":2}')
+    assert not _accepts(s, b"{}") and not _accepts(s, b'{"c":1}') and not _accepts(s, b"null")
+
+
+def test_not_uniqueitems_dependentrequired():
+    assert not _accepts({"not": {"type": "null"}}, b"null") and _accepts({"not": {"type": "null"}}, b"[1]")
+    assert not _accepts({"type": ["string", "integer"], "not": {"type": "integer"}}, b"1")
+    assert _accepts({"type": "integer", "not": False}, b"1")
+    assert _accepts({"type": "array", "uniqueItems": False}, b"[1,1]")
+    d = {"type": "object", "properties": {"card": {"type": "string"}, "addr": {"type": "string"}},
+         "dependentRequired": {"card": ["addr"]}}
+    assert _accepts(d, b'{"card":"x","addr":"y"}') and _accepts(d, b'{"addr":"y"}') and _accepts(d, b"{}")
+    assert not _accepts(d, b'{"card":"x"}')
+
+
+def test_min_and_max_properties():
+    m = {"type": "object", "additionalProperties": {"type": "string"}, "minProperties": 1}    # a non-empty map
+    assert not _accepts(m, b"{}") and _accepts(m, b'{"a":"x"}') and _accepts(m, b'{"a":"x","b":"y"}')
+    m = {"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1, "maxProperties": 2}
+    assert _accepts(m, b'{"a":1}') and _accepts(m, b'{"a":1,"b":2}') and _accepts(m, b'{"b":2,"c":3}')
+    assert not _accepts(m, b"{}") and not _accepts(m, b'{"a":1,"b":2,"c":3}')
+    assert not _accepts({"type": "object", "maxProperties": 1}, b'{"x":1,"x":2}')    # duplicates count (safe side)
+
+
+def test_pattern_properties_with_closed_objects():
+    s = {"type": "object", "properties": {"id": {"type": "integer"}},
+         "patternProperties": {"^x-": {"type": "string"}}, "additionalProperties": False}
+    assert _accepts(s, b'{"id":1,"x-a":"s"}') and _accepts(s, b'{"x-a":"s","x-b":"t"}')
+    assert not _accepts(s, b'{"id":1,"x-a":1}') and not _accepts(s, b'{"y":"s"}')
+    with pytest.raises(LessonkitError, match="additionalProperties: false.*#/patternProperties"):
+        compile_schema({"type": "object", "patternProperties": {"^x": {}}})
+    with pytest.raises(LessonkitError, match="'xa' matches.*#/patternProperties"):
+        compile_schema({"properties": {"xa": {}}, "patternProperties": {"^x": {}}, "additionalProperties": False})
+
+
+def test_unevaluated_without_applicators_percent_refs_double_negation():
+    s = {"type": "object", "properties": {"a": {}}, "unevaluatedProperties": {"type": "integer"}}
+    assert _accepts(s, b'{"a":"x","b":1}') and not _accepts(s, b'{"b":"x"}')
+    t = {"type": "array", "prefixItems": [{"type": "string"}], "unevaluatedItems": False}
+    assert _accepts(t, b'["x"]') and not _accepts(t, b'["x",1]')
+    with pytest.raises(LessonkitError, match="unevaluatedProperties.*#/unevaluatedProperties"):
+        compile_schema({"allOf": [{"properties": {"a": {}}}], "unevaluatedProperties": False})
+    with pytest.raises(LessonkitError, match="unevaluatedProperties.*#/allOf/1/unevaluatedProperties"):
+        compile_schema({"allOf": [{"properties": {"a": {}}}, {"unevaluatedProperties": False}]})
+    r = {"$defs": {"a%b": {"type": "integer"}}, "properties": {"x": {"$ref": "#/$defs/a%25b"}}}
+    assert _accepts(r, b'{"x":1}') and not _accepts(r, b'{"x":"s"}')
+    assert _accepts({"not": {"not": {"type": "integer"}}}, b"1")
+    assert not _accepts({"not": {"not": {"type": "integer"}}}, b'"s"')
+
+
+def test_contains_if_property_names_anchor_and_nested_id():
+    c = {"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 5}}
+    assert _accepts(c, b"[1,7,2]") and not _accepts(c, b"[1,2]") and not _accepts(c, b"[]")
+    with pytest.raises(LessonkitError, match="#/contains"):
+        compile_schema({"type": "array", "contains": {}, "maxItems": 3})
+    two = {"type": "array", "contains": {"const": 1}, "minContains": 2}
+    assert _accepts(two, b'[1,"a",1]') and not _accepts(two, b'[1,"a"]')
+    assert _accepts({"type": "array", "contains": {"const": 1}, "minContains": 0}, b"[]")
+    with pytest.raises(LessonkitError, match="maxContains.*#/maxContains"):
+        compile_schema({"type": "array", "contains": {}, "maxContains": 1})
+    assert _accepts({"if": True, "then": {"type": "integer"}, "else": {"type": "string"}}, b"1")
+    assert not _accepts({"if": True, "then": {"type": "integer"}, "else": {"type": "string"}}, b'"s"')
+    assert _accepts({"then": {"const": 0}}, b"5")                    # then without if: ignored
+    with pytest.raises(LessonkitError, match="'if'.*#/if"):
+        compile_schema({"if": {"const": 1}, "then": False})
+    p = {"type": "object", "properties": {"ab": {}, "x": {}}, "additionalProperties": False,
+         "propertyNames": {"maxLength": 1}}
+    assert _accepts(p, b'{"x":1}') and not _accepts(p, b'{"ab":1}')
+    with pytest.raises(LessonkitError, match="propertyNames.*#/propertyNames"):
+        compile_schema({"type": "object", "propertyNames": {"maxLength": 1}})
+    a = {"$ref": "#foo", "$defs": {"A": {"$anchor": "foo", "type": "integer"}}}
+    assert _accepts(a, b"1") and not _accepts(a, b'"s"')
+    with pytest.raises(LessonkitError, match="'\\$id' below the root.*#/\\$defs/A/\\$id"):
+        compile_schema({"$defs": {"A": {"$id": "a.json", "type": "integer"}}, "$ref": "#/$defs/A"})
+
+
+def test_dependent_schemas():
+    d = {"type": "object", "properties": {"a": {}, "b": {"type": "integer"}},
+         "dependentSchemas": {"a": {"properties": {"b": {"minimum": 3}}, "required": ["b"]}}}
+    assert _accepts(d, b'{"a":1,"b":3}') and _accepts(d, b'{"b":2}') and _accepts(d, b"{}")
+    assert not _accepts(d, b'{"a":1,"b":2}') and not _accepts(d, b'{"a":1}')
+    assert not _accepts({"dependentSchemas": {"a": False}}, b'{"a":1}')

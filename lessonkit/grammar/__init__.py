@@ -2,8 +2,9 @@
 
   gbnf         the grammar text format (a GBNF subset over bytes): read into rules, written from parts
   automaton    Grammar, its immutable interned states and the built-in grammars (grammars/*.gbnf)
-  json_schema  JSON Schema (draft 2020-12 subset) -> grammar, failing closed; regex and json_rules
-               are its `pattern` compiler and its JSON value rules
+  json_schema  JSON Schema (draft 2020-12 subset) -> grammar, failing closed; json_rewrite turns
+               keywords into equal schemas (allOf via json_merge, not, if, ...) and decides oneOf;
+               json_numbers, regex and json_rules are its ranges, `pattern` and JSON value rules
   tokens       a grammar seen through a tokenizer: token bytes, vocabulary trie, masks, span tokens
   drafter      GrammarDrafter (the drafter protocol), ConstrainedDecoder, generate_with_grammar
   measure      forced bytes, span tokenisation, byte sources and the drafting ceiling, without a model

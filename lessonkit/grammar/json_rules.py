@@ -9,8 +9,16 @@ import json
 
 # Helper rules the compiled grammar may use; each lists the helpers it needs.
 HELPER_RULES = {
-    "jchar": ('[\\x20-\\x21\\x23-\\x5B\\x5D-\\x7F] | utf8 | "\\\\" ( ["\\\\/bfnrt] | "u" hex{4} )',
-              ["utf8", "hex"]),
+    # one code point: a surrogate pair written as two escapes is one character; a lone surrogate
+    # escape is refused (json.loads accepts it, so this is the safe side)
+    "jchar": ('[\\x20-\\x21\\x23-\\x5B\\x5D-\\x7F] | utf8 | "\\\\" ( ["\\\\/bfnrt] | "u" ucode )',
+              ["utf8", "ucode"]),
+    "ucode": ('[0-9a-cA-CeEfF] hex{3} | [dD] [0-7] hex{2} | [dD] [89abAB] hex{2} "\\\\u" [dD] [c-fC-F] hex{2}',
+              ["hex"]),
+    # an escape (after the backslash) that cannot denote a printable ASCII character
+    "kesc": ('["\\\\bfnrt] | "u" ( "00" [01] hex | "00" [89a-fA-F] hex | "0" [1-9a-fA-F] hex{2}'
+             ' | [1-9a-cA-CeEfF] hex{3} | [dD] [0-7] hex{2} | [dD] [89abAB] hex{2} "\\\\u" [dD] [c-fC-F] hex{2} )',
+             ["hex"]),
     "utf8": ('[\\xC2-\\xDF] cont | "\\xE0" [\\xA0-\\xBF] cont | [\\xE1-\\xEC\\xEE\\xEF] cont cont'
              ' | "\\xED" [\\x80-\\x9F] cont | "\\xF0" [\\x90-\\xBF] cont cont'
              ' | [\\xF1-\\xF3] cont cont cont | "\\xF4" [\\x80-\\x8F] cont cont', ["cont"]),

@@ -10,13 +10,20 @@ an invalid one, except where noted in docs/grammar.md):
   additional properties); `order_like_schema` puts an instance's keys in that order;
 - keys, enum/const values and `pattern` strings are matched in their canonical serialisation
   (json.dumps(..., ensure_ascii=False): only `"`, `\\` and control characters escaped);
-- integers are written as JSON integers (no 1.0, no 1e2); numbers as JSON numbers, no ranges;
-- anyOf and oneOf both become alternatives (oneOf's exclusivity is not enforced).
+- integers are written as JSON integers (no 1.0, no 1e2); ranges become digit grammars
+  (json_numbers); bounded numbers have no exponent;
+- anyOf becomes alternatives; so does oneOf, but only when its branches are provably disjoint (distinct
+  types, const/enum values, or a required const/enum discriminator property): otherwise refused;
+- allOf and $ref with siblings are merged into one schema (json_merge) or refused; anyOf/oneOf
+  siblings are distributed over the branches; `not` and `dependentRequired` are rewritten likewise.
+The support table in docs/grammar.md lists each keyword as exact or refused.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
+from fractions import Fraction
 from pathlib import Path
 
 import jsonschema
@@ -24,22 +31,10 @@ import jsonschema
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.grammar.automaton import Grammar
 from lessonkit.grammar.gbnf import byte_class, literal, repeat_suffix
+from lessonkit.grammar.json_numbers import NUMBER_BOUND_LIMIT, int_range, number_range
+from lessonkit.grammar.json_rewrite import ANNOTATIONS, TYPE_KEYWORDS, SchemaRewriter, _ptr
 from lessonkit.grammar.json_rules import HELPER_RULES, has_type, json_equal, json_string_content
 from lessonkit.grammar.regex import RegexCompiler
-
-ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "examples", "default",
-               "deprecated", "readOnly", "writeOnly", "$defs", "definitions"}
-
-
-TYPE_KEYWORDS = {
-    "object": {"properties", "required", "additionalProperties"},
-    "array": {"items", "prefixItems", "minItems", "maxItems"},
-    "string": {"minLength", "maxLength", "pattern", "format"},
-}
-
-
-SUPPORTED = {"type", "enum", "const", "anyOf", "oneOf", "$ref"} | set().union(*TYPE_KEYWORDS.values())
-
 
 EMPTY = '""'
 
@@ -47,29 +42,22 @@ EMPTY = '""'
 FORMATS = ("date", "date-time", "uuid", "email")
 
 
-JSON_TYPES = ("null", "boolean", "object", "array", "string", "number", "integer")
+class SchemaCompiler(SchemaRewriter):
+    """Unlike SchemaRewriter (keyword rewrites, references, oneOf analysis): emits the grammar rules."""
 
-
-def _ptr(base: str, *parts) -> str:
-    return base + "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
-
-
-class SchemaCompiler:
     def __init__(self, schema, *, whitespace: str = "flexible", ndjson: bool = False,
                  source: str = "<schema>"):
         if whitespace not in ("compact", "flexible"):
             raise LessonkitError(f"whitespace must be 'compact' or 'flexible', not {whitespace!r}")
-        self.root, self.source, self.ndjson = schema, source, ndjson
+        super().__init__(schema, source)
+        self.ndjson = ndjson
         self.compact = whitespace == "compact"
         self.W = "" if self.compact else "ws "
         self.rules: dict[str, str] = {}
         self.by_body: dict[str, str] = {}
         self.ref_names: dict[str, str] = {}
         self.used: set[str] = set()
-
-    # -- helpers
-    def err(self, where: str, msg: str) -> LessonkitError:
-        return LessonkitError(f"{self.source}: {msg} at {where}")
+        self.depth = 0
 
     def helper(self, name: str) -> str:
         self.used.add(name)
@@ -98,6 +86,7 @@ class SchemaCompiler:
 
     # -- entry
     def compile(self) -> str:
+        self.check_no_nested_id(self.root, "#", True)
         body = self.schema(self.root, "#")
         W = self.W
         if self.ndjson:
@@ -125,31 +114,44 @@ class SchemaCompiler:
 
     # -- schemas
     def schema(self, s, where: str) -> str:
+        self.depth += 1
+        try:
+            if self.depth > 200:
+                raise self.err(where, "schema nests too deep (allOf or $ref merging that recurses)")
+            return self.schema_body(s, where)
+        finally:
+            self.depth -= 1
+
+    def schema_body(self, s, where: str) -> str:
         if s is True:
             return self.helper("value")
         if s is False:
             raise self.err(where, "schema `false` (no instance is valid) cannot be compiled")
         if not isinstance(s, dict):
             raise self.err(where, f"a schema must be an object or boolean, not {type(s).__name__}")
-        for k in s:
-            if k not in SUPPORTED and k not in ANNOTATIONS:
-                raise self.err(_ptr(where, k), f"unsupported keyword {k!r}")
+        self.check_keys(s, where)
         keys = {k for k in s if k not in ANNOTATIONS}
         if not keys:
             return self.schema(True, where)
-        if "$ref" in keys:
-            if len(keys) > 1:
-                other = sorted(keys - {"$ref"})[0]
-                raise self.err(_ptr(where, other), f"unsupported keyword {other!r} next to $ref")
+        if keys == {"$ref"}:
             return self.ref(s["$ref"], _ptr(where, "$ref"))
+        rewritten = self.rewrite(s, keys, where)
+        if rewritten is not None:
+            return self.schema(rewritten, where)
         comb = [k for k in ("anyOf", "oneOf") if k in keys]
-        if comb:
-            if len(keys) > 1:
-                other = sorted(keys - {comb[0]})[0]
-                raise self.err(_ptr(where, other), f"unsupported keyword {other!r} next to {comb[0]}")
+        if comb and len(keys) > 1:          # siblings distribute over the branches, exactly
             branches = s[comb[0]]
             if not isinstance(branches, list) or not branches:
                 raise self.err(_ptr(where, comb[0]), f"{comb[0]} must be a non-empty list")
+            rest = {k: v for k, v in s.items() if k != comb[0]}
+            return self.schema({comb[0]: [self.conjoin(rest, b, _ptr(where, comb[0], i))
+                                          for i, b in enumerate(branches)]}, where)
+        if comb:
+            branches = s[comb[0]]
+            if not isinstance(branches, list) or not branches:
+                raise self.err(_ptr(where, comb[0]), f"{comb[0]} must be a non-empty list")
+            if comb[0] == "oneOf":
+                self.check_disjoint(branches, _ptr(where, "oneOf"))
             alts = [self.schema(b, _ptr(where, comb[0], i)) for i, b in enumerate(branches) if b is not False]
             if not alts:
                 raise self.err(_ptr(where, comb[0]), "no branch can match")
@@ -163,66 +165,42 @@ class SchemaCompiler:
                 alts.append('"null"')
             elif t == "boolean":
                 alts.append(self.helper("boolean"))
-            elif t == "integer":
-                alts.append(self.helper("integer"))
-            elif t == "number":
-                alts.append(self.helper("number"))
+            elif t in ("integer", "number"):
+                alts.append(self.numeric(s, t, where))
             elif t == "string":
                 alts.append(self.string(s, where))
             elif t == "object":
                 alts.append(self.obj(s, where))
             elif t == "array":
-                alts.append(self.array(s, where))
+                arr = self.array(s, where)
+                if arr is not None:
+                    alts.append(arr)
+        if not alts:
+            raise self.err(where, "no instance of any allowed type is valid (unsatisfiable schema)")
         if len(alts) == 1:
             return alts[0]
         return self.rule(where + "-types", " | ".join(alts))
 
-    def types(self, s: dict, where: str) -> list[str]:
-        t = s.get("type")
-        if t is None:
-            types = list(JSON_TYPES)
-        elif isinstance(t, str):
-            types = [t]
-        elif isinstance(t, list) and t and all(isinstance(x, str) for x in t):
-            types = list(t)
-        else:
-            raise self.err(_ptr(where, "type"), "type must be a string or a non-empty list of strings")
-        for x in types:
-            if x not in JSON_TYPES:
-                raise self.err(_ptr(where, "type"), f"unknown type {x!r}")
-        if "number" in types and "integer" in types:
-            types.remove("integer")
-        return types
-
     def ref(self, ref, where: str) -> str:
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            raise self.err(where, f"only local references ('#...') are supported, not {ref!r}")
-        if ref in self.ref_names:
+        if isinstance(ref, str) and ref in self.ref_names:
             return self.ref_names[ref]
-        target = self.root
-        pointer = ref[1:]
-        if pointer and not pointer.startswith("/"):
-            raise self.err(where, f"unsupported reference {ref!r} (anchors are not supported)")
-        for part in pointer.split("/")[1:]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(target, dict) and part in target:
-                target = target[part]
-            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
-                target = target[int(part)]
-            else:
-                raise self.err(where, f"reference {ref!r} does not resolve")
-        name = self.fresh("ref-" + (pointer.rsplit("/", 1)[-1] or "root"))
+        target = self.lookup(ref, where)
+        name = self.fresh("ref-" + (ref[1:].rsplit("/", 1)[-1] or "root"))
         self.ref_names[ref] = name
         body = self.schema(target, ref)
         self.rules[name] = body
         return name
 
+
+
+
+
+
+
+
+
     # -- enum / const
     def enum(self, s: dict, types: list[str], where: str) -> str:
-        extra = {k for k in s if k not in ANNOTATIONS} - {"enum", "const", "type"}
-        if extra:
-            k = sorted(extra)[0]
-            raise self.err(_ptr(where, k), f"unsupported keyword {k!r} next to enum/const")
         if "enum" in s:
             if not isinstance(s["enum"], list) or not s["enum"]:
                 raise self.err(_ptr(where, "enum"), "enum must be a non-empty list")
@@ -233,6 +211,8 @@ class SchemaCompiler:
             values = [v for v in values if json_equal(v, s["const"])]
         if "type" in s:
             values = [v for v in values if any(has_type(v, t) for t in types)]
+        if {k for k in s if k not in ANNOTATIONS} - {"enum", "const", "type"}:
+            values = [v for v in values if self.validator(s).is_valid(v)]    # the other keywords, exactly
         if not values:
             raise self.err(where, "no enum/const value satisfies the schema")
         alts = []
@@ -256,6 +236,36 @@ class SchemaCompiler:
             return "( " + self.seq('"["', W, f' {W}"," {W}'.join(self.value_literal(x) for x in v),
                                    W, '"]"') + " )"
         return literal(json.dumps(v, ensure_ascii=False))
+
+    # -- numbers
+    def numeric(self, s: dict, t: str, where: str) -> str:
+        """integer or number, with minimum/maximum/exclusiveMinimum/exclusiveMaximum compiled exactly."""
+        bounds = {}
+        for k in TYPE_KEYWORDS["number"]:
+            if k in s:
+                v = s[k]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                    raise self.err(_ptr(where, k), f"{k} must be a finite number")
+                bounds[k] = Fraction(v)
+        if not bounds:
+            return self.helper(t)
+        lo = max(((v, k == "exclusiveMinimum") for k, v in bounds.items() if k.endswith("inimum")), default=None)
+        hi = min(((v, k != "exclusiveMaximum") for k, v in bounds.items() if k.endswith("aximum")), default=None)
+        if t == "integer":
+            a = None if lo is None else (math.floor(lo[0]) + 1 if lo[1] else math.ceil(lo[0]))
+            b = None if hi is None else (math.ceil(hi[0]) - 1 if not hi[1] else math.floor(hi[0]))
+            body = int_range(a, b)
+        else:
+            for k, v in bounds.items():
+                if v.denominator != 1 or abs(v) > NUMBER_BOUND_LIMIT:
+                    raise self.err(_ptr(where, k), f"{k!r} {s[k]!r} for type number: only integer bounds up to "
+                                                   f"{NUMBER_BOUND_LIMIT} in size are compiled exactly")
+            body = number_range(None if lo is None else int(lo[0]), bool(lo and lo[1]),
+                                None if hi is None else int(hi[0]), bool(hi and not hi[1]))
+        if not body:
+            k = sorted(bounds)[0]
+            raise self.err(_ptr(where, k), f"the bounds leave no {t} (unsatisfiable schema)")
+        return self.rule(where + "-range", body)
 
     # -- strings
     def string(self, s: dict, where: str) -> str:
@@ -302,17 +312,28 @@ class SchemaCompiler:
             raise self.err(_ptr(where, "required"), "required must be a list of strings")
         addl = s.get("additionalProperties", True)
         entries = [(k, v, k in required) for k, v in props.items()]
-        entries += [(k, True, True) for k in dict.fromkeys(required) if k not in props]
+        for k in dict.fromkeys(required):
+            if k in props:
+                continue
+            if addl is False:   # the name must be present but no schema allows it
+                raise self.err(_ptr(where, "required"), f"required property {k!r} is not in properties and "
+                               "additionalProperties is false: no instance is valid (unsatisfiable schema)")
+            entries.append((k, addl, True))     # a name outside properties follows additionalProperties
         kvs = []
         for name, sub, req in entries:
             if sub is False:
                 if req:
-                    raise self.err(_ptr(where, "properties", name), f"required property {name!r} has schema false")
+                    raise self.err(_ptr(where, "properties", name), f"required property {name!r} has schema false: "
+                                   "no instance is valid (unsatisfiable schema)")
                 continue
-            value = self.schema(sub, _ptr(where, "properties", name))
+            value = self.schema(sub, _ptr(where, "properties", name) if name in props
+                                else _ptr(where, "additionalProperties"))
             kvs.append((self.seq(literal('"' + json_string_content(name) + '"'), W, '":"', W, value), req))
         sep = self.seq(W, '","', W)
-        if addl is False:
+        pattern_extra = self.pattern_properties(s, [name for name, _, _ in entries], where)
+        if pattern_extra is not None:
+            extra = pattern_extra
+        elif addl is False:
             extra = None
         else:
             if addl is not True and not isinstance(addl, dict):
@@ -320,6 +341,8 @@ class SchemaCompiler:
             value = self.schema(addl, _ptr(where, "additionalProperties"))
             key = self.key_not_in([name for name, _, _ in entries], _ptr(where, "additionalProperties"))
             extra = self.rule(where + "-extra", self.seq(key, W, '":"', W, value))
+        if "minProperties" in s or "maxProperties" in s:
+            return self.counted_obj(s, kvs, extra, sep, where)
         # F: nothing emitted yet; C: something emitted already (each member then starts with a comma)
         if extra is None:
             F = C = ""
@@ -336,6 +359,93 @@ class SchemaCompiler:
             F = self.rule(f"{where}-f{i}", F_i) if "|" in F_i else f"( {F_i} )"
             C = self.rule(f"{where}-c{i}", C_i) if "|" in C_i else f"( {C_i} )"
         return self.rule(where + "-obj", self.seq('"{"', W, F, W, '"}"'))
+
+    def pattern_properties(self, s: dict, names: list[str], where: str) -> str | None:
+        """The member rule for keys matching the one pattern of patternProperties, or None when there is
+        none. Exact only with additionalProperties: false and no declared name matching the pattern (an
+        extra key could then repeat a declared one); anything else is refused."""
+        pp = s.get("patternProperties")
+        ptr = _ptr(where, "patternProperties")
+        if pp is None or pp == {}:
+            return None
+        if not isinstance(pp, dict):
+            raise self.err(ptr, "patternProperties must be an object")
+        if len(pp) != 1:
+            raise self.err(ptr, "patternProperties with more than one pattern is not compiled (a key may match several)")
+        if s.get("additionalProperties", True) is not False:
+            raise self.err(ptr, "patternProperties is compiled only next to additionalProperties: false (keys no "
+                                "pattern matches would need the pattern's complement)")
+        (pat, sub), = pp.items()
+        try:
+            rx = re.compile(pat)
+        except re.error:
+            raise self.err(ptr, f"pattern {pat!r} is not a valid regex") from None
+        clash = [n for n in names if rx.search(n)]
+        if clash:
+            raise self.err(ptr, f"the declared property {clash[0]!r} matches the pattern {pat!r} (not compiled)")
+        if sub is False:
+            return None
+        W = self.W
+        key = RegexCompiler(pat, self, _ptr(ptr, pat)).compile()
+        value = self.schema(sub, _ptr(ptr, pat))
+        return self.rule(where + "-pattern-member", self.seq('"\\""', key, '"\\""', W, '":"', W, value))
+
+    def counted_obj(self, s: dict, kvs: list, extra: str | None, sep: str, where: str) -> str:
+        """Members with minProperties/maxProperties. R(i, d): members from declared index i on, d declared
+        members emitted. Extra keys may repeat one another (json.loads keeps the last), so toward
+        minProperties all extras together count as one; toward maxProperties each counts."""
+        lo, hi = s.get("minProperties", 0), s.get("maxProperties")
+        for k, v in (("minProperties", lo), ("maxProperties", hi)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise self.err(_ptr(where, k), f"{k} must be a non-negative integer")
+        cap = hi if hi is not None else max(lo, 1)
+        memo: dict = {}
+
+        def tail(d):
+            a = 0 if d >= lo else (1 if d == lo - 1 and extra is not None else None)
+            b = None if hi is None else hi - d
+            if a is None or b is not None and b < a:
+                return None
+            if extra is None or b == 0:
+                return ""
+            if d > 0:
+                return f"( {sep} {extra} )" + repeat_suffix(a, b)
+            body = f"{extra} ( {sep} {extra} )" + repeat_suffix(0, None if b is None else b - 1)
+            return body if a else f"( {body} )?"
+
+        def R(i, d):
+            d = min(d, cap)
+            if (i, d) not in memo:
+                if i == len(kvs):
+                    memo[i, d] = tail(d)
+                else:
+                    kv, req = kvs[i]
+                    alts = []
+                    if hi is None or d + 1 <= hi:
+                        nxt = R(i + 1, d + 1)
+                        if nxt is not None:
+                            alts.append(self.seq(sep if d else "", kv, nxt))
+                    if not req:
+                        nxt = R(i + 1, d)
+                        if nxt is not None:
+                            alts.append(nxt or EMPTY)
+                    if not alts:
+                        memo[i, d] = None
+                    elif len(alts) == 1:
+                        memo[i, d] = f"( {alts[0]} )" if alts[0] != EMPTY else ""
+                    else:
+                        memo[i, d] = self.rule(f"{where}-n{i}-{d}", " | ".join(alts))
+            return memo[i, d]
+
+        body = R(0, 0)
+        if body is None:
+            k = "minProperties" if "minProperties" in s else "maxProperties"
+            why = ("the declared properties plus one additional key cannot reach it (additional keys may "
+                   "repeat one another, so a grammar cannot count them as distinct)" if extra is not None and
+                   k == "minProperties" else "no object fits it (unsatisfiable schema)")
+            raise self.err(_ptr(where, k), f"{k}: {why}")
+        W = self.W
+        return self.rule(where + "-obj", self.seq('"{"', W, body, W, '"}"'))
 
     def key_not_in(self, names: list[str], where: str) -> str:
         """A JSON string key whose (canonical) content is none of `names`."""
@@ -367,15 +477,18 @@ class SchemaCompiler:
             if other:
                 alts.append(f"{byte_class(other)} {tail}")
             alts.append(f'utf8 {tail}')
-            alts.append(f'"\\\\" ( ["\\\\/bfnrt] | "u" hex{{4}} ) {tail}')
-            self.helper("hex")
+            alts.append(f'"\\\\" kesc {tail}')   # no escape of a printable ASCII (name) character
+            self.helper("kesc")
             return self.rule(where + "-key", " | ".join(alts))
 
         return self.seq('"\\""', node_rule(trie, b""))
 
     # -- arrays
-    def array(self, s: dict, where: str) -> str:
+    def array(self, s: dict, where: str) -> str | None:
         W = self.W
+        if "contains" in s and s.get("minContains", 1) != 0:
+            return self.contains(s, where)
+        s = {k: v for k, v in s.items() if k not in ("contains", "minContains")}   # minContains 0, or no contains
         prefix = s.get("prefixItems", [])
         if not isinstance(prefix, list):
             raise self.err(_ptr(where, "prefixItems"), "prefixItems must be a list")
@@ -386,8 +499,9 @@ class SchemaCompiler:
                 raise self.err(_ptr(where, k), f"{k} must be a non-negative integer")
         k = len(prefix)
         for i, p in enumerate(prefix):
-            if p is False:
+            if p is False:      # nothing may stand at position i, so the array ends before it
                 k = i
+                hi = k if hi is None else min(hi, k)
                 break
         if items is False:
             hi = k if hi is None else min(hi, k)
@@ -414,6 +528,31 @@ class SchemaCompiler:
             body = self.seq(sep if i > 0 else "", elems[i], A)
             A = self.rule(f"{where}-a{i}", f'{body} | ""') if i >= lo else f"( {body} )"
         return self.rule(where + "-arr", self.seq('"["', W, A, W, '"]"'))
+
+    def contains(self, s: dict, where: str) -> str | None:
+        """Arrays where at least minContains (default 1) items also satisfy `contains`:
+        [ X H (, X H){m-1} (, I)* ] with X = (I ,)*, H = I and C; None if no array fits.
+        Exact for uniform items; next to prefixItems or item counts: refused."""
+        ptr = _ptr(where, "contains")
+        m = s.get("minContains", 1)
+        if not isinstance(m, int) or isinstance(m, bool) or m < 0:
+            raise self.err(_ptr(where, "minContains"), "minContains must be a non-negative integer")
+        for k in ("prefixItems", "minItems", "maxItems"):
+            if k in s and not (k == "minItems" and s[k] <= m):
+                raise self.err(ptr, f"unsupported keyword 'contains' next to {k!r}")
+        items = s.get("items", True)
+        both = self.conjoin(items, s["contains"], ptr)
+        if both is False:
+            return None
+        W, sep = self.W, self.seq(self.W, '","', self.W)
+        item = self.schema(items, _ptr(where, "items")) if items is not False else None
+        hit = self.schema(both, ptr)
+        if item is None:
+            body = self.seq(hit, f"( {sep} {hit} )" + repeat_suffix(m - 1, None))
+        else:
+            x_hit = f"( {item} {sep} )* {hit}"
+            body = self.seq(x_hit, f"( {sep} {x_hit} )" + repeat_suffix(m - 1, m - 1), f"( {sep} {item} )*")
+        return self.rule(where + "-contains", self.seq('"["', W, body, W, '"]"'))
 
 
 # ----------------------------------------------------------------------------- public API
@@ -455,17 +594,29 @@ def order_like_schema(instance, schema, root=None):
     root = schema if root is None else root
     if not isinstance(schema, dict):
         return instance
+    if "allOf" in schema or "$ref" in schema and len([k for k in schema if k not in ANNOTATIONS]) > 1:
+        try:
+            schema = SchemaCompiler(root).flatten(schema, "#")
+        except LessonkitError:
+            return instance
+        return order_like_schema(instance, schema, root)
     if "$ref" in schema:
-        target = root
-        for part in schema["$ref"][1:].split("/")[1:]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            target = target[int(part)] if isinstance(target, list) else target[part]
+        try:
+            target = SchemaCompiler(root).lookup(schema["$ref"], "#")
+        except LessonkitError:
+            return instance
         return order_like_schema(instance, target, root)
     for comb in ("anyOf", "oneOf"):
         if comb in schema:
             base = jsonschema.Draft202012Validator(root)
+            rest = {k: v for k, v in schema.items() if k != comb}
             for b in schema[comb]:
                 if base.evolve(schema=b).is_valid(instance):
+                    if [k for k in rest if k not in ANNOTATIONS]:
+                        try:
+                            b = SchemaCompiler(root).conjoin(rest, b, "#")
+                        except LessonkitError:
+                            return instance
                     return order_like_schema(instance, b, root)
             return instance
     if isinstance(instance, dict):
@@ -473,7 +624,7 @@ def order_like_schema(instance, schema, root=None):
         order = list(props) + [k for k in schema.get("required", []) if k not in props]
         keys = [k for k in order if k in instance] + [k for k in instance if k not in order]
         addl = schema.get("additionalProperties", True)
-        return {k: order_like_schema(instance[k], props.get(k, addl if k not in order else True), root)
+        return {k: order_like_schema(instance[k], props.get(k, addl), root)
                 for k in keys}
     if isinstance(instance, list):
         prefix = schema.get("prefixItems", [])
