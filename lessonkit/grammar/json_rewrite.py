@@ -28,7 +28,7 @@ TYPE_KEYWORDS = {
 
 SUPPORTED = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "not", "uniqueItems", "dependentRequired",
              "unevaluatedProperties", "unevaluatedItems", "if", "then", "else", "propertyNames", "contains",
-             "minContains", "dependentSchemas",
+             "minContains", "dependentSchemas", "multipleOf",
              "$anchor"} | set().union(*TYPE_KEYWORDS.values())
 
 # keywords that apply subschemas in place: their evaluations would count for unevaluated*

@@ -31,7 +31,7 @@ import jsonschema
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.grammar.automaton import Grammar
 from lessonkit.grammar.gbnf import byte_class, literal, repeat_suffix
-from lessonkit.grammar.json_numbers import NUMBER_BOUND_LIMIT, int_range, number_range
+from lessonkit.grammar.json_numbers import NUMBER_BOUND_LIMIT, int_range, multiples, number_range
 from lessonkit.grammar.json_rewrite import ANNOTATIONS, TYPE_KEYWORDS, SchemaRewriter, _ptr
 from lessonkit.grammar.json_rules import HELPER_RULES, has_type, json_equal, json_string_content
 from lessonkit.grammar.regex import RegexCompiler
@@ -240,6 +240,8 @@ class SchemaCompiler(SchemaRewriter):
     # -- numbers
     def numeric(self, s: dict, t: str, where: str) -> str:
         """integer or number, with minimum/maximum/exclusiveMinimum/exclusiveMaximum compiled exactly."""
+        if "multipleOf" in s:
+            return self.multiple_of(s, where)
         bounds = {}
         for k in TYPE_KEYWORDS["number"]:
             if k in s:
@@ -266,6 +268,24 @@ class SchemaCompiler(SchemaRewriter):
             k = sorted(bounds)[0]
             raise self.err(_ptr(where, k), f"the bounds leave no {t} (unsatisfiable schema)")
         return self.rule(where + "-range", body)
+
+    def multiple_of(self, s: dict, where: str) -> str:
+        """multipleOf an integer d <= 1000, without bounds: integers divisible by d (also for type number:
+        a multiple of an integer is an integer, written here without fraction or exponent)."""
+        ptr = _ptr(where, "multipleOf")
+        d = s["multipleOf"]
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or d <= 0:
+            raise self.err(ptr, "multipleOf must be a positive number")
+        if Fraction(d).denominator != 1 or d > 1000:
+            raise self.err(ptr, f"unsupported keyword 'multipleOf' {d!r} (only integer divisors up to 1000)")
+        other = sorted(k for k in TYPE_KEYWORDS["number"] if k in s)
+        if other:
+            raise self.err(ptr, f"unsupported keyword 'multipleOf' next to {other[0]!r}")
+        start, rules = multiples(int(d))
+        names = {n: self.fresh(f"{where}-mod{int(d)}-{n}") for n in rules}
+        for n, body in rules.items():
+            self.rules[names[n]] = re.sub(r"\bm(\d+)\b", lambda m: names["m" + m.group(1)], body)
+        return self.rule(where + "-multiple", re.sub(r"\bm(\d+)\b", lambda m: names["m" + m.group(1)], start))
 
     # -- strings
     def string(self, s: dict, where: str) -> str:
