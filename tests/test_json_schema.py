@@ -465,3 +465,9 @@ def test_multiple_of_an_integer_is_a_remainder_automaton():
     for i in range(-200, 200):
         assert g.matches(str(i).encode()) == v.is_valid(i), i
     assert not g.matches(b"7.0") and not g.matches(b"007")      # 7.0 is valid, written as 7 here (safe side)
+
+
+def test_order_like_schema_follows_rewrites():
+    s = {"type": "object", "properties": {"a": {}}, "dependentRequired": {"a": ["c", "b"]}}
+    ordered = order_like_schema({"a": 1, "b": 1, "c": 1}, s)
+    assert list(ordered) == ["a", "c", "b"] and _accepts(s, compact(ordered))

@@ -32,7 +32,7 @@ from lessonkit.engine.errors import LessonkitError
 from lessonkit.grammar.automaton import Grammar
 from lessonkit.grammar.gbnf import byte_class, literal, repeat_suffix
 from lessonkit.grammar.json_numbers import NUMBER_BOUND_LIMIT, int_range, multiples, number_range
-from lessonkit.grammar.json_rewrite import ANNOTATIONS, TYPE_KEYWORDS, SchemaRewriter, _ptr
+from lessonkit.grammar.json_rewrite import ANNOTATIONS, REWRITTEN, TYPE_KEYWORDS, SchemaRewriter, _ptr
 from lessonkit.grammar.json_rules import HELPER_RULES, has_type, json_equal, json_string_content
 from lessonkit.grammar.regex import RegexCompiler
 
@@ -620,6 +620,14 @@ def order_like_schema(instance, schema, root=None):
         except LessonkitError:
             return instance
         return order_like_schema(instance, schema, root)
+    keys = {k for k in schema if k not in ANNOTATIONS}
+    if keys & REWRITTEN:        # the grammar's key order is that of the rewritten schema
+        try:
+            new = SchemaCompiler(root).rewrite(schema, keys, "#")
+        except LessonkitError:
+            return instance
+        if new is not None:
+            return order_like_schema(instance, new, root)
     if "$ref" in schema:
         try:
             target = SchemaCompiler(root).lookup(schema["$ref"], "#")
