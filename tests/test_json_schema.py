@@ -249,7 +249,8 @@ def test_date_format_knows_the_calendar():
      "#/maxProperties"),
     ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}, "uniqueItems",
      "#/properties/a/uniqueItems"),
-    ({"type": "number", "multipleOf": 2}, "multipleOf", "#/multipleOf"),
+    ({"type": "number", "multipleOf": 0.5}, "multipleOf", "#/multipleOf"),
+    ({"type": "integer", "multipleOf": 2, "minimum": 0}, "multipleOf", "#/multipleOf"),
     ({"properties": {"a/b": {"type": "array", "items": {"contains": {}, "maxItems": 2}}}}, "contains",
      "#/properties/a~1b/items/contains"),
     ({"type": "string", "pattern": "(?=a)b"}, "pattern", "#/pattern"),
@@ -457,3 +458,16 @@ def test_dependent_schemas():
     assert _accepts(d, b'{"a":1,"b":3}') and _accepts(d, b'{"b":2}') and _accepts(d, b"{}")
     assert not _accepts(d, b'{"a":1,"b":2}') and not _accepts(d, b'{"a":1}')
     assert not _accepts({"dependentSchemas": {"a": False}}, b'{"a":1}')
+
+
+def test_multiple_of_an_integer_is_a_remainder_automaton():
+    g, v = schema_grammar({"type": "integer", "multipleOf": 7}, whitespace="compact"), validator({"multipleOf": 7})
+    for i in range(-200, 200):
+        assert g.matches(str(i).encode()) == v.is_valid(i), i
+    assert not g.matches(b"7.0") and not g.matches(b"007")      # 7.0 is valid, written as 7 here (safe side)
+
+
+def test_order_like_schema_follows_rewrites():
+    s = {"type": "object", "properties": {"a": {}}, "dependentRequired": {"a": ["c", "b"]}}
+    ordered = order_like_schema({"a": 1, "b": 1, "c": 1}, s)
+    assert list(ordered) == ["a", "c", "b"] and _accepts(s, compact(ordered))

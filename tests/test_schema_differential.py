@@ -329,6 +329,8 @@ def leaves():
         CONSTS.map(lambda c: {"const": c}),
         st.lists(CONSTS, min_size=1, max_size=3).map(lambda e: {"enum": e}),
         st.just({"type": ["string", "null"], "maxLength": 1}),
+        st.builds(lambda t, d: {"type": t, "multipleOf": d}, st.sampled_from(["integer", "number"]),
+                  st.integers(1, 12)),
         st.builds(lambda t, b: {"type": t, **b}, st.sampled_from(["integer", "number"]),
                   st.dictionaries(st.sampled_from(["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]),
                                   st.one_of(st.integers(-12, 12), st.sampled_from([0.5, -2.5, 3.0])), max_size=2)),

@@ -97,3 +97,21 @@ def number_range(lo: int | None, lo_strict: bool, hi: int | None, hi_strict: boo
         if mag:
             alts.append(f'"-" {mag}')
     return _alt(alts)
+
+
+def multiples(d: int) -> tuple[str, dict[str, str]]:
+    """Canonical JSON integers divisible by d (1 <= d): a remainder automaton over the digits, as rules
+    `m{r}` (the digits still to come, r the remainder so far). Returns (start, {rule: body})."""
+    rules = {}
+    for r in range(d):
+        by_target: dict[int, list[int]] = {}
+        for c in range(10):
+            by_target.setdefault((10 * r + c) % d, []).append(c)
+        alts = ['""'] if r == 0 else []
+        alts += [f"[{''.join(str(c) for c in cs)}] m{t}" for t, cs in sorted(by_target.items())]
+        rules[f"m{r}"] = " | ".join(alts)
+    firsts: dict[int, list[int]] = {}
+    for c in range(1, 10):
+        firsts.setdefault(c % d, []).append(c)
+    mag = " | ".join(f"[{''.join(str(c) for c in cs)}] m{t}" for t, cs in sorted(firsts.items()))
+    return f'"-"? ( {mag} ) | "0"', rules

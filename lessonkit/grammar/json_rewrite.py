@@ -28,8 +28,12 @@ TYPE_KEYWORDS = {
 
 SUPPORTED = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "not", "uniqueItems", "dependentRequired",
              "unevaluatedProperties", "unevaluatedItems", "if", "then", "else", "propertyNames", "contains",
-             "minContains", "dependentSchemas",
+             "minContains", "dependentSchemas", "multipleOf",
              "$anchor"} | set().union(*TYPE_KEYWORDS.values())
+
+# keywords SchemaRewriter.rewrite turns into other keywords
+REWRITTEN = {"unevaluatedProperties", "unevaluatedItems", "uniqueItems", "not", "dependentRequired",
+             "dependentSchemas", "if", "then", "else", "propertyNames"}
 
 # keywords that apply subschemas in place: their evaluations would count for unevaluated*
 IN_PLACE = {"allOf", "anyOf", "oneOf", "not", "$ref", "$dynamicRef", "if", "then", "else", "dependentSchemas"}

@@ -31,8 +31,8 @@ import jsonschema
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.grammar.automaton import Grammar
 from lessonkit.grammar.gbnf import byte_class, literal, repeat_suffix
-from lessonkit.grammar.json_numbers import NUMBER_BOUND_LIMIT, int_range, number_range
-from lessonkit.grammar.json_rewrite import ANNOTATIONS, TYPE_KEYWORDS, SchemaRewriter, _ptr
+from lessonkit.grammar.json_numbers import NUMBER_BOUND_LIMIT, int_range, multiples, number_range
+from lessonkit.grammar.json_rewrite import ANNOTATIONS, REWRITTEN, TYPE_KEYWORDS, SchemaRewriter, _ptr
 from lessonkit.grammar.json_rules import HELPER_RULES, has_type, json_equal, json_string_content
 from lessonkit.grammar.regex import RegexCompiler
 
@@ -240,6 +240,8 @@ class SchemaCompiler(SchemaRewriter):
     # -- numbers
     def numeric(self, s: dict, t: str, where: str) -> str:
         """integer or number, with minimum/maximum/exclusiveMinimum/exclusiveMaximum compiled exactly."""
+        if "multipleOf" in s:
+            return self.multiple_of(s, where)
         bounds = {}
         for k in TYPE_KEYWORDS["number"]:
             if k in s:
@@ -266,6 +268,24 @@ class SchemaCompiler(SchemaRewriter):
             k = sorted(bounds)[0]
             raise self.err(_ptr(where, k), f"the bounds leave no {t} (unsatisfiable schema)")
         return self.rule(where + "-range", body)
+
+    def multiple_of(self, s: dict, where: str) -> str:
+        """multipleOf an integer d <= 1000, without bounds: integers divisible by d (also for type number:
+        a multiple of an integer is an integer, written here without fraction or exponent)."""
+        ptr = _ptr(where, "multipleOf")
+        d = s["multipleOf"]
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or d <= 0:
+            raise self.err(ptr, "multipleOf must be a positive number")
+        if Fraction(d).denominator != 1 or d > 1000:
+            raise self.err(ptr, f"unsupported keyword 'multipleOf' {d!r} (only integer divisors up to 1000)")
+        other = sorted(k for k in TYPE_KEYWORDS["number"] if k in s)
+        if other:
+            raise self.err(ptr, f"unsupported keyword 'multipleOf' next to {other[0]!r}")
+        start, rules = multiples(int(d))
+        names = {n: self.fresh(f"{where}-mod{int(d)}-{n}") for n in rules}
+        for n, body in rules.items():
+            self.rules[names[n]] = re.sub(r"\bm(\d+)\b", lambda m: names["m" + m.group(1)], body)
+        return self.rule(where + "-multiple", re.sub(r"\bm(\d+)\b", lambda m: names["m" + m.group(1)], start))
 
     # -- strings
     def string(self, s: dict, where: str) -> str:
@@ -600,6 +620,14 @@ def order_like_schema(instance, schema, root=None):
         except LessonkitError:
             return instance
         return order_like_schema(instance, schema, root)
+    keys = {k for k in schema if k not in ANNOTATIONS}
+    if keys & REWRITTEN:        # the grammar's key order is that of the rewritten schema
+        try:
+            new = SchemaCompiler(root).rewrite(schema, keys, "#")
+        except LessonkitError:
+            return instance
+        if new is not None:
+            return order_like_schema(instance, new, root)
     if "$ref" in schema:
         try:
             target = SchemaCompiler(root).lookup(schema["$ref"], "#")
