@@ -38,7 +38,7 @@ from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.expert_store import ExpertStore
 from lessonkit.engine.kv_cache import KVCache
-from lessonkit.engine.kernel import ROW_PAD, ROWWISE_MAX, RowWeight, ensure_row_group, gemv_rows, pad_rows, probe_row_group  # noqa: F401
+from lessonkit.engine.kernel import ROW_PAD, ROWWISE_MAX, RowWeight, ensure_row_group, pad_rows
 
 KEY_BUCKET = 64
 
