@@ -10,19 +10,20 @@ A prompt that shares only part of a saved prefix resumes from the deepest shared
 exact end of a saved prompt). Crash safety: a snapshot is written to a temporary file in the same
 directory, fsynced, renamed over its final name and the directory fsynced (lessonkit.engine.atomic);
 a reader sees a whole file or none. A corrupt, truncated or foreign file is reported in one warning
-naming it, removed and recomputed. Stats follow vLLM: prefix_cache_queries and prefix_cache_hits are
-counted in tokens.
+naming it, removed and recomputed (with repair=False, as `lessonkit prefix-cache verify` opens it,
+nothing is removed: bad files are only listed). A directory this process cannot write is used
+read-only: snapshots are read and verified, nothing is saved or removed, one warning says so. Saving
+never follows a symlink out of the directory. Stats follow vLLM: prefix_cache_queries and
+prefix_cache_hits are counted in tokens.
 """
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -30,49 +31,11 @@ import torch
 
 from lessonkit.engine.atomic import TMP_PREFIX, replace, write_temp
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.prefix_cache.faults import PrefixCacheStats, PrefixCacheWarning, disk_full, pid_alive, read_only_error
 from lessonkit.prefix_cache.snapshot import (DEFAULT_BLOCK_SIZE, DEFAULT_BUDGET_BYTES, FORMAT, FORMAT_VERSION,
-                                             BadSnapshot, block_hashes, cache_key, dtype_name, encode_snapshot,
+                                             BadSnapshot, best_match, block_hashes, cache_key, dtype_name, encode_snapshot,
                                              load_from_file, load_snapshot, longest_prefix_match, read_header,
                                              root_hash, token_ids_sha256)
-
-
-class PrefixCacheWarning(UserWarning):
-    """A snapshot was found unusable (corrupt, truncated, foreign) and ignored."""
-
-
-def _disk_full(e: OSError) -> bool:
-    return e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-@dataclass
-class PrefixCacheStats:
-    prefix_cache_queries: int = 0      # tokens looked up (vLLM counts tokens)
-    prefix_cache_hits: int = 0         # tokens restored from disk
-    lookups: int = 0
-    restores: int = 0
-    restore_s: float = 0.0
-    prefill_s_saved: float = 0.0       # recorded prefill time of the restored tokens minus restore_s
-    saves: int = 0
-    save_s: float = 0.0
-    bytes_written: int = 0
-    bytes_read: int = 0
-    evictions: int = 0
-    ignored_bad: int = 0
-
-    def as_dict(self) -> dict:
-        d = dict(self.__dict__)
-        d["hit_rate"] = self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
-        return d
 
 
 class PrefixCache:
@@ -83,7 +46,8 @@ class PrefixCache:
     """
 
     def __init__(self, directory, engine=None, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
-                 block_size: int = DEFAULT_BLOCK_SIZE, fingerprint: str | None = None, fsync: bool = True):
+                 block_size: int = DEFAULT_BLOCK_SIZE, fingerprint: str | None = None, fsync: bool = True,
+                 repair: bool = True):
         if engine is None and fingerprint is None:
             raise LessonkitError("PrefixCache needs an engine or an explicit fingerprint")
         if block_size < 1:
@@ -99,27 +63,56 @@ class PrefixCache:
         self.fsync = fsync
         self.stats = PrefixCacheStats()
         self.subdir = self.dir / "kv" / self.key[:32]
-        try:
-            self.subdir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise LessonkitError(f"cannot create prefix cache directory {self.subdir}: {e.strerror}") from None
+        self.repair = repair                # False: never remove a file, only list what is bad
+        self.read_only = False
+        self.found_bad: dict[str, str] = {}  # path -> reason, every unusable file seen
         self._lock_path = self.dir / ".lock"
         self._index_path = self.dir / "index.json"
         self._warned: set[str] = set()
+        try:
+            self.subdir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            if not (read_only_error(e) and self.dir.is_dir()):
+                raise LessonkitError(f"cannot create prefix cache directory {self.subdir}: {e.strerror}") from None
+            self._go_read_only(e)
         with self._locked():
-            self._remove_stale_temps()
+            if repair and not self.read_only:
+                self._remove_stale_temps()
             self._write_index(self._load_index())
+
+    def _go_read_only(self, e: OSError) -> None:
+        """Use the cache read-only from now on (one warning): read and verify, never save or remove."""
+        if not self.read_only:
+            self.read_only = True
+            warnings.warn(f"prefix cache {self.dir} is read-only ({e.strerror}): snapshots are read, "
+                          f"nothing will be saved or removed", PrefixCacheWarning, stacklevel=3)
 
     # -- locking and the index ---------------------------------------------------------------------
     @contextlib.contextmanager
     def _locked(self):
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open_lock()
+        if fd is None:                      # read-only and no lock file: readers need no lock
+            yield
+            return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_SH if self.read_only else fcntl.LOCK_EX)
             yield
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+
+    def _open_lock(self) -> int | None:
+        if not self.read_only:
+            try:
+                return os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                if not read_only_error(e):
+                    raise LessonkitError(f"prefix cache: cannot open {self._lock_path}: {e.strerror}") from None
+                self._go_read_only(e)
+        try:
+            return os.open(self._lock_path, os.O_RDONLY)
+        except OSError:
+            return None
 
     def _remove_stale_temps(self) -> list[str]:
         """Temporary files of writers that died mid-save (their pid is gone, or older than a day)."""
@@ -127,7 +120,7 @@ class PrefixCache:
         for p in [*self.dir.glob(f"{TMP_PREFIX}*.part"), *(self.dir / "kv").glob(f"*/{TMP_PREFIX}*.part")]:
             try:
                 pid = int(p.name[len(TMP_PREFIX):].split("-")[0])
-                dead = not _pid_alive(pid) or time.time() - p.stat().st_mtime > 86400
+                dead = not pid_alive(pid) or time.time() - p.stat().st_mtime > 86400
             except (ValueError, OSError):
                 dead = True
             if dead and self._remove(p):
@@ -177,12 +170,21 @@ class PrefixCache:
         return out
 
     def _write_index(self, entries: dict, fsync: bool = False) -> None:
+        if self.read_only or not self.repair:
+            return                          # verify and read-only caches change nothing on disk
         data = json.dumps({"format_version": FORMAT_VERSION, "entries": entries}, sort_keys=True).encode()
-        replace(write_temp(self.dir, data, fsync=fsync), self._index_path, fsync=fsync)
+        try:
+            replace(write_temp(self.dir, data, fsync=fsync), self._index_path, fsync=fsync)
+        except OSError as e:
+            if not read_only_error(e):
+                raise
+            self._go_read_only(e)
 
     def _remove(self, path: Path) -> bool:
         """Delete a file of this cache, never anything else: a path that leaves the cache directory
         (a symlinked kv/<key> entry, a `..` in an index entry) or that is itself a symlink is left alone."""
+        if self.read_only or not self.repair:
+            return False
         root = self.dir.resolve()
         try:
             inside = path.parent.resolve().is_relative_to(root) and not path.is_symlink()
@@ -198,13 +200,18 @@ class PrefixCache:
         return False
 
     def _reject(self, path: Path, reason: str) -> None:
-        """One warning naming the file; the file is removed so it is recomputed, never used."""
+        """One warning naming the file; the file is removed so it is recomputed, never used (with
+        repair=False it is only listed in found_bad, for verify's report)."""
         self.stats.ignored_bad += 1
+        self.found_bad[str(path)] = reason
+        if not self.repair:
+            return
+        removed = self._remove(path)
         if str(path) not in self._warned:
             self._warned.add(str(path))
-            warnings.warn(f"prefix cache: ignoring {path}: {reason}; removed, it will be recomputed",
+            warnings.warn(f"prefix cache: ignoring {path}: {reason}; "
+                          + ("removed, it will be recomputed" if removed else "left in place, never used"),
                           PrefixCacheWarning, stacklevel=3)
-        self._remove(path)
 
     # -- public API --------------------------------------------------------------------------------
     def entries(self) -> dict:
@@ -224,29 +231,7 @@ class PrefixCache:
         """(relative path, estimated tokens) of the best saved snapshot for token_ids; no I/O of tensors."""
         with self._locked():
             entries = self._load_index()
-        return self._best(entries, list(token_ids))
-
-    def _best(self, entries: dict, token_ids: list[int], exclude=()) -> tuple[str | None, int]:
-        mine = {rel: e for rel, e in entries.items() if e.get("fingerprint") == self.key and rel not in exclude}
-        best, best_n = None, 0
-        for bs in sorted({e["block_size"] for e in mine.values()}):
-            group = {rel: e for rel, e in mine.items() if e["block_size"] == bs}
-            q = block_hashes(token_ids, bs, self.root)
-            _, depth = longest_prefix_match(q, {rel: e["block_hashes"] for rel, e in group.items()})
-            for rel, e in group.items():     # entries sharing `depth` blocks; the tail may add a few tokens
-                hs = e["block_hashes"]
-                if depth and (len(hs) < depth or hs[depth - 1] != q[depth - 1]):
-                    continue
-                n = depth * bs
-                if len(hs) == depth:
-                    for t_saved, t_q in zip(e["tail"], token_ids[n:]):
-                        if t_saved != t_q:
-                            break
-                        n += 1
-                n = min(n, e["n_tokens"])
-                if n > best_n or (n == best_n and n > 0 and e["last_used"] > entries[best]["last_used"]):
-                    best, best_n = rel, n
-        return best, best_n
+        return best_match(entries, list(token_ids), self.key, self.root)
 
     def lookup_and_restore(self, token_ids: Sequence[int], cache, max_tokens: int | None = None) -> int:
         """Restore the longest saved prefix of token_ids into cache (a fresh KVCache); returns n restored.
@@ -283,7 +268,7 @@ class PrefixCache:
         The file is opened under the lock, so an eviction cannot race the open."""
         with self._locked():
             entries = self._load_index()
-            rel, est = self._best(entries, token_ids, exclude=tried)
+            rel, est = best_match(entries, token_ids, self.key, self.root, exclude=tried)
             if rel is None or est == 0:
                 return None
             try:
@@ -357,13 +342,14 @@ class PrefixCache:
     def save(self, token_ids: Sequence[int], cache, *, prefill_s: float | None = None) -> Path | None:
         """Save the KV state of token_ids (the first len(token_ids) positions of cache) atomically.
 
-        Returns the file path, or None when the snapshot alone exceeds the byte budget. Evicts the
+        Returns the file path, or None when the snapshot alone exceeds the byte budget or the cache is
+        read-only (a directory this process may not write: one warning, nothing saved). Evicts the
         least recently used snapshots to stay within budget. A full disk raises LessonkitError and
         leaves the cache as it was.
         """
         token_ids = [int(t) for t in token_ids]
         n = len(token_ids)
-        if n == 0:
+        if n == 0 or self.read_only or not self.repair:
             return None
         if cache.length < n:
             raise LessonkitError(f"cannot save {n} tokens: the KV cache holds only {cache.length} positions")
@@ -377,7 +363,10 @@ class PrefixCache:
         entry, data = self._encode(token_ids, cache, name, hs, prefill_s)
         if len(data) > self.budget_bytes:
             return None
-        self._commit(self._write_snapshot(final, data), final, rel, entry)
+        tmp = self._write_snapshot(final, data)
+        if tmp is None:
+            return None
+        self._commit(tmp, final, rel, entry)
         self.stats.saves += 1
         self.stats.bytes_written += len(data)
         self.stats.save_s += time.perf_counter() - t0
@@ -411,12 +400,20 @@ class PrefixCache:
                  "tail": header["tail"], "bytes": len(data), "prefill_s": prefill_s}
         return entry, data
 
-    def _write_snapshot(self, final: Path, data: bytes) -> Path:
-        """The snapshot's bytes in a temporary file next to `final`; a full disk is a clear error."""
+    def _write_snapshot(self, final: Path, data: bytes) -> Path | None:
+        """The snapshot's bytes in a temporary file next to `final` (None: the directory is read-only,
+        or a symlink out of the cache); a full disk is a clear error."""
+        if not self.subdir.resolve().is_relative_to(self.dir.resolve()):
+            warnings.warn(f"prefix cache: not saving into {self.subdir}: it leads outside {self.dir}",
+                          PrefixCacheWarning, stacklevel=3)
+            return None
         try:
             return write_temp(self.subdir, data, fsync=self.fsync)
         except OSError as e:
-            if _disk_full(e):
+            if read_only_error(e):
+                self._go_read_only(e)
+                return None
+            if disk_full(e):
                 raise LessonkitError(
                     f"prefix cache: no space left on the device writing {final} ({len(data):,} bytes); "
                     f"nothing was saved and the cache is unchanged") from None
@@ -433,7 +430,7 @@ class PrefixCache:
                 try:
                     self._write_index(entries, fsync=self.fsync)
                 except OSError as e:        # the snapshot is complete; the index is rebuilt next time
-                    if _disk_full(e):
+                    if disk_full(e):
                         raise LessonkitError(
                             f"prefix cache: no space left on the device updating {self._index_path}; "
                             f"the snapshot {final} is complete and the index will be rebuilt") from None
@@ -461,12 +458,14 @@ class PrefixCache:
         return removed
 
     def verify(self) -> dict:
-        """Check every snapshot of this model fully; report problems (does not remove anything)."""
+        """Check every snapshot of this model fully. bad lists each unusable file with the reason
+        (files found bad while reading the index included); with repair=False nothing is removed."""
+        self.found_bad = {}
         with self._locked():
             entries = self._load_index()
             files = self._snapshot_files()
             temps = [str(p) for p in (self.dir / "kv").glob(f"*/{TMP_PREFIX}*.part")]
-            bad, ok = [], 0
+            ok = 0
             for rel, e in entries.items():
                 if e.get("fingerprint") != self.key:
                     continue
@@ -474,7 +473,8 @@ class PrefixCache:
                     load_snapshot(self.dir / rel, self.key)
                     ok += 1
                 except (BadSnapshot, OSError) as err:
-                    bad.append(f"{rel}: {err}")
+                    self.found_bad[str(self.dir / rel)] = str(err)
+        bad = [f"{os.path.relpath(p, self.dir)}: {why}" for p, why in sorted(self.found_bad.items())]
         return {"valid": ok, "bad": bad, "temp_files": temps,
                 "index_matches_files": set(entries) == set(files),
                 "total_bytes": sum(e["bytes"] for e in entries.values())}

@@ -3,6 +3,7 @@ a prompt from disk. Both give bit-identical results with and without the cache (
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -11,7 +12,7 @@ from tqdm.auto import tqdm
 
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate
-from lessonkit.prefix_cache.cache import PrefixCache
+from lessonkit.prefix_cache.cache import PrefixCache, PrefixCacheWarning
 
 @dataclass
 class ScoreResult:
@@ -70,7 +71,7 @@ def score(engine, prefix_ids: Sequence[int], items: Sequence[Sequence[int]], *, 
             st["ttft_s"] = time.perf_counter() - t_start
             if prefix_cache is not None and st["mode"] == "cold":
                 t0 = time.perf_counter()
-                prefix_cache.save(prefix_ids, cache, prefill_s=st["prefill_s"])
+                save_or_warn(prefix_cache, prefix_ids, cache, prefill_s=st["prefill_s"])
                 st["save_s"] = time.perf_counter() - t0
     st["total_s"] = time.perf_counter() - t_start
     if prefix_cache is not None:
@@ -78,6 +79,16 @@ def score(engine, prefix_ids: Sequence[int], items: Sequence[Sequence[int]], *, 
         for k in ("prefix_cache_queries", "prefix_cache_hits", "restore_s", "prefill_s_saved"):
             st[k] = after[k] - before[k]
     return ScoreResult([float(t.sum()) for t in tok_lps], tok_lps, torch.stack(lasts), st)
+
+
+def save_or_warn(prefix_cache: PrefixCache, token_ids, cache, **kw) -> None:
+    """Save a computed state; a failure to save (full disk, unwritable directory) is one warning and
+    never loses the result the state was computed for."""
+    try:
+        prefix_cache.save(token_ids, cache, **kw)
+    except (LessonkitError, OSError) as e:
+        warnings.warn(f"prefix cache: the result is kept, but the prefix was not saved: {e}", PrefixCacheWarning,
+                      stacklevel=2)
 
 
 def _shared_state(engine, base: list[int], max_len: int, prefix_cache: PrefixCache, st: dict):
@@ -147,7 +158,7 @@ def generate_with_prefix_cache(engine, prompt_ids: Sequence[int], prefix_cache, 
     res = generate(engine, prompt_ids, cache=cache, callback=callback, **gen_kwargs)
     after = prefix_cache.stats.as_dict()
     if n < len(prompt_ids) - 1 and cache.length >= len(prompt_ids):
-        prefix_cache.save(prompt_ids, cache, prefill_s=(res.stats or {}).get("ttft_s") if n == 0 else None)
+        save_or_warn(prefix_cache, prompt_ids, cache, prefill_s=(res.stats or {}).get("ttft_s") if n == 0 else None)
     stats = dict(res.stats or {})
     for k in ("prefix_cache_queries", "prefix_cache_hits", "restore_s", "prefill_s_saved"):
         stats[k] = after[k] - before[k]

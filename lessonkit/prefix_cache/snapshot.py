@@ -3,7 +3,8 @@
 A snapshot is the KV state of the first n tokens of a prompt, stored as one safetensors file
 (tensors "k", "v" [n_layers, n, n_kv_heads, head_dim] and "token_ids" int64 [n]) whose metadata
 holds a JSON header (format version, provenance fingerprint, token ids hash, n tokens, dtype, the
-chained block hashes, a SHA-256 of the payload). Layout of a cache directory DIR:
+chained block hashes, a SHA-256 of the payload, and a SHA-256 of the header itself so an edited
+fingerprint is caught). Layout of a cache directory DIR:
 
     DIR/.lock                          fcntl.flock: one writer of the index at a time
     DIR/index.json                     an acceleration only: rebuilt from the files when stale
@@ -159,6 +160,30 @@ def longest_prefix_match(query_hashes: Sequence[str], saved: Mapping[str, Sequen
     return None, 0
 
 
+def best_match(entries: dict, token_ids: list[int], key: str, root: str, exclude=()) -> tuple[str | None, int]:
+    """(name, tokens) of the index entry of fingerprint `key` sharing the longest prefix with token_ids."""
+    mine = {rel: e for rel, e in entries.items() if e.get("fingerprint") == key and rel not in exclude}
+    best, best_n = None, 0
+    for bs in sorted({e["block_size"] for e in mine.values()}):
+        group = {rel: e for rel, e in mine.items() if e["block_size"] == bs}
+        q = block_hashes(token_ids, bs, root)
+        _, depth = longest_prefix_match(q, {rel: e["block_hashes"] for rel, e in group.items()})
+        for rel, e in group.items():     # entries sharing `depth` blocks; the tail may add a few tokens
+            hs = e["block_hashes"]
+            if depth and (len(hs) < depth or hs[depth - 1] != q[depth - 1]):
+                continue
+            n = depth * bs
+            if len(hs) == depth:
+                for t_saved, t_q in zip(e["tail"], token_ids[n:]):
+                    if t_saved != t_q:
+                        break
+                    n += 1
+            n = min(n, e["n_tokens"])
+            if n > best_n or (n == best_n and n > 0 and e["last_used"] > entries[best]["last_used"]):
+                best, best_n = rel, n
+    return best, best_n
+
+
 # ---- the on-disk format ----------------------------------------------------------------------------
 def _payload_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
@@ -169,10 +194,18 @@ def _payload_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+def _header_sha256(header: Mapping) -> str:
+    """SHA-256 over every header field (fingerprint, token ids hash, payload hash, ...) but itself: an
+    edited header (a foreign snapshot relabelled with this model's fingerprint) no longer verifies.
+    A checksum, not a signature: whoever may write the cache directory may forge anything in it."""
+    return hashlib.sha256(_canonical({k: v for k, v in header.items() if k != "header_sha256"}).encode()).hexdigest()
+
+
 def encode_snapshot(tensors: Mapping[str, torch.Tensor], header: dict) -> bytes:
     """Serialise tensors + header to safetensors bytes (the header goes in the metadata)."""
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     header = dict(header, payload_sha256=_payload_sha256(tensors))
+    header["header_sha256"] = _header_sha256(header)
     return save(tensors, metadata={META_KEY: json.dumps(header, sort_keys=True)})
 
 
@@ -196,6 +229,8 @@ def _parse_header(f, size: int, path) -> tuple[dict, dict, int]:
         raise BadSnapshot("not a lessonkit prefix-KV snapshot")
     if header.get("format_version") != FORMAT_VERSION:
         raise BadSnapshot(f"format version {header.get('format_version')} (this lessonkit reads {FORMAT_VERSION})")
+    if header.get("header_sha256") != _header_sha256(header):
+        raise BadSnapshot("header checksum mismatch (edited header, or written by an older lessonkit)")
     if data_end != size:
         raise BadSnapshot(f"truncated: {size} bytes on disk, the header describes {data_end}")
     return header, meta, data_start

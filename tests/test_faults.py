@@ -1,0 +1,176 @@
+"""Fault injection and bad input (issue 21): symlinks, flipped bits in weights, snapshots and cache
+entries, read-only directories, deep nesting under a memory limit, bad values. Each case asserts what
+the issue asks: nothing outside the target directory changed, no wrong answer served, no traceback,
+the output kept. The CLI cases run lessonkit.cli.main in-process (a LessonkitError is one line and
+exit 2; anything else would raise here, i.e. a traceback) or in a subprocess where a limit is the point.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+
+from lessonkit.cli import main
+from lessonkit.prefix_cache.cache import PrefixCache, PrefixCacheWarning
+from test_prefix_cache import empty_cache, fake_cache, make
+
+ROOT = Path(__file__).resolve().parents[1]
+IDS = list(range(200, 240))
+
+
+def tree_digest(d: Path) -> dict:
+    """Every file under d (symlinks not followed) -> sha256 of its bytes: 'nothing changed' is ==."""
+    out = {}
+    for p in sorted(Path(d).rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            out[str(p.relative_to(d))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def read_only(monkeypatch, directory: Path) -> None:
+    """Make `directory` (and everything under it) read-only for this process: every write, create,
+    rename, remove or utime there fails with EACCES, as on a read-only mount or a directory owned by
+    another user (chmod alone does not stop root, who runs these tests in some containers)."""
+    root = str(Path(directory).resolve())
+
+    def under(p) -> bool:
+        return os.path.abspath(os.fspath(p)).startswith(root)
+
+    def deny(name):
+        raise PermissionError(errno.EACCES, "Permission denied", name)
+
+    real = {n: getattr(os, n) for n in ("open", "mkdir", "replace", "rename", "unlink", "utime")}
+    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+    def _open(p, flags, *a, **k):
+        if flags & writing and under(p):
+            deny(p)
+        return real["open"](p, flags, *a, **k)
+
+    def guarded(name, n_paths=1):
+        def f(*a, **k):
+            if any(under(x) for x in a[:n_paths]):
+                deny(a[0])
+            return real[name](*a, **k)
+        return f
+
+    monkeypatch.setattr(os, "open", _open)
+    for name, n in (("mkdir", 1), ("replace", 2), ("rename", 2), ("unlink", 1), ("utime", 1)):
+        monkeypatch.setattr(os, name, guarded(name, n))
+
+
+GEN = ["generate", "--model", "tiny-moe", "--prompt", "The river keeps its own counsel", "--max-new-tokens", "6",
+       "--json"]
+
+
+def generate_cli(capsys, *extra) -> tuple[int, dict | None, str]:
+    code = main(GEN + list(extra))
+    out = capsys.readouterr()
+    return code, (json.loads(out.out) if code == 0 else None), out.err
+
+
+# ---- prefix cache: verify, read-only, saving failures, relabelled snapshots ------------------------------------
+def test_verify_lists_bad_files_keeps_them_and_exits_nonzero(tmp_path, capsys):
+    code, plain, _ = generate_cli(capsys)
+    assert code == 0
+    d = tmp_path / "pc"
+    assert generate_cli(capsys, "--prefix-cache", str(d))[0] == 0
+    (snap,) = list((d / "kv").glob("*/*.safetensors"))
+    data = snap.read_bytes()
+    snap.write_bytes(data[: len(data) // 2])                    # truncated
+    foreign = snap.with_name("0" * 40 + ".safetensors")
+    foreign.write_bytes(b"not a snapshot")
+    before = tree_digest(d)
+    assert main(["prefix-cache", "verify", str(d), "--model", "tiny-moe", "--json"]) == 1
+    rep = json.loads(capsys.readouterr().out)
+    assert len(rep["bad"]) == 2 and rep["valid"] == 0
+    assert any(snap.name in b and "truncated" in b for b in rep["bad"])
+    assert tree_digest(d) == before                              # reported, nothing deleted
+    # the next use repairs: the bad files are removed, recomputed, and the answer is plain generate's
+    with pytest.warns(PrefixCacheWarning):
+        code, res, _ = generate_cli(capsys, "--prefix-cache", str(d))
+    assert code == 0 and res["token_ids"] == plain["token_ids"] and not foreign.exists()
+    assert main(["prefix-cache", "verify", str(d), "--model", "tiny-moe", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bad"] == []
+
+
+def test_unwritable_snapshot_directory_keeps_the_generation(tmp_path, capsys, monkeypatch):
+    code, plain, _ = generate_cli(capsys)
+    d = tmp_path / "pc"
+    from lessonkit.engine.registry import load_model
+    sub = PrefixCache(d, load_model("tiny-moe")).subdir         # exists; only kv/<key> is unwritable
+    read_only(monkeypatch, sub)
+    with pytest.warns(PrefixCacheWarning, match="read-only"):
+        code, res, err = generate_cli(capsys, "--prefix-cache", str(d))
+    assert code == 0 and res["token_ids"] == plain["token_ids"] and res["text"] == plain["text"]
+    assert list(sub.iterdir()) == []
+
+
+def test_read_only_cache_directory_is_read_not_written(tmp_path, monkeypatch):
+    pc = make(tmp_path)
+    pc.save(IDS, fake_cache(IDS))
+    before = tree_digest(tmp_path)
+    read_only(monkeypatch, tmp_path)
+    with pytest.warns(PrefixCacheWarning, match="read-only") as rec:
+        ro = make(tmp_path)
+        c = empty_cache()
+        assert ro.lookup_and_restore(IDS, c) == 40              # reading works
+        other = list(range(500, 540))
+        assert ro.save(other, fake_cache(other)) is None         # writing is skipped
+        assert ro.verify()["valid"] == 1
+    assert len([r for r in rec if "read-only" in str(r.message)]) == 1
+    assert (c.k[:, :40] == fake_cache(IDS).k[:, :40]).all()
+    monkeypatch.undo()
+    assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="chmod does not stop root; the simulated case above covers it")
+def test_read_only_cache_directory_by_chmod(tmp_path):
+    pc = make(tmp_path)
+    pc.save(IDS, fake_cache(IDS))
+    for p in [tmp_path, *tmp_path.rglob("*")]:
+        if p.is_dir():
+            p.chmod(0o555)
+    try:
+        with pytest.warns(PrefixCacheWarning, match="read-only"):
+            assert make(tmp_path).lookup_and_restore(IDS, empty_cache()) == 40
+    finally:
+        for p in [tmp_path, *tmp_path.rglob("*")]:
+            if p.is_dir():
+                p.chmod(0o755)
+
+
+def _relabel(src: Path, dst: Path, old_key: str, new_key: str) -> None:
+    """Copy a snapshot, editing the fingerprint in its header to another model's (same length)."""
+    data = src.read_bytes()
+    assert old_key.encode() in data
+    dst.write_bytes(data.replace(old_key.encode(), new_key.encode()))
+
+
+def test_snapshot_relabelled_with_this_models_fingerprint_is_not_restored(tmp_path):
+    ids = IDS
+    other = make(tmp_path / "b", fp="model-b")
+    other_path = other.save(ids, _shifted(ids))
+    mine = make(tmp_path / "a", fp="model-a")
+    target = mine.subdir / other_path.name
+    _relabel(other_path, target, other.key, mine.key)
+    vr = PrefixCache(tmp_path / "a", fingerprint="model-a", block_size=4, repair=False).verify()
+    assert vr["valid"] == 0 and len(vr["bad"]) == 1 and "header checksum" in vr["bad"][0]
+    with pytest.warns(PrefixCacheWarning, match="header checksum"):
+        assert mine.lookup_and_restore(ids, empty_cache()) == 0
+
+
+def _shifted(ids):
+    """The K/V another model would compute for ids: same shapes, other values."""
+    c = fake_cache(ids)
+    c.k += 1.0
+    return c
