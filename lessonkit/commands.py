@@ -43,7 +43,7 @@ def cmd_doctor(args) -> int:
     import platform
     from importlib.metadata import PackageNotFoundError, version
     from lessonkit.engine.checkpoint import verify_manifest
-    from lessonkit.engine.registry import MODELS_DIR, SHIPPED
+    from lessonkit.engine.registry import MODELS_DIR, SHIPPED, smollm2_cache_dir
     ok = True
     print(f"python {platform.python_version()} on {platform.platform()}")
     for pkg in ["torch", "safetensors", "numpy", "pandas", "matplotlib", "ipywidgets", "jupyterlab", "papermill",
@@ -61,6 +61,10 @@ def cmd_doctor(args) -> int:
             good = s == "ok"
             ok &= good
             print(f"  {'OK  ' if good else 'FAIL'} {name}/{f}: {s}")
+    conv = smollm2_cache_dir()
+    for fn, s in (verify_manifest(conv) if conv.exists() else {}).items():     # the converted cache, if made
+        ok &= s == "ok"
+        print(f"  {'OK  ' if s == 'ok' else 'FAIL'} {conv.name}/{fn}: {s}")
     mtp_dir = MODELS_DIR / "mtp"
     if mtp_dir.exists():
         for fn, s in verify_manifest(mtp_dir).items():

@@ -174,3 +174,136 @@ def _shifted(ids):
     c = fake_cache(ids)
     c.k += 1.0
     return c
+
+
+# ---- weights: a flipped bit is one clear error at load; doctor fails closed ----------------------------------
+MOE = ROOT / "data" / "models" / "tiny-moe"
+
+
+def flip(path: Path, offset: int = -1) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A private LESSONKIT_HOME (the verified-hash memo and the converted models live there)."""
+    h = tmp_path / "home"
+    monkeypatch.setenv("LESSONKIT_HOME", str(h))
+    return h
+
+
+def test_flipped_bit_in_a_user_model_is_one_clear_error(tmp_path, home, capsys):
+    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.engine.registry import load_model
+    d = tmp_path / "mine"
+    shutil.copytree(MOE, d)
+    assert load_model(str(d)).weights_verified is True
+    flip(d / "experts.safetensors")
+    with pytest.raises(LessonkitError, match="experts.safetensors: MISMATCH"):
+        load_model(str(d))
+    assert main(["generate", "--model", str(d), "--prompt", "hi", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "experts.safetensors" in err and "Traceback" not in err
+
+
+def test_flipped_bit_in_a_registered_model_is_caught(tmp_path, home, monkeypatch):
+    from lessonkit.engine import registry
+    from lessonkit.engine.errors import LessonkitError
+    models = tmp_path / "models"
+    shutil.copytree(MOE, models / "tiny-moe")
+    monkeypatch.setattr(registry, "MODELS_DIR", models)
+    flip(models / "tiny-moe" / "dense.safetensors", 200)
+    with pytest.raises(LessonkitError, match="dense.safetensors: MISMATCH"):
+        registry.load_model("tiny-moe")
+    (models / "tiny-moe" / "manifest.json").unlink()         # a shipped model without a manifest is refused too
+    with pytest.raises(LessonkitError, match="manifest.json: missing"):
+        registry.load_model("tiny-moe")
+
+
+def test_converted_cache_is_checked_at_load(home):
+    """The converted SmolLM2 cache is held to its manifest (a copy of tiny-moe stands in for the 515 MB)."""
+    from lessonkit.engine import registry
+    from lessonkit.engine.errors import LessonkitError
+    d = registry.smollm2_cache_dir()
+    shutil.copytree(MOE, d)
+    assert registry.load_model("smollm2-135m").weights_verified is True
+    flip(d / "experts.safetensors", 4096)
+    with pytest.raises(LessonkitError, match="experts.safetensors: MISMATCH"):
+        registry.load_model("smollm2-135m")
+
+
+def test_a_clean_start_rehashes_nothing(tmp_path, home, monkeypatch):
+    from lessonkit.engine import checkpoint
+    from lessonkit.engine.integrity import check_model_files
+    d = tmp_path / "m"
+    shutil.copytree(MOE, d)
+    calls = []
+    real = checkpoint.sha256_file
+    monkeypatch.setattr(checkpoint, "sha256_file", lambda p, *a: calls.append(Path(p).name) or real(p, *a))
+    assert check_model_files(d) and len(calls) == 4
+    assert check_model_files(d) and len(calls) == 4          # remembered by size, mtime, ctime, inode
+    assert json.loads((home / "verified.json").read_text())
+    flip(d / "tokenizer.json", 10)
+    with pytest.raises(Exception, match="tokenizer.json: MISMATCH"):
+        check_model_files(d)
+
+
+@pytest.mark.parametrize("manifest,status", [
+    ({"format_version": 1, "sha256": {}}, "lists no files"),
+    ({"format_version": 1}, "lists no files"),
+    ([1, 2], "lists no files"),
+    ("not json", "unreadable"),
+])
+def test_doctor_fails_closed_on_empty_or_bad_manifests(tmp_path, manifest, status):
+    from lessonkit.engine.checkpoint import verify_manifest
+    d = tmp_path / "m"
+    shutil.copytree(MOE, d)
+    (d / "manifest.json").write_text(manifest if isinstance(manifest, str) else json.dumps(manifest))
+    res = verify_manifest(d)
+    assert list(res) == ["manifest.json"] and status in res["manifest.json"]
+
+
+def test_manifest_entries_outside_the_model_directory_are_refused(tmp_path, home):
+    from lessonkit.engine.checkpoint import sha256_file, verify_manifest
+    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.engine.registry import load_model
+    d = tmp_path / "m"
+    shutil.copytree(MOE, d)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("outside")
+    m = json.loads((d / "manifest.json").read_text())
+    m["sha256"]["../secret.txt"] = sha256_file(secret)
+    m["sha256"][str(secret)] = sha256_file(secret)
+    (d / "manifest.json").write_text(json.dumps(m))
+    res = verify_manifest(d)
+    assert res["../secret.txt"].startswith("refused") and res[str(secret)].startswith("refused")
+    with pytest.raises(LessonkitError, match="refused"):
+        load_model(str(d))
+    del m["sha256"]["dense.safetensors"]                       # a weight file the manifest forgot
+    m["sha256"] = {k: v for k, v in m["sha256"].items() if "secret" not in k}
+    (d / "manifest.json").write_text(json.dumps(m))
+    assert verify_manifest(d)["dense.safetensors"].startswith("not listed")
+
+
+def test_user_directory_without_manifest_loads_unverified(tmp_path, home):
+    from lessonkit.engine.integrity import model_integrity
+    from lessonkit.engine.registry import load_model
+    d = tmp_path / "m"
+    shutil.copytree(MOE, d)
+    (d / "manifest.json").unlink()
+    assert load_model(str(d)).weights_verified is False
+    assert model_integrity(d, required=False)["manifest.json"].startswith("unverified")
+
+
+def test_doctor_fails_on_a_broken_shipped_manifest(tmp_path, monkeypatch, home, capsys):
+    from lessonkit.engine import registry
+    models = tmp_path / "models"
+    for name in ("tiny-moe", "tiny-draft"):
+        shutil.copytree(MOE.parent / name, models / name)
+    (models / "tiny-draft" / "manifest.json").write_text(json.dumps({"format_version": 1, "sha256": {}}))
+    monkeypatch.setattr(registry, "MODELS_DIR", models)
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL tiny-draft/manifest.json: lists no files" in out and "OK   tiny-moe/dense.safetensors: ok" in out

@@ -25,7 +25,7 @@ from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
 
 FORMAT_VERSION = 1
-_FILES = ("config.json", "dense.safetensors", "experts.safetensors", "tokenizer.json")
+LAYOUT_FILES = ("config.json", "dense.safetensors", "experts.safetensors", "tokenizer.json")
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -265,23 +265,17 @@ def load_dense(model_dir: Path, c: ModelConfig) -> dict[str, torch.Tensor]:
 
 
 def write_manifest(model_dir: str | Path, files: list[str] | None = None) -> dict:
-    """manifest.json with the SHA-256 of the layout's files (or of `files`, names inside model_dir)."""
+    """manifest.json with the SHA-256 of the layout's files (or of `files`, names inside model_dir),
+    written atomically."""
     model_dir = Path(model_dir)
-    files = {f: sha256_file(model_dir / f) for f in (files or _FILES) if (model_dir / f).exists()}
+    files = {f: sha256_file(model_dir / f) for f in (files or LAYOUT_FILES) if (model_dir / f).exists()}
     m = {"format_version": FORMAT_VERSION, "sha256": files}
-    (model_dir / "manifest.json").write_text(json.dumps(m, indent=2) + "\n")
+    atomic_write(model_dir / "manifest.json", (json.dumps(m, indent=2) + "\n").encode())
     return m
 
 
 def verify_manifest(model_dir: str | Path) -> dict[str, str]:
-    """File -> 'ok' / 'MISMATCH' / 'missing' (used by `lessonkit doctor`)."""
-    model_dir = Path(model_dir)
-    mpath = model_dir / "manifest.json"
-    if not mpath.exists():
-        return {"manifest.json": "missing"}
-    m = json.loads(mpath.read_text())
-    out = {}
-    for f, h in m["sha256"].items():
-        p = model_dir / f
-        out[f] = "missing" if not p.exists() else ("ok" if sha256_file(p) == h else "MISMATCH")
-    return out
+    """File -> 'ok' / 'MISMATCH' / 'missing' / 'refused: ...' (used by `lessonkit doctor`); a missing,
+    unreadable or empty manifest fails (lessonkit.engine.integrity has the rules)."""
+    from lessonkit.engine.integrity import model_integrity
+    return model_integrity(model_dir, required=True)

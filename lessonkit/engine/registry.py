@@ -9,10 +9,12 @@ from pathlib import Path
 import torch
 
 from lessonkit.engine.atomic import replace
-from lessonkit.engine.checkpoint import convert_hf_checkpoint, convert_hf_state_dict, sha256_file
+from lessonkit.engine.checkpoint import (LAYOUT_FILES, convert_hf_checkpoint, convert_hf_state_dict,
+                                         sha256_file, write_manifest)
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.integrity import check_model_files
 from lessonkit.engine.gguf_loader import SMOLLM2_SHA256, load_gguf, smollm2_gguf_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,9 +34,14 @@ def list_models() -> list[str]:
     return list(SHIPPED) + list(CONVERTED)
 
 
-def _smollm2_dir() -> Path:
+def smollm2_cache_dir() -> Path:
+    """Where the converted SmolLM2 lives (it may not exist yet)."""
     # -c2: converter revision (byte-deterministic files); an older conversion is redone, not reused
-    out = lessonkit_home() / "models" / f"smollm2-135m-{SMOLLM2_SHA256[:12]}-c2"
+    return lessonkit_home() / "models" / f"smollm2-135m-{SMOLLM2_SHA256[:12]}-c2"
+
+
+def _smollm2_dir() -> Path:
+    out = smollm2_cache_dir()
     if (out / "config.json").exists():
         return out
     gguf = smollm2_gguf_path()
@@ -45,6 +52,7 @@ def _smollm2_dir() -> Path:
         convert_hf_state_dict(m.hf_config, m.state_dict, tmp, m.tokenizer.to_str(), torch.float32, source=str(gguf))
         if m.chat_template:
             (tmp / "chat_template.jinja").write_text(m.chat_template)
+        write_manifest(tmp, [*LAYOUT_FILES, "chat_template.jinja"])   # checked at every load
         try:
             replace(tmp, out)
         except OSError:          # another process finished first
@@ -83,9 +91,12 @@ def resolve_model_dir(name_or_path: str) -> tuple[str, Path]:
 def load_model(name_or_path: str, *, expert_budget_mb: float | None = None, dtype=torch.float32,
                prefetch: bool = False):
     name, d = resolve_model_dir(name_or_path)
+    # shipped and converted models must match their manifest; a user directory without one loads unverified
+    eng_verified = check_model_files(d, required=not (Path(name_or_path).is_dir() and d == Path(name_or_path)))
     eng = Engine(d, name=name, expert_budget_mb=expert_budget_mb, dtype=dtype, prefetch=prefetch)
     tpl = d / "chat_template.jinja"
     eng.chat_template = tpl.read_text() if tpl.exists() else None
+    eng.weights_verified = eng_verified
     return eng
 
 
