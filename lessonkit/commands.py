@@ -320,7 +320,8 @@ def cmd_semcache_run(args) -> int:
     print(f"  losses {s['losses']}, actionable losses {s['actionable_losses']}")
     print(f"  audits {s['audits']} with {s['audit_losses']} losses: 95% upper bound on the loss rate "
           f"{s['audit_upper_bound']:.3f}; entries retired {s['entries_retired']}; "
-          f"policy stopped at query {s['policy_stopped_at']}")
+          + ("policy stopped in an earlier run (recorded in the store)" if s["policy_stopped_at"] == -1
+             else f"policy stopped at query {s['policy_stopped_at']}"))
     return 0
 
 

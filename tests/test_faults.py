@@ -307,3 +307,63 @@ def test_doctor_fails_on_a_broken_shipped_manifest(tmp_path, monkeypatch, home, 
     assert main(["doctor"]) == 1
     out = capsys.readouterr().out
     assert "FAIL tiny-draft/manifest.json: lists no files" in out and "OK   tiny-moe/dense.safetensors: ok" in out
+
+
+# ---- semantic cache: a flipped bit is never served; the audit's stop survives a restart -------------------------
+def _unit(*lead):
+    import numpy as np
+    v = np.zeros(384, np.float32)
+    v[: len(lead)] = lead
+    return v / np.linalg.norm(v)
+
+
+def test_flipped_bit_in_a_stored_embedding_is_never_served(tmp_path):
+    import numpy as np
+    from lessonkit.semcache.policies import make_policy, run_stream
+    from lessonkit.semcache.store import CacheStore, SemcacheIntegrityWarning
+    from lessonkit.workloads.judge import RuleJudge
+    path = tmp_path / "cache.sqlite"
+    s = CacheStore(path, "scope")
+    cached = _unit(0, 1)
+    s.put("cron job b on web-02 exited with code 0", cached, False)
+    s.close()
+    data = bytearray(path.read_bytes())
+    at = data.find(cached.tobytes())
+    assert at > 0 and data.find(cached.tobytes(), at + 1) < 0
+    data[at + 3] ^= 0x40                       # component 0: 0.0 -> 2.0, cosine 2.0 with every "x" query
+    path.write_bytes(bytes(data))
+    queries = [f"disk usage on web-0{i} is at 97%" for i in range(5)]
+    judge = RuleJudge({q: True for q in queries})
+    with pytest.warns(SemcacheIntegrityWarning, match="1 semantic-cache entries fail their checksum"):
+        store = CacheStore(path, "scope")
+    assert store.bad_entries == [1] and len(store) == 0
+    res = run_stream(queries, make_policy("one-sided", 0.9), judge,
+                     embeddings=np.stack([_unit(1, 0.1 * i) for i in range(5)]), store=store)
+    assert res.summary()["hits"] == 0 and res.summary()["actionable_losses"] == 0
+
+
+def test_a_stopped_policy_stays_stopped_after_a_restart(tmp_path):
+    import numpy as np
+    from lessonkit.semcache.audit import AuditConfig
+    from lessonkit.semcache.policies import make_policy, run_stream
+    from lessonkit.semcache.store import CacheStore
+    from lessonkit.workloads.judge import RuleJudge
+    path = tmp_path / "cache.sqlite"
+    b, b2, c, c_q, b_q = ("cron b ok", "cron b is ok", "disk c 40%", "disk c 95%", "cron b FAILED")
+    judge = RuleJudge({b: False, b2: False, c: False, c_q: True, b_q: True})
+    audit = AuditConfig(rate=0.0, first_n=1, limit=0.1)
+    store = CacheStore(path, "scope")
+    r1 = run_stream([b, b2, c, c_q], make_policy("one-sided", 0.8), judge, audit=audit, store=store,
+                    embeddings=np.stack([_unit(1, 0, 0), _unit(1, 0.01, 0), _unit(0, 1, 0), _unit(0, 1, 0.01)]))
+    assert r1.summary()["policy_stopped_at"] == 3 and r1.summary()["entries_retired"] == 1
+    store.close()
+    store = CacheStore(path, "scope")                          # restart: entry b is still live
+    assert len([e for e in store.entries if store.usable(e)]) == 1
+    r2 = run_stream([b_q], make_policy("one-sided", 0.8), judge, audit=audit, store=store,
+                    embeddings=np.stack([_unit(1, 0, 0.01)]))
+    s = r2.summary()
+    assert s["hits"] == 0 and s["actionable_losses"] == 0 and s["policy_stopped_at"] == -1
+    store.reset_policy(make_policy("one-sided", 0.8).describe())   # an operator's decision
+    r3 = run_stream([b_q], make_policy("one-sided", 0.8), judge, audit=audit, store=store,
+                    embeddings=np.stack([_unit(1, 0, 0.01)]))
+    assert r3.summary()["hits"] == 1                           # serving again (and audited: a loss)

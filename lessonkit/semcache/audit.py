@@ -69,7 +69,7 @@ class Auditor:
     config: AuditConfig = field(default_factory=AuditConfig)
     audits: int = 0
     losses: int = 0
-    stopped_at: int | None = None      # query index at which the policy stopped serving
+    stopped_at: int | None = None      # query index at which the policy stopped serving (-1: in an earlier run)
     trajectory: list = field(default_factory=list)   # (query index, audits, losses, upper bound)
 
     def __post_init__(self):

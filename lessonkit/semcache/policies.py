@@ -283,6 +283,12 @@ def run_stream(texts: list[str], policy: Policy, judge, *, embeddings: np.ndarra
         fp = embedder.fingerprint if embedder else "precomputed"
         store = CacheStore(":memory:", scope or scope_key(judge.fingerprint, "", fp))
     auditor = Auditor(audit)
+    key = policy.describe()
+    prev = store.policy_state(key)          # a policy the audit stopped stays stopped after a restart
+    if prev is not None:
+        auditor.audits, auditor.losses = prev["audits"], prev["losses"]
+        if prev["stopped"]:
+            auditor.stopped_at = -1         # stopped in an earlier run: serves nothing from the start
     result = RunResult(policy.name, policy.threshold, audit, auditor=auditor)
     stream = texts
     if progress:
@@ -311,6 +317,7 @@ def run_stream(texts: list[str], policy: Policy, judge, *, embeddings: np.ndarra
         if audited:
             result.judge_calls += 1
             auditor.record(fresh == entry.answer, i)
+            store.save_policy_state(key, auditor.audits, auditor.losses, not auditor.serving)
             if not auditor.entry_allows(entry.losses, entry.audits):
                 store.retire(entry)
                 result.retired += 1

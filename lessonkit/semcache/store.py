@@ -6,14 +6,23 @@ embedder); a store opened with one scope serves only that scope's entries and re
 entry from another, so a changed judge or embedder can never serve stale answers.
 
 Tables: entries(id, scope, text, text_hash, embedding, answer, created, ttl, hits, audits, losses,
-retired, margin) and audit_log(id, scope, entry_id, query, similarity, served, audited, fresh, agreed, t).
+retired, margin, checksum), audit_log(id, scope, entry_id, query, similarity, served, audited, fresh,
+agreed, t) and policy_state(scope, policy, audits, losses, stopped, t).
 An in-memory matrix of the scope's live embeddings makes a lookup one matrix-vector product.
+
+Integrity: each entry's checksum is a SHA-256 over what decides whether and what it serves (scope,
+text, embedding bytes, answer, created, ttl, margin). An entry whose checksum does not match (a
+flipped bit in the file, an edit, a row written by an older lessonkit) is never served: it is left
+out of the lookup, counted in `bad_entries`, and one warning names the file and how many. The
+mutable counters (hits, audits, losses, retired) are not covered. A policy the audit stopped is
+recorded in policy_state, so it stays stopped after a restart until reset_policy() is called.
 """
 from __future__ import annotations
 
 import hashlib
 import sqlite3
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,13 +35,33 @@ CREATE TABLE IF NOT EXISTS entries (
   id INTEGER PRIMARY KEY, scope TEXT NOT NULL, text TEXT NOT NULL, text_hash TEXT NOT NULL,
   embedding BLOB NOT NULL, answer INTEGER NOT NULL, created REAL NOT NULL, ttl REAL,
   hits INTEGER NOT NULL DEFAULT 0, audits INTEGER NOT NULL DEFAULT 0,
-  losses INTEGER NOT NULL DEFAULT 0, retired INTEGER NOT NULL DEFAULT 0, margin REAL);
+  losses INTEGER NOT NULL DEFAULT 0, retired INTEGER NOT NULL DEFAULT 0, margin REAL, checksum TEXT);
 CREATE INDEX IF NOT EXISTS entries_scope_hash ON entries(scope, text_hash);
 CREATE TABLE IF NOT EXISTS audit_log (
   id INTEGER PRIMARY KEY, scope TEXT NOT NULL, entry_id INTEGER NOT NULL, query TEXT NOT NULL,
   similarity REAL NOT NULL, served INTEGER NOT NULL, audited INTEGER NOT NULL,
   fresh INTEGER, agreed INTEGER, t REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS policy_state (
+  scope TEXT NOT NULL, policy TEXT NOT NULL, audits INTEGER NOT NULL, losses INTEGER NOT NULL,
+  stopped INTEGER NOT NULL, t REAL NOT NULL, PRIMARY KEY (scope, policy));
 """
+
+
+class SemcacheIntegrityWarning(UserWarning):
+    """Entries of a semantic-cache file failed their checksum and are never served."""
+
+
+def _num(x) -> str:
+    return "-" if x is None else float(x).hex()
+
+
+def entry_checksum(scope: str, text: str, embedding: bytes, answer: bool, created, ttl, margin) -> str:
+    """SHA-256 over the fields that decide whether an entry is served and what it answers."""
+    h = hashlib.sha256()
+    for part in (scope.encode(), text.encode("utf-8"), bytes(embedding),
+                 f"{int(bool(answer))}|{_num(created)}|{_num(ttl)}|{_num(margin)}".encode()):
+        h.update(len(part).to_bytes(8, "little") + part)
+    return h.hexdigest()
 
 
 def scope_key(judge_fingerprint: str, instruction_fingerprint: str, embedder_fingerprint: str) -> str:
@@ -73,22 +102,31 @@ class CacheStore:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
+            cols = {r[1] for r in self.db.execute("PRAGMA table_info(entries)")}
+            if "checksum" not in cols:          # a file from before checksums: its rows verify as bad
+                self.db.execute("ALTER TABLE entries ADD COLUMN checksum TEXT")
         except sqlite3.DatabaseError as exc:
             raise LessonkitError(f"cannot open cache store {self.path}: {exc}") from None
         self._load()
 
     def _load(self) -> None:
         rows = self.db.execute(
-            "SELECT id, scope, text, embedding, answer, created, ttl, hits, audits, losses, retired, margin "
-            "FROM entries WHERE scope = ? ORDER BY id", (self.scope,)).fetchall()
+            "SELECT id, scope, text, embedding, answer, created, ttl, hits, audits, losses, retired, margin, "
+            "checksum FROM entries WHERE scope = ? ORDER BY id", (self.scope,)).fetchall()
         self.entries: list[Entry] = []
+        self.bad_entries: list[int] = []
         for r in rows:
-            emb = np.frombuffer(r[3], dtype=np.float32)
-            if emb.shape[0] != self.dim:
-                raise LessonkitError(f"{self.path}: entry {r[0]} has a {emb.shape[0]}-d embedding, "
-                                     f"expected {self.dim}")
+            emb = np.frombuffer(r[3], dtype=np.float32) if isinstance(r[3], bytes) else np.zeros(0, np.float32)
+            if (emb.shape[0] != self.dim or not isinstance(r[2], str)
+                    or r[12] != entry_checksum(r[1], r[2], r[3], r[4], r[5], r[6], r[11])):
+                self.bad_entries.append(r[0])
+                continue
             self.entries.append(Entry(r[0], r[1], r[2], emb, bool(r[4]), r[5], r[6], r[7], r[8],
                                       r[9], bool(r[10]), r[11]))
+        if self.bad_entries:
+            warnings.warn(f"{self.path}: {len(self.bad_entries)} semantic-cache entries fail their checksum "
+                          f"(ids {self.bad_entries[:10]}{' ...' if len(self.bad_entries) > 10 else ''}) and are "
+                          f"never served", SemcacheIntegrityWarning, stacklevel=3)
         self.by_hash = {text_hash(e.text): e for e in self.entries}
         self.matrix = (np.stack([e.embedding for e in self.entries]) if self.entries
                        else np.zeros((0, self.dim), np.float32))
@@ -102,11 +140,17 @@ class CacheStore:
         emb = np.ascontiguousarray(entry.embedding, dtype=np.float32).reshape(-1)
         if emb.shape[0] != self.dim:
             raise LessonkitError(f"embedding has {emb.shape[0]} dimensions, expected {self.dim}")
+        if not np.isfinite(emb).all():
+            raise LessonkitError("embedding has non-finite values")
+        margin = None if entry.margin is None else float(entry.margin)
+        ttl = None if entry.ttl is None else float(entry.ttl)
+        entry.created, entry.ttl, entry.margin = float(entry.created), ttl, margin
+        check = entry_checksum(entry.scope, entry.text, emb.tobytes(), entry.answer, entry.created, ttl, margin)
         cur = self.db.execute(
-            "INSERT INTO entries(scope, text, text_hash, embedding, answer, created, ttl, margin) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO entries(scope, text, text_hash, embedding, answer, created, ttl, margin, checksum) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (entry.scope, entry.text, text_hash(entry.text), emb.tobytes(), int(entry.answer),
-             entry.created, entry.ttl, entry.margin))
+             entry.created, ttl, margin, check))
         entry.id, entry.embedding = cur.lastrowid, emb
         self.entries.append(entry)
         self.by_hash[text_hash(entry.text)] = entry
@@ -154,6 +198,20 @@ class CacheStore:
     def retire(self, entry: Entry) -> None:
         entry.retired = True
         self.db.execute("UPDATE entries SET retired = 1 WHERE id = ?", (entry.id,))
+
+    def policy_state(self, policy: str) -> dict | None:
+        """{audits, losses, stopped} the audit recorded for `policy` in this scope (None: never audited)."""
+        r = self.db.execute("SELECT audits, losses, stopped FROM policy_state WHERE scope = ? AND policy = ?",
+                            (self.scope, policy)).fetchone()
+        return None if r is None else {"audits": r[0], "losses": r[1], "stopped": bool(r[2])}
+
+    def save_policy_state(self, policy: str, audits: int, losses: int, stopped: bool) -> None:
+        self.db.execute("INSERT OR REPLACE INTO policy_state(scope, policy, audits, losses, stopped, t) "
+                        "VALUES (?, ?, ?, ?, ?, ?)", (self.scope, policy, audits, losses, int(stopped), self.clock()))
+
+    def reset_policy(self, policy: str) -> None:
+        """Forget the audit's counts and stop for `policy` (an operator's decision after fixing the cause)."""
+        self.db.execute("DELETE FROM policy_state WHERE scope = ? AND policy = ?", (self.scope, policy))
 
     def audit_log(self) -> list[dict]:
         cur = self.db.execute("SELECT * FROM audit_log WHERE scope = ? ORDER BY id", (self.scope,))
