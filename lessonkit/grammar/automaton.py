@@ -1,11 +1,17 @@
 """Byte-level context-free grammars run by a set-of-stacks pushdown automaton.
 
 The automaton (as in llama.cpp and Colibri's c/grammar.h) keeps a *set of stacks*, one per live
-parse. Each stack is a tuple of positions in a flat element table; its top is always a byte-class
+parse. A stack is a sequence of positions in a flat element table; its top is always a byte-class
 element, and the empty stack means "this parse is complete". Repetition lowers to right-recursive
 helper rules and a rule reference in tail position is not pushed (tail-call), so loops do not grow
 the stacks. States are interned and their transitions memoised, so a state is an immutable,
 hashable value: keeping one for backtracking costs nothing.
+
+Stacks are interned cons cells: a stack is an int naming (top position, the stack below) in the
+grammar's node table, 0 the empty stack. A push or pop is O(1) and stacks share their common part,
+so a document nested d deep costs memory linear in its length. (Stacks as tuples copied the whole
+stack at every byte: n bytes nested d deep kept n * d positions alive; 20 KB of brackets nested
+10,000 deep took 5.6 GB.)
 
 Answers: ``allowed_bytes()``, ``advance(byte)``, ``is_complete`` and ``forced_continuation()`` (the
 longest run of bytes that is the only legal way on, stopping where the parse could end). The text
@@ -56,7 +62,9 @@ class Grammar:
         self._lower(parse_rules(text, source))
         self._check_left_recursion()
         self._interned: dict[frozenset, GrammarState] = {}
-        self._initial = self._state(self._closure([(self._root_ref,)]))
+        self._top, self._below = [-1], [0]          # node table: stack id -> (top position, stack below)
+        self._node: dict[tuple[int, int], int] = {}
+        self._initial = self._state(self._closure([self._push(self._root_ref, 0)]))
 
     # -- construction
     def _lower(self, ast: dict[str, list]) -> None:
@@ -109,8 +117,18 @@ class Grammar:
                     stack.append((nxt, iter(left[nxt])))
 
     # -- automaton
+    def _push(self, pos: int, below: int) -> int:
+        """The stack id of `pos` pushed on stack `below` (interned: equal stacks have equal ids)."""
+        key = (pos, below)
+        i = self._node.get(key)
+        if i is None:
+            i = self._node[key] = len(self._top)
+            self._top.append(pos)
+            self._below.append(below)
+        return i
+
     def _closure(self, stacks) -> frozenset:
-        kind, arg, alts = self.kind, self.arg, self.alts
+        kind, arg, alts, top, below, push = self.kind, self.arg, self.alts, self._top, self._below, self._push
         out, seen, work = set(), set(), list(stacks)
         while work:
             st = work.pop()
@@ -120,18 +138,18 @@ class Grammar:
             if not st:
                 out.add(st)
                 continue
-            pos = st[-1]
+            pos = top[st]
             k = kind[pos]
             if k == CHAR:
                 out.add(st)
             elif k == END:
-                work.append(st[:-1])
+                work.append(below[st])
             else:
-                rest = st[:-1]
+                rest = below[st]
                 if kind[pos + 1] != END:
-                    rest = rest + (pos + 1,)
+                    rest = push(pos + 1, rest)
                 for a in alts[arg[pos]]:
-                    work.append(rest + (a,))
+                    work.append(push(a, rest))
         return frozenset(out)
 
     def _state(self, stacks: frozenset) -> GrammarState:
@@ -143,12 +161,14 @@ class Grammar:
         return s
 
     def _step(self, state: GrammarState, b: int) -> GrammarState | None:
+        moved = self._move(state.stacks, b)
+        return self._state(self._closure(moved)) if moved else None
+
+    def _move(self, stacks, b: int) -> list[int]:
+        """The stacks whose top accepts byte b, with that byte consumed (before the closure)."""
         bit = 1 << b
-        arg = self.arg
-        moved = [st[:-1] + (st[-1] + 1,) for st in state.stacks if st and arg[st[-1]] & bit]
-        if not moved:
-            return None
-        return self._state(self._closure(moved))
+        arg, top, below, push = self.arg, self._top, self._below, self._push
+        return [push(top[st] + 1, below[st]) for st in stacks if st and arg[top[st]] & bit]
 
     # -- public
     def initial(self) -> GrammarState:
@@ -267,12 +287,12 @@ class GrammarState:
     def __init__(self, grammar: Grammar, stacks: frozenset):
         self.grammar = grammar
         self.stacks = stacks
-        mask = 0
+        mask, arg, top = 0, grammar.arg, grammar._top
         for st in stacks:
             if st:
-                mask |= grammar.arg[st[-1]]
+                mask |= arg[top[st]]
         self.mask = mask
-        self.is_complete = () in stacks
+        self.is_complete = 0 in stacks
         self._next: dict[int, GrammarState | None] = {}
         self._forced = None
 
