@@ -367,3 +367,123 @@ def test_a_stopped_policy_stays_stopped_after_a_restart(tmp_path):
     r3 = run_stream([b_q], make_policy("one-sided", 0.8), judge, audit=audit, store=store,
                     embeddings=np.stack([_unit(1, 0, 0.01)]))
     assert r3.summary()["hits"] == 1                           # serving again (and audited: a loss)
+
+
+# ---- grammar: bounded memory, linear compile time, a clear error for nesting too deep ---------------------------
+def _limited(code: str, *, mem_mb: int | None = None, cpu_s: int | None = None) -> subprocess.CompletedProcess:
+    """Run code in a fresh interpreter under an address-space and/or CPU-time limit."""
+    pre = "import resource\n"
+    if mem_mb:
+        pre += f"resource.setrlimit(resource.RLIMIT_AS, ({mem_mb << 20}, {mem_mb << 20}))\n"
+    if cpu_s:
+        pre += f"resource.setrlimit(resource.RLIMIT_CPU, ({cpu_s}, {cpu_s}))\n"
+    return subprocess.run([sys.executable, "-c", pre + textwrap.dedent(code)], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_json_nested_ten_thousand_deep_fits_in_half_a_gigabyte(tmp_path):
+    """Stacks copied per byte needed 5.6 GB for this 20 KB file (memory ~ depth squared)."""
+    f = tmp_path / "deep.json"
+    f.write_text("[" * 10_000 + "]" * 10_000)
+    bad = tmp_path / "deep_bad.json"
+    bad.write_text("[" * 10_000 + "]" * 9_999 + "}")
+    r = _limited(f"""
+        from lessonkit.cli import main
+        raise SystemExit(main(["grammar", "check", "--grammar", "json", {str(f)!r}, {str(bad)!r}, "--json"]))
+        """, mem_mb=512)
+    assert "Traceback" not in r.stderr and "MemoryError" not in r.stderr, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert r.returncode == 1 and [x["ok"] for x in out["files"]] == [True, False]
+    assert out["files"][1]["error_offset"] == 19_999
+
+
+@pytest.mark.slow
+def test_enum_of_200000_integers_compiles_in_linear_time():
+    """A list-membership duplicate check and an O(position) line count per GBNF token made this
+    quadratic (over 300 s); linear, it takes seconds. The CPU limit is a bound, not a speed target."""
+    r = _limited("""
+        from lessonkit.grammar.json_schema import schema_grammar
+        g = schema_grammar({"enum": list(range(200_000)) + [7, 7]})
+        assert g.matches(b"199999") and g.matches(b"7") and not g.matches(b"200000")
+        print("ok")
+        """, cpu_s=90)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def _nested_schema(depth):
+    s = {"type": "integer"}
+    for _ in range(depth):
+        s = {"type": "array", "items": s}
+    return s
+
+
+def _nested_const(depth):
+    v = 1
+    for _ in range(depth):
+        v = [v]
+    return {"const": v}
+
+
+def _ref_chain(n):
+    defs = {f"a{i}": {"$ref": f"#/$defs/a{i + 1}"} for i in range(n)}
+    defs[f"a{n}"] = {"type": "integer"}
+    return {"$defs": defs, "$ref": "#/$defs/a0"}
+
+
+DEEP_SCHEMAS = {
+    "items nested 2000 deep": (_nested_schema(2000), "nests too deep"),
+    "const nested 5000 deep": (_nested_const(5000), "nests too deep"),
+    "$ref chain 5000 long": (_ref_chain(5000), "nests too deep"),
+    "regex groups 3000 deep": ({"type": "string", "pattern": "(" * 3000 + "a" + ")" * 3000}, "groups nest deeper"),
+    "self reference": ({"$ref": "#"}, "$ref '#' is left-recursive"),
+    "reference cycle": ({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+                        "left-recursive"),
+    "const NaN": ({"const": float("nan")}, "NaN or Infinity"),
+    "enum with Infinity": ({"enum": [1, float("inf")]}, "NaN or Infinity"),
+    "NaN inside a const": ({"const": {"a": [float("nan")]}}, "NaN or Infinity"),
+}
+
+
+@pytest.mark.parametrize("name", list(DEEP_SCHEMAS))
+def test_hostile_schema_is_one_clear_error(name):
+    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.grammar.json_schema import compile_schema, schema_grammar
+    schema, message = DEEP_SCHEMAS[name]
+    for fn in (compile_schema, schema_grammar):
+        with pytest.raises(LessonkitError, match=re_escape(message)):
+            fn(schema, source="s.json")
+
+
+def re_escape(s):
+    import re
+    return re.escape(s)
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"const": NaN}', "NaN is not a JSON value"),
+    ('{"enum": [1, -Infinity]}', "-Infinity is not a JSON value"),
+    ('{"type":"array","items":' * 3000 + '{}' + '}' * 3000, "nests too deeply"),
+])
+def test_hostile_schema_file_via_the_cli(tmp_path, capsys, text, message):
+    f = tmp_path / "s.json"
+    f.write_text(text)
+    doc = tmp_path / "x.json"
+    doc.write_text("1")
+    assert main(["grammar", "check", "--schema", str(f), str(doc)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("gbnf,message", [
+    ("root ::= " + "(" * 3000 + '"a"' + ")" * 3000, "groups nest deeper than 100"),
+    ('root ::= "a"' + "*" * 3000, "quantifiers on one item"),
+    ("root ::= " + "(" * 90 + '"a"' + "+" * 60 + ")" * 90, None),       # deep but allowed: it compiles
+])
+def test_deep_gbnf_is_one_clear_error(tmp_path, gbnf, message):
+    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.grammar.automaton import Grammar
+    if message is None:
+        assert Grammar(gbnf, "g.gbnf").matches(b"aaa")
+        return
+    with pytest.raises(LessonkitError, match=message):
+        Grammar(gbnf, "g.gbnf")

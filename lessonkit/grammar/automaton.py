@@ -59,7 +59,10 @@ class Grammar:
         self.source = source
         self.text = text
         self.line_oriented = False      # one document per line (NDJSON): a drafter may resync at a newline
-        self._lower(parse_rules(text, source))
+        try:
+            self._lower(parse_rules(text, source))
+        except RecursionError:              # a backstop: parse_rules bounds the nesting it knows of
+            raise LessonkitError(f"{source}: the grammar nests too deeply to compile") from None
         self._check_left_recursion()
         self._interned: dict[frozenset, GrammarState] = {}
         self._top, self._below = [-1], [0]          # node table: stack id -> (top position, stack below)

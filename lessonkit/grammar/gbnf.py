@@ -17,6 +17,8 @@ Schema compiler builds its grammars with them).
 """
 from __future__ import annotations
 
+import bisect
+
 from dataclasses import dataclass
 
 from lessonkit.engine.errors import LessonkitError
@@ -71,15 +73,21 @@ _ESCAPES = {"n": 10, "r": 13, "t": 9, "\\": 92, '"': 34, "'": 39, "[": 91, "]": 
 
 MAX_REPEAT = 10_000
 
+MAX_NESTING = 100                  # groups inside groups, or quantifiers on quantifiers: deeper is an error
+
 
 class _Parser:
     def __init__(self, text: str, source: str):
         self.s, self.i, self.source = text, 0, source
+        self.depth = 0
+        self._newlines: list[int] | None = None
 
     def err(self, msg: str) -> LessonkitError:
-        line = self.s.count("\n", 0, self.i) + 1
-        col = self.i - (self.s.rfind("\n", 0, self.i) + 1) + 1
-        return LessonkitError(f"{self.source}:{line}:{col}: {msg}")
+        if self._newlines is None:           # line starts, once: each error (and each Ref's location) is O(log n)
+            self._newlines = [i for i, c in enumerate(self.s) if c == "\n"]
+        line = bisect.bisect_left(self._newlines, self.i)
+        col = self.i - (self._newlines[line - 1] + 1 if line else 0) + 1
+        return LessonkitError(f"{self.source}:{line + 1}:{col}: {msg}")
 
     def skip_ws(self) -> None:
         s, n = self.s, len(self.s)
@@ -103,6 +111,9 @@ class _Parser:
         return name
 
     def at_rule_start(self) -> bool:
+        c = self.s[self.i] if self.i < len(self.s) else ""
+        if not (c.isascii() and (c.isalnum() or c in "_-")):
+            return False
         save = self.i
         try:
             self.name()
@@ -155,7 +166,11 @@ class _Parser:
             return Cls(self.char_class())
         if c == "(":
             self.i += 1
+            self.depth += 1
+            if self.depth > MAX_NESTING:
+                raise self.err(f"groups nest deeper than {MAX_NESTING} levels")
             alts = self.alternatives(top=False)
+            self.depth -= 1
             self.skip_ws()
             if self.i >= len(self.s) or self.s[self.i] != ")":
                 raise self.err("expected ')' to close the group")
@@ -247,7 +262,11 @@ class _Parser:
         return ALL_BYTES ^ mask if negate else mask
 
     def quantified(self, item):
-        while self.i < len(self.s):
+        for n in range(len(self.s)):
+            if self.i >= len(self.s):
+                break
+            if n > MAX_NESTING:
+                raise self.err(f"more than {MAX_NESTING} quantifiers on one item")
             c = self.s[self.i]
             if c in "*+?":
                 self.i += 1

@@ -208,6 +208,10 @@ class SchemaCompiler(ContainerRules, SchemaRewriter):
             values = list(s["enum"])
         else:
             values = [s["const"]]
+        try:
+            json.dumps(values, allow_nan=False)
+        except ValueError:
+            raise self.err(where, "enum/const holds NaN or Infinity, which are not JSON values") from None
         if "const" in s and "enum" in s:
             values = [v for v in values if json_equal(v, s["const"])]
         if "type" in s:
@@ -216,11 +220,7 @@ class SchemaCompiler(ContainerRules, SchemaRewriter):
             values = [v for v in values if self.validator(s).is_valid(v)]    # the other keywords, exactly
         if not values:
             raise self.err(where, "no enum/const value satisfies the schema")
-        alts = []
-        for v in values:
-            alt = self.value_literal(v)
-            if alt not in alts:
-                alts.append(alt)
+        alts = dict.fromkeys(self.value_literal(v) for v in values)     # duplicates dropped in linear time
         return self.rule(where + "-enum", " | ".join(alts))
 
     def value_literal(self, v) -> str:
@@ -329,15 +329,33 @@ class SchemaCompiler(ContainerRules, SchemaRewriter):
 def compile_schema(schema, *, whitespace: str = "flexible", ndjson: bool = False,
                    source: str = "<schema>") -> str:
     """Grammar text (lessonkit GBNF) for a JSON Schema. Raises LessonkitError on unsupported input."""
-    return SchemaCompiler(schema, whitespace=whitespace, ndjson=ndjson, source=source).compile()
+    return _compile(schema, whitespace, ndjson, source)[0]
 
 
 def schema_grammar(schema, *, whitespace: str = "flexible", ndjson: bool = False,
                    source: str = "<schema>") -> Grammar:
-    text = compile_schema(schema, whitespace=whitespace, ndjson=ndjson, source=source)
-    g = Grammar(text, source)
+    g = _compile(schema, whitespace, ndjson, source)[1]
     g.line_oriented = ndjson
     return g
+
+
+def _compile(schema, whitespace: str, ndjson: bool, source: str) -> tuple[str, Grammar]:
+    """(grammar text, Grammar). A $ref cycle that consumes no input ({"$ref": "#"} alone, a -> b -> a)
+    is named as such, not as a left-recursive rule of the generated grammar; nesting deeper than
+    Python's recursion allows is one clear error, never a RecursionError."""
+    c = SchemaCompiler(schema, whitespace=whitespace, ndjson=ndjson, source=source)
+    try:
+        text = c.compile()
+        return text, Grammar(text, source)
+    except RecursionError:
+        raise LessonkitError(f"{source}: the schema nests too deeply to compile") from None
+    except LessonkitError as e:
+        m = re.search(r"rule '([^']+)' is left-recursive", str(e))
+        refs = [r for r, n in c.ref_names.items() if m and n == m.group(1)]
+        if not refs:
+            raise
+        raise LessonkitError(f"{source}: $ref {refs[0]!r} is left-recursive: it refers back to itself before "
+                             f"matching any input (a cycle such as {{\"$ref\": \"#\"}} alone has no instances)") from None
 
 
 def load_schema(path: str | Path):
@@ -345,9 +363,17 @@ def load_schema(path: str | Path):
     if not p.is_file():
         raise LessonkitError(f"{path}: no such schema file")
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        return json.loads(p.read_text(encoding="utf-8"), parse_constant=_not_json)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise LessonkitError(f"{path}: not valid JSON ({e})") from None
+    except ValueError as e:
+        raise LessonkitError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise LessonkitError(f"{path}: nests too deeply to read") from None
+
+
+def _not_json(name: str):
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def compile_schema_file(path, *, whitespace: str = "flexible", ndjson: bool = False) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.grammar.gbnf import byte_class, literal, repeat_suffix
+from lessonkit.grammar.gbnf import MAX_NESTING, byte_class, literal, repeat_suffix
 from lessonkit.grammar.json_rules import json_string_content
 
 
@@ -22,9 +22,11 @@ class RegexCompiler:
 
     def __init__(self, pattern: str, comp, where: str):
         self.p, self.i, self.c, self.where = pattern, 0, comp, where
+        self.depth = 0
 
     def err(self, msg: str) -> LessonkitError:
-        return self.c.err(self.where, f"pattern {self.p!r}: {msg} (at character {self.i})")
+        shown = self.p if len(self.p) <= 80 else self.p[:77] + "..."
+        return self.c.err(self.where, f"pattern {shown!r}: {msg} (at character {self.i})")
 
     def compile(self) -> str:
         anchored_start = self.p.startswith("^")
@@ -71,7 +73,11 @@ class RegexCompiler:
                 self.i = j + 1
             elif self.peek() == "?":
                 raise self.err("unsupported group (lookaround, flags or backreference)")
+            self.depth += 1
+            if self.depth > MAX_NESTING:
+                raise self.err(f"groups nest deeper than {MAX_NESTING} levels")
             body = self.alternation()
+            self.depth -= 1
             if self.peek() != ")":
                 raise self.err("missing ')'")
             self.i += 1
