@@ -487,3 +487,25 @@ def test_deep_gbnf_is_one_clear_error(tmp_path, gbnf, message):
         return
     with pytest.raises(LessonkitError, match=message):
         Grammar(gbnf, "g.gbnf")
+
+
+# ---- bad values in a model's config.json: one error naming the file and the key ---------------------------------
+@pytest.mark.parametrize("edit,message", [
+    (lambda c: 42, "must be a JSON object of config keys, not int"),
+    (lambda c: [c], "must be a JSON object of config keys, not list"),
+    (lambda c: {**c, "n_kv_heads": 0}, "n_kv_heads must be a positive integer, got 0"),
+    (lambda c: {**c, "dim": -256}, "dim must be a positive integer, got -256"),
+    (lambda c: {**c, "n_layers": 2.5}, "n_layers must be a positive integer, got 2.5"),
+    (lambda c: {**c, "head_dim": True}, "head_dim must be a positive integer"),
+    (lambda c: {**c, "norm_eps": -1}, "norm_eps must be a finite positive number"),
+    (lambda c: {**c, "eos_token_id": "x"}, "eos_token_id must be a token id"),
+])
+def test_bad_config_json_is_one_clear_error(tmp_path, home, capsys, edit, message):
+    d = tmp_path / "m"
+    shutil.copytree(MOE, d)
+    (d / "manifest.json").unlink()                              # an unverified user directory: config is read
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(edit(cfg)))
+    assert main(["generate", "--model", str(d), "--prompt", "hi", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert str(d / "config.json") in err and message in err and "Traceback" not in err

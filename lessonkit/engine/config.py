@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from lessonkit.engine.errors import LessonkitError
+
+
+POSITIVE_INTS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "intermediate_size",
+                 "n_experts", "top_k", "max_seq_len")
 
 
 @dataclass
@@ -36,12 +41,35 @@ class ModelConfig:
     arch: str = "llama"             # "llama" or "olmoe": which Hugging Face class exports it
 
     def __post_init__(self):
+        self._check_values()
         if self.n_heads % self.n_kv_heads:
             raise LessonkitError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if not 1 <= self.top_k <= self.n_experts:
             raise LessonkitError(f"top_k={self.top_k} must be between 1 and n_experts={self.n_experts}")
         if self.arch not in ("llama", "olmoe"):
             raise LessonkitError(f"unknown arch {self.arch!r} (expected 'llama' or 'olmoe')")
+
+    def _check_values(self) -> None:
+        """Each size a positive integer, each float finite and positive, each flag a bool: a bad value
+        is one LessonkitError naming the key (from_dict and load add the file), never a traceback later."""
+        for k in POSITIVE_INTS:
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise LessonkitError(f"{k} must be a positive integer, got {v!r}")
+        for k in ("norm_eps", "rope_theta", "clip_qkv"):
+            v = getattr(self, k)
+            if v is None and k == "clip_qkv":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise LessonkitError(f"{k} must be a finite positive number, got {v!r}")
+        for k in ("tie_embeddings", "qk_norm", "norm_topk_prob"):
+            if not isinstance(getattr(self, k), bool):
+                raise LessonkitError(f"{k} must be true or false, got {getattr(self, k)!r}")
+        for k in ("bos_token_id", "eos_token_id"):
+            v = getattr(self, k)
+            ids = v if isinstance(v, list) else [] if v is None else [v]
+            if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+                raise LessonkitError(f"{k} must be a token id, a list of them, or null, got {v!r}")
 
     @property
     def is_moe(self) -> bool:
@@ -88,6 +116,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict, *, source: str = "config") -> "ModelConfig":
+        if not isinstance(d, dict):
+            raise LessonkitError(f"{source}: must be a JSON object of config keys, not {type(d).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names
         if unknown:
@@ -95,6 +125,8 @@ class ModelConfig:
         try:
             return cls(**d)
         except TypeError as e:
+            raise LessonkitError(f"{source}: {e}") from None
+        except LessonkitError as e:
             raise LessonkitError(f"{source}: {e}") from None
 
     @classmethod
@@ -113,6 +145,8 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, hf: dict, *, source: str = "config.json") -> "ModelConfig":
         """Translate a Hugging Face LlamaConfig / OlmoeConfig / MixtralConfig dict."""
+        if not isinstance(hf, dict):
+            raise LessonkitError(f"{source}: must be a JSON object of config keys, not {type(hf).__name__}")
         mt = hf.get("model_type", "llama")
         try:
             n_heads = hf["num_attention_heads"]
@@ -140,6 +174,10 @@ class ModelConfig:
             )
         except KeyError as e:
             raise LessonkitError(f"{source}: missing key {e.args[0]!r}") from None
+        except (TypeError, ValueError, ZeroDivisionError) as e:
+            raise LessonkitError(f"{source}: {e}") from None
+        except LessonkitError as e:
+            raise LessonkitError(e.args[0] if str(e).startswith(source) else f"{source}: {e}") from None
 
     def to_hf(self) -> dict:
         common = dict(
