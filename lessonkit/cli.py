@@ -92,8 +92,8 @@ COMMANDS = {
             arg("--preset", default="default", choices=["default", "small"]), JSON])}),
     "train": ("train tiny-moe or tiny-draft on data/corpus/ (deterministic)", c.cmd_train, [
         arg("name", choices=["tiny-draft", "tiny-moe"]),
-        arg("--steps", type=int, default=None, help="override the preset's step count (quick checks)"),
-        arg("--threads", type=int, default=None, help="torch threads (default: the preset's, 1)"),
+        arg("--steps", type=number(1, integer=True), default=None, help="override the preset's step count (quick checks)"),
+        arg("--threads", type=number(1, integer=True), default=None, help="torch threads (default: the preset's, 1)"),
         arg("--out", default=None,
             help="streaming-layout output dir (default data/models/NAME; with --steps build/models/NAME-stepsN)"),
         arg("--no-ship", action="store_true", help="only write the HF checkpoint under build/hf/"), JSON]),
@@ -102,7 +102,7 @@ COMMANDS = {
     "gap": ("open-vs-closed lag and compute growth from Epoch AI data", c.cmd_gap, [
         arg("--json", action="store_true", help="print the figures as JSON"),
         arg("--data", default=None, help="folder with the Epoch CSVs (default data/epoch/)"),
-        arg("--boot", type=int, default=1000, help="bootstrap resamples (default 1000)"),
+        arg("--boot", type=number(1, integer=True), default=1000, help="bootstrap resamples (default 1000)"),
         arg("--seed", type=int, default=0)]),
     "grammar": ("compile JSON Schemas to grammars; check files against them", {
         "compile": ("print the grammar compiled from a JSON Schema (or the error)", c.cmd_grammar_compile, [
@@ -119,7 +119,7 @@ COMMANDS = {
             arg("--policy", default="one-sided+guard", choices=["exact", "two-sided", "one-sided", "one-sided+guard"]),
             arg("--threshold", type=number(-1, 1), default=None, help="cosine threshold (policy default if omitted)"),
             arg("--audit-rate", type=number(0, 1), default=0.05, help="share of hits re-judged after probation"),
-            arg("--audit-first", type=int, default=None,
+            arg("--audit-first", type=number(0, integer=True), default=None,
                 help="hits of a new entry always audited (default 2, or 0 with --audit-rate 0: audit off)"),
             arg("--audit-limit", type=number(0, 1, open_lo=True), default=0.10, help="stop serving above this loss bound"),
             arg("--limit", type=number(1, integer=True), default=None, help="use only the first N items of the stream"),
@@ -128,18 +128,18 @@ COMMANDS = {
             arg("--seed", type=int, default=0), JSON]),
         "record": ("recompute the judge ground-truth file with the real judge", c.cmd_semcache_record, [
             arg("--batched", action="store_true", help="score in transformers batches, check on the engine"),
-            arg("--check", type=int, default=3, help="items re-scored by the engine (with --batched)")])}),
+            arg("--check", type=number(0, integer=True), default=3, help="items re-scored by the engine (with --batched)")])}),
     "train-mtp": ("train an MTP head on a frozen target", c.cmd_train_mtp, [
         arg("--model", required=True),
         arg("--preset", default=None, help="training preset (tiny-moe, smollm2-135m, test); default: the model's"),
-        arg("--steps", type=int, default=None),
+        arg("--steps", type=number(1, integer=True), default=None),
         arg("--out", default=None, help="output .safetensors (default data/models/mtp/<model>.safetensors)"),
-        arg("--threads", type=int, default=2)]),
+        arg("--threads", type=number(1, integer=True), default=2)]),
     "mtp-doctor": ("diagnose an MTP head (acceptance, controls, quantisation)", c.cmd_mtp_doctor, [
         arg("--model", required=True),
         arg("--quant", default="none", help="none, int8, int4, int4-g64, int4-g32, int4-g<N>"),
         arg("--head", default=None, help="a head .safetensors (default: the shipped one)"),
-        arg("--windows", type=int, default=3, help="held-out windows per kind of text"), JSON]),
+        arg("--windows", type=number(1, integer=True), default=3, help="held-out windows per kind of text"), JSON]),
     "prefix-cache": ("inspect, verify or clear a persistent prefix-KV cache directory", c.cmd_prefix_cache, [
         arg("action", choices=["info", "verify", "clear"]), arg("dir"),
         arg("--model", default="smollm2-135m", help="the model whose snapshots to check (its fingerprint)"), JSON]),

@@ -509,3 +509,20 @@ def test_bad_config_json_is_one_clear_error(tmp_path, home, capsys, edit, messag
     assert main(["generate", "--model", str(d), "--prompt", "hi", "--max-new-tokens", "2"]) == 2
     err = capsys.readouterr().err
     assert str(d / "config.json") in err and message in err and "Traceback" not in err
+
+
+# ---- more bad numbers on the command line (the generate/semcache ones are in test_bad_numbers) ------------------
+@pytest.mark.parametrize("argv,option", [
+    (["train", "tiny-draft", "--steps", "-1"], "--steps"),
+    (["train", "tiny-draft", "--threads", "0"], "--threads"),
+    (["gap", "--boot", "-5"], "--boot"),
+    (["semcache", "run", "--audit-first", "-2"], "--audit-first"),
+    (["semcache", "record", "--check", "-1"], "--check"),
+    (["train-mtp", "--model", "tiny-moe", "--threads", "0"], "--threads"),
+    (["mtp-doctor", "--model", "tiny-moe", "--windows", "0"], "--windows"),
+])
+def test_more_bad_numbers_are_refused_before_any_work(argv, option, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and option in err and "Traceback" not in err
