@@ -526,3 +526,74 @@ def test_more_bad_numbers_are_refused_before_any_work(argv, option, capsys):
         main(argv)
     err = capsys.readouterr().err
     assert exc.value.code == 2 and option in err and "Traceback" not in err
+
+
+# ---- symlinks and flipped bits through the command line --------------------------------------------------------
+def test_clear_through_the_cli_changes_nothing_outside_the_cache(tmp_path, capsys):
+    outside = tmp_path / "weights"
+    shutil.copytree(MOE, outside)
+    before = tree_digest(outside)
+    d = tmp_path / "pc"
+    assert generate_cli(capsys, "--prefix-cache", str(d))[0] == 0
+    (sub,) = list((d / "kv").iterdir())
+    (d / "kv" / "evil").symlink_to(outside, target_is_directory=True)
+    os.symlink(outside / "dense.safetensors", sub / ("f" * 40 + ".safetensors"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for model in ("tiny-moe", "tiny-draft"):
+            assert main(["prefix-cache", "clear", str(d), "--model", model, "--json"]) == 0
+    capsys.readouterr()
+    assert tree_digest(outside) == before
+    assert not [p for p in sub.glob("*.safetensors") if not p.is_symlink()]    # its own snapshot is gone
+
+
+def test_flipped_bit_in_a_snapshot_never_changes_the_output(tmp_path, capsys):
+    code, plain, _ = generate_cli(capsys)
+    d = tmp_path / "pc"
+    assert generate_cli(capsys, "--prefix-cache", str(d))[0] == 0
+    (snap,) = list((d / "kv").glob("*/*.safetensors"))
+    flip(snap, -7)                                               # one bit of the V tensor
+    with pytest.warns(PrefixCacheWarning, match="payload checksum"):
+        code, res, _ = generate_cli(capsys, "--prefix-cache", str(d))
+    assert code == 0 and res["token_ids"] == plain["token_ids"]
+    code, warm, _ = generate_cli(capsys, "--prefix-cache", str(d))   # recomputed, saved and served again
+    assert warm["token_ids"] == plain["token_ids"] and warm["stats"]["prefix_cache_hits"] > 0
+
+
+SWEEP = [
+    ["generate", "--model", "tiny-moe", "--prompt", "hi", "--temperature", "inf"],
+    ["generate", "--model", "tiny-moe", "--prompt", "hi", "--stop", ""],
+    ["generate", "--model", "tiny-moe", "--prompt", "hi", "--prefix-cache", "{tmp}/pc", "--grammar", "json"],
+    ["generate", "--model", "{tmp}/no-such-model", "--prompt", "hi"],
+    ["semcache", "run", "--limit", "-5"],
+    ["grammar", "check", "--grammar", "json", "{tmp}/deep.json"],
+    ["grammar", "check", "--grammar", "{tmp}/deep.gbnf", "{tmp}/deep.json"],
+    ["grammar", "check", "--schema", "{tmp}/nan.json", "{tmp}/deep.json"],
+    ["grammar", "compile", "{tmp}/self.json"],
+    ["prefix-cache", "verify", "{tmp}/no-such-dir", "--model", "tiny-moe"],
+]
+
+
+@pytest.mark.slow
+def test_the_sweep_in_a_fresh_process_prints_no_traceback(tmp_path):
+    """The command line as a user runs it: every case ends in output or one error line, exit 0, 1 or 2."""
+    (tmp_path / "deep.json").write_text("[" * 3000 + "]" * 3000)
+    (tmp_path / "deep.gbnf").write_text("root ::= " + "(" * 500 + '"["' + ")" * 500)
+    (tmp_path / "nan.json").write_text('{"const": NaN}')
+    (tmp_path / "self.json").write_text('{"$ref": "#"}')
+    cases = [[a.replace("{tmp}", str(tmp_path)) for a in argv] for argv in SWEEP]
+    code = f"""
+        import json, sys
+        from lessonkit.cli import main
+        codes = []
+        for argv in {cases!r}:
+            try:
+                codes.append(main(argv))
+            except SystemExit as e:
+                codes.append(e.code)
+        print(json.dumps(codes))
+        """
+    r = _limited(code, mem_mb=4096)
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    codes = json.loads(r.stdout.strip().splitlines()[-1])
+    assert codes == [2, 2, 2, 2, 2, 0, 2, 2, 2, 2], (codes, r.stderr[-3000:])
