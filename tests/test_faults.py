@@ -235,13 +235,13 @@ def test_converted_cache_is_checked_at_load(home):
 
 
 def test_a_clean_start_rehashes_nothing(tmp_path, home, monkeypatch):
-    from lessonkit.engine import checkpoint
+    from lessonkit.engine import integrity
     from lessonkit.engine.integrity import check_model_files
     d = tmp_path / "m"
     shutil.copytree(MOE, d)
     calls = []
-    real = checkpoint.sha256_file
-    monkeypatch.setattr(checkpoint, "sha256_file", lambda p, *a: calls.append(Path(p).name) or real(p, *a))
+    real = integrity.sha256_file
+    monkeypatch.setattr(integrity, "sha256_file", lambda p, *a: calls.append(Path(p).name) or real(p, *a))
     assert check_model_files(d) and len(calls) == 4
     assert check_model_files(d) and len(calls) == 4          # remembered by size, mtime, ctime, inode
     assert json.loads((home / "verified.json").read_text())

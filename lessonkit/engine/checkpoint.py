@@ -10,7 +10,6 @@ A dense model's MLP is stored as expert 0 of each layer (the one-expert case).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 from pathlib import Path
@@ -23,17 +22,10 @@ from tokenizers import Tokenizer
 from lessonkit.engine.atomic import atomic_write
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.integrity import model_integrity, sha256_file  # noqa: F401 (sha256_file: re-exported)
 
 FORMAT_VERSION = 1
 LAYOUT_FILES = ("config.json", "dense.safetensors", "experts.safetensors", "tokenizer.json")
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
 
 
 def _atomic_save(tensors: dict, path: Path, metadata: dict | None = None) -> None:
@@ -277,5 +269,4 @@ def write_manifest(model_dir: str | Path, files: list[str] | None = None) -> dic
 def verify_manifest(model_dir: str | Path) -> dict[str, str]:
     """File -> 'ok' / 'MISMATCH' / 'missing' / 'refused: ...' (used by `lessonkit doctor`); a missing,
     unreadable or empty manifest fails (lessonkit.engine.integrity has the rules)."""
-    from lessonkit.engine.integrity import model_integrity
     return model_integrity(model_dir, required=True)

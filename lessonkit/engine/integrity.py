@@ -14,6 +14,7 @@ A model directory's manifest.json lists `{"format_version": 1, "sha256": {file n
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -22,6 +23,14 @@ from lessonkit.engine.atomic import atomic_write
 from lessonkit.engine.errors import LessonkitError
 
 MEMO_NAME = "verified.json"
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
 
 
 def _home() -> Path:
@@ -78,7 +87,6 @@ def _stat_key(p: Path) -> str:
 
 def file_status(model_dir: Path, name: str, want: str, memo: dict) -> str:
     """'ok', 'MISMATCH', 'missing' or 'refused: ...' for one manifest entry (memo: verified hashes)."""
-    from lessonkit.engine.checkpoint import sha256_file
     p = inside(model_dir, name)
     if p is None:
         return "refused: the entry points outside the model directory"
