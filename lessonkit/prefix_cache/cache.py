@@ -70,7 +70,8 @@ class PrefixCache:
         self._index_path = self.dir / "index.json"
         self._warned: set[str] = set()
         try:
-            self.subdir.mkdir(parents=True, exist_ok=True)
+            if repair:                      # verify (repair=False) creates no directory
+                self.subdir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             if not (read_only_error(e) and self.dir.is_dir()):
                 raise LessonkitError(f"cannot create prefix cache directory {self.subdir}: {e.strerror}") from None
