@@ -62,6 +62,20 @@ def _walk(data, grammar):
     return s
 
 
+@settings(max_examples=60, deadline=None, database=None)
+@given(data=st.data(), which=st.integers(0, len(GRAMMARS) - 1))
+def test_successors_group_bytes_exactly_as_single_steps(data, which):
+    g = GRAMMARS[which]
+    s = _walk(data, g)
+    got = {}
+    for group, nxt in s.successors():
+        for b in range(256):
+            if group >> b & 1:
+                assert b not in got
+                got[b] = nxt
+    assert got == {b: g._step(s, b) for b in s.allowed_bytes()}
+
+
 def _reference(tg, state) -> list[int]:
     return sorted(tg.trie.allowed_ids(state))
 

@@ -37,6 +37,8 @@ class TrieLevels:
         depth = np.array([len(p) for p in order])
         bounds = np.searchsorted(depth, np.arange(1, depth[-1] + 2))
         self.spans = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))    # nodes of depth 1, 2, ...
+        self.depths = [(lo, hi, parent[lo:hi].astype(np.int32), self.byte[lo:hi].astype(np.int32))
+                       for lo, hi in self.spans]
         ids = np.arange(n)
         self.child_start = np.searchsorted(parent, ids, "left")
         self.child_count = np.searchsorted(parent, ids, "right") - self.child_start
@@ -77,15 +79,21 @@ class StateTable:
         return i
 
     def step(self, flat: np.ndarray) -> np.ndarray:
-        """next[state, byte] for flat indices state * 256 + byte, computing the unknown ones."""
+        """next[state, byte] for flat indices state * 256 + byte, filling the rows of states not yet expanded."""
         out = self.next.take(flat)
-        unknown = out == _UNKNOWN
-        if unknown.any():
-            for f in np.unique(flat[unknown]).tolist():
-                sid, b = divmod(f, 256)
-                self.next[sid, b] = self.id_of(self.states[sid].advance(b))
+        if out.size and out.min() == _UNKNOWN:
+            unknown = out == _UNKNOWN
+            for sid in np.unique(flat[unknown] >> 8).tolist():
+                self.expand(sid)
             out[unknown] = self.next.take(flat[unknown])
         return out
+
+    def expand(self, sid: int) -> None:
+        """Fill state `sid`'s row: every legal byte's next state (numbered, not yet expanded themselves)."""
+        for group, nxt in self.states[sid].successors():
+            j = self.id_of(nxt)
+            bits = np.unpackbits(np.frombuffer(group.to_bytes(32, "little"), np.uint8), bitorder="little")
+            self.next[sid, bits.astype(bool)] = j
 
     def __len__(self) -> int:
         return len(self.states)
@@ -104,12 +112,12 @@ def _dense_walk(levels: TrieLevels, table: StateTable, state: GrammarState) -> n
     st[0] = table.id_of(state)
     extra: list[int] = []
     prev = (0, 1)
-    for lo, hi in levels.spans:
+    for lo, hi, parent, byte in levels.depths:
         if hi - lo < _PY_TAIL:
             for node in (np.flatnonzero(st[prev[0]:prev[1]]) + prev[0]).tolist():
                 extra += walk_below(levels.dict_nodes[node], table.states[st[node]])
             break
-        st[lo:hi] = table.step(st[levels.parent[lo:hi]].astype(np.int64) * 256 + levels.byte[lo:hi])
+        st[lo:hi] = table.step(st[parent] * 256 + byte)
         prev = (lo, hi)
     out = (st != _DEAD)[levels.term]
     if extra:
