@@ -96,6 +96,13 @@ def test_dense_and_sparse_walks_equal_the_reference_walk(toy, data, which, tail)
     ref = _reference(tg, state)
     assert np.flatnonzero(dense).tolist() == ref
     assert np.flatnonzero(sparse).tolist() == ref
+    for py_nodes in (0, 10**9):                  # the dispatcher, Python walk forced on and off
+        masks._PY_NODES, old = py_nodes, masks._PY_NODES
+        try:
+            chosen = masks.legal_tokens(levels, masks.StateTable(), state)
+        finally:
+            masks._PY_NODES = old
+        assert np.flatnonzero(chosen).tolist() == ref
 
 
 def test_token_mask_matches_reference_and_adds_eos_only_when_complete(toy):

@@ -14,6 +14,7 @@ import json
 import statistics
 import time
 
+import numpy as np
 import torch
 
 from lessonkit.bench.common import goal, machine_info
@@ -49,9 +50,12 @@ def _mask_times(tg: TokenGrammar, texts: list[list[int]], reference: bool) -> li
         s = tg.grammar.initial()
         for t in ids + [None]:
             t0 = time.perf_counter()
-            if reference:
-                if s not in cache:
-                    cache[s] = tg.trie.allowed_ids(s)
+            if reference:                        # as token_mask did before: ids cached per state, a fresh tensor
+                arr = cache.get(s)
+                if arr is None:
+                    arr = cache[s] = np.zeros(len(tg.table), dtype=np.bool_)
+                    arr[tg.trie.allowed_ids(s)] = True
+                torch.from_numpy(arr.copy())
             else:
                 tg.token_mask(s)
             out.append(time.perf_counter() - t0)

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from lessonkit.grammar.automaton import GrammarState
+from lessonkit.grammar.automaton import GrammarState, mask_bytes
 
 _DEAD = 0
 _UNKNOWN = -1
+_PY_NODES = 1500          # at most this many trie nodes under the legal first bytes: walk them in Python
 _DENSE_FIRST_BYTES = 16   # more legal first bytes than this: walk whole depths rather than live children
 _PY_TAIL = 48          # below this many live nodes the Python walk beats a numpy call per depth
 
@@ -45,6 +46,10 @@ class TrieLevels:
         self.sentinel = n
         self.term = np.array([index[b] if b else n for b in table], dtype=np.int64)
         self.dict_nodes = [_dict_node(root, p) for p in order]
+        self.root = root
+        self.subtree_nodes = [0] * 256                 # trie nodes under each first byte
+        for p in prefixes:
+            self.subtree_nodes[p[0]] += 1
 
 
 def _dict_node(root: tuple[dict, list], prefix: bytes) -> tuple[dict, list]:
@@ -100,8 +105,15 @@ class StateTable:
 
 
 def legal_tokens(levels: TrieLevels, table: StateTable, state: GrammarState) -> np.ndarray:
-    """BoolArray[V]: the tokens whose bytes the automaton accepts from `state`."""
-    if bin(state.mask).count("1") > _DENSE_FIRST_BYTES:
+    """BoolArray[V]: the tokens whose bytes the automaton accepts from `state`. Few trie nodes under the
+    legal first bytes: the Python walk (no numpy call overhead); many legal first bytes: whole depths."""
+    first = mask_bytes(state.mask)
+    if sum(levels.subtree_nodes[b] for b in first) <= _PY_NODES:
+        out = np.zeros(len(levels.term), dtype=bool)
+        ids = walk_below(levels.root, state)
+        out[np.asarray(ids, dtype=np.int64)] = True
+        return out
+    if len(first) > _DENSE_FIRST_BYTES:
         return _dense_walk(levels, table, state)
     return _sparse_walk(levels, table, state)
 
