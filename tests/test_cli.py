@@ -90,7 +90,7 @@ def test_manifest_catches_an_edited_byte(moe_dir, tmp_path):
     assert verify_manifest(d)["experts.safetensors"] == "MISMATCH"
 
 
-@pytest.mark.parametrize("name", ["spec", "mtp", "grammar", "semcache"])
+@pytest.mark.parametrize("name", ["spec", "mtp", "grammar", "grammar-masks", "semcache"])
 def test_bench_smoke_runs_once(name, capsys):
     """Every benchmark runs once at tiny size (engine, prefix and stack have their own smoke tests)."""
     assert main(["bench", name, "--smoke", "--json"]) == 0

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.grammar.json_refs import resolve_references
 from lessonkit.grammar.json_schema import order_like_schema, schema_grammar
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"
@@ -255,6 +256,7 @@ class Checker:
         self.flex = schema_grammar(schema, whitespace="flexible", source=source)
         self.validator = jsonschema.Draft202012Validator(
             schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+        self.plain = resolve_references(schema)       # document-local references, for the sampler
         self.holes, self.rejected_valid, self.cases = [], [], 0
 
     def check(self, v, strict: bool):
@@ -277,7 +279,7 @@ class Checker:
 
     def run(self, seeds, rnd, strict: bool = True):
         for seed in seeds:
-            for c in candidates(seed, self.schema, rnd):
+            for c in candidates(seed, self.plain, rnd):
                 self.check(c, strict)
 
 
@@ -374,7 +376,11 @@ def composites(child):
                      st.builds(lambda o, d: {**o, "dependentRequired": d}, obj,
                                st.dictionaries(NAMES, st.lists(NAMES, max_size=2), min_size=1, max_size=2)),
                      st.builds(lambda c, t: {"allOf": [c], "not": {"type": t}}, child,
-                               st.sampled_from(["null", "string", "object", "number", "integer"])))
+                               st.sampled_from(["null", "string", "object", "number", "integer"])),
+                     # a nested resource: its "#/$defs/x" is its own x, not the decoy beside it
+                     st.builds(lambda c, d, n: {"$defs": {"x": d, "r": {"$id": f"r{n}/s.json", "$defs": {"x": c},
+                                                                         "$ref": "#/$defs/x"}}, "$ref": f"r{n}/s.json"},
+                               child, child, st.integers(0, 10 ** 6)))
 
 
 GENERATED_EXAMPLES = int(os.environ.get("LESSONKIT_HYPOTHESIS_EXAMPLES", "25")) * 6
@@ -389,7 +395,7 @@ def test_generated_schemas_accept_no_invalid_instance(schema, rnd):
         chk = Checker(schema)
     except LessonkitError:
         return                                   # refused: the safe answer
-    chk.run([sample(schema, schema, rnd) for _ in range(2)], rnd)
+    chk.run([sample(chk.plain, chk.plain, rnd) for _ in range(2)], rnd)
     assert not chk.holes, f"{json.dumps(schema)}: invalid texts accepted, e.g. {chk.holes[:5]}"
     assert not chk.rejected_valid, f"{json.dumps(schema)}: valid texts rejected, e.g. {chk.rejected_valid[:3]}"
 
@@ -402,7 +408,7 @@ SUITE = os.environ.get("LESSONKIT_SCHEMA_SUITE")   # path to JSON-Schema-Test-Su
 @pytest.mark.skipif(not SUITE, reason="set LESSONKIT_SCHEMA_SUITE to JSON-Schema-Test-Suite/tests/draft2020-12")
 def test_official_suite():
     """Every schema of the suite compiles or is refused; a compiled one accepts no text the suite
-    marks invalid. Prints the share compiled (48% when written: 182 of 383)."""
+    marks invalid. Prints the share compiled (52% when last measured: 200 of 383)."""
     compiled = total = 0
     holes = []
     for f in sorted(Path(SUITE).glob("*.json")):

@@ -10,6 +10,7 @@ BENCHES = {
     "spec": "lessonkit.bench.spec",
     "mtp": "lessonkit.bench.mtp",
     "grammar": "lessonkit.bench.grammar",
+    "grammar-masks": "lessonkit.bench.grammar_masks",
     "kernel": "lessonkit.bench.kernel",
     "prefix": "lessonkit.bench.prefix",
     "semcache": "lessonkit.bench.semcache",

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from lessonkit.bench.common import machine_info
+from lessonkit.bench.grammar_masks import mask_section, mask_targets
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.registry import load_model
 from lessonkit.grammar.measure import drafting_ceiling
@@ -28,6 +29,7 @@ def bench(args) -> dict:
     once = grammar_ab(eng, eng.encode(prompt), n_new, tg, repeats=repeats, resync=None)   # the trade-off
     records = corpus_records(10 if smoke else 100)
     ceiling = drafting_ceiling(tg, [eng.encode(json.dumps(r, separators=(",", ":")) + "\n") for r in records])
+    masks = mask_section(smoke, repeats=1 if smoke else 5)
     times = schema_compile_times(1 if smoke else 3)
     worst = max(times.values()) if times else None
     rows = [
@@ -47,7 +49,7 @@ def bench(args) -> dict:
     acc = ab["grammar_acceptance"] or 0.0
     return {"bench": "grammar", "machine": machine_info(), "model": eng.name, "smoke": smoke, "repeats": repeats,
             "rows": rows, "schema_compile_ms_max": None if worst is None else 1e3 * worst,
-            "ceiling_on_valid_records": ceiling,
+            "ceiling_on_valid_records": ceiling, "masks": masks,
             "notes": [f"if tiny-moe wrote valid records ({ceiling['sequences']} held-out corpus records, canonical "
                       f"tokens), drafting would reach {ceiling['tokens_per_forward']:.2f} tokens per forward "
                       f"({100 * ceiling['forced_fraction']:.0f}% of tokens forced); its own output leaves the schema, "
@@ -60,4 +62,4 @@ def bench(args) -> dict:
                  "met": ab["speedup"] >= 1.3 and ab["identical"]},
                 {"name": "max schema compile time (ms)", "value": None if worst is None else 1e3 * worst,
                  "target": 50.0, "met": worst is not None and worst < 0.050},
-            ]}
+            ] + mask_targets(masks)}

@@ -32,6 +32,7 @@ from lessonkit.engine.errors import LessonkitError
 from lessonkit.grammar.automaton import Grammar
 from lessonkit.grammar.json_containers import ContainerRules
 from lessonkit.grammar.gbnf import literal
+from lessonkit.grammar.json_refs import resolve_references
 from lessonkit.grammar.json_numbers import NUMBER_BOUND_LIMIT, int_range, multiples, number_range
 from lessonkit.grammar.json_rewrite import ANNOTATIONS, REWRITTEN, TYPE_KEYWORDS, SchemaRewriter, _ptr
 from lessonkit.grammar.json_rules import HELPER_RULES, has_type, json_equal
@@ -50,7 +51,7 @@ class SchemaCompiler(ContainerRules, SchemaRewriter):
                  source: str = "<schema>"):
         if whitespace not in ("compact", "flexible"):
             raise LessonkitError(f"whitespace must be 'compact' or 'flexible', not {whitespace!r}")
-        super().__init__(schema, source)
+        super().__init__(resolve_references(schema), source)
         self.ndjson = ndjson
         self.compact = whitespace == "compact"
         self.W = "" if self.compact else "ws "
@@ -386,7 +387,8 @@ def schema_grammar_file(path, *, whitespace: str = "flexible", ndjson: bool = Fa
 
 def order_like_schema(instance, schema, root=None):
     """A copy of `instance` with object keys in the order the compiled grammar expects."""
-    root = schema if root is None else root
+    if root is None:
+        schema = root = resolve_references(schema)
     if not isinstance(schema, dict):
         return instance
     if "allOf" in schema or "$ref" in schema and len([k for k in schema if k not in ANNOTATIONS]) > 1:

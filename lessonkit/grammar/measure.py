@@ -111,3 +111,40 @@ def forced_byte_fraction(grammar: Grammar, data: bytes) -> float | None:
         if s is None:
             return None
     return forced / len(data) if data else 0.0
+
+
+def sample_text(grammar: Grammar, seed: int = 0, budget: int = 64) -> bytes:
+    """A text in the grammar's language from a seeded walk: random printable bytes (letters mostly) until
+    `budget` bytes, then the shortest way to a complete parse. For benchmarks, not for realism."""
+    import random
+    rnd = random.Random(seed)
+    s, out = grammar.initial(), bytearray()
+    while not (s.is_complete and (len(out) >= budget or s.mask == 0)):
+        allowed = s.allowed_bytes()
+        if len(out) >= budget:
+            b = _shortest_completion(s)[0]
+        else:
+            letters = [b for b in allowed if 0x61 <= b <= 0x7A]
+            printable = [b for b in allowed if 0x20 <= b <= 0x7E] or list(allowed)
+            b = rnd.choice(letters if letters and rnd.random() < 0.85 else printable)
+        out.append(b)
+        s = s.advance(b)
+    return bytes(out)
+
+
+def _shortest_completion(state) -> bytes:
+    """The shortest byte string that completes the parse from `state` (breadth-first over states)."""
+    seen, frontier = {state: b""}, [state]
+    while frontier:
+        nxt = []
+        for s in frontier:
+            for b in s.allowed_bytes():
+                s2 = s.advance(b)
+                if s2 is None or s2 in seen:
+                    continue
+                seen[s2] = seen[s] + bytes([b])
+                if s2.is_complete:
+                    return seen[s2]
+                nxt.append(s2)
+        frontier = nxt
+    raise ValueError("no completion: the grammar's language is empty from this state")

@@ -14,6 +14,7 @@ import torch
 from lessonkit.engine.engine import byte_decoder
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.grammar.automaton import Grammar, GrammarState
+from lessonkit.grammar.masks import StateTable, TrieLevels, legal_tokens, walk_below
 
 
 def token_byte_table(tokenizer) -> list[bytes | None]:
@@ -39,6 +40,7 @@ class TokenTrie:
 
     def __init__(self, table: list[bytes | None]):
         self.size = len(table)
+        self.levels: TrieLevels | None = None
         self.root: tuple[dict, list] = ({}, [])
         for i, b in enumerate(table):
             if not b:
@@ -52,21 +54,8 @@ class TokenTrie:
             node[1].append(i)
 
     def allowed_ids(self, state: GrammarState) -> list[int]:
-        out: list[int] = []
-        stack = [(self.root, state)]
-        while stack:
-            (children, _), s = stack.pop()
-            mask = s.mask
-            for b, child in children.items():
-                if not mask >> b & 1:
-                    continue
-                s2 = s.advance(b)
-                if s2 is None:
-                    continue
-                out += child[1]
-                if child[0]:
-                    stack.append((child, s2))
-        return out
+        """The reference walk: one automaton step per trie node, in Python (slow; tests compare with it)."""
+        return walk_below(self.root, state)
 
     def longest_match(self, data: bytes) -> list[int]:
         """Greedy longest-match tiling of `data` with vocabulary tokens (a fallback tokeniser)."""
@@ -85,43 +74,66 @@ class TokenTrie:
         return ids
 
 
+_VOCABS: dict[int, tuple] = {}
+
+
+def vocabulary_trie(tokenizer) -> tuple[list[bytes | None], TokenTrie]:
+    """(token byte table, byte trie) of a tokenizer, built once per tokenizer object."""
+    hit = _VOCABS.get(id(tokenizer))
+    if hit is None or hit[0] is not tokenizer:
+        if len(_VOCABS) > 4:
+            _VOCABS.clear()
+        table = token_byte_table(tokenizer)
+        hit = _VOCABS[id(tokenizer)] = (tokenizer, table, TokenTrie(table))
+    return hit[1], hit[2]
+
+
+def trie_levels(trie: TokenTrie, table: list[bytes | None]) -> TrieLevels:
+    """The trie's breadth-first arrays, built on first use (draft mode never needs them)."""
+    if trie.levels is None:
+        trie.levels = TrieLevels(table, trie.root)
+    return trie.levels
+
+
 class TokenGrammar:
     """A grammar together with a tokenizer's byte view: masks, span tokenisation."""
 
     def __init__(self, grammar: Grammar, tokenizer, eos_ids=()):
         self.grammar, self.tokenizer = grammar, tokenizer
-        self.table = token_byte_table(tokenizer)
-        self.trie = TokenTrie(self.table)
+        self.table, self.trie = vocabulary_trie(tokenizer)
         self.eos_ids = list(eos_ids)
-        self._masks: dict[GrammarState, list[int]] = {}
-        self._mask_idx: dict[tuple, torch.Tensor] = {}
+        self._states = StateTable()
+        self._masks: dict[GrammarState, np.ndarray] = {}
         self._spans: dict[bytes, list[int]] = {}
 
-    def allowed_ids(self, state: GrammarState) -> list[int]:
-        ids = self._masks.get(state)
-        if ids is None:
-            ids = self.trie.allowed_ids(state)
-            if state.is_complete:
-                ids = ids + self.eos_ids
-            if len(self._masks) > 4096:
+    def legal_array(self, state: GrammarState) -> np.ndarray:
+        """BoolArray[V] of the tokens whose bytes are legal from `state` (EOS not included), cached per state;
+        do not write to it."""
+        arr = self._masks.get(state)
+        if arr is None:
+            if len(self._states) > 20_000:
+                self._states = StateTable()
+            arr = legal_tokens(trie_levels(self.trie, self.table), self._states, state)
+            if len(self._masks) > 1024:
                 self._masks.clear()
-            self._masks[state] = ids
-        return ids
+            self._masks[state] = arr
+        return arr
+
+    def allowed_ids(self, state: GrammarState) -> list[int]:
+        """Legal token ids from `state`, ascending, then EOS when the parse is complete."""
+        ids = np.flatnonzero(self.legal_array(state)).tolist()
+        return ids + self.eos_ids if state.is_complete else ids
 
     def token_mask(self, state: GrammarState, size: int | None = None) -> torch.Tensor:
         """BoolTensor[V]: tokens whose bytes are legal from `state` (EOS too when the parse is complete)."""
+        arr = self.legal_array(state)
         size = size or self.trie.size
-        key = (state, size)
-        mask = self._mask_idx.get(key)
-        if mask is None:               # built with numpy: small torch ops crawl on an oversubscribed CPU
-            arr = np.zeros(size, dtype=np.bool_)
-            ids = np.asarray(self.allowed_ids(state), dtype=np.int64)
-            arr[ids[ids < size]] = True
-            mask = torch.from_numpy(arr)
-            if len(self._mask_idx) > 1024:
-                self._mask_idx.clear()
-            self._mask_idx[key] = mask
-        return torch.from_numpy(mask.numpy().copy())   # (torch clone is slow on a busy CPU)
+        out = np.zeros(size, dtype=np.bool_)       # numpy: small torch ops crawl on an oversubscribed CPU
+        n = min(size, len(arr))
+        out[:n] = arr[:n]
+        if state.is_complete:
+            out[[i for i in self.eos_ids if 0 <= i < size]] = True
+        return torch.from_numpy(out)
 
     def encode_span(self, span: bytes) -> list[int]:
         """Token ids whose bytes are exactly `span` (the tokenizer's own encoding when it round-trips)."""
