@@ -73,3 +73,14 @@ def test_adapter_naming_a_missing_weight_is_refused(stream_dir, tmp_path):
     (a / "adapter.json").write_text(json.dumps({"base": "x", "rank": 2, "targets": ["layers.9.wq"]}))
     with pytest.raises(LessonkitError, match="layers.9.wq"):
         merged_model_dir(stream_dir, a, tmp_path / "merged", "bad")
+
+
+@pytest.mark.slow
+def test_judge_training_is_reproducible():
+    from lessonkit.workloads.judge_train import JudgeTrainConfig, train_adapter
+    cfg = JudgeTrainConfig("tiny-moe", n_top=1, rank=2, epochs=1, batch=8, n_originals=6, n_shots=2, warmup=2)
+    (m1, log1), (m2, log2) = train_adapter(cfg, progress=False), train_adapter(cfg, progress=False)
+    assert log1["losses"] == log2["losses"]
+    a1, a2 = m1.adapter_tensors(), m2.adapter_tensors()
+    assert a1.keys() == a2.keys() and all(torch.equal(a1[k], a2[k]) for k in a1)
+    assert any(a1[k].abs().sum() > 0 for k in a1 if k.endswith("lora_B"))      # it trained

@@ -65,7 +65,7 @@ class JudgeTrainConfig:
 
 PRESETS = {
     "smollm2-135m": JudgeTrainConfig("smollm2-135m", n_top=4, epochs=4, n_originals=600),
-    "tiny-moe": JudgeTrainConfig("tiny-moe", n_top=4, epochs=6, lr=3e-3),
+    "tiny-moe": JudgeTrainConfig("tiny-moe", n_top=4, epochs=6, lr=3e-3, full_share=0.5, n_originals=600),
 }
 
 
