@@ -47,7 +47,8 @@ class JudgeTrainConfig:
     rank: int = 16
     alpha: float = 32.0
     targets: tuple = ATTN + MLP
-    epochs: int = 3
+    epochs: int = 3                 # epochs per cycle
+    cycles: int = 1                 # warm restarts: a fresh optimizer and learning-rate schedule per cycle
     batch: int = 16
     lr: float = 2e-3
     warmup: int = 20
@@ -64,8 +65,8 @@ class JudgeTrainConfig:
 
 
 PRESETS = {
-    "smollm2-135m": JudgeTrainConfig("smollm2-135m", n_top=4, epochs=4, n_originals=600),
-    "tiny-moe": JudgeTrainConfig("tiny-moe", n_top=4, epochs=6, lr=3e-3, full_share=0.5, n_originals=600),
+    "smollm2-135m": JudgeTrainConfig("smollm2-135m", n_top=4, epochs=4, cycles=2, n_originals=600),
+    "tiny-moe": JudgeTrainConfig("tiny-moe", n_top=4, epochs=5, lr=3e-3, full_share=0.4, n_originals=600),
 }
 
 
@@ -124,8 +125,13 @@ def _batch(hidden, examples, full, idx, head_len: int, decision_weight: float):
     return x, torch.tensor(rows), torch.tensor(pos), torch.tensor(tgt), torch.tensor(wts)
 
 
-def train_adapter(cfg: JudgeTrainConfig, progress: bool = True) -> tuple[LoraModel, dict]:
-    """Train the adapter; returns the model (with its LoRA factors) and a log."""
+def train_adapter(cfg: JudgeTrainConfig, progress: bool = True, resume: Path | None = None) -> tuple[LoraModel, dict]:
+    """Train the adapter; returns the model (with its LoRA factors) and a log.
+
+    Training runs `cycles` cycles of `epochs` epochs, each with a fresh AdamW and its own warm-up and linear
+    decay. resume: an adapter directory written after the first k cycles of this same config; its factors
+    are loaded, the shuffles of the done cycles replayed, and training goes on from cycle k (the result is
+    the one an uninterrupted run gives)."""
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     torch.use_deterministic_algorithms(True)
@@ -141,14 +147,52 @@ def train_adapter(cfg: JudgeTrainConfig, progress: bool = True) -> tuple[LoraMod
     full = [frng.random() < cfg.full_share for _ in examples]
     xp, hidden = cache_bottom(model, prefix_ids, example_inputs(examples, full, head_len), progress=progress)
     t_cache = time.perf_counter() - t0
-    params = list(model.lora.parameters())
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    rng, losses, done, times = random.Random(cfg.seed), [], 0, []
+    if resume is not None:
+        done, losses, times = _resume(model, resume, cfg, rng, len(examples))
+    batches = (hidden, examples, full, head_len, xp, len(prefix_ids))
+    n_steps = cfg.cycles * cfg.epochs * -(-len(examples) // cfg.batch)
+    bar = tqdm(total=n_steps, initial=len(losses), desc=f"judge: train {cfg.model}", disable=not progress)
+    for _ in range(done, cfg.cycles):
+        t1 = time.perf_counter()
+        _train_cycle(model, cfg, batches, rng, losses, bar)
+        times.append(round(time.perf_counter() - t1, 1))
+    bar.close()
+    log = {"config": asdict(cfg), "train_items": len(items), "train_tokens": sum(len(q) + len(a) for q, a in examples),
+           "full_answer_examples": sum(full), "input_tokens": sum(h.shape[0] for h in hidden),
+           "prefix_tokens": len(prefix_ids), "steps": n_steps, "losses": losses, "cache_s": round(t_cache, 1),
+           "cycle_s": times, "train_time_s": round(t_cache + sum(times), 1), "disjointness": disjoint,
+           "threads": cfg.threads, "machine": f"{platform.platform()} (torch {torch.__version__})"}
+    if resume is not None:
+        log["resumed_after_cycles"] = done
+    return model, log
+
+
+def _resume(model: LoraModel, adapter_dir: Path, cfg: JudgeTrainConfig, rng: random.Random, n: int):
+    """Load a partly trained adapter; replay the shuffles of its cycles. Returns (cycles done, losses, times)."""
+    from safetensors.torch import load_file
+    log = json.loads((adapter_dir / "train_log.json").read_text())
+    if {k: v for k, v in log["config"].items() if k != "cycles"} != \
+            {k: v for k, v in json.loads(json.dumps(asdict(cfg))).items() if k != "cycles"}:
+        raise LessonkitError(f"{adapter_dir}: trained with another configuration, cannot resume")
+    tensors = load_file(adapter_dir / "adapter.safetensors")
+    with torch.no_grad():
+        for key, p in model.lora.items():
+            name, part = key[:-3].replace("__", "."), key[-1]
+            p.copy_(tensors[f"{name}.lora_{part}"] / (model.scale if part == "B" else 1.0))
+    done = len(log["losses"]) // (cfg.epochs * -(-n // cfg.batch))
+    for _ in range(done * cfg.epochs):
+        rng.shuffle(list(range(n)))
+    return done, list(log["losses"]), list(log.get("cycle_s", [log["train_time_s"] - log["cache_s"]]))
+
+
+def _train_cycle(model: LoraModel, cfg: JudgeTrainConfig, batches, rng: random.Random, losses: list, bar) -> None:
+    """`cfg.epochs` epochs with a fresh AdamW, warm-up then linear decay to 5% of cfg.lr."""
+    hidden, examples, full, head_len, xp, P = batches
+    opt = torch.optim.AdamW(list(model.lora.parameters()), lr=cfg.lr, weight_decay=0.0)
     n_steps = cfg.epochs * -(-len(examples) // cfg.batch)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup) *
                                               max(0.05, 1 - s / n_steps))
-    rng = random.Random(cfg.seed)
-    losses, P = [], len(prefix_ids)
-    bar = tqdm(total=n_steps, desc=f"judge: train {cfg.model}", disable=not progress)
     for epoch in range(cfg.epochs):
         order = list(range(len(examples)))
         rng.shuffle(order)
@@ -166,13 +210,6 @@ def train_adapter(cfg: JudgeTrainConfig, progress: bool = True) -> tuple[LoraMod
             losses.append(round(loss.item(), 5))
             bar.update(1)
             bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.4f}")
-    bar.close()
-    log = {"config": asdict(cfg), "train_items": len(items), "train_tokens": sum(len(q) + len(a) for q, a in examples),
-           "full_answer_examples": sum(full), "input_tokens": sum(h.shape[0] for h in hidden),
-           "prefix_tokens": P, "steps": n_steps, "losses": losses, "cache_s": round(t_cache, 1),
-           "train_time_s": round(time.perf_counter() - t0, 1), "disjointness": disjoint,
-           "threads": cfg.threads, "machine": f"{platform.platform()} (torch {torch.__version__})"}
-    return model, log
 
 
 def save_adapter(model: LoraModel, cfg: JudgeTrainConfig, log: dict, out_dir: Path | None = None) -> Path:
@@ -232,11 +269,12 @@ Reproduce: `lessonkit train judge --model {cfg.model}` (seed {cfg.seed}, {cfg.th
   shared items, {log['disjointness']['shared_names']} shared names, {log['disjointness']['shared_phrasings']} shared phrasings).
 - Prompt: the triage instruction + {cfg.n_shots} training examples ({log['prefix_tokens']} tokens), then the item.
 - Loss: the needs_action token of every example (weight {cfg.decision_weight}); the whole answer line for
-  {log['full_answer_examples']} examples. {cfg.epochs} epochs, batch {cfg.batch}, AdamW lr {cfg.lr}.
+  {log['full_answer_examples']} examples. {cfg.cycles} cycle(s) of {cfg.epochs} epochs (a fresh AdamW,
+  lr {cfg.lr} with warm-up and linear decay, per cycle), batch {cfg.batch}.
 
 ## Time
 {log['train_time_s'] / 60:.1f} min on {log['machine']}, {cfg.threads} thread(s), shared 2-core machine
-(frozen layers once: {log['cache_s']:.0f} s). Evaluation on the engine: {ev['eval_s']:.0f} s.
+(frozen layers once: {log['cache_s']:.0f} s; cycles: {', '.join(f'{t:.0f} s' for t in log.get('cycle_s', []))}). Evaluation on the engine: {ev['eval_s']:.0f} s.
 
 ## Agreement with the intended labels of the shipped stream ({a['overall']['all']['n']} items)
 Overall {100 * a['overall']['all']['accuracy']:.1f}% (tp {c['tp']}, fp {c['fp']}, fn {c['fn']}, tn {c['tn']}).
