@@ -222,13 +222,8 @@ def _swap_number(rng, fam: Family, n: int) -> int:
 
 def generate_stream(config: StreamConfig | str = "full", families: list | None = None,
                     pools: dict | None = None) -> list[MonitoringItem]:
-    """The labelled stream: originals in random order, each variant placed after its parent.
-
-    families / pools replace FAMILIES and the entity pools (every slot) for another vocabulary, e.g.
-    the judge's training data (lessonkit.workloads.judge_data)."""
-    families = FAMILIES if families is None else families
-    by_name = {f.name: f for f in families}
-    pool = _entity_pool if pools is None else pools.__getitem__
+    """The labelled stream; families / pools replace FAMILIES and the entity pools (judge_data's training data)."""
+    families, pool = families or FAMILIES, _entity_pool if pools is None else pools.__getitem__
     if isinstance(config, str):
         if config not in PRESETS:
             raise LessonkitError(f"unknown stream preset {config!r}; choose from {sorted(PRESETS)}")
@@ -276,7 +271,7 @@ def generate_stream(config: StreamConfig | str = "full", families: list | None =
     first_id: dict[int, int] = {}
     items = []
     for i, (_, k, relation, pert, f) in enumerate(records):
-        fam = by_name[f["family"]]
+        fam = next(x for x in families if x.name == f["family"])
         if relation == "original":
             first_id[k] = i
         text = _render(fam, f["phrasing"], f["slots"], f["negated"], f["unit"])
