@@ -84,3 +84,23 @@ def test_judge_training_is_reproducible():
     a1, a2 = m1.adapter_tensors(), m2.adapter_tensors()
     assert a1.keys() == a2.keys() and all(torch.equal(a1[k], a2[k]) for k in a1)
     assert any(a1[k].abs().sum() > 0 for k in a1 if k.endswith("lora_B"))      # it trained
+
+
+def test_shipped_judge_loads_as_base_plus_adapter():
+    from lessonkit.engine.registry import MODELS_DIR, list_models, resolve_model_dir
+    from lessonkit.engine.checkpoint import verify_manifest
+    assert "tiny-moe-judge" in list_models()
+    name, d = resolve_model_dir("tiny-moe-judge")
+    assert name == "tiny-moe-judge" and (d / "dense.safetensors").exists()
+    assert set(verify_manifest(MODELS_DIR / "tiny-moe-judge").values()) == {"ok"}
+    eng = Engine(d, name=name)
+    base = Engine(MODELS_DIR / "tiny-moe")
+    assert not torch.equal(eng.model.w["layers.0.wq"], base.model.w["layers.0.wq"])      # the adapter is merged
+    assert torch.equal(eng.model.w["embed"], base.model.w["embed"])                      # the rest is the base
+
+
+def test_unknown_judge_adapter_is_refused(monkeypatch, tmp_path):
+    from lessonkit.engine import registry
+    monkeypatch.setattr(registry, "MODELS_DIR", tmp_path)
+    with pytest.raises(LessonkitError, match="train judge"):
+        registry.resolve_model_dir("tiny-moe-judge")
