@@ -43,7 +43,7 @@ def cmd_doctor(args) -> int:
     import platform
     from importlib.metadata import PackageNotFoundError, version
     from lessonkit.engine.checkpoint import verify_manifest
-    from lessonkit.engine.registry import MODELS_DIR, SHIPPED
+    from lessonkit.engine.registry import ADAPTED, MODELS_DIR, SHIPPED
     ok = True
     print(f"python {platform.python_version()} on {platform.platform()}")
     for pkg in ["torch", "safetensors", "numpy", "pandas", "matplotlib", "ipywidgets", "jupyterlab", "papermill",
@@ -54,7 +54,7 @@ def cmd_doctor(args) -> int:
         except PackageNotFoundError:
             print(f"  FAIL {pkg} not installed")
             ok = False
-    for name in SHIPPED:
+    for name in [*SHIPPED, *ADAPTED]:
         d = MODELS_DIR / name
         res = verify_manifest(d) if d.exists() else {"directory": "missing"}
         for f, s in res.items():
