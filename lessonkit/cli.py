@@ -90,8 +90,9 @@ COMMANDS = {
         "build": ("rebuild data/corpus/*.txt.gz and tokenizer.json (deterministic)", c.cmd_corpus_build, [
             arg("--out", default=None, help="output folder (default data/corpus/)"),
             arg("--preset", default="default", choices=["default", "small"]), JSON])}),
-    "train": ("train tiny-moe or tiny-draft on data/corpus/ (deterministic)", c.cmd_train, [
-        arg("name", choices=["tiny-draft", "tiny-moe"]),
+    "train": ("train tiny-moe or tiny-draft on data/corpus/, or a monitoring judge (deterministic)", c.cmd_train, [
+        arg("name", choices=["tiny-draft", "tiny-moe", "judge"]),
+        arg("--model", default=None, choices=["smollm2-135m", "tiny-moe"], help="with judge: the base model"),
         arg("--steps", type=number(1, integer=True), default=None, help="override the preset's step count (quick checks)"),
         arg("--threads", type=number(1, integer=True), default=None, help="torch threads (default: the preset's, 1)"),
         arg("--out", default=None,
@@ -127,6 +128,7 @@ COMMANDS = {
             arg("--store", default=":memory:", help="SQLite file for the cache (default: in memory)"),
             arg("--seed", type=int, default=0), JSON]),
         "record": ("recompute the judge ground-truth file with the real judge", c.cmd_semcache_record, [
+            arg("--model", default="smollm2-135m", help="the judge: smollm2-135m (untrained) or a trained judge"),
             arg("--batched", action="store_true", help="score in transformers batches, check on the engine"),
             arg("--check", type=number(0, integer=True), default=3, help="items re-scored by the engine (with --batched)")])}),
     "train-mtp": ("train an MTP head on a frozen target", c.cmd_train_mtp, [

@@ -43,7 +43,7 @@ def cmd_doctor(args) -> int:
     import platform
     from importlib.metadata import PackageNotFoundError, version
     from lessonkit.engine.checkpoint import verify_manifest
-    from lessonkit.engine.registry import MODELS_DIR, SHIPPED, smollm2_cache_dir
+    from lessonkit.engine.registry import ADAPTED, MODELS_DIR, SHIPPED, smollm2_cache_dir
     ok = True
     print(f"python {platform.python_version()} on {platform.platform()}")
     for pkg in ["torch", "safetensors", "numpy", "pandas", "matplotlib", "ipywidgets", "jupyterlab", "papermill",
@@ -54,7 +54,7 @@ def cmd_doctor(args) -> int:
         except PackageNotFoundError:
             print(f"  FAIL {pkg} not installed")
             ok = False
-    for name in SHIPPED:
+    for name in [*SHIPPED, *ADAPTED]:
         d = MODELS_DIR / name
         res = verify_manifest(d) if d.exists() else {"directory": "missing"}
         for f, s in res.items():
@@ -213,6 +213,8 @@ def cmd_corpus_build(args) -> int:
 
 def cmd_train(args) -> int:
     from dataclasses import replace
+    if args.name == "judge":
+        return cmd_train_judge(args)
 
     from lessonkit.lessons.engine import save_loss_curve
     from lessonkit.workloads.train import HF_DIR, PRESETS, ROOT, ship, train
@@ -230,6 +232,22 @@ def cmd_train(args) -> int:
         summary["model_dir"] = str(ship(cfg.name, hf_dir=hf, out_dir=out, loss_curve=save_loss_curve))
     print(json.dumps(summary) if args.json else json.dumps(summary, indent=1))
     return 0
+
+def cmd_train_judge(args) -> int:
+    """`lessonkit train judge --model M`: LoRA-train M as the monitoring judge, evaluate, write the card."""
+    from dataclasses import replace
+
+    from lessonkit.lessons.judges import ndjson_answers
+    from lessonkit.workloads.judge_train import PRESETS, train_judge
+    if args.model is None:
+        raise LessonkitError("lessonkit train judge needs --model (smollm2-135m or tiny-moe)")
+    cfg = PRESETS[args.model]
+    if args.threads:
+        cfg = replace(cfg, threads=args.threads)
+    summary = train_judge(cfg, progress=not args.json, ndjson_check=ndjson_answers)
+    print(json.dumps(summary) if args.json else json.dumps(summary, indent=1))
+    return 0
+
 
 def cmd_export(args) -> int:
     from pathlib import Path
@@ -328,7 +346,8 @@ def cmd_semcache_run(args) -> int:
 def cmd_semcache_record(args) -> int:
     from lessonkit.workloads.judge import record_ground_truth
     from lessonkit.workloads.monitoring import load_stream
-    path = record_ground_truth([it.text for it in load_stream()], batched=args.batched, n_check=args.check)
+    path = record_ground_truth([it.text for it in load_stream()], batched=args.batched, n_check=args.check,
+                               model=args.model)
     print(f"wrote {path}")
     return 0
 

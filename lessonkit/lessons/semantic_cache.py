@@ -17,7 +17,8 @@ from tqdm.auto import tqdm
 from lessonkit.semcache.audit import clopper_pearson_upper
 from lessonkit.semcache.policies import embed_stream, load_embedder, make_policy, run_stream
 from lessonkit.semcache.store import CacheStore
-from lessonkit.workloads.judge import RecordedJudge, ground_truth_judge
+from lessonkit.workloads.judge import (DEFAULT_JUDGE, UNTRAINED_JUDGE, RecordedJudge, agreement, answers_path,
+                                       ground_truth_judge)
 from lessonkit.workloads.monitoring import load_stream
 
 SMOKE_ITEMS = 300
@@ -25,16 +26,49 @@ SMOKE_ITEMS = 300
 
 
 class LessonData:
-    """What the notebook works on: the stream, the ground-truth judge, the live judge, embeddings."""
+    """What the notebook works on: the stream, the ground-truth judge (the trained smollm2-135m judge), the
+    live judge, the untrained judge's recorded answers (the contrast), embeddings."""
 
-    def __init__(self, smoke: bool, live: bool = True, progress: bool = True):
+    def __init__(self, smoke: bool, live: bool = True, progress: bool = True, judge: str = DEFAULT_JUDGE):
         self.items = load_stream(limit=SMOKE_ITEMS if smoke else None)
         self.texts = [it.text for it in self.items]
         if live:
-            self.judge, self.live = ground_truth_judge("recorded", progress=progress)
+            self.judge, self.live = ground_truth_judge("recorded", progress=progress, model=judge)
         else:
-            self.judge, self.live = RecordedJudge.from_file(), None
+            self.judge, self.live = RecordedJudge.from_file(answers_path(judge)), None
+        self.untrained = RecordedJudge.from_file(answers_path(UNTRAINED_JUDGE))
         self.embeddings = embed_stream(self.texts, progress=progress)
+
+
+def judge_quality(items, judges: dict) -> pd.DataFrame:
+    """Agreement of each judge (name -> judge) with the intended labels: overall, per perturbation, per family."""
+    rows = []
+    for name, judge in judges.items():
+        a = agreement(items, {t: bool(judge(t)) for t in dict.fromkeys(it.text for it in items)})
+        for group, key in (("overall", "overall"), ("perturbation", "perturbation"), ("relation", "relation"),
+                           ("family", "family")):
+            for k, v in a[key].items():
+                rows.append({"judge": name, "group": group, "value": k if group != "overall" else "all items",
+                             "items": v["n"], "agreement": v["accuracy"]})
+    df = pd.DataFrame(rows)
+    return df.pivot_table(index=["group", "value"], columns="judge", values="agreement", sort=False)
+
+
+def plot_confusion(items, judges: dict):
+    """One 2x2 confusion matrix per judge: intended needs_action (rows) against the judge's answer (columns)."""
+    fig, axes = plt.subplots(1, len(judges), figsize=(3.6 * len(judges), 3.4), squeeze=False)
+    for ax, (name, judge) in zip(axes[0], judges.items()):
+        m = np.zeros((2, 2), dtype=int)
+        for it in items:
+            m[int(not it.needs_action), int(not judge(it.text))] += 1
+        ax.imshow(m, cmap="Blues")
+        for (r, c), v in np.ndenumerate(m):
+            ax.text(c, r, str(v), ha="center", va="center", color="k" if v < m.max() / 2 else "w")
+        ax.set_xticks([0, 1], ["judge: yes", "judge: no"])
+        ax.set_yticks([0, 1], ["intended: yes", "intended: no"])
+        ax.set_title(f"{name}\n{100 * np.trace(m) / m.sum():.1f}% agree", fontsize=9)
+    fig.tight_layout()
+    return fig
 
 
 def stream_table(items, judge):

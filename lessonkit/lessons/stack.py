@@ -22,6 +22,7 @@ from lessonkit.engine.registry import MODELS_DIR, load_model
 from lessonkit.mtp.head import head_path
 from lessonkit.stack import (PRESETS, TECHNIQUES, StackConfig, StackPipeline, StackRun, embed_items, judge_token_grammar,
                              run_stack)
+from lessonkit.workloads.judge import trained_prompt
 from lessonkit.workloads.triage import Workload, make_workload, needs_action
 
 ROWS = {                           # row name -> techniques on
@@ -144,7 +145,7 @@ def ablation(engine, cfg: StackConfig | str = "default", *, rows=None, embedding
     for r in rows:
         if r not in ROWS:
             raise LessonkitError(f"unknown ablation row {r!r}: choose from {', '.join(ROWS)}")
-    wl = workload or make_workload(cfg)
+    wl = model_workload(workload or make_workload(cfg), engine.name)
     with torch_threads(cfg.threads):
         tg = judge_token_grammar(engine)
         if any("semcache" in ROWS[r] for r in rows) and embeddings is None:
@@ -221,10 +222,19 @@ def smoke_engine():
 
 
 def available_models(smoke: bool = False) -> list[str]:
+    """The capstone's judges: each model's trained judge (lessonkit train judge) where it ships, else the model."""
     if smoke:
         return ["smoke"]
     out = ["tiny-moe"] if (MODELS_DIR / "tiny-moe" / "config.json").exists() else []
-    return out + ["smollm2-135m"]
+    out += ["smollm2-135m"]
+    return [f"{m}-judge" if (MODELS_DIR / f"{m}-judge" / "adapter.json").exists() else m for m in out]
+
+
+def model_workload(wl: Workload, model: str) -> Workload:
+    """The workload as `model` is prompted: a trained judge keeps the prefix it was trained with (its own
+    instruction and few-shot examples from the training vocabulary); other models the stream's few-shot prefix."""
+    spec = trained_prompt(model)
+    return wl if spec is None else replace(wl, prefix=spec["prefix"])
 
 
 def load_engine(name: str):

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.gguf_loader import apply_chat_template, load_smollm2, to_transformers
-from lessonkit.engine.registry import load_model
+from lessonkit.engine.registry import MODELS_DIR, load_model
 
 INSTRUCTION = (
     "You triage alerts for an on-call engineer. Answer with one word: yes if an engineer must act "
@@ -210,7 +210,7 @@ def record_scores(judge: LogitJudge, items: list[str], path: str | Path = GROUND
 def write_ground_truth(judge: LogitJudge, scores: dict[str, float], path: str | Path = GROUND_TRUTH_PATH,
                        check: dict | None = None) -> Path:
     doc = {"what": "Ground truth of lesson 5: fresh yes/no log-odds of the monitoring judge "
-                   "(smollm2-135m on the lessonkit engine) for every distinct item of the shipped "
+                   f"({judge.engine.name} on the lessonkit engine) for every distinct item of the shipped "
                    "stream, precomputed so the notebook runs quickly. The judge's answer is "
                    "score > bias. Regenerate with: lessonkit semcache record",
            "score_fingerprint": judge.score_fingerprint, "instruction": judge.instruction,
@@ -264,20 +264,34 @@ def score_batched_transformers(judge: LogitJudge, hf_model, items: list[str], ba
 
 # ---------------------------------------------------------------- the ground truth of lesson 5
 
-def ground_truth_judge(kind: str = "recorded", path=GROUND_TRUTH_PATH, progress: bool = True):
+DEFAULT_JUDGE = "smollm2-135m-judge"       # lesson 5's judge: smollm2-135m trained for the task
+UNTRAINED_JUDGE = "smollm2-135m"           # the contrast: the same model, untrained, yes/no log-odds
+
+
+def answers_path(model: str = DEFAULT_JUDGE) -> Path:
+    """The recorded ground-truth file of a judge (data/semcache/)."""
+    return GROUND_TRUTH_PATH if model == UNTRAINED_JUDGE else GROUND_TRUTH_PATH.with_name(f"judge_answers_{model}.json")
+
+
+def live_judge(model: str = DEFAULT_JUDGE):
+    return load_judge() if model == UNTRAINED_JUDGE else load_trained_judge(model)
+
+
+def ground_truth_judge(kind: str = "recorded", path=None, progress: bool = True, model: str = DEFAULT_JUDGE):
     """The judge whose fresh answers are the ground truth.
 
-    kind: "real" (smollm2-135m live on the engine), "recorded" (the recorded file, checked against
+    kind: "real" (the judge ``model`` live on the engine), "recorded" (its recorded file, checked against
     the live judge's fingerprint and completed live where items are missing; if the live judge is
     a different one, its answers replace the file's), or "rule" (the fast fake, for tests).
+    model: a trained judge (default smollm2-135m-judge) or "smollm2-135m" (untrained, the contrast).
     """
     if kind == "rule":
         return RuleJudge(), None
-    live = load_judge()
+    live = live_judge(model)
     if kind == "real":
         return live, live
     try:
-        rec = RecordedJudge.from_file(path)
+        rec = RecordedJudge.from_file(path or answers_path(model))
     except LessonkitError:
         return RecordedJudge({}, live.score_fingerprint, live.bias, live), live
     if rec.score_fingerprint != live.score_fingerprint:
@@ -287,12 +301,17 @@ def ground_truth_judge(kind: str = "recorded", path=GROUND_TRUTH_PATH, progress:
     return RecordedJudge(rec.scores, rec.score_fingerprint, live.bias, live), live
 
 
-def record_ground_truth(texts: list[str], batched: bool = True, n_check: int = 3, path=GROUND_TRUTH_PATH) -> Path:
-    """Score every distinct text (the shipped stream's, for lesson 5) with the real judge and write the file.
+def record_ground_truth(texts: list[str], batched: bool = True, n_check: int = 3, path=None,
+                        model: str = UNTRAINED_JUDGE) -> Path:
+    """Score every distinct text (the shipped stream's, for lesson 5) with the judge ``model`` and write its file.
 
-    batched: same weights and token ids run in batches by transformers (much faster on a CPU),
-    then ``n_check`` items re-scored by the engine itself; the largest difference is recorded.
+    batched (untrained smollm2-135m only): same weights and token ids run in batches by transformers
+    (much faster on a CPU), then ``n_check`` items re-scored by the engine itself; the largest
+    difference is recorded. A trained judge is scored on the engine.
     """
+    path = path or answers_path(model)
+    if model != UNTRAINED_JUDGE:
+        return record_scores(load_trained_judge(model), list(dict.fromkeys(texts)), path)
     judge = load_judge()
     texts = list(dict.fromkeys(texts))
     if not batched:
@@ -303,3 +322,90 @@ def record_ground_truth(texts: list[str], batched: bool = True, n_check: int = 3
     check = {"computed_with": "transformers, batched, same weights and token ids",
              "engine_rescored_items": len(diffs), "max_abs_diff_vs_engine": max(diffs) if diffs else None}
     return write_ground_truth(judge, scores, path, check)
+
+
+# ---------------------------------------------------------------- trained judges (lessonkit train judge)
+
+def answer_head(engine) -> list[int]:
+    """Tokens of '{"needs_action":' as they start every encoded answer; the next token is true / false."""
+    t = engine.encode('{"needs_action":true,')
+    f = engine.encode('{"needs_action":false,')
+    n = 0
+    while n < min(len(t), len(f)) and t[n] == f[n]:
+        n += 1
+    if engine.decode(t[:n]) != '{"needs_action":':
+        raise LessonkitError(f"{engine.name}: the answer head does not end before true/false ({engine.decode(t[:n])!r})")
+    return t[:n]
+
+
+class TrainedJudge:
+    """A trained judge (base model + merged adapter) scored on its own prompt: the shipped prefix, the item
+    (ITEM_TEMPLATE) and the answer head '{"needs_action":'; ``score`` is log P(true) - log P(false) of
+    the next token, the decision the judge's NDJSON answer starts with. Same protocol as LogitJudge."""
+
+    def __init__(self, engine, prefix: str, item_template: str, bias: float = 0.0):
+        self.engine, self.prefix, self.item_template, self.bias = engine, prefix, item_template, float(bias)
+        self.head_ids = engine.encode(prefix)
+        self.answer_ids = answer_head(engine)
+        n = len(self.answer_ids)
+        self.true_id = engine.encode('{"needs_action":true,')[n]
+        self.false_id = engine.encode('{"needs_action":false,')[n]
+        self._snapshot = None
+        self.instruction = prefix + item_template
+        rule = hashlib.sha256((prefix + "\x00" + item_template + "\x00true-false").encode()).hexdigest()[:16]
+        self.score_fingerprint = f"{engine.fingerprint()[:16]}:{rule}"
+        self.fingerprint = judge_fingerprint(self.score_fingerprint, self.bias)
+        self.calls, self.seconds = 0, 0.0
+
+    def score(self, item: str) -> float:
+        t0 = time.perf_counter()
+        rest = self.engine.encode(self.item_template.format(text=item)) + self.answer_ids
+        cache = self.engine.new_cache(len(self.head_ids) + len(rest) + 8)
+        with torch.inference_mode():
+            if self._snapshot is None:
+                self.engine.forward(self.head_ids, cache, last_only=True)
+                self._snapshot = cache.snapshot()
+            else:
+                cache.restore(self._snapshot)
+            logp = torch.log_softmax(self.engine.forward(rest, cache, last_only=True)[-1].float(), dim=-1)
+        self.calls += 1
+        self.seconds += time.perf_counter() - t0
+        return float(logp[self.true_id] - logp[self.false_id])
+
+    def __call__(self, item: str) -> bool:
+        return self.score(item) > self.bias
+
+
+def trained_prompt(name: str) -> dict | None:
+    """The prompt (prefix, item_template) a trained judge was trained on, or None for other models."""
+    spec = MODELS_DIR / name / "judge.json"
+    return json.loads(spec.read_text(encoding="utf-8")) if spec.exists() else None
+
+
+def load_trained_judge(name: str = "smollm2-135m-judge", **kw) -> TrainedJudge:
+    """A trained judge by registry name: the merged engine and the prompt in data/models/NAME/judge.json."""
+    spec = MODELS_DIR / name / "judge.json"
+    try:
+        doc = json.loads(spec.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise LessonkitError(f"trained judge {name!r}: {spec} not found (lessonkit train judge)") from None
+    return TrainedJudge(load_model(name), doc["prefix"], doc["item_template"], **kw)
+
+
+def agreement(items, answers: dict[str, bool]) -> dict:
+    """Agreement of judge answers (text -> yes) with the intended needs_action labels: overall, per
+    family, per relation and per perturbation, and the confusion counts (over the items as streamed)."""
+    def rate(sel):
+        sel = list(sel)
+        return {"n": len(sel), "agree": sum(answers[it.text] == it.needs_action for it in sel),
+                "accuracy": round(sum(answers[it.text] == it.needs_action for it in sel) / max(1, len(sel)), 4)}
+    groups = {"overall": {"all": rate(items)}}
+    for key in ("family", "relation", "perturbation"):
+        vals = sorted({getattr(it, key) for it in items if getattr(it, key) is not None})
+        groups[key] = {v: rate(it for it in items if getattr(it, key) == v) for v in vals}
+    conf = {"tp": 0, "fp": 0, "fn": 0, "tn": 0}
+    for it in items:
+        yes = answers[it.text]
+        conf[("t" if yes == it.needs_action else "f") + ("p" if yes else "n")] += 1
+    groups["confusion"] = conf
+    return groups

@@ -220,8 +220,10 @@ def _swap_number(rng, fam: Family, n: int) -> int:
     return rng.randint(threshold, high)
 
 
-def generate_stream(config: StreamConfig | str = "full") -> list[MonitoringItem]:
-    """The labelled stream: originals in random order, each variant placed after its parent."""
+def generate_stream(config: StreamConfig | str = "full", families: list | None = None,
+                    pools: dict | None = None) -> list[MonitoringItem]:
+    """The labelled stream; families / pools replace FAMILIES and the entity pools (judge_data's training data)."""
+    families, pool = families or FAMILIES, _entity_pool if pools is None else pools.__getitem__
     if isinstance(config, str):
         if config not in PRESETS:
             raise LessonkitError(f"unknown stream preset {config!r}; choose from {sorted(PRESETS)}")
@@ -230,8 +232,8 @@ def generate_stream(config: StreamConfig | str = "full") -> list[MonitoringItem]
     # each record: (sort key, fields); ids assigned after ordering
     records = []
     for k in range(config.n_originals):
-        fam = rng.choice(FAMILIES)
-        slots = {s: rng.choice(_entity_pool(s)) for s in fam.slots}
+        fam = rng.choice(families)
+        slots = {s: rng.choice(pool(s)) for s in fam.slots}
         if fam.number:
             slots["n"] = _draw_number(rng, fam)
         negated = fam.negated is not None and rng.random() < 0.3
@@ -261,7 +263,7 @@ def generate_stream(config: StreamConfig | str = "full") -> list[MonitoringItem]
                 var["slots"]["n"] = _swap_number(rng, fam, slots["n"])
             elif p == "entity_swap":
                 s = rng.choice(fam.slots)
-                var["slots"][s] = _pick(rng, _entity_pool(s), exclude=slots[s])
+                var["slots"][s] = _pick(rng, pool(s), exclude=slots[s])
             else:
                 var["unit"] = fam.units[1]
             records.append((t0 + (1 - t0) * rng.random(), k, "hard_negative", p, var))
@@ -269,7 +271,7 @@ def generate_stream(config: StreamConfig | str = "full") -> list[MonitoringItem]
     first_id: dict[int, int] = {}
     items = []
     for i, (_, k, relation, pert, f) in enumerate(records):
-        fam = FAMILY_BY_NAME[f["family"]]
+        fam = next(x for x in families if x.name == f["family"])
         if relation == "original":
             first_id[k] = i
         text = _render(fam, f["phrasing"], f["slots"], f["negated"], f["unit"])

@@ -57,6 +57,13 @@ def parse_answer(text: str) -> dict | None:
     return obj
 
 
+def follows_schema(text: str) -> bool:
+    """The answer is one JSON object with exactly JUDGE_SCHEMA's keys and value types (a full check)."""
+    obj = parse_answer(text)
+    return (obj is not None and set(obj) == set(JUDGE_SCHEMA["required"]) and
+            obj["severity"] in JUDGE_SCHEMA["properties"]["severity"]["enum"] and isinstance(obj["reason"], str))
+
+
 def needs_action(text: str) -> bool:
     """Fail safe: an answer that does not parse counts as "needs action" (never cached, never a no)."""
     obj = parse_answer(text)

@@ -1,0 +1,162 @@
+"""Training data and prompt of the trained monitoring judges (`lessonkit train judge`).
+
+The shipped stream (data/semcache/stream.jsonl) is the evaluation set, so the training items come
+from the same generator (lessonkit.workloads.monitoring.generate_stream) run on another vocabulary:
+
+- its own seed (TRAIN_SEED, the shipped stream uses 0);
+- its own entity pools (TRAIN_POOLS): every host, service, domain, database, job, queue and IP is
+  a name the shipped pools do not contain, so no training item can equal a shipped item;
+- its own phrasings (TRAIN_FAMILIES): the same 13 families with the same numbers, thresholds, units
+  and negation rules (the task is the same), written in other words; no template string is shared.
+- Numbers are drawn from the same ranges (a threshold can only be learnt from numbers around it);
+  an identical item is impossible anyway because every item names at least one entity.
+
+`check_disjoint` verifies all of it (tests/test_judge_data.py runs it), and the training command
+refuses to train when it fails.
+
+The answer of a trained judge is one compact NDJSON line following stack.JUDGE_SCHEMA:
+    {"needs_action":true,"severity":"high","reason":"disk nearly full"}
+severity is "high" for a yes and "low" for a no; reason is a short phrase per family and answer.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.workloads.monitoring import (FAMILIES, FAMILY_BY_NAME, PERTURBATIONS, MonitoringItem, StreamConfig,
+                                            _entity_pool, generate_stream)
+from lessonkit.workloads.triage import INSTRUCTION, ITEM_TEMPLATE
+
+TRAIN_SEED = 20261130
+SHOT_SEED = 7
+TRAIN_POOLS = {
+    "host": [f"{p}-{i:02d}" for p in ("app", "node", "edge", "proxy") for i in range(1, 9)] +
+            [f"redis-{i:02d}" for i in range(1, 5)] + ["gw-01", "gw-02", "etl-01"],
+    "service": ["cart-api", "pricing-svc", "ledger-worker", "profile-api", "notify-svc", "report-builder",
+                "upload-gateway", "geo-lookup", "shipping-api", "reco-engine", "sso-gateway", "media-transcoder"],
+    "domain": ["portal.sample.io", "docs.sample.io", "pay.sample.net", "m.sample.org", "admin.sample.dev",
+               "assets.sample.io"],
+    "db": ["catalog-db", "events-db", "billing-db", "metrics-db", "tenants-db", "audit-db"],
+    "job": ["weekly-report", "tmp-cleanup", "backup-verify", "index-rebuild", "cert-renew", "sitemap-gen"],
+    "queue": ["sms-outbound", "payment-events", "video-jobs", "webhook-retry", "search-index"],
+    "ip": [f"192.168.{a}.{b}" for a in (5, 40, 77) for b in (9, 23, 150, 240)],
+}
+PHRASINGS = {
+    "disk": ("{host}: disk {n}% used", "disk on {host} is {n}% full", "used disk space on {host}: {n}%",
+             "{host} has filled {n}% of its disk"),
+    "healthcheck": ("WARN {host} {service} health probe failed", "{service} failed the health probe on {host}",
+                    "health probe of {service} failed ({host})", "WARN health probe failed: {service} at {host}"),
+    "latency": ("{service} p99 is {n} ms", "99th percentile latency of {service}: {n} ms",
+                "{service} responds in {n} ms at p99", "latency p99 for {service} reached {n} ms"),
+    "cert": ("{domain} certificate expires in {n} days", "TLS cert on {domain}: {n} days until expiry",
+             "{domain} TLS certificate has {n} days left", "{n} days remain on the {domain} certificate"),
+    "backup": ("backup of {db} finished", "{db} backup run finished", "last night's {db} backup finished",
+               "backup for {db} finished"),
+    "conn_error": ('{{"ts":"02:10:07","level":"error","service":"{service}","host":"{host}","msg":"connection refused","retries":{n}}}',
+                   '{{"level":"error","msg":"connection refused","retries":{n},"host":"{host}","service":"{service}"}}',
+                   '{{"retries": {n}, "msg": "connection refused", "level": "error", "service": "{service}", "host": "{host}"}}'),
+    "http_status": ('{{"path":"/api/cart","status":{n},"host":"{host}","service":"{service}","ms":12}}',
+                    '{{"status":{n},"service":"{service}","host":"{host}","path":"/v2/users"}}',
+                    '{{"host": "{host}", "path": "/api/search", "status": {n}, "service": "{service}"}}'),
+    "memory": ("{service} RSS is {n} MB", "{service} is using {n} MB of memory", "memory of {service}: {n} MB",
+               "{service} holds {n} MB resident"),
+    "replication": ("{db} replica lag is {n} seconds", "{db}: replica {n} seconds behind",
+                    "lag of the {db} replica: {n} seconds", "the {db} replica trails the primary by {n} seconds"),
+    "logins": ("{n} failed admin logins from {ip}", "{ip} failed to log in as admin {n} times",
+               "admin login failed {n} times from {ip}", "from {ip}: {n} failed logins for admin"),
+    "cron": ("{job} on {host} finished with exit code {n}", "cron {job} ({host}) returned exit code {n}",
+             "{host} cron {job}: exit code {n}", "scheduled job {job} on {host} ended with exit code {n}"),
+    "temperature": ("rack {host} inlet is {n} °C", "{host} rack inlet temperature: {n} °C",
+                    "inlet sensor of rack {host} shows {n} °C", "rack {host} intake air at {n} °C"),
+    "queue": ("queue {queue} has its consumers running", "{queue} consumers running",
+              "consumers on {queue} are running", "the consumers of {queue} are running"),
+}
+NEGATED = {
+    "healthcheck": ("WARN {host} {service} health probe did not fail", "{service} did not fail the health probe on {host}",
+                    "health probe of {service} did not fail ({host})", "WARN health probe did not fail: {service} at {host}"),
+    "backup": ("backup of {db} did not finish", "{db} backup run did not finish", "last night's {db} backup did not finish",
+               "backup for {db} did not finish"),
+    "queue": ("queue {queue} has its consumers not running", "{queue} consumers not running",
+              "consumers on {queue} are not running", "the consumers of {queue} are not running"),
+}
+TRAIN_FAMILIES = [replace(f, phrasings=PHRASINGS[f.name], negated=NEGATED.get(f.name)) for f in FAMILIES]
+REASONS = {        # family -> (reason of a yes, reason of a no)
+    "disk": ("disk nearly full", "disk usage normal"), "healthcheck": ("health check failed", "health check passed"),
+    "latency": ("latency too high", "latency normal"), "cert": ("certificate expires soon", "certificate valid"),
+    "backup": ("backup failed", "backup completed"), "conn_error": ("connections keep failing", "few retries"),
+    "http_status": ("server error", "request ok"), "memory": ("memory too high", "memory normal"),
+    "replication": ("replica lagging", "replication ok"), "logins": ("possible brute force", "few failed logins"),
+    "cron": ("cron job failed", "cron job ok"), "temperature": ("rack too hot", "temperature normal"),
+    "queue": ("consumers down", "consumers running"),
+}
+TRAIN_STREAM = StreamConfig(n_originals=1200, seed=TRAIN_SEED, exact_repeats=(0,), paraphrases=(0, 1),
+                            hard_negatives=(1, 1, 2))
+N_SHOTS = 4
+
+
+def judge_answer(item: MonitoringItem) -> str:
+    """The answer line a trained judge is taught for an item (its intended label)."""
+    yes = bool(item.needs_action)
+    return json.dumps({"needs_action": yes, "severity": "high" if yes else "low",
+                       "reason": REASONS[item.family][0 if yes else 1]}, separators=(",", ":"))
+
+
+def training_items(config: StreamConfig = TRAIN_STREAM) -> list[MonitoringItem]:
+    """Distinct training items (first occurrence of each text), from the training vocabulary."""
+    seen, out = set(), []
+    for it in generate_stream(config, TRAIN_FAMILIES, TRAIN_POOLS):
+        if it.text not in seen:
+            seen.add(it.text)
+            out.append(it)
+    return out
+
+
+def few_shot_items(n: int = N_SHOTS) -> list[MonitoringItem]:
+    """n training-vocabulary originals of different families, alternating yes / no (the prompt's examples)."""
+    pool = generate_stream(StreamConfig(n_originals=200, seed=SHOT_SEED), TRAIN_FAMILIES, TRAIN_POOLS)
+    random.Random(SHOT_SEED).shuffle(pool)
+    shots, families = [], set()
+    for it in pool:
+        if it.relation == "original" and it.family not in families and it.needs_action == (len(shots) % 2 == 0):
+            shots.append(it)
+            families.add(it.family)
+        if len(shots) == n:
+            return shots
+    raise LessonkitError(f"could not draw {n} few-shot examples")
+
+
+def judge_prefix(n_shots: int = N_SHOTS) -> str:
+    """The trained judge's shared prompt prefix: the triage instruction and n_shots examples."""
+    shots = "".join(ITEM_TEMPLATE.format(text=it.text) + judge_answer(it) + "\n" for it in few_shot_items(n_shots))
+    return INSTRUCTION + "\n" + shots
+
+
+def check_disjoint(train: list[MonitoringItem], shipped: list[MonitoringItem]) -> dict:
+    """Raises LessonkitError if training and shipped data share an entity name, a template or an item."""
+    problems = []
+    for slot, names in TRAIN_POOLS.items():
+        shared = set(names) & set(_entity_pool(slot))
+        if shared:
+            problems.append(f"{slot} names in both pools: {sorted(shared)}")
+    shipped_tpl = {t for f in FAMILIES for t in f.phrasings + (f.negated or ())}
+    train_tpl = {t for f in TRAIN_FAMILIES for t in f.phrasings + (f.negated or ())}
+    if shipped_tpl & train_tpl:
+        problems.append(f"phrasings in both: {sorted(shipped_tpl & train_tpl)[:3]}")
+    for f in TRAIN_FAMILIES:
+        g = FAMILY_BY_NAME[f.name]
+        if (f.number, f.units, f.slots, f.action_if_negated) != (g.number, g.units, g.slots, g.action_if_negated):
+            problems.append(f"family {f.name}: rules differ from the shipped family")
+    names = {n for v in TRAIN_POOLS.values() for n in v}
+    shipped_names = {n for s in TRAIN_POOLS for n in _entity_pool(s)}
+    same = {it.text for it in train} & {it.text for it in shipped}
+    if same:
+        problems.append(f"{len(same)} identical items, e.g. {sorted(same)[0]!r}")
+    leaks = [it.text for it in train if any(n in it.text for n in shipped_names - names)]
+    if leaks:
+        problems.append(f"{len(leaks)} training items name a shipped entity, e.g. {leaks[0]!r}")
+    if problems:
+        raise LessonkitError("judge training data is not disjoint from the shipped stream: " + "; ".join(problems))
+    return {"train_items": len(train), "shipped_items": len(shipped), "shared_items": 0, "shared_names": 0,
+            "shared_phrasings": 0, "perturbations": list(PERTURBATIONS)}
