@@ -90,8 +90,8 @@ COMMANDS = {
         "build": ("rebuild data/corpus/*.txt.gz and tokenizer.json (deterministic)", c.cmd_corpus_build, [
             arg("--out", default=None, help="output folder (default data/corpus/)"),
             arg("--preset", default="default", choices=["default", "small"]), JSON])}),
-    "train": ("train tiny-moe or tiny-draft on data/corpus/ (deterministic)", c.cmd_train, [
-        arg("name", choices=["tiny-draft", "tiny-moe"]),
+    "train": ("train tiny-moe, or distil tiny-draft / smollm2-draft from their targets (deterministic)", c.cmd_train, [
+        arg("name", choices=["tiny-draft", "tiny-moe", "smollm2-draft"]),
         arg("--steps", type=int, default=None, help="override the preset's step count (quick checks)"),
         arg("--threads", type=int, default=None, help="torch threads (default: the preset's, 1)"),
         arg("--out", default=None,
