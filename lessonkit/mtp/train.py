@@ -159,7 +159,11 @@ def train_head(engine, tc: TrainMtpConfig = TrainMtpConfig(), progress: bool = T
             ev = acceptance_by_kind(MtpHead(cfg, {k: v.detach() for k, v in params.items()}), sh, eval_states, depth=1)
             log["eval_step"].append(step + 1)
             log["eval_acceptance"].append({k: v["acceptance"][0] for k, v in ev.items()})
-    return _shipped_head(engine, cfg, params, tc, states, t_states, t0), log
+    head = _shipped_head(engine, cfg, params, tc, states, t_states, t0)
+    if tc.distill_preset:       # the figure the doctor and `bench mtp` report: corpus windows through the engine
+        ev = acceptance_by_kind(head, sh, eval_windows(engine, 2, 128, progress=progress), depth=3)
+        log["heldout_corpus_acceptance"] = {k: v["acceptance"] for k, v in ev.items()}
+    return head, log
 
 
 def _labels_line(train: dict) -> str:
@@ -190,6 +194,10 @@ def write_card(head: MtpHead, log: dict, path: Path) -> None:
              _labels_line(m["train"]),
              f"- held-out teacher-forced acceptance at position 1 after training: "
              + ", ".join(f"{k} {100 * v:.1f}%" for k, v in last.items()),
+             *([f"- held-out corpus text (2 windows x 128 tokens per kind, the target's states from the engine, as "
+                "`mtp-doctor` and `bench mtp` measure), acceptance at position 1 / 2 / 3: " + ", ".join(
+                 f"{k} " + " / ".join(f"{100 * a:.1f}%" for a in v) for k, v in log["heldout_corpus_acceptance"].items())]
+               if "heldout_corpus_acceptance" in log else []),
              "", "## Documented rescaling of eh_proj",
              f"Trained as is, the hidden half of eh_proj had mean |w| {m['natural_scale_ratio']:.2f}x the "
              "embedding half's. The real heads of Colibri issue 8 differ 20-30x (diagnosis: Colibri PR 397, "

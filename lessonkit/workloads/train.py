@@ -41,6 +41,7 @@ from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.registry import load_model, resolve_model_dir
 from lessonkit.workloads.corpus import CORPUS_DIR, EOT, KINDS, load_documents, load_tokenizer
 from lessonkit.workloads.distill import PRESETS as DISTILL_PRESETS
+from lessonkit.workloads.model_card import model_card
 from lessonkit.workloads.distill import (DistillData, distill_data, distill_loss, heldout, init_embedding,
                                         student_agreement, teacher_model)
 
@@ -76,6 +77,7 @@ class TrainConfig:
     distill_from: str | None = None  # target model name: train on its teacher pass (workloads.distill)
     distill_preset: str | None = None  # distill.PRESETS name (default: distill_from)
     hard_weight: float = 0.5         # weight of the target's greedy pick next to its top-k distribution
+    loss_rows: int | None = None     # distillation: positions per batch that get the output layer and loss
     tokenizer_from: str | None = None  # a model whose tokenizer.json the student shares (None: the corpus')
     embed_init_from: str | None = None  # init the tied embedding from this model's (top singular directions)
     eval_every: int = 50
@@ -91,7 +93,8 @@ PRESETS = {
                               intermediate_size=288, tie_embeddings=True, seq_len=96, batch_size=16, steps=800,
                               lr=4e-3, warmup=40, eval_every=200, distill_from="tiny-moe"),
     "smollm2-draft": TrainConfig(name="smollm2-draft", arch="llama", dim=96, n_layers=2, n_heads=3, n_kv_heads=1,
-                                 intermediate_size=256, tie_embeddings=True, seq_len=96, batch_size=8, steps=600,
+                                 intermediate_size=256, tie_embeddings=True, seq_len=96, batch_size=8, steps=500,
+                                 loss_rows=256,
                                  lr=3e-3, warmup=60, distill_from="smollm2-135m", tokenizer_from="smollm2-135m",
                                  embed_init_from="smollm2-135m", eval_windows=4),
 }
@@ -197,8 +200,7 @@ def load_hf(name_or_dir: str | Path):
             if not (src / "config.json").exists():
                 raise LessonkitError(f"no trained model {name_or_dir!r}: neither {p} nor {src} exists")
             export_hf(src, p)
-    m = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32)
-    return m.eval()
+    return AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32).eval()
 
 
 @torch.no_grad()
@@ -282,9 +284,12 @@ def _losses(cfg: TrainConfig, model, x: torch.Tensor):
 
 def _distill_losses(cfg: TrainConfig, model, data: DistillData, idx: torch.Tensor):
     """(loss, CE against the target's greedy picks, 0, top-k distillation loss) of the rows idx."""
-    logits = model(input_ids=data.tokens[idx]).logits
-    kd = distill_loss(logits, data.topk_ids[idx], data.topk_probs[idx], cfg.hard_weight)
-    ce = F.cross_entropy(logits.flatten(0, 1), data.greedy[idx].flatten())
+    h = model.model(input_ids=data.tokens[idx]).last_hidden_state.flatten(0, 1)
+    sel = torch.randperm(h.shape[0])[:cfg.loss_rows] if cfg.loss_rows else torch.arange(h.shape[0])
+    logits = model.lm_head(h[sel])           # the output layer only on loss_rows rows: it dominates a wide vocabulary
+    ids, probs = data.topk_ids[idx].flatten(0, 1)[sel], data.topk_probs[idx].flatten(0, 1)[sel]
+    kd = distill_loss(logits, ids, probs, cfg.hard_weight)
+    ce = F.cross_entropy(logits, ids[:, 0].long())
     return kd, ce.detach(), torch.zeros(()), kd
 
 
@@ -391,88 +396,6 @@ def _final_log(log, cfg, model, windows, held, tokenizer, corpus_dir) -> None:
 
 
 # ----------------------------------------------------------------------------- shipping
-
-
-def _data_lines(log: dict) -> list[str]:
-    """The card's data and held-out sections: corpus mix, or the teacher pass a drafter learnt from."""
-    c = log["config"]
-    if c["distill_from"]:
-        lines = ["", "## Data: the target's own predictions", "",
-                 f"Teacher pass over {c['distill_from']} (lessonkit/workloads/distill.py, preset "
-                 f"{log['distill_preset']!r}): corpus train-split windows teacher-forced in batched prefill and "
-                 "short corpus prompts followed by the target's greedy continuation; labels are the target's top-k "
-                 "next-token probabilities at every position. Tokens per source/kind: "
-                 + ", ".join(f"{k} {v:,}" for k, v in log["train_tokens"].items()) + "."]
-    else:
-        lines = ["", "## Corpus", "",
-                 "data/corpus/ (see PROVENANCE.md): Python standard-library prose and sources (PSF licence) and "
-                 "seeded NDJSON monitoring records; train split only. Training mix per batch row: "
-                 + ", ".join(f"{k} {w}" for k, w in c["mix"]) + "."]
-    lines += ["", "## Held-out loss (nats/token, %d windows of %d tokens per kind)" % (c["eval_windows"], c["seq_len"]),
-              "", "| kind | model | unigram baseline |", "|---|---|---|"]
-    lines += [f"| {k} | {log['heldout_loss'][k]:.3f} | {log['unigram_loss'][k]:.3f} |" for k in KINDS + ("mean",)]
-    for k in [k for k in log if k.startswith("heldout_agreement_with_")]:
-        lines += ["", f"Greedy next-token agreement with {k.split('_with_')[1]} on its held-out teacher pass "
-                  "(text: teacher-forced corpus; greedy: the target's own continuations): "
-                  + ", ".join(f"{kk} {v:.1%}" for kk, v in log[k].items()) + "."]
-    if "speculative" in log:
-        sp = log["speculative"]
-        lines += ["", f"## Measured as a drafter ({sp['condition']})", "",
-                  f"Greedy speculative decoding with {sp['target']}, k={sp['k']}, {sp['prompts_per_kind']} held-out "
-                  f"prompts per kind, {sp['max_new_tokens']} new tokens: acceptance rate (accepted / drafted) "
-                  + ", ".join(f"{k} {sp['acceptance'][k]:.3f}" for k in KINDS)
-                  + f"; mean {sp['acceptance']['mean']:.3f}. Draft cost c = {sp['c']:.3f} of a target step "
-                  f"(draft seconds per draft token / plain greedy seconds per token); output identical to plain "
-                  f"greedy: {sp['identical']}."]
-    return lines
-
-
-def _card(log: dict, files: dict) -> str:
-    c, p = log["config"], log["params"]
-    lines = [f"# {log['name']}", "",
-             {"olmoe": "OLMoE-style mixture-of-experts target (transformers `OlmoeForCausalLM`).",
-              "llama": "Dense drafter (transformers `LlamaForCausalLM`)."}[c["arch"]], "",
-             "## Architecture", "",
-             f"- width {c['dim']}, {c['n_layers']} layers, {c['n_heads']} query heads / {c['n_kv_heads']} KV heads "
-             f"(head dim {c['dim'] // c['n_heads']}), intermediate {c['intermediate_size']}"
-             + (f" per expert, {c['n_experts']} experts, top-{c['top_k']}, qk-norm, router aux loss coef "
-                f"{c['router_aux_loss_coef']}" if c["arch"] == "olmoe" else "")
-             + f", {'tied' if c['tie_embeddings'] else 'untied'} embeddings, vocabulary {log['vocab_size']:,} "
-             f"({c.get('tokenizer_from') or 'corpus'} tokenizer), "
-             f"trained at sequence length {c['seq_len']}",
-             f"- parameters: total {p['total']:,}; excluding embeddings {p['total_excl_embeddings']:,}",
-             f"- active per token: {p['active']:,} including embeddings, {p['active_excl_embeddings']:,} excluding",
-             ]
-    if "teacher_params" in log:
-        tp = log["teacher_params"]
-        lines.append(f"- vs target {c['distill_from']}: {p['active'] / tp['active']:.3f} of its active parameters "
-                     f"including embeddings, {p['active_excl_embeddings'] / tp['active_excl_embeddings']:.3f} "
-                     f"excluding (limit 1/8 = 0.125)")
-    lines += _data_lines(log)
-    if "expert_load" in log:
-        lo = min(min(r) for r in log["expert_load"])
-        hi = max(max(r) for r in log["expert_load"])
-        lines += ["", f"Routing on held-out text: each expert's share of routed slots per layer lies in "
-                  f"[{lo:.1%}, {hi:.1%}] (uniform = {1 / c['n_experts']:.1%})."]
-    lines += ["", "## Training", "",
-              f"- {c['steps']} steps x {c['batch_size']} x {c['seq_len']} tokens = {log['tokens_seen']:,} tokens, "
-              f"AdamW lr {c['lr']} (warmup {c['warmup']}, cosine to {c['min_lr_frac']}x), seed {c['seed']}, "
-              f"torch threads {c['threads']}, deterministic algorithms"
-              + (f"; distilled from {c['distill_from']} (top-k loss + {c['hard_weight']} x greedy-pick CE)"
-                 if c["distill_from"] else ""),
-              f"- training time: {log['train_time_s'] / 60:.1f} min"
-              + (f" (+ {log['teacher_pass_s'] / 60:.1f} min teacher pass, 0 when cached)" if c["distill_from"] else "")
-              + f" on {log['machine']['platform']} (2 shared CPU cores, {c['threads']} torch thread, "
-              f"torch {log['machine']['torch']})",
-              "- loss curve: loss_curve.png; full log: train_log.json", "",
-              "## Reproduce", "", "```", f"lessonkit train {log['name']}", "```", "",
-              "Weights are stored as bfloat16 in the engine's streaming layout; `lessonkit export "
-              f"{log['name']} OUT_DIR` writes a Hugging Face checkpoint.", "",
-              "## Files", ""]
-    lines += [f"- {k}: {v:,} bytes" for k, v in files.items()]
-    return "\n".join(lines) + "\n"
-
-
 def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | None = None,
          loss_curve: Callable[[dict, Path], None] | None = None,
          measure: Callable[[Path], dict] | None = None) -> Path:
@@ -492,6 +415,6 @@ def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | N
     if loss_curve is not None:
         loss_curve(log, out / "loss_curve.png")
     files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.name != "card.md"}
-    (out / "card.md").write_text(_card(log, files))
+    (out / "card.md").write_text(model_card(log, files))
     write_manifest(out)
     return out
