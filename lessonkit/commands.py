@@ -217,6 +217,7 @@ def cmd_train(args) -> int:
         return cmd_train_judge(args)
 
     from lessonkit.lessons.engine import save_loss_curve
+    from lessonkit.speculative.acceptance import measure_shipped
     from lessonkit.workloads.train import HF_DIR, PRESETS, ROOT, ship, train
     cfg = PRESETS[args.name]
     if args.steps is not None:
@@ -229,9 +230,11 @@ def cmd_train(args) -> int:
                "train_time_s": log["train_time_s"], "params": log["params"], "hf_dir": str(hf)}
     if not args.no_ship:
         out = args.out or (None if args.steps is None else ROOT / "build" / "models" / hf.name)
-        summary["model_dir"] = str(ship(cfg.name, hf_dir=hf, out_dir=out, loss_curve=save_loss_curve))
+        measure = measure_shipped(cfg.distill_from) if cfg.distill_from else None
+        summary["model_dir"] = str(ship(cfg.name, hf_dir=hf, out_dir=out, loss_curve=save_loss_curve, measure=measure))
     print(json.dumps(summary) if args.json else json.dumps(summary, indent=1))
     return 0
+
 
 def cmd_train_judge(args) -> int:
     """`lessonkit train judge --model M`: LoRA-train M as the monitoring judge, evaluate, write the card."""

@@ -85,6 +85,10 @@ def _tiny_draft(target, arg, **kw):
     return _model_drafter(target, "tiny-draft", **kw)
 
 
+def _smollm2_draft(target, arg, **kw):
+    return _model_drafter(target, "smollm2-draft", **kw)
+
+
 def _ngram_drafter(target, arg, **kw):
     if arg is None:
         return NGramDrafter()
@@ -120,6 +124,7 @@ def _grammar_drafter(target, arg, **kw):
 # name -> factory(target, arg: str | None, **kw) -> Drafter
 DRAFTERS = {
     "tiny-draft": _tiny_draft,
+    "smollm2-draft": _smollm2_draft,
     "model": _model_drafter,          # model:NAME_OR_DIR
     "ngram": _ngram_drafter,          # ngram or ngram:N
     "oracle": _oracle_drafter,        # oracle:P

@@ -141,3 +141,44 @@ def test_checks_never_raise_and_never_print_the_reference():
         _, out = run(check_fn, fn)
         low = out.lower()
         assert not any(w in low for w in ("should be", "expected:", "expected value", "the answer", "correct value"))
+
+
+# ---------------------------------------------------------------- exercise 5: distillation loss
+def dl_hard_label_only(logits, ids, probs):        # trains on the teacher's argmax only
+    return -torch.log_softmax(logits, -1).gather(-1, ids[:, :1]).mean()
+
+
+def dl_not_renormalised(logits, ids, probs):        # the top-k mass does not sum to 1
+    return -(probs * torch.log_softmax(logits, -1).gather(-1, ids)).sum(-1).mean()
+
+
+def dl_probs_not_logprobs(logits, ids, probs):      # student probabilities instead of log-probabilities
+    p = probs / probs.sum(-1, keepdim=True)
+    return -(p * torch.softmax(logits, -1).gather(-1, ids)).sum(-1).mean()
+
+
+def dl_sum_over_positions(logits, ids, probs):      # sums instead of averaging over positions
+    p = probs / probs.sum(-1, keepdim=True)
+    return -(p * torch.log_softmax(logits, -1).gather(-1, ids)).sum()
+
+
+def dl_logits_not_normalised(logits, ids, probs):   # raw logits where log-softmax belongs
+    p = probs / probs.sum(-1, keepdim=True)
+    return -(p * logits.gather(-1, ids)).sum(-1).mean()
+
+
+@pytest.mark.parametrize("fn", [dl_hard_label_only, dl_not_renormalised, dl_probs_not_logprobs,
+                                dl_sum_over_positions, dl_logits_not_normalised], ids=lambda f: f.__name__)
+def test_distill_check_rejects_wrong_losses(fn):
+    ok, out = run(check.distill_loss, fn)
+    assert ok is False and "distill_loss" in out and "not implemented" not in out, out
+
+
+def test_distill_check_passes_the_workbook_loss_and_flags_a_stub():
+    from lessonkit.workloads.distill import distill_loss as workbook_loss
+    ok, out = run(check.distill_loss, lambda lg, ids, p: workbook_loss(lg, ids, p, hard_weight=0.0))
+    assert ok is True and "passed" in out, out
+    ok, out = run(check.distill_loss, solution_functions(NB)["distill_loss"])
+    assert ok is True, out
+    ok, out = run(check.distill_loss, exercise_functions(NB)["distill_loss"])
+    assert ok is False and "not implemented yet" in out

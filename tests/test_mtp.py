@@ -185,3 +185,45 @@ def test_mtp_drafting_identical_to_plain_greedy(name):
         assert accepted > 0
     finally:
         drafter.close()
+
+
+def _judge_like(eng, drafter, prefix, item, n, pc=None):
+    """Prefix in one chunk (restored from `pc` when it holds it), then the item through the speculative
+    loop, as the capstone's judge does; returns (tokens, accepted drafts, restored positions)."""
+    from lessonkit.engine.generate import generate as plain
+    prompt = prefix + item
+    cache = eng.new_cache(len(prompt) + n + 8)
+    restored = pc.lookup_and_restore(prefix, cache, max_tokens=len(prefix)) if pc is not None else 0
+    drafter.reset(prompt)
+    if not restored:
+        eng.forward(prefix, cache, last_only=True)
+        if pc is not None:
+            pc.save(prefix, cache)
+    r = speculative_generate(eng, drafter, prompt, n, k=3, cache=cache, use_eos=False, reset_drafter=False)
+    ref_cache = eng.new_cache(len(prompt) + n + 8)
+    eng.forward(prefix, ref_cache, last_only=True)
+    assert r.token_ids == plain(eng, prompt, n, cache=ref_cache, use_eos=False).token_ids
+    return r.token_ids, r.stats["num_accepted_tokens"], restored
+
+
+@pytest.mark.parametrize("which", ["random", "tiny-moe"])
+def test_mtp_drafts_as_well_behind_a_restored_prefix(which, tiny, tmp_path):
+    """After a prefix-cache restore the head has no hidden states for the restored positions; the
+    drafter recomputes them, so it accepts exactly as many drafts as without the cache, same tokens."""
+    from lessonkit.prefix_cache.cache import PrefixCache
+    eng, head = tiny if which == "random" else (_engine("tiny-moe"), None)
+    prompts = prompts_from_corpus(eng, 2, 40) if which == "tiny-moe" else None
+    prefix, item = (prompts["records"][0], prompts["records"][1][:12]) if prompts else (list(range(5, 45)), [7, 8, 9])
+    drafter = MtpDrafter(eng, head)
+    try:
+        off = _judge_like(eng, drafter, prefix, item, 24)
+        pc = PrefixCache(tmp_path / "pc", eng, block_size=4)
+        cold = _judge_like(eng, drafter, prefix, item, 24, pc)
+        warm = _judge_like(eng, drafter, prefix, item, 24, pc)
+        assert cold[2] == 0 and warm[2] == len(prefix), (cold[2], warm[2])
+        assert off[:2] == cold[:2] == warm[:2]
+        assert drafter.stats["recomputed_states"] == len(prefix)
+        if which == "tiny-moe":
+            assert off[1] > 0
+    finally:
+        drafter.close()

@@ -143,7 +143,7 @@ def test_make_drafter_and_k_parsing(tiny):
             parse_draft_k(bad)
     with pytest.raises(LessonkitError):
         speculative_generate(eng, NGramDrafter(), [1, 2], 4, k=-2)
-    assert {"tiny-draft", "ngram", "oracle"} <= set(DRAFTERS)
+    assert {"tiny-draft", "smollm2-draft", "ngram", "oracle", "mtp"} <= set(DRAFTERS)
 
 
 def test_ngram_prompt_lookup():
@@ -324,3 +324,24 @@ def test_lean_draft_step_follows_the_exact_forward(tiny, which):
         assert int(a.argmax()) == int(b.argmax())
     assert ModelDrafter(eng).model.lean
     assert not OracleDrafter(eng, 0.0, oracle_engine=eng).model.lean
+
+
+@pytest.mark.parametrize("model,drafter", [("tiny-moe", "tiny-draft"), ("smollm2-135m", "smollm2-draft"),
+                                           ("smollm2-135m", "mtp")])
+def test_greedy_identical_named_drafters(model, drafter):
+    """Every shipped drafter, by its `--draft` name, on its target: k = 1, 3 and auto, one prompt per kind."""
+    from lessonkit.engine.registry import SHIPPED, load_model
+    _registry(model)
+    if drafter in SHIPPED:
+        _registry(drafter)
+    eng = load_model(model)
+    d = make_drafter(drafter, eng)
+    try:
+        for kind, ps in prompts_by_kind(eng, n=1, max_tokens=32).items():
+            ref = generate(eng, ps[0], 12).token_ids
+            for k in (1, 3, "auto"):
+                out = speculative_generate(eng, d, ps[0], 12, k=k, cost=[1.0 + 0.05 * j for j in range(9)])
+                assert out.token_ids == ref, f"{drafter} {kind} k={k}"
+    finally:
+        if hasattr(d, "close"):
+            d.close()

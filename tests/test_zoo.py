@@ -154,12 +154,14 @@ def test_shipped_files_are_small_and_documented():
     assert total < 40 * 2**20
 
 
-def test_heldout_loss_moe_below_draft_far_below_unigram(tokenizer, windows, heldout_logits):
+def test_heldout_loss_moe_below_draft_below_unigram(tokenizer, windows, heldout_logits):
+    """tiny-moe is far below the unigram baseline. tiny-draft is distilled on tiny-moe's top-k (issue 16),
+    which leaves little probability on tokens outside them: on corpus text it stays below the baseline on
+    average and far below it on records, but its agreement with the target (next test) is what it is for."""
     uni = train.unigram_loss(tokenizer, windows)
     lm, ld = (engine_loss(heldout_logits[n], windows) for n in ("tiny-moe", "tiny-draft"))
-    assert lm["mean"] < ld["mean"] < uni["mean"] - 2.0, (lm, ld, uni)
-    for kind in corpus.KINDS:
-        assert ld[kind] < uni[kind] - 1.0, (kind, ld, uni)
+    assert lm["mean"] < uni["mean"] - 2.0 and lm["mean"] < ld["mean"] < uni["mean"], (lm, ld, uni)
+    assert ld["records"] < uni["records"] - 2.0, (ld, uni)
 
 
 def test_drafter_agrees_often_but_not_always(windows, heldout_logits):
@@ -169,7 +171,7 @@ def test_drafter_agrees_often_but_not_always(windows, heldout_logits):
             a, b = lm.argmax(-1), ld.argmax(-1)
             same += int((a == b).sum())
             total += len(a)
-    assert 0.5 < same / total < 0.95, same / total
+    assert 0.7 < same / total < 0.95, same / total          # distilled: 0.58 when it learnt from the corpus
 
 
 def test_ndjson_continuations_are_valid_records(moe):

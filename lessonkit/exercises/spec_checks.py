@@ -257,3 +257,45 @@ def best_k(fn) -> bool:
     """fn(acceptance: list[float] (a_i = P(accept i | 1..i-1 accepted)), cost: list[float] (cost[k] =
     verify forward with k+1 rows, relative)) -> the k in 0..len(cost)-1 maximising E(k) / cost[k]."""
     return _run("best_k", fn, _best_k_cases(), _judge_best_k)
+
+
+# --------------------------------------------------------------------------- exercise 5: distillation loss
+def _distill_cases():
+    g = torch.Generator().manual_seed(SEED)
+    cases = []
+    for i, (n, v, k) in enumerate([(1, 6, 2), (5, 12, 4), (3, 50, 8), (8, 30, 1), (4, 20, 20)]):
+        logits = torch.randn(n, v, generator=g) * 3
+        teacher = torch.softmax(torch.randn(n, v, generator=g) * 2, dim=-1)
+        probs, ids = teacher.topk(k, dim=-1)
+        cases.append((f"{n} positions, vocabulary {v}, top-{k}" + (" (the whole vocabulary)" if k == v else ""),
+                      (logits, ids, probs)))
+    sharp = torch.full((2, 8), -4.0)
+    sharp[0, 3] = sharp[1, 5] = 6.0
+    cases.append(("student already agrees with a confident teacher", (sharp, torch.tensor([[3, 1], [5, 0]]),
+                                                                      torch.tensor([[0.9, 0.05], [0.97, 0.01]]))))
+    return cases
+
+
+def _ref_distill(logits, ids, probs):
+    p = probs / probs.sum(-1, keepdim=True)
+    return float(-(p * torch.log_softmax(logits.double(), -1).gather(-1, ids).double()).sum(-1).mean())
+
+
+def _judge_distill(args, got):
+    try:
+        val = float(got)
+    except (TypeError, ValueError, RuntimeError):
+        return "return the loss as one number (a 0-dim tensor or a float)"
+    ref = _ref_distill(*args)
+    if not math.isfinite(val):
+        return f"returned {val}"
+    if abs(val - ref) > 1e-4 * max(1.0, abs(ref)):
+        hint = ("is it a cross-entropy (minus the teacher-weighted log-softmax of the student), with the "
+                "teacher's k probabilities renormalised to sum to 1 and the mean over positions?")
+        return f"returned {val:.5f}, which is not the distillation loss: {hint}"
+    return None
+
+
+def distill_loss(fn) -> bool:
+    """Exercise 5: cross-entropy of the student against the target's renormalised top-k distribution."""
+    return _run("distill_loss", fn, _distill_cases(), _judge_distill)

@@ -39,6 +39,12 @@ class MtpDrafter:
     run every context token but the last, which is the token it picked); it returns no draft when that
     state is unknown. The head keeps its own KV cache over its depth-1 stream; positions the target
     re-runs (after a rejection) invalidate the head's rows from there on.
+
+    Behind a restored prefix (lessonkit.prefix_cache) the target's first forward after `reset` starts
+    at position n > 0 and the hidden states of positions 0 .. n-1 were never computed. The drafter
+    then recomputes them once with one forward of those n tokens on a scratch cache (the same chunk
+    the plain engine prefills, so the states are the same bits) and keeps them for the next request
+    with the same prefix: the head sees what it would have seen without the prefix cache.
     """
 
     name = "mtp"
@@ -60,6 +66,8 @@ class MtpDrafter:
             self.tap.listeners.remove(self._record)
 
     def _record(self, start: int, hid: torch.Tensor):
+        if self.n_hidden == 0 and self.missing == 0:
+            self.missing = start                 # positions restored from a prefix cache: no states yet
         T = hid.shape[0]
         if start + T > self.hidden.shape[0]:
             grow = torch.zeros(max(2 * self.hidden.shape[0], start + T), self.hidden.shape[1])
@@ -72,12 +80,24 @@ class MtpDrafter:
     def reset(self, prompt_ids):
         c = self.head.cfg
         self.hidden = torch.zeros(256, c.dim)
-        self.n_hidden, self.stale_from = 0, 0
+        self.n_hidden, self.stale_from, self.missing = 0, 0, 0
         n = self.sh.cos.shape[0]
         self.K = torch.zeros(1, n, c.n_kv_heads, c.head_dim, dtype=self.head.dtype)
         self.V = torch.zeros_like(self.K)
         self.kv_len, self.kv_tokens = 0, []
-        self.stats = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+        self.stats = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "recomputed_states": 0}
+
+    def _recover_missing(self, context: list[int]) -> None:
+        """Hidden states of the restored positions 0 .. missing-1: from the memo of the last prefix, or
+        one forward of those tokens on a scratch cache (untapped: it must not look like a new forward)."""
+        n, self.missing = self.missing, 0
+        key = tuple(context[:n])
+        memo = getattr(self, "_memo", None)
+        if memo is None or memo[0] != key:
+            _, hid = self.tap.orig(list(key), self.target.new_cache(n + 1), return_hidden=True, last_only=True)
+            memo = self._memo = (key, hid.float())
+            self.stats["recomputed_states"] += n
+        self.hidden[:n] = memo[1]
 
     @torch.no_grad()
     def propose(self, context, k: int):
@@ -85,6 +105,8 @@ class MtpDrafter:
         t = len(context) - 2
         if k <= 0 or t < 0 or self.n_hidden <= t:
             return Draft([])
+        if self.missing:
+            self._recover_missing(context)
         dt, cfg, w = self.head.dtype, self.head.cfg, self.head.w
         # rows of the head's stream that no longer match: rerun target positions or changed tokens
         keep = min(self.kv_len, self.stale_from)

@@ -21,6 +21,8 @@ from lessonkit.mtp.evaluate import TargetStates, acceptance_by_kind, cached_stat
 from lessonkit.mtp.head import (NORMS, REAL_SCALE_RATIO, MtpConfig, MtpHead, Shared, block, eh_scale_ratio, init_head,
                                 mtp_input, rescale_embedding_half)
 from lessonkit.workloads.corpus import KINDS
+from lessonkit.workloads.distill import PRESETS as DISTILL_PRESETS
+from lessonkit.workloads.distill import distill_data, distill_loss, heldout
 
 @dataclass(frozen=True)
 class TrainMtpConfig:
@@ -37,21 +39,34 @@ class TrainMtpConfig:
     eval_every: int = 100
     seed: int = 0
     real_scale_ratio: float | None = REAL_SCALE_RATIO   # documented rescaling of eh_proj's halves (see card)
+    distill_preset: str | None = None  # train on this teacher pass (workloads.distill) instead of corpus windows
+    hard_weight: float = 0.5         # with distill_preset: weight of the greedy pick next to the top-k distribution
 
 
 PRESETS = {
     "tiny-moe": TrainMtpConfig(windows_per_kind=60, steps=400, batch_size=4, ce_rows=256, eval_every=80),
-    "smollm2-135m": TrainMtpConfig(intermediate_size=384, windows_per_kind=6, seq_len=256, steps=240,
-                                   batch_size=2, lr=2e-3, ce_rows=48, eval_every=60),
+    "smollm2-135m": TrainMtpConfig(intermediate_size=384, steps=1000, batch_size=8, lr=2e-3, ce_rows=96,
+                                   eval_every=200, distill_preset="smollm2-135m"),
     "test": TrainMtpConfig(intermediate_size=64, windows_per_kind=2, seq_len=64, steps=30, batch_size=2,
                            eval_every=10, real_scale_ratio=None),
 }
 
 
-def _training_states(engine, tc: TrainMtpConfig, progress: bool) -> TargetStates:
-    """The target's states over `windows_per_kind` train windows of every kind of text, stacked."""
+def _training_states(engine, tc: TrainMtpConfig, progress: bool) -> tuple[TargetStates, tuple | None]:
+    """(the target's states, its top-k (ids, probs) or None): from the teacher pass `tc.distill_preset`
+    (corpus windows and the target's greedy continuations), else over `windows_per_kind` corpus windows."""
+    if tc.distill_preset:
+        d = distill_data(engine, tc.distill_preset, progress)
+        return TargetStates(d.tokens, d.hidden.float(), d.greedy), (d.topk_ids, d.topk_probs)
     parts = [cached_states(engine, k, "train", tc.windows_per_kind, tc.seq_len, progress) for k in KINDS]
-    return TargetStates(*(torch.cat([getattr(p, f) for p in parts]) for f in ("tokens", "hidden", "greedy")))
+    return TargetStates(*(torch.cat([getattr(p, f) for p in parts]) for f in ("tokens", "hidden", "greedy"))), None
+
+
+def distill_eval_states(engine, tc: TrainMtpConfig, progress: bool = True) -> dict:
+    """Held-out teacher-pass states per 'source/kind' (text windows, greedy continuations)."""
+    d = distill_data(engine, heldout(DISTILL_PRESETS[tc.distill_preset]), progress)
+    return {f"{src}/{kind}": TargetStates(d.tokens[i], d.hidden[i].float(), d.greedy[i])
+            for src in ("text", "greedy") for kind in KINDS if len(i := d.rows(kind, src))}
 
 
 def _optimizer(params: dict, tc: TrainMtpConfig) -> torch.optim.AdamW:
@@ -66,7 +81,7 @@ def _lr(tc: TrainMtpConfig, step: int) -> float:
 
 
 def _losses(params: dict, cfg: MtpConfig, sh: Shared, states: TargetStates, target_n: torch.Tensor, pos: torch.Tensor,
-            idx: torch.Tensor, g: torch.Generator, tc: TrainMtpConfig):
+            idx: torch.Tensor, g: torch.Generator, tc: TrainMtpConfig, soft: tuple | None = None):
     """(loss, cross-entropy, regression, batch accuracy) of the windows `idx`."""
     tok, hid = states.tokens[idx], states.hidden[idx]
     x = mtp_input(params, cfg, hid[:, :-1], sh.embed[tok[:, 1:]])
@@ -75,11 +90,16 @@ def _losses(params: dict, cfg: MtpConfig, sh: Shared, states: TargetStates, targ
     reg = F.smooth_l1_loss(yn, target_n[idx, 1:])
     lab = states.greedy[idx, 1:].reshape(-1)
     flat = yn.reshape(-1, cfg.dim)
+    sel = torch.arange(flat.shape[0])
     if tc.ce_rows is not None and tc.ce_rows < flat.shape[0]:
         sel = torch.randperm(flat.shape[0], generator=g)[:tc.ce_rows]
-        flat, lab = flat[sel], lab[sel]
+    flat, lab = flat[sel], lab[sel]
     logits = F.linear(flat, sh.lm_head)
-    ce = F.cross_entropy(logits, lab)
+    if soft is None:
+        ce = F.cross_entropy(logits, lab)
+    else:
+        ids, probs = (t[idx, 1:].reshape(-1, t.shape[-1])[sel] for t in soft)
+        ce = distill_loss(logits, ids, probs, tc.hard_weight)
     return ce + tc.reg_weight * reg, ce, reg, logits.argmax(-1) == lab
 
 
@@ -105,9 +125,12 @@ def train_head(engine, tc: TrainMtpConfig = TrainMtpConfig(), progress: bool = T
     """Train an MTP head on the frozen target; returns (head, log of losses and held-out acceptance)."""
     torch.manual_seed(tc.seed)
     t0 = time.perf_counter()
-    states = states if states is not None else _training_states(engine, tc, progress)
+    soft = None
+    if states is None:
+        states, soft = _training_states(engine, tc, progress)
     if eval_states is None:
-        eval_states = eval_windows(engine, 2, 128, progress=progress)
+        eval_states = (distill_eval_states(engine, tc, progress) if tc.distill_preset
+                       else eval_windows(engine, 2, 128, progress=progress))
     t_states = time.perf_counter() - t0
     cfg = MtpConfig.from_target(engine.config, tc.intermediate_size)
     sh = Shared.from_engine(engine)
@@ -123,7 +146,7 @@ def train_head(engine, tc: TrainMtpConfig = TrainMtpConfig(), progress: bool = T
         for grp in opt.param_groups:
             grp["lr"] = _lr(tc, step)
         idx = torch.randint(0, N, (tc.batch_size,), generator=g)
-        loss, ce, reg, hits = _losses(params, cfg, sh, states, target_n, pos, idx, g, tc)
+        loss, ce, reg, hits = _losses(params, cfg, sh, states, target_n, pos, idx, g, tc, soft)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
@@ -136,7 +159,23 @@ def train_head(engine, tc: TrainMtpConfig = TrainMtpConfig(), progress: bool = T
             ev = acceptance_by_kind(MtpHead(cfg, {k: v.detach() for k, v in params.items()}), sh, eval_states, depth=1)
             log["eval_step"].append(step + 1)
             log["eval_acceptance"].append({k: v["acceptance"][0] for k, v in ev.items()})
-    return _shipped_head(engine, cfg, params, tc, states, t_states, t0), log
+    head = _shipped_head(engine, cfg, params, tc, states, t_states, t0)
+    if tc.distill_preset:       # the figure the doctor and `bench mtp` report: corpus windows through the engine
+        ev = acceptance_by_kind(head, sh, eval_windows(engine, 2, 128, progress=progress), depth=3)
+        log["heldout_corpus_acceptance"] = {k: v["acceptance"] for k, v in ev.items()}
+    return head, log
+
+
+def _labels_line(train: dict) -> str:
+    if train.get("distill_preset"):
+        return ("- data and labels: distillation (lessonkit/workloads/distill.py, preset "
+                f"{train['distill_preset']!r}): corpus windows teacher-forced and corpus prompts followed by the "
+                "target's own greedy continuation; per row t the target's top-k distribution for position t+2 "
+                f"(+ {train['hard_weight']} x CE on its greedy pick) plus a smooth-L1 regression of the target's "
+                "next normalised hidden state. Held-out figures: 'text/' rows are corpus text, 'greedy/' rows "
+                "the target's own continuations of held-out prompts")
+    return ("- labels: the target's own greedy token for position t+2 (teacher forcing on the corpus text) "
+            "plus a smooth-L1 regression of the target's next normalised hidden state")
 
 
 def write_card(head: MtpHead, log: dict, path: Path) -> None:
@@ -151,11 +190,14 @@ def write_card(head: MtpHead, log: dict, path: Path) -> None:
              f"- trained: {m['trained_steps']} steps on {m['train_tokens']:,} tokens of the corpus' train split "
              f"(prose, code, records), target frozen, hidden states precomputed once; "
              f"{m['seconds_total']:.0f} s on {m['torch_threads']} CPU threads "
-             f"({m['seconds_states']:.0f} s of it computing target states)",
-             "- labels: the target's own greedy token for position t+2 (teacher forcing on the corpus text) "
-             "plus a smooth-L1 regression of the target's next normalised hidden state",
+             f"({m['seconds_states']:.0f} s of it computing target states, 0 when cached)",
+             _labels_line(m["train"]),
              f"- held-out teacher-forced acceptance at position 1 after training: "
              + ", ".join(f"{k} {100 * v:.1f}%" for k, v in last.items()),
+             *([f"- held-out corpus text (2 windows x 128 tokens per kind, the target's states from the engine, as "
+                "`mtp-doctor` and `bench mtp` measure), acceptance at position 1 / 2 / 3: " + ", ".join(
+                 f"{k} " + " / ".join(f"{100 * a:.1f}%" for a in v) for k, v in log["heldout_corpus_acceptance"].items())]
+               if "heldout_corpus_acceptance" in log else []),
              "", "## Documented rescaling of eh_proj",
              f"Trained as is, the hidden half of eh_proj had mean |w| {m['natural_scale_ratio']:.2f}x the "
              "embedding half's. The real heads of Colibri issue 8 differ 20-30x (diagnosis: Colibri PR 397, "

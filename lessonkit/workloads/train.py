@@ -32,12 +32,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
+from tokenizers import Tokenizer
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, OlmoeConfig, OlmoeForCausalLM,
                           PreTrainedTokenizerFast)
 
 from lessonkit.engine.checkpoint import convert_hf_checkpoint, export_hf, write_manifest
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.registry import load_model, resolve_model_dir
 from lessonkit.workloads.corpus import CORPUS_DIR, EOT, KINDS, load_documents, load_tokenizer
+from lessonkit.workloads.distill import PRESETS as DISTILL_PRESETS
+from lessonkit.workloads.model_card import model_card
+from lessonkit.workloads.distill import (DistillData, distill_data, distill_loss, heldout, init_embedding,
+                                        student_agreement, teacher_model)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS_DIR = ROOT / "data" / "models"
@@ -68,8 +74,12 @@ class TrainConfig:
     seed: int = 0
     threads: int = 1                 # 1 thread: faster than 2 on a shared, busy 2-core machine
     mix: tuple = (("prose", 0.3), ("code", 0.35), ("records", 0.35))
-    distill_from: str | None = None  # teacher model name (its HF checkpoint under build/hf/)
-    distill_alpha: float = 0.5
+    distill_from: str | None = None  # target model name: train on its teacher pass (workloads.distill)
+    distill_preset: str | None = None  # distill.PRESETS name (default: distill_from)
+    hard_weight: float = 0.5         # weight of the target's greedy pick next to its top-k distribution
+    loss_rows: int | None = None     # distillation: positions per batch that get the output layer and loss
+    tokenizer_from: str | None = None  # a model whose tokenizer.json the student shares (None: the corpus')
+    embed_init_from: str | None = None  # init the tied embedding from this model's (top singular directions)
     eval_every: int = 50
     eval_windows: int = 12           # held-out windows per kind for the logged held-out loss
     log_every: int = 10
@@ -80,9 +90,13 @@ PRESETS = {
                             intermediate_size=384, n_experts=8, top_k=2, batch_size=4, steps=700, lr=3e-3,
                             warmup=40, router_aux_loss_coef=0.05),
     "tiny-draft": TrainConfig(name="tiny-draft", arch="llama", dim=96, n_layers=2, n_heads=3, n_kv_heads=1,
-                              intermediate_size=288, tie_embeddings=True, batch_size=4, steps=500, lr=4e-3,
-                              warmup=40,
-                              distill_from="tiny-moe"),
+                              intermediate_size=288, tie_embeddings=True, seq_len=96, batch_size=16, steps=800,
+                              lr=4e-3, warmup=40, eval_every=200, distill_from="tiny-moe"),
+    "smollm2-draft": TrainConfig(name="smollm2-draft", arch="llama", dim=96, n_layers=2, n_heads=3, n_kv_heads=1,
+                                 intermediate_size=256, tie_embeddings=True, seq_len=96, batch_size=8, steps=500,
+                                 loss_rows=256,
+                                 lr=3e-3, warmup=60, distill_from="smollm2-135m", tokenizer_from="smollm2-135m",
+                                 embed_init_from="smollm2-135m", eval_windows=4),
 }
 
 
@@ -186,8 +200,7 @@ def load_hf(name_or_dir: str | Path):
             if not (src / "config.json").exists():
                 raise LessonkitError(f"no trained model {name_or_dir!r}: neither {p} nor {src} exists")
             export_hf(src, p)
-    m = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32)
-    return m.eval()
+    return AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32).eval()
 
 
 @torch.no_grad()
@@ -219,18 +232,6 @@ def expert_load(model, windows: dict[str, torch.Tensor]) -> list[list[float]]:
             top = rl.topk(c.num_experts_per_tok, dim=-1).indices
             counts[l] += torch.bincount(top.flatten(), minlength=c.num_experts).float()
     return (counts / counts.sum(-1, keepdim=True)).tolist()
-
-
-@torch.no_grad()
-def top1_agreement(draft, target, windows: dict[str, torch.Tensor]) -> dict:
-    """Fraction of held-out positions where the greedy next token of draft equals target's."""
-    out = {}
-    for kind, w in windows.items():
-        a = draft(input_ids=w[:, :-1]).logits.argmax(-1)
-        b = target(input_ids=w[:, :-1]).logits.argmax(-1)
-        out[kind] = float((a == b).float().mean())
-    out["mean"] = float(np.mean([out[k] for k in windows]))
-    return out
 
 
 # ----------------------------------------------------------------------------- training
@@ -266,8 +267,8 @@ def _save_hf(model, tokenizer_path: Path, out: Path) -> None:
     shutil.copyfile(tokenizer_path, out / "tokenizer.json")  # the corpus tokenizer, byte for byte
 
 
-def _losses(cfg: TrainConfig, model, teacher, x: torch.Tensor):
-    """(loss, cross-entropy, router balance loss, KL to the teacher) of one batch of token windows x."""
+def _losses(cfg: TrainConfig, model, x: torch.Tensor):
+    """(loss, cross-entropy, router balance loss, distillation loss) of one batch of token windows x."""
     inp, tgt = x[:, :-1], x[:, 1:]
     if cfg.arch == "olmoe":
         out = model(input_ids=inp, output_router_logits=True)
@@ -278,14 +279,63 @@ def _losses(cfg: TrainConfig, model, teacher, x: torch.Tensor):
     V = out.logits.shape[-1]
     ce = F.cross_entropy(out.logits.reshape(-1, V), tgt.reshape(-1))
     loss = ce + cfg.router_aux_loss_coef * aux if cfg.arch == "olmoe" else ce
-    kl = torch.zeros(())
-    if teacher is not None:
-        with torch.no_grad():
-            t_logp = F.log_softmax(teacher(input_ids=inp).logits.reshape(-1, V), -1)
-        kl = F.kl_div(F.log_softmax(out.logits.reshape(-1, V), -1), t_logp, log_target=True,
-                      reduction="batchmean")
-        loss = (1 - cfg.distill_alpha) * ce + cfg.distill_alpha * kl
-    return loss, ce, aux, kl
+    return loss, ce, aux, torch.zeros(())
+
+
+def _distill_losses(cfg: TrainConfig, model, data: DistillData, idx: torch.Tensor):
+    """(loss, CE against the target's greedy picks, 0, top-k distillation loss) of the rows idx."""
+    h = model.model(input_ids=data.tokens[idx]).last_hidden_state.flatten(0, 1)
+    sel = torch.randperm(h.shape[0])[:cfg.loss_rows] if cfg.loss_rows else torch.arange(h.shape[0])
+    logits = model.lm_head(h[sel])           # the output layer only on loss_rows rows: it dominates a wide vocabulary
+    ids, probs = data.topk_ids[idx].flatten(0, 1)[sel], data.topk_probs[idx].flatten(0, 1)[sel]
+    kd = distill_loss(logits, ids, probs, cfg.hard_weight)
+    ce = F.cross_entropy(logits, ids[:, 0].long())
+    return kd, ce.detach(), torch.zeros(()), kd
+
+
+def _tokenizer_file(tokenizer_from: str | None, corpus_dir=CORPUS_DIR) -> Path:
+    """The corpus' tokenizer.json, or the one of the model `tokenizer_from`."""
+    if tokenizer_from is None:
+        return Path(corpus_dir) / "tokenizer.json"
+    return resolve_model_dir(tokenizer_from)[1] / "tokenizer.json"
+
+
+def _tokenizer(cfg: TrainConfig, corpus_dir) -> tuple:
+    """(tokenizers.Tokenizer, path of its tokenizer.json) the student uses."""
+    path = _tokenizer_file(cfg.tokenizer_from, corpus_dir)
+    return (load_tokenizer(corpus_dir) if cfg.tokenizer_from is None else Tokenizer.from_file(str(path))), path
+
+
+def _objective(cfg: TrainConfig, tokenizer, corpus_dir, progress: bool):
+    """(next batch, loss of a batch, extra log entries, held-out teacher data or None)."""
+    if cfg.distill_from is None:
+        streams = {k: token_stream(tokenizer, k, "train", corpus_dir) for k in KINDS}
+        batches = Batches(streams, cfg.mix, cfg.seq_len, cfg.batch_size, cfg.seed)
+        return batches.next, lambda m, x: _losses(cfg, m, x), {"train_tokens": {k: len(v) for k, v in streams.items()}}, None
+    preset = cfg.distill_preset or cfg.distill_from
+    data = distill_data(cfg.distill_from, preset, progress)
+    held = distill_data(cfg.distill_from, heldout(DISTILL_PRESETS[preset]), progress)
+    if data.tokens.shape[1] != cfg.seq_len:
+        raise LessonkitError(f"{cfg.name}: seq_len {cfg.seq_len} != the teacher pass's rows ({data.tokens.shape[1]})")
+    g = torch.Generator().manual_seed(cfg.seed)
+    nxt = lambda: torch.randint(0, len(data.tokens), (cfg.batch_size,), generator=g)    # noqa: E731
+    extra = {"train_tokens": {f"{s}/{k}": int(data.rows(k, s).numel() * cfg.seq_len) for s in ("text", "greedy")
+                              for k in KINDS}, "distill_preset": preset}
+    return nxt, lambda m, idx: _distill_losses(cfg, m, data, idx), extra, held
+
+
+def _optimiser(cfg: TrainConfig, model) -> torch.optim.AdamW:
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def _log_step(log, bar, step, t0, cfg, losses) -> None:
+    ce_f, aux_f, kl_f = (float(t.detach()) for t in losses[1:])
+    log["steps"].append({"step": step, "ce": round(ce_f, 5), "aux": round(aux_f, 5), "kl": round(kl_f, 5),
+                         "lr": _lr(cfg, step), "elapsed_s": round(time.perf_counter() - t0, 2)})
+    bar.set_postfix(ce=f"{ce_f:.3f}")
 
 
 def train(cfg: TrainConfig, *, corpus_dir: str | Path = CORPUS_DIR, hf_out: str | Path | None = None,
@@ -294,127 +344,77 @@ def train(cfg: TrainConfig, *, corpus_dir: str | Path = CORPUS_DIR, hf_out: str 
     torch.set_num_threads(cfg.threads)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(cfg.seed)
-    tokenizer = load_tokenizer(corpus_dir)
-    streams = {k: token_stream(tokenizer, k, "train", corpus_dir) for k in KINDS}
+    tokenizer, tok_path = _tokenizer(cfg, corpus_dir)
     windows = heldout_windows(tokenizer, cfg.eval_windows, cfg.seq_len, corpus_dir)
-    teacher = load_hf(cfg.distill_from) if cfg.distill_from else None
+    t_data = time.perf_counter()
+    next_batch, loss_of, extra, held = _objective(cfg, tokenizer, corpus_dir, progress)
+    t_data = time.perf_counter() - t_data
     model = build_model(cfg, tokenizer)
+    if cfg.embed_init_from:
+        init_embedding(model.get_input_embeddings().weight, cfg.embed_init_from)
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
-    batches = Batches(streams, cfg.mix, cfg.seq_len, cfg.batch_size, cfg.seed)
-    log = {"name": cfg.name, "config": asdict(cfg), "params": parameter_counts(model),
-           "train_tokens": {k: len(v) for k, v in streams.items()}, "steps": [], "eval": []}
+    opt = _optimiser(cfg, model)
+    log = {"name": cfg.name, "config": asdict(cfg), "params": parameter_counts(model), **extra,
+           "vocab_size": model.config.vocab_size,
+           "steps": [], "eval": [], "teacher_pass_s": round(t_data, 1)}
     t0 = time.perf_counter()
     bar = tqdm(range(cfg.steps), desc=f"train {cfg.name}", disable=not progress, mininterval=2.0)
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = _lr(cfg, step)
-        loss, ce, aux, kl = _losses(cfg, model, teacher, batches.next())
+        losses = loss_of(model, next_batch())
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        losses[0].backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         if step % cfg.log_every == 0 or step == cfg.steps - 1:
-            ce_f, aux_f, kl_f = (float(t.detach()) for t in (ce, aux, kl))
-            log["steps"].append({"step": step, "ce": round(ce_f, 5), "aux": round(aux_f, 5),
-                                 "kl": round(kl_f, 5), "lr": _lr(cfg, step),
-                                 "elapsed_s": round(time.perf_counter() - t0, 2)})
-            bar.set_postfix(ce=f"{ce_f:.3f}")
+            _log_step(log, bar, step, t0, cfg, losses)
         if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
             ev = evaluate(model, windows)
+            if held is not None:
+                ev.update(student_agreement(model, held))
             log["eval"].append({"step": step + 1, **{k: round(v, 5) for k, v in ev.items()}})
     log["train_time_s"] = round(time.perf_counter() - t0, 1)
+    _final_log(log, cfg, model, windows, held, tokenizer, corpus_dir)
+    out = Path(hf_out) if hf_out else HF_DIR / cfg.name
+    _save_hf(model, tok_path, out)
+    (out / "train_log.json").write_text(json.dumps(log, indent=1))
+    return log
+
+
+def _final_log(log, cfg, model, windows, held, tokenizer, corpus_dir) -> None:
     log["tokens_seen"] = cfg.steps * cfg.batch_size * cfg.seq_len
     log["heldout_loss"] = evaluate(model, windows)
     log["unigram_loss"] = unigram_loss(tokenizer, windows, corpus_dir)
     if cfg.arch == "olmoe":
         log["expert_load"] = expert_load(model, windows)
-    if teacher is not None:
-        log["top1_agreement_with_" + cfg.distill_from] = top1_agreement(model.eval(), teacher, windows)
-        log["teacher_params"] = parameter_counts(teacher)
+    if held is not None:
+        log["heldout_agreement_with_" + cfg.distill_from] = student_agreement(model, held)
+        log["teacher_params"] = parameter_counts(teacher_model(load_model(cfg.distill_from)))
     log["machine"] = {"platform": platform.platform(), "python": platform.python_version(),
                       "torch": torch.__version__, "threads": cfg.threads, "cpu_count": os.cpu_count()}
-    out = Path(hf_out) if hf_out else HF_DIR / cfg.name
-    _save_hf(model, Path(corpus_dir) / "tokenizer.json", out)
-    (out / "train_log.json").write_text(json.dumps(log, indent=1))
-    return log
 
 
 # ----------------------------------------------------------------------------- shipping
-
-
-def _card(log: dict, files: dict) -> str:
-    c, p = log["config"], log["params"]
-    lines = [f"# {log['name']}", "",
-             {"olmoe": "OLMoE-style mixture-of-experts target (transformers `OlmoeForCausalLM`).",
-              "llama": "Dense drafter (transformers `LlamaForCausalLM`)."}[c["arch"]], "",
-             "## Architecture", "",
-             f"- width {c['dim']}, {c['n_layers']} layers, {c['n_heads']} query heads / {c['n_kv_heads']} KV heads "
-             f"(head dim {c['dim'] // c['n_heads']}), intermediate {c['intermediate_size']}"
-             + (f" per expert, {c['n_experts']} experts, top-{c['top_k']}, qk-norm, router aux loss coef "
-                f"{c['router_aux_loss_coef']}" if c["arch"] == "olmoe" else "")
-             + f", {'tied' if c['tie_embeddings'] else 'untied'} embeddings, vocabulary 4096 (byte-level BPE), "
-             f"trained at sequence length {c['seq_len']}",
-             f"- parameters: total {p['total']:,}; excluding embeddings {p['total_excl_embeddings']:,}",
-             f"- active per token: {p['active']:,} including embeddings, {p['active_excl_embeddings']:,} excluding",
-             ]
-    if "teacher_params" in log:
-        tp = log["teacher_params"]
-        lines.append(f"- vs target {c['distill_from']}: {p['active'] / tp['active']:.3f} of its active parameters "
-                     f"including embeddings, {p['active_excl_embeddings'] / tp['active_excl_embeddings']:.3f} "
-                     f"excluding (limit 1/8 = 0.125)")
-    lines += ["", "## Corpus", "",
-              "data/corpus/ (see PROVENANCE.md): Python standard-library prose and sources (PSF licence) and "
-              "seeded NDJSON monitoring records; train split only. Training mix per batch row: "
-              + ", ".join(f"{k} {w}" for k, w in c["mix"]) + ".", "",
-              "## Held-out loss (nats/token, %d windows of %d tokens per kind)" % (c["eval_windows"], c["seq_len"]), "",
-              "| kind | model | unigram baseline |", "|---|---|---|"]
-    for k in KINDS + ("mean",):
-        lines.append(f"| {k} | {log['heldout_loss'][k]:.3f} | {log['unigram_loss'][k]:.3f} |")
-    agree = [k for k in log if k.startswith("top1_agreement_with_")]
-    for k in agree:
-        a = log[k]
-        lines += ["", f"Greedy next-token (top-1) agreement with {k.split('_with_')[1]} on the held-out windows: "
-                  + ", ".join(f"{kk} {a[kk]:.1%}" for kk in KINDS) + f"; mean {a['mean']:.1%}."]
-    if "expert_load" in log:
-        lo = min(min(r) for r in log["expert_load"])
-        hi = max(max(r) for r in log["expert_load"])
-        lines += ["", f"Routing on held-out text: each expert's share of routed slots per layer lies in "
-                  f"[{lo:.1%}, {hi:.1%}] (uniform = {1 / c['n_experts']:.1%})."]
-    lines += ["", "## Training", "",
-              f"- {c['steps']} steps x {c['batch_size']} x {c['seq_len']} tokens = {log['tokens_seen']:,} tokens, "
-              f"AdamW lr {c['lr']} (warmup {c['warmup']}, cosine to {c['min_lr_frac']}x), seed {c['seed']}, "
-              f"torch threads {c['threads']}, deterministic algorithms"
-              + (f"; distilled from {c['distill_from']} (alpha {c['distill_alpha']})" if c["distill_from"] else ""),
-              f"- training time: {log['train_time_s'] / 60:.1f} min on {log['machine']['platform']} "
-              f"(shared CPU, torch {log['machine']['torch']})",
-              "- loss curve: loss_curve.png; full log: train_log.json", "",
-              "## Reproduce", "", "```", f"lessonkit train {log['name']}", "```", "",
-              "Weights are stored as bfloat16 in the engine's streaming layout; `lessonkit export "
-              f"{log['name']} OUT_DIR` writes a Hugging Face checkpoint.", "",
-              "## Files", ""]
-    lines += [f"- {k}: {v:,} bytes" for k, v in files.items()]
-    return "\n".join(lines) + "\n"
-
-
 def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | None = None,
-         loss_curve: Callable[[dict, Path], None] | None = None) -> Path:
+         loss_curve: Callable[[dict, Path], None] | None = None,
+         measure: Callable[[Path], dict] | None = None) -> Path:
     """Convert build/hf/<name> to data/models/<name> (bf16), with train_log.json, card.md and, when
-    `loss_curve(log, path)` is given, the loss curve it draws (loss_curve.png)."""
+    `loss_curve(log, path)` is given, the loss curve it draws (loss_curve.png); `measure(model_dir)`
+    adds measured drafter figures (log["speculative"]) to the log and card."""
     hf = Path(hf_dir) if hf_dir else HF_DIR / name
     out = Path(out_dir) if out_dir else MODELS_DIR / name
     if not (hf / "train_log.json").exists():
         raise LessonkitError(f"{hf} has no train_log.json; run `lessonkit train {name}` first")
     log = json.loads((hf / "train_log.json").read_text())
-    shutil.copyfile(CORPUS_DIR / "tokenizer.json", hf / "tokenizer.json")
+    shutil.copyfile(_tokenizer_file(log["config"].get("tokenizer_from")), hf / "tokenizer.json")
     convert_hf_checkpoint(hf, out, dtype=torch.bfloat16)
+    if measure is not None:
+        log["speculative"] = measure(out)
     (out / "train_log.json").write_text(json.dumps(log, indent=1))
     if loss_curve is not None:
         loss_curve(log, out / "loss_curve.png")
     files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.name != "card.md"}
-    (out / "card.md").write_text(_card(log, files))
+    (out / "card.md").write_text(model_card(log, files))
     write_manifest(out)
     return out

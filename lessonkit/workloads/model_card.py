@@ -1,0 +1,90 @@
+"""The model card (card.md) of a model trained by lessonkit.workloads.train: architecture, data, held-out
+figures, measured drafting figures when given, training settings and time, files."""
+from __future__ import annotations
+
+from lessonkit.workloads.corpus import KINDS
+
+
+def _data_lines(log: dict) -> list[str]:
+    """The card's data and held-out sections: corpus mix, or the teacher pass a drafter learnt from."""
+    c = log["config"]
+    if c["distill_from"]:
+        lines = ["", "## Data: the target's own predictions", "",
+                 f"Teacher pass over {c['distill_from']} (lessonkit/workloads/distill.py, preset "
+                 f"{log['distill_preset']!r}): corpus train-split windows teacher-forced in batched prefill and "
+                 "short corpus prompts followed by the target's greedy continuation; labels are the target's top-k "
+                 "next-token probabilities at every position. Tokens per source/kind: "
+                 + ", ".join(f"{k} {v:,}" for k, v in log["train_tokens"].items()) + "."]
+    else:
+        lines = ["", "## Corpus", "",
+                 "data/corpus/ (see PROVENANCE.md): Python standard-library prose and sources (PSF licence) and "
+                 "seeded NDJSON monitoring records; train split only. Training mix per batch row: "
+                 + ", ".join(f"{k} {w}" for k, w in c["mix"]) + "."]
+    lines += ["", "## Held-out loss (nats/token, %d windows of %d tokens per kind)" % (c["eval_windows"], c["seq_len"]),
+              "", "| kind | model | unigram baseline |", "|---|---|---|"]
+    lines += [f"| {k} | {log['heldout_loss'][k]:.3f} | {log['unigram_loss'][k]:.3f} |" for k in KINDS + ("mean",)]
+    if c["distill_from"]:
+        lines += ["", "A drafter distilled on the target's top-k puts little probability on tokens outside them, so "
+                  "its cross-entropy on corpus text says little about it (it can lie above the unigram baseline); "
+                  "its agreement with the target below is what drafting needs."]
+    for k in [k for k in log if k.startswith("heldout_agreement_with_")]:
+        lines += ["", f"Greedy next-token agreement with {k.split('_with_')[1]} on its held-out teacher pass "
+                  "(text: teacher-forced corpus; greedy: the target's own continuations): "
+                  + ", ".join(f"{kk} {v:.1%}" for kk, v in log[k].items()) + "."]
+    if "speculative" in log:
+        sp = log["speculative"]
+        lines += ["", f"## Measured as a drafter ({sp['condition']})", "",
+                  f"Greedy speculative decoding with {sp['target']}, k={sp['k']}, {sp['prompts_per_kind']} held-out "
+                  f"prompts per kind, {sp['max_new_tokens']} new tokens: acceptance rate (accepted / drafted) "
+                  + ", ".join(f"{k} {sp['acceptance'][k]:.3f}" for k in KINDS)
+                  + f"; mean {sp['acceptance']['mean']:.3f}. Draft cost c = {sp['c']:.3f} of a target step "
+                  f"(draft seconds per draft token / plain greedy seconds per token); output identical to plain "
+                  f"greedy: {sp['identical']}."]
+    return lines
+
+
+def model_card(log: dict, files: dict) -> str:
+    """card.md of a model trained by lessonkit.workloads.train, from its training log and file sizes."""
+    c, p = log["config"], log["params"]
+    lines = [f"# {log['name']}", "",
+             {"olmoe": "OLMoE-style mixture-of-experts target (transformers `OlmoeForCausalLM`).",
+              "llama": "Dense drafter (transformers `LlamaForCausalLM`)."}[c["arch"]], "",
+             "## Architecture", "",
+             f"- width {c['dim']}, {c['n_layers']} layers, {c['n_heads']} query heads / {c['n_kv_heads']} KV heads "
+             f"(head dim {c['dim'] // c['n_heads']}), intermediate {c['intermediate_size']}"
+             + (f" per expert, {c['n_experts']} experts, top-{c['top_k']}, qk-norm, router aux loss coef "
+                f"{c['router_aux_loss_coef']}" if c["arch"] == "olmoe" else "")
+             + f", {'tied' if c['tie_embeddings'] else 'untied'} embeddings, vocabulary {log['vocab_size']:,} "
+             f"({c.get('tokenizer_from') or 'corpus'} tokenizer), "
+             f"trained at sequence length {c['seq_len']}",
+             f"- parameters: total {p['total']:,}; excluding embeddings {p['total_excl_embeddings']:,}",
+             f"- active per token: {p['active']:,} including embeddings, {p['active_excl_embeddings']:,} excluding",
+             ]
+    if "teacher_params" in log:
+        tp = log["teacher_params"]
+        lines.append(f"- vs target {c['distill_from']}: {p['active'] / tp['active']:.3f} of its active parameters "
+                     f"including embeddings, {p['active_excl_embeddings'] / tp['active_excl_embeddings']:.3f} "
+                     f"excluding (limit 1/8 = 0.125)")
+    lines += _data_lines(log)
+    if "expert_load" in log:
+        lo = min(min(r) for r in log["expert_load"])
+        hi = max(max(r) for r in log["expert_load"])
+        lines += ["", f"Routing on held-out text: each expert's share of routed slots per layer lies in "
+                  f"[{lo:.1%}, {hi:.1%}] (uniform = {1 / c['n_experts']:.1%})."]
+    lines += ["", "## Training", "",
+              f"- {c['steps']} steps x {c['batch_size']} x {c['seq_len']} tokens = {log['tokens_seen']:,} tokens, "
+              f"AdamW lr {c['lr']} (warmup {c['warmup']}, cosine to {c['min_lr_frac']}x), seed {c['seed']}, "
+              f"torch threads {c['threads']}, deterministic algorithms"
+              + (f"; distilled from {c['distill_from']} (top-k loss + {c['hard_weight']} x greedy-pick CE)"
+                 if c["distill_from"] else ""),
+              f"- training time: {log['train_time_s'] / 60:.1f} min"
+              + (f" (+ {log['teacher_pass_s'] / 60:.1f} min teacher pass, 0 when cached)" if c["distill_from"] else "")
+              + f" on {log['machine']['platform']} (2 shared CPU cores, {c['threads']} torch thread, "
+              f"torch {log['machine']['torch']})",
+              "- loss curve: loss_curve.png; full log: train_log.json", "",
+              "## Reproduce", "", "```", f"lessonkit train {log['name']}", "```", "",
+              "Weights are stored as bfloat16 in the engine's streaming layout; `lessonkit export "
+              f"{log['name']} OUT_DIR` writes a Hugging Face checkpoint.", "",
+              "## Files", ""]
+    lines += [f"- {k}: {v:,} bytes" for k, v in files.items()]
+    return "\n".join(lines) + "\n"
