@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from lessonkit.engine.atomic import replace
+from lessonkit.engine.atomic import publish_dir
 from lessonkit.engine.checkpoint import sha256_file, write_manifest
 from lessonkit.engine.errors import LessonkitError
 
@@ -83,20 +82,11 @@ def merged_model_dir(base_dir: Path, adapter_dir: Path, out_root: Path, name: st
     dense = load_file(base_dir / "dense.safetensors")
     experts = load_file(base_dir / "experts.safetensors")
     merge_into(dense, experts, meta, tensors, str(adapter_dir))
-    out_root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_root, prefix=".merge-"))
-    try:
+    with publish_dir(out, prefix=".merge-") as tmp:
         save_file({k: v.float().contiguous() for k, v in dense.items()}, tmp / "dense.safetensors")
         save_file({k: v.float().contiguous() for k, v in experts.items()}, tmp / "experts.safetensors")
         for f in ("config.json", "tokenizer.json", "chat_template.jinja"):
             if (base_dir / f).exists():
                 shutil.copyfile(base_dir / f, tmp / f)
         write_manifest(tmp)
-        try:
-            replace(tmp, out)
-        except OSError:          # another process finished first
-            pass
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Callable
@@ -85,3 +87,19 @@ def atomic_write(path: str | Path, data: bytes | Callable[[Path], None], *, fsyn
         with contextlib.suppress(OSError):
             os.unlink(tmp)             # only still there if the rename did not happen
     return path
+
+
+@contextlib.contextmanager
+def publish_dir(out: str | Path, prefix: str = ".build-"):
+    """Build a directory in a temporary sibling (yielded), then rename it to `out` in one step.
+    If another process published `out` first, theirs is kept; the temporary one is always removed."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=prefix))
+    try:
+        yield tmp
+        with contextlib.suppress(OSError):     # another process finished first
+            replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from lessonkit.engine.adapters import merged_model_dir
-from lessonkit.engine.atomic import replace
+from lessonkit.engine.atomic import publish_dir
 from lessonkit.engine.checkpoint import (LAYOUT_FILES, convert_hf_checkpoint, convert_hf_state_dict,
                                          sha256_file, write_manifest)
 from lessonkit.engine.config import ModelConfig
@@ -53,20 +51,11 @@ def _smollm2_dir() -> Path:
         return out
     gguf = smollm2_gguf_path()
     m = load_gguf(gguf)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
-    try:
+    with publish_dir(out, prefix=".convert-") as tmp:
         convert_hf_state_dict(m.hf_config, m.state_dict, tmp, m.tokenizer.to_str(), torch.float32, source=str(gguf))
         if m.chat_template:
             (tmp / "chat_template.jinja").write_text(m.chat_template)
         write_manifest(tmp, [*LAYOUT_FILES, "chat_template.jinja"])   # checked at every load
-        try:
-            replace(tmp, out)
-        except OSError:          # another process finished first
-            pass
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
