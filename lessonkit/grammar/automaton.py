@@ -318,15 +318,15 @@ class GrammarState:
     def successors(self) -> list[tuple[int, GrammarState]]:
         """(byte mask, next state) for every legal byte: one closure per group of bytes that move the same
         stacks (inside a JSON string all printable ASCII bytes are one group), memoised like advance."""
-        arg, tops = self.grammar.arg, [st for st in self.stacks if st]
+        gr = self.grammar
+        arg, top, below, tops = gr.arg, gr._top, gr._below, [st for st in self.stacks if st]
         groups = [self.mask] if self.mask else []
         for st in tops:
-            m = arg[st[-1]]
+            m = arg[top[st]]
             groups = [part for g in groups for part in (g & m, g & ~m) if part]
         out = []
         for g in groups:
-            nxt = self.grammar._state(self.grammar._closure(
-                [st[:-1] + (st[-1] + 1,) for st in tops if arg[st[-1]] & g]))
+            nxt = gr._state(gr._closure([gr._push(top[st] + 1, below[st]) for st in tops if arg[top[st]] & g]))
             for b in mask_bytes(g):
                 self._next[b] = nxt
             out.append((g, nxt))
