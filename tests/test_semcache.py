@@ -15,7 +15,7 @@ from lessonkit.semcache.policies import (CosinePolicy, ExactPolicy, content_key,
                                          make_policy, run_stream)
 from lessonkit.semcache.store import CacheStore, scope_key
 from lessonkit.workloads.judge import RecordedJudge, RuleJudge
-from lessonkit.workloads.monitoring import generate_stream, load_stream
+from lessonkit.workloads.monitoring import StreamConfig, generate_stream, load_stream
 
 
 def unit(v):
@@ -238,6 +238,29 @@ def test_shipped_stream_is_the_seeded_generator_output():
     assert [i.to_dict() for i in shipped] == [i.to_dict() for i in generate_stream("full")]
     assert {i.relation for i in shipped} == {"original", "exact_repeat", "paraphrase", "hard_negative"}
     assert {i.perturbation for i in shipped} >= {"negation", "number_swap", "entity_swap", "unit_change"}
+
+
+@pytest.mark.parametrize("text,needs_action", [
+    ("p99 latency of billing-worker is 858 s", True),                       # 858 s = 858,000 ms > 500 ms
+    ("TLS certificate for status.example.net expires in 50 hours", True),     # about 2 days < 14 days
+    ("mail-relay resident memory is 148 GB", True),                         # 151,552 MB > 3,000 MB
+    ("the users-db replica lags by 14 minutes", True),                      # 840 s > 60 s
+    ("db-05 rack inlet at 27 °F", False),
+])
+def test_unit_changes_are_labelled_by_the_quantity_they_name(text, needs_action):
+    """A unit change keeps the number and swaps the unit word: the label follows the converted quantity."""
+    item = next(i for i in load_stream() if i.text == text)
+    assert item.perturbation == "unit_change" and item.needs_action is needs_action
+
+
+def test_near_threshold_draws_close_numbers_and_leaves_the_default_stream_alone():
+    near = generate_stream(StreamConfig(n_originals=300, seed=3, near_threshold=1.0))
+    plain = generate_stream(StreamConfig(n_originals=300, seed=3))
+    disk = [int(i.text.split("%")[0].split()[-1]) for i in near if i.family == "disk" and i.relation == "original"
+            and i.text.startswith("disk usage")]
+    assert disk and all(85 <= n <= 95 for n in disk)
+    assert [i.to_dict() for i in plain] == [i.to_dict() for i in generate_stream(StreamConfig(n_originals=300, seed=3))]
+    assert [i.text for i in near] != [i.text for i in plain]
 
 
 def test_recorded_judge_refuses_a_foreign_live_judge():

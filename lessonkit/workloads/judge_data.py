@@ -92,7 +92,7 @@ REASONS = {        # family -> (reason of a yes, reason of a no)
     "queue": ("consumers down", "consumers running"),
 }
 TRAIN_STREAM = StreamConfig(n_originals=1200, seed=TRAIN_SEED, exact_repeats=(0,), paraphrases=(0, 1),
-                            hard_negatives=(1, 1, 2))
+                            hard_negatives=(1, 1, 2), near_threshold=0.5)
 N_SHOTS = 4
 
 
@@ -118,6 +118,8 @@ def few_shot_items(n: int = N_SHOTS) -> list[MonitoringItem]:
     pool = generate_stream(StreamConfig(n_originals=200, seed=SHOT_SEED), TRAIN_FAMILIES, TRAIN_POOLS)
     random.Random(SHOT_SEED).shuffle(pool)
     shots, families = [], set()
+    if n == 0:
+        return shots
     for it in pool:
         if it.relation == "original" and it.family not in families and it.needs_action == (len(shots) % 2 == 0):
             shots.append(it)

@@ -74,13 +74,13 @@ FAMILIES = [
         "{service} p99 latency measured at {n} ms",
         "p99 latency for {service}: {n} ms",
         "the p99 response time of {service} is {n} ms"), ("service",),
-        number=(40, 900, 500, True), units=("ms", "s", 1000)),
+        number=(40, 900, 500, True), units=("ms", "s", 1 / 1000)),
     Family("cert", "alert", (
         "TLS certificate for {domain} expires in {n} days",
         "the TLS certificate of {domain} will expire in {n} days",
         "{domain}: TLS cert expiry in {n} days",
         "certificate for {domain} is valid for another {n} days"), ("domain",),
-        number=(2, 90, 14, False), units=("days", "hours", 1 / 24)),
+        number=(2, 90, 14, False), units=("days", "hours", 24)),
     Family("backup", "log", (
         "nightly backup of {db} completed",
         "the nightly {db} backup completed",
@@ -166,6 +166,7 @@ class StreamConfig:
     exact_repeats: tuple = (0, 1, 2, 2, 3, 4, 5)   # drawn per original
     paraphrases: tuple = (0, 1, 1, 2)
     hard_negatives: tuple = (0, 1, 1, 2)
+    near_threshold: float = 0.0    # share of numbers drawn close to the family's threshold (training data)
 
 
 PRESETS = {"full": StreamConfig(), "tiny": StreamConfig(n_originals=20)}
@@ -199,12 +200,17 @@ def _render(fam: Family, phrasing: int, slots: dict, negated: bool, unit: str | 
     return text
 
 
-def _draw_number(rng, fam: Family) -> int:
+def _draw_number(rng, fam: Family, near_threshold: float = 0.0) -> int:
+    """A number from the family's range; with probability near_threshold, one within a tenth of the range
+    of the threshold (the shipped stream uses 0 and draws exactly as before)."""
     low, high, threshold, _ = fam.number
     if fam.name == "http_status":
         return rng.choice([200, 200, 201, 204, 301, 404, 500, 502, 503, 504])
     if fam.name == "cron":
         return rng.choice([0, 0, 0, 1, 2, 137])
+    if near_threshold and rng.random() < near_threshold:
+        w = max(2, (high - low) // 10)
+        return rng.randint(max(low, threshold - w), min(high, threshold + w))
     return rng.randint(low, high)
 
 
@@ -235,7 +241,7 @@ def generate_stream(config: StreamConfig | str = "full", families: list | None =
         fam = rng.choice(families)
         slots = {s: rng.choice(pool(s)) for s in fam.slots}
         if fam.number:
-            slots["n"] = _draw_number(rng, fam)
+            slots["n"] = _draw_number(rng, fam, config.near_threshold)
         negated = fam.negated is not None and rng.random() < 0.3
         unit = fam.units[0] if fam.units else None
         phr = 0 if rng.random() < 0.6 else rng.randrange(len(fam.phrasings))
