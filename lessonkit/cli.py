@@ -149,7 +149,9 @@ COMMANDS = {
         "run": ("ablation: plain engine, each technique alone, all together", c.cmd_stack_run, [
             arg("--json", action="store_true", help="print one JSON object"),
             arg("--model", default=None, help="one model (default: tiny-moe when trained, and smollm2-135m)"),
-            arg("--limit", type=number(1, integer=True), default=None, help="judge only the first N items of the stream"),
+            arg("--limit", type=number(1, integer=True), default=None, help="judge only N items of the stream"),
+            arg("--warm-items", type=number(0, integer=True), default=None,
+                help="stream items before them that warm the semantic cache (default preset: 300; 0: a cold cache)"),
             arg("--smoke", action="store_true", help="a tiny quick run")])}),
 }
 

@@ -28,6 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -50,6 +51,7 @@ from lessonkit.workloads.triage import ITEM_TEMPLATE, JUDGE_SCHEMA, STOP_STRINGS
 @dataclass
 class StackConfig:
     n_items: int = 24               # items of the stream judged
+    warm_items: int = 0             # stream items before them that warm the semantic cache (untimed)
     max_new_tokens: int = 40        # answer length cap (one short NDJSON line)
     n_examples: int = 6             # few-shot examples in the shared prefix
     k: int = 8                      # drafts per verify step (k + 1 <= 16: the row-wise path)
@@ -63,8 +65,9 @@ class StackConfig:
 
 
 PRESETS = {
-    "default": StackConfig(),
-    "small": StackConfig(n_items=12, max_new_tokens=40, n_examples=4),
+    "default": StackConfig(warm_items=300),
+    "cold": StackConfig(),
+    "small": StackConfig(n_items=12, max_new_tokens=40, n_examples=4, warm_items=300),
     "smoke": StackConfig(n_items=4, max_new_tokens=16, n_examples=2, calibration_items=1, progress=False),
 }
 
@@ -366,10 +369,11 @@ class StackPipeline:
         if "semcache" in techniques:
             if embeddings is None:
                 raise LessonkitError("the semantic cache needs the items' embeddings (embed_items)")
-            self.front = SemanticFront(embeddings, workload.texts, threshold=cfg.threshold,
+            self.front = SemanticFront(embeddings, workload.cache_texts, threshold=cfg.threshold,
                                        audit_rate=cfg.audit_rate, audit_first_n=cfg.audit_first_n)
         self.answers, self.sources, self.seconds = [], [], []
         self.answer_tokens = self.engine_tokens = self.forwards = self.expert_bytes = 0
+        self._warm = (0, 0, 0, 0)               # (audits, audit losses, judge calls, entries) after the warm-up
 
     def _judge(self, text):
         r = self.judge(text)
@@ -378,31 +382,56 @@ class StackPipeline:
         self.answer_tokens += len(r.token_ids)
         return r
 
-    def step(self, i: int, text: str) -> str:
-        """Answer item i; returns the answer line."""
+    def _cached(self, i: int, text: str, judge):
+        """The semantic cache's part of an item: (answer, "cache" | "audit" | "engine"); judge(text) -> answer line."""
         front = self.front
-        b0 = self.engine.store.counters()["bytes_read"]
-        t0 = time.perf_counter()
         found = front.lookup(text) if front is not None else None
-        if found is not None:
-            entry, sim = found
-            audited = front.auditor.should_audit(entry.audits)
-            if not audited:
-                front.store.log_hit(entry, text, sim, True, False, None)
-                ans, src = front.answers[entry.id], "cache"
-                self.answer_tokens += len(self.engine.encode(ans))
-            else:                                   # the audit runs the judge; its fresh answer is served
-                ans, src = self._judge(text).text, "audit"
-                fresh = needs_action(ans)
-                front.store.log_hit(entry, text, sim, True, True, fresh)
-                front.auditor.record(fresh == entry.answer, i)
-                if not front.auditor.entry_allows(entry.losses, entry.audits):
-                    front.store.retire(entry)
-                    front.retired += 1
-        else:
-            ans, src = self._judge(text).text, "engine"
+        if found is None:
+            ans = judge(text)
             if front is not None:
                 front.put(text, ans)
+            return ans, "engine"
+        entry, sim = found
+        if not front.auditor.should_audit(entry.audits):
+            front.store.log_hit(entry, text, sim, True, False, None)
+            return front.answers[entry.id], "cache"
+        ans = judge(text)                         # the audit runs the judge; its fresh answer is served
+        fresh = needs_action(ans)
+        front.store.log_hit(entry, text, sim, True, True, fresh)
+        front.auditor.record(fresh == entry.answer, i)
+        if not front.auditor.entry_allows(entry.losses, entry.audits):
+            front.store.retire(entry)
+            front.retired += 1
+        return ans, "audit"
+
+    def warm_up(self, texts, recorded: dict | None = None, progress: bool = False) -> int:
+        """Run the semantic cache over the stream before the timed items (a cache that has been running),
+        untimed and uncounted: entries, hits and audits as a live run would make them. recorded: this judge's
+        answer lines per text (lessonkit.workloads.judge.recorded_answers), the same bytes the engine gives;
+        a text without one is judged live. Returns the number of judged-live texts."""
+        if self.front is None or not texts:
+            return 0
+        recorded, live = recorded or {}, 0
+
+        def judge(t):
+            nonlocal live
+            if t in recorded:
+                return recorded[t]
+            live += 1
+            return self.judge(t).text
+        for i, t in enumerate(tqdm(texts, desc=f"{self.name}: warm-up", disable=not progress, leave=False)):
+            self._cached(i - len(texts), t, judge)
+        a = self.front.auditor
+        self._warm = (a.audits, a.losses, self.judge.calls, len(self.front.answers))
+        return live
+
+    def step(self, i: int, text: str) -> str:
+        """Answer item i; returns the answer line."""
+        b0 = self.engine.store.counters()["bytes_read"]
+        t0 = time.perf_counter()
+        ans, src = self._cached(i, text, lambda t: self._judge(t).text)
+        if src == "cache":
+            self.answer_tokens += len(self.engine.encode(ans))
         self.seconds.append(time.perf_counter() - t0)
         self.expert_bytes += self.engine.store.counters()["bytes_read"] - b0
         self.answers.append(ans)
@@ -410,11 +439,13 @@ class StackPipeline:
         return ans
 
     def finish(self) -> StackRun:
+        w_audits, w_losses, w_calls, w_entries = self._warm
         run = StackRun(self.name, self.engine.name, self.answers, self.sources, sum(self.seconds), self.forwards,
-                       self.expert_bytes, self.judge.calls, self.answer_tokens, self.engine_tokens)
+                       self.expert_bytes, self.judge.calls - w_calls, self.answer_tokens, self.engine_tokens)
         run.extra["item_seconds"] = list(self.seconds)
         if self.front is not None:
-            run.audits, run.audit_losses = self.front.auditor.audits, self.front.auditor.losses
+            run.audits, run.audit_losses = self.front.auditor.audits - w_audits, self.front.auditor.losses - w_losses
+            run.extra["warm_entries"] = w_entries
             run.hits = sum(s == "cache" for s in self.sources)
             run.extra["entries_retired"] = self.front.retired
             run.extra["cached_positives_served"] = sum(
@@ -448,3 +479,14 @@ def embed_items(texts: list[str]) -> tuple:
     t0 = time.perf_counter()
     out = emb.embed(list(texts))
     return out, time.perf_counter() - t0
+
+
+def embed_workload(wl: Workload) -> tuple:
+    """(embeddings aligned with wl.cache_texts, seconds): the warm-up texts and the items; the seconds are the
+    items' own embedding time (the warm-up's embedding happened before the timed stretch)."""
+    emb, seconds = embed_items(wl.texts)
+    if not wl.warm:
+        return emb, seconds
+    warm, _ = embed_items(wl.warm)
+    return np.concatenate([np.asarray(warm), np.asarray(emb)]), seconds
+

@@ -11,6 +11,7 @@ import pytest
 
 from lessonkit import stack
 from lessonkit.bench import stack as bench_stack
+from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.registry import MODELS_DIR, load_model
 from lessonkit.lessons import stack as lesson
 from lessonkit.lessons.prefix_cache import tiny_random_model
@@ -98,6 +99,38 @@ def test_semantic_cache_never_serves_a_cached_positive(tiny, monkeypatch):
     assert run.judge_calls == 6 + 1 + 1          # positives + first negative + its audited hit
 
 
+def test_warm_up_is_the_same_cache_as_running_the_earlier_items(tiny, monkeypatch):
+    """Warming with recorded answers = running those items live first; the warm-up is not counted."""
+    monkeypatch.setattr(stack, "Judge", _FakeJudge)
+    texts = ["web-04 failed its health check", "disk usage on lb-02 is at 80%", "queue a is fine"] * 4
+    items = [MonitoringItem(i, t, "f", "alert", "original", None, None, False) for i, t in enumerate(texts)]
+    emb = np.tile(np.eye(1, 384, dtype=np.float32), (len(texts), 1))
+    cfg = replace(CFG, n_items=6, audit_rate=0.0, audit_first_n=1)
+    live = stack.run_stack(tiny, Workload(items, [], [], "p"), ("semcache",), cfg=replace(cfg, n_items=12),
+                           embeddings=emb)
+    recorded = {t: a for t, a, s in zip(texts, live.answers, live.sources) if s == "engine"}
+    for rec in (recorded, None):               # recorded answers, or the judge live: the same cache either way
+        p = stack.StackPipeline(tiny, Workload(items[6:], [], [], "p", texts[:6]), ("semcache",), cfg=cfg,
+                                embeddings=emb)
+        assert p.warm_up(texts[:6], rec) == (0 if rec else 6)   # 2 positives, 2 new negatives, 2 first-hit audits
+        for i, t in enumerate(texts[6:]):
+            p.step(i, t)
+        run = p.finish()
+        assert run.sources == live.sources[6:] and run.answers == live.answers[6:]
+        assert run.hits == 4 and run.extra["warm_entries"] == 2
+        assert run.judge_calls == 2 and run.audits == 0       # the warm-up's judge calls and audit are not counted
+
+
+def test_make_workload_warm_items_come_first():
+    wl = make_workload(replace(CFG, warm_items=5))
+    cold = make_workload(CFG)
+    assert wl.warm == cold.texts[:3] + [it.text for it in make_workload(replace(CFG, n_items=5)).items][3:]
+    assert wl.texts == [it.text for it in make_workload(replace(CFG, n_items=8)).items][5:]
+    assert wl.cache_texts == wl.warm + wl.texts
+    with pytest.raises(LessonkitError, match="warm-up"):
+        make_workload(replace(CFG, warm_items=5000))
+
+
 def test_semantic_front_stores_only_parseable_negatives():
     emb = np.tile(np.eye(1, 384, dtype=np.float32), (3, 1))
     front = stack.SemanticFront(emb, ["a 1", "a 2", "a 3"], threshold=0.5)
@@ -161,3 +194,15 @@ def test_bench_smoke_runs(tiny):
 def test_bad_technique_is_one_clear_error(tiny, workload):
     with pytest.raises(ValueError, match="unknown technique"):
         stack.run_stack(tiny, workload, ("turbo",), cfg=CFG)
+
+
+def test_recorded_answer_lines_belong_to_one_judge_prompt_and_cap(tiny, tmp_path):
+    from lessonkit.workloads.judge import recorded_answers, write_answer_lines
+    path = write_answer_lines(tiny, "prefix", 12, {"a": '{"needs_action":false}'}, tmp_path / "lines.json")
+    assert recorded_answers(tiny, "prefix", 12, path) == {"a": '{"needs_action":false}'}
+    assert recorded_answers(tiny, "other prefix", 12, path) == {}      # another prompt: warm up live
+    assert recorded_answers(tiny, "prefix", 40, path) == {}            # another length cap
+    assert recorded_answers(tiny, "prefix", 12, tmp_path / "missing.json") == {}
+    path.write_text("{not json")
+    with pytest.raises(LessonkitError, match="lines.json"):
+        recorded_answers(tiny, "prefix", 12, path)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from lessonkit.bench.common import machine_info
 from lessonkit.lessons.stack import ablation, available_models, load_engine, run_config
-from lessonkit.stack import embed_items
+from lessonkit.stack import embed_workload
 from lessonkit.workloads.triage import make_workload
 
 def bench(args) -> dict:
@@ -13,7 +13,7 @@ def bench(args) -> dict:
     model = getattr(args, "model", None)
     models = [model] if model else available_models(smoke)
     wl = make_workload(cfg)
-    emb, embed_s = embed_items(wl.texts)
+    emb, embed_s = embed_workload(wl)
     rows, targets = [], []
     for m in models:
         eng = load_engine(m)
@@ -44,5 +44,5 @@ def bench(args) -> dict:
              "target": 0, "met": int(a["actionable_losses"]) == 0},
         ]
     return {"bench": "stack", "machine": {**machine_info(), "timing_threads": cfg.threads}, "smoke": smoke,
-            "items": cfg.n_items, "max_new_tokens": cfg.max_new_tokens, "embed_s": embed_s,
+            "items": cfg.n_items, "warm_items": cfg.warm_items, "max_new_tokens": cfg.max_new_tokens, "embed_s": embed_s,
             "rows": rows, "targets": targets}

@@ -35,4 +35,5 @@ def ndjson_answers(engine, texts, max_new_tokens: int = 40, progress: bool = Tru
     ok = sum(follows_schema(a) for a in answers.values())
     return {"items": len(answers), "parsed": ok, "non_empty": sum(bool(a.strip()) for a in answers.values()),
             "yes": sum(needs_action(a) for a in answers.values()), "seconds": round(time.perf_counter() - t0, 1),
-            "note": "greedy answers, grammar drafting + prompt lookup, no constraint", "answers": answers}
+            "note": "greedy answers, grammar drafting + prompt lookup, no constraint", "answers": answers,
+            "max_new_tokens": max_new_tokens}

@@ -20,9 +20,9 @@ from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.registry import MODELS_DIR, load_model
 from lessonkit.mtp.head import head_path
-from lessonkit.stack import (PRESETS, TECHNIQUES, StackConfig, StackPipeline, StackRun, embed_items, judge_token_grammar,
-                             run_stack)
-from lessonkit.workloads.judge import trained_prompt
+from lessonkit.stack import (PRESETS, TECHNIQUES, StackConfig, StackPipeline, StackRun, embed_workload,
+                             judge_token_grammar, run_stack)
+from lessonkit.workloads.judge import recorded_answers, trained_prompt
 from lessonkit.workloads.triage import Workload, make_workload, needs_action
 
 ROWS = {                           # row name -> techniques on
@@ -149,7 +149,7 @@ def ablation(engine, cfg: StackConfig | str = "default", *, rows=None, embedding
     with torch_threads(cfg.threads):
         tg = judge_token_grammar(engine)
         if any("semcache" in ROWS[r] for r in rows) and embeddings is None:
-            embeddings, embed_s = embed_items(wl.texts)
+            embeddings, embed_s = embed_workload(wl)
         draft_df = None
         if model_drafter == "auto":
             model_drafter, draft_df = choose_drafter(engine, wl, cfg, tg)
@@ -159,6 +159,10 @@ def ablation(engine, cfg: StackConfig | str = "default", *, rows=None, embedding
         # machine's drift (other processes) lands on all rows alike
         pipes = {r: StackPipeline(engine, wl, ROWS[r], cfg=cfg, embeddings=embeddings, model_drafter=model_drafter,
                                   token_grammar=tg, name=r) for r in rows}
+        if wl.warm and any(p.front is not None for p in pipes.values()):    # a cache that has been running
+            recorded = recorded_answers(engine, wl.prefix, cfg.max_new_tokens)
+            for p in pipes.values():
+                p.warm_up(wl.warm, recorded, progress=cfg.progress)
         for i, text in enumerate(tqdm(wl.texts, desc=f"ablation {engine.name}", disable=not cfg.progress)):
             for j in range(len(rows)):
                 pipes[rows[(i + j) % len(rows)]].step(i, text)
@@ -252,7 +256,7 @@ def ablation_all(models=None, cfg: StackConfig | str = "default", *, smoke: bool
     cfg = PRESETS[cfg] if isinstance(cfg, str) else cfg
     models = models or available_models(smoke)
     wl = make_workload(cfg)
-    emb, embed_s = embed_items(wl.texts)
+    emb, embed_s = embed_workload(wl)
     frames, drafts = [], {}
     for m in models:
         eng = load_engine(m)
@@ -282,10 +286,12 @@ def headline(df) -> dict:
 
 
 def run_config(args, smoke: bool) -> StackConfig:
-    """The preset for a run (smoke or default), cut to --limit items, quiet with --json."""
+    """The preset for a run (smoke or default), cut to --limit items, --warm-items warm-up items, quiet with --json."""
     cfg = PRESETS["smoke" if smoke else "default"]
     if getattr(args, "limit", None):
         cfg = replace(cfg, n_items=int(args.limit))
+    if getattr(args, "warm_items", None) is not None:
+        cfg = replace(cfg, warm_items=int(args.warm_items))
     if getattr(args, "json", False):
         cfg = replace(cfg, progress=False)
     return cfg

@@ -409,3 +409,43 @@ def agreement(items, answers: dict[str, bool]) -> dict:
         conf[("t" if yes == it.needs_action else "f") + ("p" if yes else "n")] += 1
     groups["confusion"] = conf
     return groups
+
+
+# ---------------------------------------------------------------- recorded answer lines (warm caches)
+
+def answer_lines_path(model: str) -> Path:
+    """The recorded NDJSON answer lines of a judge (data/semcache/judge_lines_<model>.json)."""
+    return GROUND_TRUTH_PATH.with_name(f"judge_lines_{model}.json")
+
+
+def _prompt_key(engine, prefix: str, max_new_tokens: int) -> dict:
+    return {"engine": engine.fingerprint()[:16], "prefix_sha256": hashlib.sha256(prefix.encode()).hexdigest()[:16],
+            "max_new_tokens": int(max_new_tokens)}
+
+
+def write_answer_lines(engine, prefix: str, max_new_tokens: int, answers: dict[str, str], path=None) -> Path:
+    """Record a judge's greedy answer line per text, keyed by what produced them (weights, prompt, length cap)."""
+    doc = {"what": f"greedy NDJSON answer lines of {engine.name} on the lessonkit engine for every distinct item "
+                   "of the shipped stream (they warm the capstone's semantic cache); written by lessonkit train judge",
+           "model": engine.name, "key": _prompt_key(engine, prefix, max_new_tokens), "answers": dict(answers)}
+    path = Path(path or answer_lines_path(engine.name))
+    path.write_text(json.dumps(doc, indent=0, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def recorded_answers(engine, prefix: str, max_new_tokens: int, path=None) -> dict[str, str]:
+    """The recorded answer lines of this judge for this prompt and length cap; {} when none were recorded
+    for exactly that (other weights, prompt or cap: a warm-up then judges live, which gives the same bytes)."""
+    path = Path(path or answer_lines_path(engine.name))
+    if not path.exists():
+        return {}
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        key, answers = doc["key"], doc["answers"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise LessonkitError(f"{path}: not a file of recorded judge answers ({exc})") from None
+    if key != _prompt_key(engine, prefix, max_new_tokens):
+        print(f"note: {path.name} was recorded for another judge, prompt or length cap; warming up live",
+              file=sys.stderr)
+        return {}
+    return {str(t): str(a) for t, a in answers.items()}

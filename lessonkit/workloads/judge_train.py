@@ -32,7 +32,8 @@ from tqdm.auto import tqdm
 from lessonkit.engine.checkpoint import write_manifest
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.registry import MODELS_DIR, load_model, resolve_model_dir
-from lessonkit.workloads.judge import agreement, answer_head, answers_path, load_trained_judge, write_ground_truth
+from lessonkit.workloads.judge import (agreement, answer_head, answers_path, load_trained_judge, write_answer_lines,
+                                      write_ground_truth)
 from lessonkit.workloads.judge_data import (N_SHOTS, TRAIN_STREAM, check_disjoint, judge_answer, judge_prefix,
                                             training_items)
 from lessonkit.workloads.lora_model import ATTN, MLP, LoraModel
@@ -65,8 +66,9 @@ class JudgeTrainConfig:
 
 
 PRESETS = {
-    "smollm2-135m": JudgeTrainConfig("smollm2-135m", n_top=4, epochs=4, cycles=2, n_originals=600),
-    "tiny-moe": JudgeTrainConfig("tiny-moe", n_top=4, epochs=5, lr=3e-3, full_share=0.4, n_originals=600),
+    "smollm2-135m": JudgeTrainConfig("smollm2-135m", n_top=6, epochs=4, n_originals=900),
+    "tiny-moe": JudgeTrainConfig("tiny-moe", n_top=4, rank=32, alpha=64.0, epochs=6, lr=3e-3, full_share=0.4,
+                                 n_originals=1500, n_shots=0),
 }
 
 
@@ -317,6 +319,8 @@ def finish_judge(cfg: JudgeTrainConfig, log: dict, progress: bool = True, ndjson
         ev["ndjson"]["decision_agrees_with_score"] = sum(
             1 for t, a in nd["answers"].items() if (o := parse_answer(a)) is not None and o["needs_action"] == (ev["scores"][t] > 0))
     record_evaluation(cfg.name, ev)
+    if nd is not None:        # the answer lines warm the capstone's semantic cache (lessonkit.stack warm_up)
+        write_answer_lines(ev["judge"].engine, ev["judge"].prefix, nd["max_new_tokens"], nd["answers"])
     write_card(MODELS_DIR / cfg.name, cfg, log, ev, ev.get("ndjson"))
     return {"name": cfg.name, "dir": str(MODELS_DIR / cfg.name), "train_time_s": log["train_time_s"],
             "accuracy": ev["agreement"]["overall"]["all"]["accuracy"],

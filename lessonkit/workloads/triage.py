@@ -4,7 +4,7 @@ few-shot examples)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.workloads.monitoring import load_stream
@@ -76,22 +76,31 @@ class Workload:
     examples: list                  # few-shot examples (disjoint from items)
     calibration: list               # drafter calibration items (disjoint from both)
     prefix: str
+    warm: list = field(default_factory=list)   # texts the semantic cache saw before the items (warm start)
 
     @property
     def texts(self) -> list[str]:
         return [it.text for it in self.items]
 
+    @property
+    def cache_texts(self) -> list[str]:
+        """The texts the semantic cache embeds: the warm-up texts, then the items."""
+        return list(self.warm) + self.texts
+
 
 def make_workload(cfg, stream=None) -> Workload:
-    """The first cfg.n_items of the shipped stream; cfg.n_examples few-shot examples and
-    cfg.calibration_items calibration items from its far end (cfg: a lessonkit.stack.StackConfig)."""
+    """cfg.n_items of the shipped stream after its first cfg.warm_items (those warm the semantic cache);
+    cfg.n_examples few-shot examples and cfg.calibration_items calibration items from its far end
+    (cfg: a lessonkit.stack.StackConfig)."""
     stream = list(stream) if stream is not None else load_stream()
-    need = cfg.n_items + cfg.n_examples + cfg.calibration_items
+    warm_n = getattr(cfg, "warm_items", 0)
+    need = warm_n + cfg.n_items + cfg.n_examples + cfg.calibration_items
     if len(stream) < need:
-        raise LessonkitError(f"the stream has {len(stream)} items, the stack needs {need}")
-    items = stream[:cfg.n_items]
-    seen = {it.text for it in items}
-    tail = [it for it in reversed(stream[cfg.n_items:]) if it.text not in seen and it.relation == "original"]
+        raise LessonkitError(f"the stream has {len(stream)} items, the stack needs {need} "
+                             f"({warm_n} warm-up + {cfg.n_items} items + examples and calibration)")
+    warm, items = stream[:warm_n], stream[warm_n:warm_n + cfg.n_items]
+    seen = {it.text for it in warm + items}
+    tail = [it for it in reversed(stream[warm_n + cfg.n_items:]) if it.text not in seen and it.relation == "original"]
     pos = [it for it in tail if it.needs_action]
     neg = [it for it in tail if not it.needs_action]
     examples = []
@@ -99,4 +108,4 @@ def make_workload(cfg, stream=None) -> Workload:
         src = pos if i % 2 == 0 else neg
         examples.append(src.pop(0))
     cal = [it for it in tail if it not in examples][:cfg.calibration_items]
-    return Workload(items, examples, cal, build_prefix(examples))
+    return Workload(items, examples, cal, build_prefix(examples), [it.text for it in warm])
