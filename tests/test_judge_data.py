@@ -6,15 +6,27 @@ from lessonkit.workloads import judge_data as jd
 from lessonkit.workloads.monitoring import FAMILIES, _entity_pool, load_stream
 
 
-def test_training_data_is_disjoint_from_the_shipped_stream():
-    train, shipped = jd.training_items(), load_stream()
+@pytest.mark.parametrize("wide", [False, True])
+def test_training_data_is_disjoint_from_the_shipped_stream(wide):
+    train, shipped = jd.training_items(wide=wide), load_stream()
     report = jd.check_disjoint(train, shipped)
     assert report["shared_items"] == 0
     assert not {it.text for it in train} & {it.text for it in shipped}
     for slot, names in jd.TRAIN_POOLS.items():
         assert not set(names) & set(_entity_pool(slot)), slot
     shipped_tpl = {t for f in FAMILIES for t in f.phrasings + (f.negated or ())}
-    assert not shipped_tpl & {t for f in jd.TRAIN_FAMILIES for t in f.phrasings + (f.negated or ())}
+    assert not shipped_tpl & {t for f in jd.WIDE_TRAIN_FAMILIES for t in f.phrasings + (f.negated or ())}
+
+
+def test_wide_phrasings_keep_the_families_rules_and_use_every_wording():
+    for f, g in zip(jd.WIDE_TRAIN_FAMILIES, FAMILIES):
+        assert (f.name, f.number, f.units, f.slots) == (g.name, g.number, g.units, g.slots)
+        assert len(f.phrasings) == len(jd.PHRASINGS[f.name]) + 6 and (f.negated is None or len(f.negated) == len(f.phrasings))
+        if f.units:        # a unit change rewrites " <unit>": every wording must carry it exactly once
+            assert all(t.count(" " + f.units[0]) == 1 for t in f.phrasings), f.name
+    wide = jd.training_items(wide=True)
+    backup = {it.text.replace("catalog-db", "{db}") for it in wide if it.family == "backup" and "catalog-db" in it.text}
+    assert len(backup) >= 15                   # drawn evenly: most of the 20 wordings (10, and their negations)
 
 
 def test_training_data_covers_every_family_and_perturbation():

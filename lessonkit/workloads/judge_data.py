@@ -82,6 +82,69 @@ NEGATED = {
               "consumers on {queue} are not running", "the consumers of {queue} are not running"),
 }
 TRAIN_FAMILIES = [replace(f, phrasings=PHRASINGS[f.name], negated=NEGATED.get(f.name)) for f in FAMILIES]
+# More wordings per family, for a judge that must learn the words themselves (tiny-moe, trained on a small
+# corpus, does not carry "completed" over from "finished"): still none of the shipped templates.
+EXTRA_PHRASINGS = {
+    "disk": ("{host} volume usage at {n}%", "storage on {host} is {n}% full", "{host}: {n}% of the filesystem used",
+             "root partition of {host} at {n}%", "{host} disk utilisation {n}%", "the disk of {host} is at {n}% capacity"),
+    "healthcheck": ("ALERT {host}: health check of {service} failed", "{service} health check on {host} failed",
+                    "health check failed for {service} on {host}", "CRIT {service}@{host} health check failed",
+                    "{host} reports a failed health check for {service}", "the {service} health check failed on {host}"),
+    "latency": ("p99 of {service} at {n} ms", "{service}: p99 response time {n} ms",
+                "slowest 1% of {service} requests take {n} ms", "{service} 99th percentile response time is {n} ms",
+                "p99 latency {n} ms on {service}", "{service} answers in {n} ms at the 99th percentile"),
+    "cert": ("certificate of {domain} expires in {n} days", "{domain}: certificate valid for {n} more days",
+             "TLS for {domain} expires in {n} days", "{n} days until the {domain} TLS certificate expires",
+             "the {domain} cert runs out in {n} days", "expiry of the {domain} certificate: {n} days"),
+    "backup": ("{db} backup completed successfully", "nightly {db} backup succeeded", "backup of {db} completed last night",
+               "the {db} backup job completed", "{db}: backup finished", "backup run for {db} completed"),
+    "conn_error": ('{{"level":"error","host":"{host}","service":"{service}","msg":"connection refused","retries":{n}}}',
+                   '{{"msg":"connection refused","service":"{service}","retries":{n},"host":"{host}","level":"error"}}',
+                   '{{"service": "{service}", "level": "error", "retries": {n}, "host": "{host}", "msg": "connection refused"}}',
+                   '{{"ts":"11:42:00","host":"{host}","level":"error","service":"{service}","retries":{n},"msg":"connection refused"}}',
+                   '{{"level":"error","retries":{n},"service":"{service}","msg":"connection refused","host":"{host}"}}',
+                   '{{"host":"{host}","msg":"connection refused","level":"error","service":"{service}","retries":{n}}}'),
+    "http_status": ('{{"status":{n},"path":"/api/items","service":"{service}","host":"{host}"}}',
+                    '{{"host":"{host}","status":{n},"service":"{service}","path":"/health"}}',
+                    '{{"service":"{service}","path":"/v1/login","host":"{host}","status":{n}}}',
+                    '{{"path": "/api/checkout", "host": "{host}", "service": "{service}", "status": {n}}}',
+                    '{{"status": {n}, "host": "{host}", "path": "/api/users", "service": "{service}"}}',
+                    '{{"ms":30,"status":{n},"host":"{host}","service":"{service}","path":"/api/pay"}}'),
+    "memory": ("{service} resident set size is {n} MB", "RSS of {service}: {n} MB", "{service} memory usage {n} MB",
+               "{service} now uses {n} MB of RAM", "resident memory for {service} at {n} MB",
+               "{service} consumes {n} MB of memory"),
+    "replication": ("{db} replication delay is {n} seconds", "replica of {db} is {n} seconds behind",
+                    "{db}: replica lag {n} seconds", "the {db} replica is lagging {n} seconds",
+                    "replication on {db} lags {n} seconds", "{db} standby is {n} seconds behind the primary"),
+    "logins": ("{n} failed admin login attempts from {ip}", "{ip}: admin login failed {n} times",
+               "failed admin logins from {ip}: {n}", "{n} unsuccessful admin logins from {ip}",
+               "admin account: {n} failed logins from {ip}", "{ip} made {n} failed login attempts as admin"),
+    "cron": ("cron job {job} on {host} returned exit code {n}", "{host}: {job} cron exited with code {n}",
+             "the cron job {job} ({host}) ended with code {n}", "{job} cron on {host}: exit status {n}",
+             "cron {job} on {host} exited with status {n}", "exit status of {job} on {host}: {n}"),
+    "temperature": ("rack {host} inlet temperature is {n} °C", "inlet temperature of rack {host}: {n} °C",
+                    "{host} rack intake reads {n} °C", "rack {host}: inlet {n} °C",
+                    "the rack {host} inlet sensor reads {n} °C", "temperature at the inlet of rack {host} is {n} °C"),
+    "queue": ("consumers of {queue} are running", "{queue} queue: consumers running", "the {queue} consumers are up",
+              "queue {queue} consumers are running", "all consumers of {queue} are running",
+              "{queue}: consumer processes running"),
+}
+EXTRA_NEGATED = {
+    "healthcheck": ("ALERT {host}: health check of {service} did not fail", "{service} health check on {host} did not fail",
+                    "health check did not fail for {service} on {host}", "CRIT {service}@{host} health check did not fail",
+                    "{host} reports the health check for {service} did not fail",
+                    "the {service} health check did not fail on {host}"),
+    "backup": ("{db} backup did not complete", "nightly {db} backup did not succeed",
+               "backup of {db} did not complete last night", "the {db} backup job did not complete",
+               "{db}: backup did not finish", "backup run for {db} did not complete"),
+    "queue": ("consumers of {queue} are not running", "{queue} queue: consumers not running",
+              "the {queue} consumers are down", "queue {queue} consumers are not running",
+              "no consumers of {queue} are running", "{queue}: consumer processes not running"),
+}
+WIDE_TRAIN_FAMILIES = [replace(f, phrasings=PHRASINGS[f.name] + EXTRA_PHRASINGS[f.name],
+                               negated=(NEGATED[f.name] + EXTRA_NEGATED[f.name]) if f.name in NEGATED else None)
+                       for f in FAMILIES]
+
 REASONS = {        # family -> (reason of a yes, reason of a no)
     "disk": ("disk nearly full", "disk usage normal"), "healthcheck": ("health check failed", "health check passed"),
     "latency": ("latency too high", "latency normal"), "cert": ("certificate expires soon", "certificate valid"),
@@ -103,10 +166,14 @@ def judge_answer(item: MonitoringItem) -> str:
                        "reason": REASONS[item.family][0 if yes else 1]}, separators=(",", ":"))
 
 
-def training_items(config: StreamConfig = TRAIN_STREAM) -> list[MonitoringItem]:
-    """Distinct training items (first occurrence of each text), from the training vocabulary."""
+def training_items(config: StreamConfig = TRAIN_STREAM, wide: bool = False) -> list[MonitoringItem]:
+    """Distinct training items (first occurrence of each text), from the training vocabulary; wide: with
+    EXTRA_PHRASINGS too, drawn evenly (canonical_share 0.1) rather than mostly in the canonical wording."""
+    families = WIDE_TRAIN_FAMILIES if wide else TRAIN_FAMILIES
+    if wide:
+        config = replace(config, canonical_share=0.1)
     seen, out = set(), []
-    for it in generate_stream(config, TRAIN_FAMILIES, TRAIN_POOLS):
+    for it in generate_stream(config, families, TRAIN_POOLS):
         if it.text not in seen:
             seen.add(it.text)
             out.append(it)
@@ -143,10 +210,10 @@ def check_disjoint(train: list[MonitoringItem], shipped: list[MonitoringItem]) -
         if shared:
             problems.append(f"{slot} names in both pools: {sorted(shared)}")
     shipped_tpl = {t for f in FAMILIES for t in f.phrasings + (f.negated or ())}
-    train_tpl = {t for f in TRAIN_FAMILIES for t in f.phrasings + (f.negated or ())}
+    train_tpl = {t for f in WIDE_TRAIN_FAMILIES for t in f.phrasings + (f.negated or ())}
     if shipped_tpl & train_tpl:
         problems.append(f"phrasings in both: {sorted(shipped_tpl & train_tpl)[:3]}")
-    for f in TRAIN_FAMILIES:
+    for f in WIDE_TRAIN_FAMILIES:
         g = FAMILY_BY_NAME[f.name]
         if (f.number, f.units, f.slots, f.action_if_negated) != (g.number, g.units, g.slots, g.action_if_negated):
             problems.append(f"family {f.name}: rules differ from the shipped family")

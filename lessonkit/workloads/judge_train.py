@@ -57,6 +57,7 @@ class JudgeTrainConfig:
     full_share: float = 0.25        # share of examples trained on the whole answer (the rest: the needs_action token)
     n_originals: int = TRAIN_STREAM.n_originals
     n_shots: int = N_SHOTS
+    wide_phrasings: bool = False    # train on judge_data.EXTRA_PHRASINGS too (more wordings per family)
     seed: int = 0
     threads: int = 1
 
@@ -68,7 +69,7 @@ class JudgeTrainConfig:
 PRESETS = {
     "smollm2-135m": JudgeTrainConfig("smollm2-135m", n_top=6, epochs=4, n_originals=900),
     "tiny-moe": JudgeTrainConfig("tiny-moe", n_top=4, rank=32, alpha=64.0, epochs=6, lr=3e-3, full_share=0.4,
-                                 n_originals=1500, n_shots=0),
+                                 n_originals=1500, n_shots=0, wide_phrasings=True),
 }
 
 
@@ -138,7 +139,7 @@ def train_adapter(cfg: JudgeTrainConfig, progress: bool = True, resume: Path | N
     torch.set_num_threads(cfg.threads)
     torch.use_deterministic_algorithms(True)
     t0 = time.perf_counter()
-    items = training_items(replace(TRAIN_STREAM, n_originals=cfg.n_originals))
+    items = training_items(replace(TRAIN_STREAM, n_originals=cfg.n_originals), wide=cfg.wide_phrasings)
     disjoint = check_disjoint(items, load_stream())
     engine = load_model(cfg.model)
     model = LoraModel(resolve_model_dir(cfg.model)[1], cfg.n_top, cfg.rank, cfg.alpha, cfg.targets, cfg.seed)
@@ -267,7 +268,7 @@ Reproduce: `lessonkit train judge --model {cfg.model}` (seed {cfg.seed}, {cfg.th
 ## Data
 - {log['train_items']} distinct training items from `lessonkit.workloads.judge_data` (monitoring generator,
   seed {TRAIN_STREAM.seed}, {cfg.n_originals} originals with paraphrases and hard negatives; own hosts,
-  services, domains, databases, jobs, queues, IPs and phrasings; disjointness checked: {log['disjointness']['shared_items']}
+  services, domains, databases, jobs, queues, IPs and phrasings{' (the wide set: six more wordings per family)' if cfg.wide_phrasings else ''}; disjointness checked: {log['disjointness']['shared_items']}
   shared items, {log['disjointness']['shared_names']} shared names, {log['disjointness']['shared_phrasings']} shared phrasings).
 - Prompt: the triage instruction + {cfg.n_shots} training examples ({log['prefix_tokens']} tokens), then the item.
 - Loss: the needs_action token of every example (weight {cfg.decision_weight}); the whole answer line for

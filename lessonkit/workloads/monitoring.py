@@ -167,6 +167,7 @@ class StreamConfig:
     paraphrases: tuple = (0, 1, 1, 2)
     hard_negatives: tuple = (0, 1, 1, 2)
     near_threshold: float = 0.0    # share of numbers drawn close to the family's threshold (training data)
+    canonical_share: float = 0.6   # share of originals in the family's canonical phrasing (the rest: any phrasing)
 
 
 PRESETS = {"full": StreamConfig(), "tiny": StreamConfig(n_originals=20)}
@@ -244,7 +245,7 @@ def generate_stream(config: StreamConfig | str = "full", families: list | None =
             slots["n"] = _draw_number(rng, fam, config.near_threshold)
         negated = fam.negated is not None and rng.random() < 0.3
         unit = fam.units[0] if fam.units else None
-        phr = 0 if rng.random() < 0.6 else rng.randrange(len(fam.phrasings))
+        phr = 0 if rng.random() < config.canonical_share else rng.randrange(len(fam.phrasings))
         t0 = rng.random()
         base = dict(family=fam.name, kind=fam.kind, slots=slots, negated=negated, unit=unit,
                     phrasing=phr)
