@@ -67,7 +67,7 @@ class JudgeTrainConfig:
 
 
 PRESETS = {
-    "smollm2-135m": JudgeTrainConfig("smollm2-135m", n_top=6, epochs=4, n_originals=900),
+    "smollm2-135m": JudgeTrainConfig("smollm2-135m", n_top=4, epochs=4, cycles=3, n_originals=600, threads=2),
     "tiny-moe": JudgeTrainConfig("tiny-moe", n_top=4, rank=32, alpha=64.0, epochs=6, lr=3e-3, full_share=0.4,
                                  n_originals=1500, n_shots=0, wide_phrasings=True),
 }
