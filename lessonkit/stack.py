@@ -446,6 +446,7 @@ class StackPipeline:
         if self.front is not None:
             run.audits, run.audit_losses = self.front.auditor.audits - w_audits, self.front.auditor.losses - w_losses
             run.extra["warm_entries"] = w_entries
+            run.extra["cache_serving"] = self.front.auditor.serving     # False: an audit loss stopped the cache
             run.hits = sum(s == "cache" for s in self.sources)
             run.extra["entries_retired"] = self.front.retired
             run.extra["cached_positives_served"] = sum(

@@ -119,6 +119,7 @@ def test_warm_up_is_the_same_cache_as_running_the_earlier_items(tiny, monkeypatc
         assert run.sources == live.sources[6:] and run.answers == live.answers[6:]
         assert run.hits == 4 and run.extra["warm_entries"] == 2
         assert run.judge_calls == 2 and run.audits == 0       # the warm-up's judge calls and audit are not counted
+        assert run.extra["cache_serving"] is True
 
 
 def test_make_workload_warm_items_come_first():

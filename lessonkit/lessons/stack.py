@@ -186,7 +186,8 @@ def ablation(engine, cfg: StackConfig | str = "default", *, rows=None, embedding
                     "actionable_losses": act if "semcache" in ROWS[r] else None,
                     "losses": loss if "semcache" in ROWS[r] else None,
                     "model_drafter": model_drafter if "drafter" in ROWS[r] else None,
-                    "cached_positives_served": run.extra.get("cached_positives_served")})
+                    "cached_positives_served": run.extra.get("cached_positives_served"),
+                    "cache_serving": run.extra.get("cache_serving")})
     df = pd.DataFrame(out)
     return df, runs, draft_df
 
