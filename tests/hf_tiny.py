@@ -18,6 +18,18 @@ def byte_tokenizer_json() -> str:
     return tok.to_str()
 
 
+def toy_bpe_tokenizer(texts, vocab_size: int):
+    """A byte-level BPE trained on `texts` (an `<eos>` special token), small enough for grammar tests."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    t.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    t.train_from_iterator(texts, trainer)
+    return t
+
+
 def make_hf(kind: str, out_dir, seed: int = 0, **over):
     torch.manual_seed(seed)
     common = dict(vocab_size=300, hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,

@@ -239,6 +239,7 @@ from lessonkit.grammar.drafter import ConstrainedDecoder, GrammarDrafter, genera
 from lessonkit.grammar.measure import span_tokenisation_report
 from lessonkit.grammar.tokens import TokenGrammar, token_byte_table
 from lessonkit.grammar.json_schema import schema_grammar
+from tests.hf_tiny import toy_bpe_tokenizer
 
 RECORDS = [{"ts": f"2024-05-0{i % 9 + 1}T12:00:0{i % 10}Z", "level": ["info", "warn", "error"][i % 3],
             "service": ["api", "db"][i % 2], "msg": f"request {i} done é", "latency_ms": 17 * i} for i in range(12)]
@@ -252,14 +253,7 @@ RECORD_SCHEMA = {"type": "object", "properties": {
 
 @pytest.fixture(scope="module")
 def tok():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    t = Tokenizer(models.BPE())
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    t.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<eos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    t.train_from_iterator([COMPACT, SLOPPY, "prompt: write records\n", "naïve café 😀"] * 5, trainer)
-    return t
+    return toy_bpe_tokenizer([COMPACT, SLOPPY, "prompt: write records\n", "naïve café 😀"] * 5, vocab_size=600)
 
 
 class FakeCache:

@@ -17,6 +17,7 @@ from lessonkit.grammar import masks
 from lessonkit.grammar.automaton import load_grammar
 from lessonkit.grammar.json_schema import schema_grammar
 from lessonkit.grammar.tokens import TokenGrammar
+from tests.hf_tiny import toy_bpe_tokenizer
 
 SCHEMAS = Path(__file__).parent / "schemas"
 TEXTS = ['{"id": 17, "name": "Ada Lovelace", "tags": ["math", "poetry"], "score": -0.5e-3, "ok": true}\n',
@@ -25,14 +26,7 @@ TEXTS = ['{"id": 17, "name": "Ada Lovelace", "tags": ["math", "poetry"], "score"
 
 
 def _toy_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    t = Tokenizer(models.BPE())
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    t.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=["<eos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    t.train_from_iterator(TEXTS * 20, trainer)
-    return t
+    return toy_bpe_tokenizer(TEXTS * 20, vocab_size=900)
 
 
 @pytest.fixture(scope="module")
