@@ -93,7 +93,7 @@ def make_workload(cfg, stream=None) -> Workload:
     cfg.n_examples few-shot examples and cfg.calibration_items calibration items from its far end
     (cfg: a lessonkit.stack.StackConfig)."""
     stream = list(stream) if stream is not None else load_stream()
-    warm_n = getattr(cfg, "warm_items", 0)
+    warm_n = cfg.warm_items
     need = warm_n + cfg.n_items + cfg.n_examples + cfg.calibration_items
     if len(stream) < need:
         raise LessonkitError(f"the stream has {len(stream)} items, the stack needs {need} "
