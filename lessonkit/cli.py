@@ -91,7 +91,7 @@ COMMANDS = {
             arg("--out", default=None, help="output folder (default data/corpus/)"),
             arg("--preset", default="default", choices=["default", "small"]), JSON])}),
     "train": ("train tiny-moe, distil tiny-draft / smollm2-draft from their targets, or a monitoring judge (deterministic)", c.cmd_train, [
-        arg("name", choices=["tiny-draft", "tiny-moe", "smollm2-draft", "judge"]),
+        arg("name", choices=["tiny-draft", "tiny-draft-corpus", "tiny-moe", "smollm2-draft", "judge"]),
         arg("--model", default=None, choices=["smollm2-135m", "tiny-moe"], help="with judge: the base model"),
         arg("--steps", type=number(1, integer=True), default=None, help="override the preset's step count (quick checks)"),
         arg("--threads", type=number(1, integer=True), default=None, help="torch threads (default: the preset's, 1)"),

@@ -230,7 +230,8 @@ def cmd_train(args) -> int:
                "train_time_s": log["train_time_s"], "params": log["params"], "hf_dir": str(hf)}
     if not args.no_ship:
         out = args.out or (None if args.steps is None else ROOT / "build" / "models" / hf.name)
-        measure = measure_shipped(cfg.distill_from) if cfg.distill_from else None
+        target = cfg.draft_for or cfg.distill_from
+        measure = measure_shipped(target) if target else None
         summary["model_dir"] = str(ship(cfg.name, hf_dir=hf, out_dir=out, loss_curve=save_loss_curve, measure=measure))
     print(json.dumps(summary) if args.json else json.dumps(summary, indent=1))
     return 0

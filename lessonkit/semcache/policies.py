@@ -199,6 +199,10 @@ DEFAULT_THRESHOLDS = {"exact": 1.0, "two-sided": 0.8, "one-sided": 0.9, "one-sid
 # the untrained smollm2-135m 0.712.
 SAFE_MARGIN = 24.0
 UNTRAINED_SAFE_MARGIN = 0.75
+# The same calibration per trained judge, on the prompt it was trained with and answers with (its NDJSON answer's
+# first value token, true or false): the capstone's semantic cache reuses a judge's "no" for a reworded item only
+# this far below its boundary. tiny-moe-judge's widest spread is 5.780.
+SAFE_MARGINS = {"smollm2-135m-judge": SAFE_MARGIN, "tiny-moe-judge": 6.0}
 
 
 def make_policy(name: str, threshold: float | None = None, safe_margin: float | None = None) -> Policy:

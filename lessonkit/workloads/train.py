@@ -80,6 +80,7 @@ class TrainConfig:
     loss_rows: int | None = None     # distillation: positions per batch that get the output layer and loss
     tokenizer_from: str | None = None  # a model whose tokenizer.json the student shares (None: the corpus')
     embed_init_from: str | None = None  # init the tied embedding from this model's (top singular directions)
+    draft_for: str | None = None     # the target this drafter is measured against when shipped (default distill_from)
     eval_every: int = 50
     eval_windows: int = 12           # held-out windows per kind for the logged held-out loss
     log_every: int = 10
@@ -92,6 +93,11 @@ PRESETS = {
     "tiny-draft": TrainConfig(name="tiny-draft", arch="llama", dim=96, n_layers=2, n_heads=3, n_kv_heads=1,
                               intermediate_size=288, tie_embeddings=True, seq_len=96, batch_size=16, steps=800,
                               lr=4e-3, warmup=40, eval_every=200, distill_from="tiny-moe"),
+    # the same drafter trained on the corpus text instead of its target's predictions: lesson 1's contrast
+    "tiny-draft-corpus": TrainConfig(name="tiny-draft-corpus", arch="llama", dim=96, n_layers=2, n_heads=3,
+                                     n_kv_heads=1, intermediate_size=288, tie_embeddings=True, seq_len=96,
+                                     batch_size=16, steps=800, lr=4e-3, warmup=40, eval_every=200,
+                                     draft_for="tiny-moe"),
     "smollm2-draft": TrainConfig(name="smollm2-draft", arch="llama", dim=96, n_layers=2, n_heads=3, n_kv_heads=1,
                                  intermediate_size=256, tie_embeddings=True, seq_len=96, batch_size=8, steps=500,
                                  loss_rows=256,
