@@ -194,9 +194,9 @@ def plot_drafter_comparison(df: pd.DataFrame):
 
 
 def compare_drafters(models=("tiny-moe", "smollm2-135m"), *, k: int = 4, n_prompts: int = 2, max_new_tokens: int = 32,
-                     repeats: int = 2, seed: int = 0):
-    """drafter_comparison for each model with its COMPARED_DRAFTERS on corpus prompts of the three kinds;
-    a drafter that does not ship is left out with a note. Returns (DataFrame, Figure, notes)."""
+                     repeats: int = 2, seed: int = 0, only: tuple | None = None):
+    """drafter_comparison for each model with its COMPARED_DRAFTERS (or the labels in `only`) on corpus prompts
+    of the three kinds; a drafter that does not ship is left out with a note. Returns (DataFrame, Figure, notes)."""
     from lessonkit.engine.errors import LessonkitError
     from lessonkit.stack import make_drafter
     from lessonkit.workloads.corpus import prompts_by_kind
@@ -206,9 +206,11 @@ def compare_drafters(models=("tiny-moe", "smollm2-135m"), *, k: int = 4, n_promp
         prompts = [p for ps in prompts_by_kind(target, n=n_prompts, max_tokens=48, seed=seed).values() for p in ps]
         drafters = {}
         for label, spec in COMPARED_DRAFTERS[m]:
+            if only is not None and label not in only:
+                continue
             try:
-                drafters[label] = make_drafter(spec, target, seed=seed) if spec.startswith("oracle") \
-                    else make_drafter(spec, target)
+                drafters[label] = make_drafter(spec, target, seed=seed, horizon=max_new_tokens + k + 2) \
+                    if spec.startswith("oracle") else make_drafter(spec, target)
             except LessonkitError as e:
                 notes.append(f"{m}: {label} left out ({e})")
         frames.append(drafter_comparison(target, drafters, prompts, k=k, max_new_tokens=max_new_tokens,
