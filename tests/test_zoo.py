@@ -55,8 +55,9 @@ def engine_logits(engine, ids) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def heldout_logits(windows, moe, draft):
     """{model: {kind: [logits [T, V] per window]}} from the engine, computed once."""
+    corpus_draft = Engine(MODELS / "tiny-draft-corpus")
     return {name: {kind: [engine_logits(eng, x[:-1]) for x in w] for kind, w in windows.items()}
-            for name, eng in (("tiny-moe", moe), ("tiny-draft", draft))}
+            for name, eng in (("tiny-moe", moe), ("tiny-draft", draft), ("tiny-draft-corpus", corpus_draft))}
 
 
 def engine_loss(logits, windows) -> dict:
@@ -129,7 +130,7 @@ def test_load_documents_names_the_missing_file(tmp_path):
 
 def test_tokenizer_is_shipped_with_each_model_and_round_trips(tokenizer):
     ref = (corpus.CORPUS_DIR / "tokenizer.json").read_bytes()
-    for name in ("tiny-moe", "tiny-draft"):
+    for name in ("tiny-moe", "tiny-draft", "tiny-draft-corpus"):
         assert (MODELS / name / "tokenizer.json").read_bytes() == ref, name
     assert tokenizer.get_vocab_size() == 4096
     assert tokenizer.token_to_id(corpus.EOT) == 0
@@ -143,7 +144,7 @@ def test_tokenizer_is_shipped_with_each_model_and_round_trips(tokenizer):
 # ----------------------------------------------------------------------------- shipped models
 def test_shipped_files_are_small_and_documented():
     total = 0
-    for name in ("tiny-moe", "tiny-draft"):
+    for name in ("tiny-moe", "tiny-draft", "tiny-draft-corpus"):
         d = MODELS / name
         total += sum(p.stat().st_size for p in d.iterdir())
         card = (d / "card.md").read_text()
@@ -172,6 +173,19 @@ def test_drafter_agrees_often_but_not_always(windows, heldout_logits):
             same += int((a == b).sum())
             total += len(a)
     assert 0.7 < same / total < 0.95, same / total          # distilled: 0.58 when it learnt from the corpus
+
+
+def test_corpus_draft_predicts_the_text_distilled_draft_predicts_the_target(windows, heldout_logits):
+    """Lesson 1's contrast: the same drafter trained on the corpus text has the lower loss on that text, the
+    one trained on tiny-moe's predictions agrees far more often with tiny-moe's greedy pick."""
+    def agreement(name):
+        pairs = [(lm.argmax(-1), ld.argmax(-1)) for kind in windows
+                 for lm, ld in zip(heldout_logits["tiny-moe"][kind], heldout_logits[name][kind])]
+        return sum(int((a == b).sum()) for a, b in pairs) / sum(len(a) for a, _ in pairs)
+    corpus_loss, distilled_loss = (engine_loss(heldout_logits[n], windows)["mean"]
+                                   for n in ("tiny-draft-corpus", "tiny-draft"))
+    assert corpus_loss < distilled_loss, (corpus_loss, distilled_loss)
+    assert agreement("tiny-draft") > agreement("tiny-draft-corpus") + 0.1
 
 
 def test_ndjson_continuations_are_valid_records(moe):
