@@ -157,6 +157,22 @@ def test_front_safe_margin_reuses_only_confident_negatives(tiny, monkeypatch):
     assert run.sources == ["engine", "engine", "cache", "cache", "cache"] and run.extra["safe_margin"] is None
 
 
+@pytest.mark.skipif(not (MODELS_DIR / "tiny-moe-judge" / "adapter.json").exists(), reason="no trained judge")
+def test_front_scorer_reads_the_judges_recorded_scores_and_they_are_the_live_ones():
+    from lessonkit.semcache.policies import SAFE_MARGINS
+    from lessonkit.workloads.judge import trained_prompt
+    from lessonkit.workloads.triage import load_stream
+    eng = load_model("tiny-moe-judge")
+    prefix = trained_prompt("tiny-moe-judge")["prefix"]
+    assert stack.front_safe_margin(eng, prefix) == SAFE_MARGINS["tiny-moe-judge"]
+    assert stack.front_safe_margin(eng, prefix + " ") is None          # prompted otherwise: no calibrated margin
+    recorded, live = stack.front_scorer(eng, prefix)
+    for it in load_stream()[:3]:
+        # lesson 5 records scores rounded to 5 decimals (workloads.judge.record_scores): equal to that rounding
+        assert abs(recorded(it.text) - live.score(it.text)) <= 5e-6
+    assert live.calls == 3                                              # the recorded ones were read, not recomputed
+
+
 def test_front_safe_margins_cover_the_judges_calibration_spread():
     """Each trained judge's margin is its widest log-odds spread among rewordings on the calibration split
     (lesson 5's rule, from its recorded scores), rounded up to at most half a unit above it."""
