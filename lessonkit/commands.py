@@ -377,6 +377,10 @@ def cmd_train_mtp(args) -> int:
     save_head(head, out)
     (out.with_suffix(".train_log.json")).write_text(json.dumps(log))
     write_card(head, log, out.with_name(out.stem + ".card.md"))
+    if (out.parent / "manifest.json").exists():     # the shipped heads' manifest (lessonkit doctor checks it)
+        from lessonkit.engine.checkpoint import write_manifest
+        from lessonkit.engine.integrity import read_manifest
+        write_manifest(out.parent, sorted(set(read_manifest(out.parent)) | {out.name}))
     print(f"saved {out} ({out.stat().st_size / 2**20:.2f} MiB); held-out acceptance at position 1: "
           + ", ".join(f"{k} {100 * v:.1f}%" for k, v in (log['eval_acceptance'][-1] or {}).items()))
     return 0
