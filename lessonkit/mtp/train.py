@@ -45,7 +45,7 @@ class TrainMtpConfig:
 
 PRESETS = {
     "tiny-moe": TrainMtpConfig(windows_per_kind=60, steps=400, batch_size=4, ce_rows=256, eval_every=80),
-    "smollm2-135m": TrainMtpConfig(intermediate_size=384, steps=1500, batch_size=8, lr=2e-3, ce_rows=96,
+    "smollm2-135m": TrainMtpConfig(intermediate_size=384, steps=3000, batch_size=8, lr=2e-3, ce_rows=96,
                                    eval_every=250, distill_preset="smollm2-135m-mtp"),
     "test": TrainMtpConfig(intermediate_size=64, windows_per_kind=2, seq_len=64, steps=30, batch_size=2,
                            eval_every=10, real_scale_ratio=None),
@@ -206,6 +206,6 @@ def write_card(head: MtpHead, log: dict, path: Path) -> None:
              "multiplied into enorm (the embedding RMSNorm weight): in exact arithmetic the head computes the "
              f"same function; the stored ratio is {m['scale_ratio']:.1f}x. `rescale_embedding_half(head, "
              "1 / rescale_factor)` undoes it.", "",
-             "Reproduce: `lessonkit train-mtp --model " + m["target"] + "` (deterministic for a given torch "
-             "version and thread count).", ""]
+             "Reproduce: `lessonkit train-mtp --model " + m["target"] + f" --threads {m['torch_threads']}` "
+             "(deterministic for a given torch version and thread count).", ""]
     path.write_text("\n".join(lines))
