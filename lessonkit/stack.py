@@ -355,7 +355,7 @@ class StackPipeline:
 
     def _score(self, text: str) -> float:
         """The judge's log-odds for text, live on the engine (a timed item's share of the cache's work)."""
-        self.forwards += 1 + (self._scorer._snapshot is None)      # the first call prefills the judge's prefix
+        self.forwards += 1 + (not self._scorer.prefilled)          # the first call prefills the judge's prefix
         return self._scorer.score(text)
 
     def _cached(self, i: int, text: str, judge, score=None):
@@ -398,7 +398,7 @@ class StackPipeline:
             return self.judge(t).text
         for i, t in enumerate(tqdm(texts, desc=f"{self.name}: warm-up", disable=not progress, leave=False)):
             self._cached(i - len(texts), t, judge, self._score_recorded)
-        if self._scorer is not None and self._scorer._snapshot is None:
+        if self._scorer is not None and not self._scorer.prefilled:
             self._scorer.score(texts[0])          # its prefix state, as in a cache that has been running
         a = self.front.auditor
         self._warm = (a.audits, a.losses, self.judge.calls, len(self.front.answers))

@@ -131,7 +131,7 @@ def test_front_safe_margin_reuses_only_confident_negatives(tiny, monkeypatch):
     live_calls = []
 
     class _Live:
-        _snapshot = "prefix state"
+        prefilled = True
 
         def score(self, t):
             live_calls.append(t)

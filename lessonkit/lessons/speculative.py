@@ -19,12 +19,15 @@ import torch
 from tqdm.auto import tqdm
 
 from lessonkit.engine.engine import Engine
+from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate, probs_from_logits
 from lessonkit.engine.registry import load_model
 from lessonkit.speculative.drafters import OracleDrafter
 from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens_per_pos, leviathan_speedup,
                                         measure_cost_curve, predicted_speedup)
 from lessonkit.speculative.verify import speculative_generate, total_stats, verify_sampling
+from lessonkit.stack import make_drafter
+from lessonkit.workloads.corpus import prompts_by_kind
 
 
 def acceptance_by_kind(target, drafters: dict, prompts: dict[str, list[list[int]]], *, k: int = 4,
@@ -197,9 +200,6 @@ def compare_drafters(models=("tiny-moe", "smollm2-135m"), *, k: int = 4, n_promp
                      repeats: int = 2, seed: int = 0, only: tuple | None = None):
     """drafter_comparison for each model with its COMPARED_DRAFTERS (or the labels in `only`) on corpus prompts
     of the three kinds; a drafter that does not ship is left out with a note. Returns (DataFrame, Figure, notes)."""
-    from lessonkit.engine.errors import LessonkitError
-    from lessonkit.stack import make_drafter
-    from lessonkit.workloads.corpus import prompts_by_kind
     frames, notes = [], []
     for m in models:
         target = load_model(m)

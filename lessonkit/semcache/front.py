@@ -40,18 +40,17 @@ class SemanticFront:
             return None
         return self.policy.lookup(self.store, text, self.emb[text])
 
-    def put(self, text: str, answer: str, margin=None) -> bool:
-        """Store a "no"; margin: the judge's log-odds for text (a number, or a callable text -> number, called
-        only for a "no"), needed when the front has a safe margin."""
+    def put(self, text: str, answer: str, score=None) -> bool:
+        """Store a "no"; score(text) -> the judge's log-odds, called only for a "no" and needed when the front
+        has a safe margin."""
         obj = parse_answer(answer)
         if obj is None or not self.policy.cacheable(obj["needs_action"]):
             return False
+        margin = None
         if self.safe_margin is not None:
-            if margin is None:
+            if score is None:
                 raise LessonkitError("this semantic cache has a safe margin: storing a 'no' needs the judge's log-odds")
-            margin = float(margin(text) if callable(margin) else margin)
-        else:
-            margin = None
+            margin = float(score(text))
         e = self.store.put(text, self.emb[text], obj["needs_action"], margin=margin)
         self.answers[e.id] = answer
         return True

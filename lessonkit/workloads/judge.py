@@ -357,6 +357,11 @@ class TrainedJudge:
         self.fingerprint = judge_fingerprint(self.score_fingerprint, self.bias)
         self.calls, self.seconds = 0, 0.0
 
+    @property
+    def prefilled(self) -> bool:
+        """Whether the shared prefix is already prefilled (the first score call does it)."""
+        return self._snapshot is not None
+
     def score(self, item: str) -> float:
         t0 = time.perf_counter()
         rest = self.engine.encode(self.item_template.format(text=item)) + self.answer_ids
