@@ -97,7 +97,9 @@ COMMANDS = {
         arg("--threads", type=number(1, integer=True), default=None, help="torch threads (default: the preset's, 1)"),
         arg("--out", default=None,
             help="streaming-layout output dir (default data/models/NAME; with --steps build/models/NAME-stepsN)"),
-        arg("--no-ship", action="store_true", help="only write the HF checkpoint under build/hf/"), JSON]),
+        arg("--no-ship", action="store_true", help="only write the HF checkpoint under build/hf/"),
+        arg("--measure-only", action="store_true",
+            help="a drafter: measure the shipped one again (acceptance, c) and rewrite its card; no training"), JSON]),
     "export": ("export a model in the streaming layout to Hugging Face format", c.cmd_export, [
         arg("name", help="model name (tiny-moe, tiny-draft) or a streaming-layout directory"), arg("out_dir")]),
     "gap": ("open-vs-closed lag and compute growth from Epoch AI data", c.cmd_gap, [

@@ -91,6 +91,10 @@ def cmd_doctor(args) -> int:
     print(f"  {'OK  ' if good else 'FAIL'} exact short forwards: {path} ({kb['why']}); "
           f"rows 1..16 {'equal' if good else 'DIFFER FROM'} one-row products bit for bit, "
           f"{torch.get_num_threads()} thread(s)")
+    from lessonkit.engine.draft_step import kernel_ready
+    why = kernel_ready()
+    print("  INFO draft step of dense drafters (tiny-draft, smollm2-draft): " +
+          (f"PyTorch lean step, about 30 operations per layer ({why})" if why else "one C call per token"))
     print("all checks passed" if ok else "some checks FAILED")
     return 0 if ok else 1
 
@@ -214,12 +218,22 @@ def cmd_corpus_build(args) -> int:
 def cmd_train(args) -> int:
     from dataclasses import replace
     if args.name == "judge":
+        if args.measure_only:
+            raise LessonkitError("--measure-only re-measures a drafter; a judge is measured by training it")
         return cmd_train_judge(args)
 
     from lessonkit.lessons.engine import save_loss_curve
     from lessonkit.speculative.acceptance import measure_shipped
     from lessonkit.workloads.train import HF_DIR, PRESETS, ROOT, ship, train
     cfg = PRESETS[args.name]
+    if args.measure_only:
+        from lessonkit.workloads.train import remeasure
+        target = cfg.draft_for or cfg.distill_from
+        if not target:
+            raise LessonkitError(f"--measure-only: {args.name} is not a drafter (nothing to measure it against)")
+        res = remeasure(cfg.name, measure_shipped(target), args.out)
+        print(json.dumps(res) if args.json else json.dumps(res, indent=1))
+        return 0
     if args.steps is not None:
         cfg = replace(cfg, steps=args.steps)
     if args.threads:

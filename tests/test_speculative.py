@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from lessonkit.commands import parse_draft_k
+from lessonkit.engine import kernel
+from lessonkit.engine.draft_step import CompiledStep, why_not
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate, probs_from_logits
@@ -324,6 +326,68 @@ def test_lean_draft_step_follows_the_exact_forward(tiny, which):
         assert int(a.argmax()) == int(b.argmax())
     assert ModelDrafter(eng).model.lean
     assert not OracleDrafter(eng, 0.0, oracle_engine=eng).model.lean
+
+
+def _steps(eng, toks, step_fn, n_prefill=8):
+    """Exact forward and `step_fn(cache)` side by side over toks (both caches prefilled exactly)."""
+    exact, fast = eng.new_cache(), eng.new_cache()
+    eng.forward(toks[:n_prefill], exact)
+    eng.forward(toks[:n_prefill], fast)
+    step = step_fn(fast)
+    for t in toks[n_prefill:]:
+        yield eng.forward([t], exact)[-1], step(t)
+        assert fast.length == exact.length
+
+
+@pytest.mark.skipif(kernel.BACKEND == "mkl", reason="the C kernel is not built: drafters take the PyTorch lean step")
+def test_compiled_draft_step_follows_the_exact_forward(tiny):
+    """The C draft step (engine.draft_step, one call per token) writes the engine's KV cache and stays within
+    float noise of the exact forward (it sums attention and norms in another order: 1e-4 on logits of
+    size ~1 is far above the differences seen, ~1e-5, and far below a change of the argmax); it picks the
+    same tokens. A model it cannot run says why, and the drafter takes the PyTorch lean step."""
+    draft = Engine(tiny[1])
+    assert why_not(draft.model) is None
+    toks = torch.randint(0, draft.config.vocab_size, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    for a, b in _steps(draft, toks, lambda cache: CompiledStep(draft.model, cache)):
+        assert torch.allclose(a, b, atol=1e-4, rtol=0)
+        assert int(a.argmax()) == int(b.argmax())
+    assert ModelDrafter(draft).model.step_path == "C"
+    moe = Engine(tiny[0])
+    assert "dense" in why_not(moe.model)
+    assert ModelDrafter(moe).model.step_path == "torch"
+    with pytest.raises(ValueError, match="no compiled step"):
+        CompiledStep(moe.model, moe.new_cache())
+
+
+@pytest.mark.skipif(kernel.BACKEND != "avx2", reason="needs the AVX2 path to compare with the portable one")
+def test_compiled_draft_step_same_bits_on_both_c_paths(tiny):
+    """The AVX2 and portable paths of the C draft step give the same bits (the matmuls are the row kernel's,
+    tested equal; the rest is the same C); the mkl backend packs nothing, so the step is unavailable there."""
+    toks = torch.randint(0, 200, (30,), generator=torch.Generator().manual_seed(5)).tolist()
+    outs = []
+    for name in ("avx2", "portable"):
+        with kernel.using(name):
+            eng = Engine(tiny[1])
+        cache = eng.new_cache()
+        step = CompiledStep(eng.model, cache)
+        outs.append(torch.stack([step(t) for t in toks]))
+    assert torch.equal(outs[0], outs[1])
+    with kernel.using("mkl"):
+        eng = Engine(tiny[1])
+    assert "not packed" in why_not(eng.model)
+
+
+def test_compiled_draft_step_refuses_a_full_cache(tiny):
+    draft = Engine(tiny[1])
+    if why_not(draft.model):
+        pytest.skip(why_not(draft.model))
+    cache = draft.new_cache(max_len=4)
+    step = CompiledStep(draft.model, cache)
+    for t in range(cache.max_len):
+        step(t % draft.config.vocab_size)
+    with pytest.raises(LessonkitError, match="does not fit the KV cache"):
+        step(4)
+    assert cache.length == cache.max_len
 
 
 @pytest.mark.parametrize("model,drafter", [("tiny-moe", "tiny-draft"), ("tiny-moe", "tiny-draft-corpus"),

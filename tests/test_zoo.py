@@ -245,3 +245,23 @@ def test_export_round_trip_and_routing_not_collapsed(tmp_path, windows, moe, dra
             counts_draft = train.parameter_counts(hf)
     for key in ("active", "active_excl_embeddings"):
         assert counts_draft[key] * 8 <= counts_moe[key], (key, counts_draft, counts_moe)
+
+
+def test_remeasure_rewrites_the_card_and_keeps_the_weights(tmp_path):
+    """`lessonkit train NAME --measure-only`: new drafter figures in train_log.json and the card, the
+    weights untouched, the manifest valid again."""
+    import shutil
+
+    from lessonkit.engine.integrity import model_integrity
+    src = MODELS / "tiny-draft"
+    d = shutil.copytree(src, tmp_path / "tiny-draft")
+    old = json.loads((d / "train_log.json").read_text())["speculative"]
+    new = {**old, "acceptance": {"prose": 0.111, "code": 0.222, "records": 0.333, "mean": 0.222}, "c": 0.0123}
+    train.remeasure("tiny-draft", lambda model_dir: new, d)
+    assert json.loads((d / "train_log.json").read_text())["speculative"] == new
+    card = (d / "card.md").read_text()
+    assert "0.111" in card and "0.012" in card and "0.372" not in card
+    assert (d / "dense.safetensors").read_bytes() == (src / "dense.safetensors").read_bytes()
+    assert set(model_integrity(d).values()) == {"ok"}, model_integrity(d)
+    with pytest.raises(LessonkitError, match="no train_log.json"):
+        train.remeasure("x", lambda model_dir: new, tmp_path)

@@ -43,6 +43,7 @@ def drafter_acceptance(target, draft_engine, *, k: int = 4, n: int = 8, max_new_
     c = (draft_s / max(draft_tok, 1)) / (plain_s / max(plain_tok, 1))
     return {"target": target.name, "k": k, "prompts_per_kind": n, "max_new_tokens": max_new_tokens,
             "acceptance": acc, "c": c, "identical": bool(same),
+            "draft_step": ModelDrafter(draft_engine).model.step_path,
             "condition": f"{datetime.date.today().isoformat()}, {os.cpu_count()} shared CPU cores, "
                          f"{torch.get_num_threads()} torch thread"}
 

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from lessonkit.engine.attention import attend
+from lessonkit.engine.draft_step import CompiledStep, why_not
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import probs_from_logits
@@ -113,7 +114,8 @@ def lean_decode_step(model, token: int, cache) -> torch.Tensor:
 class _CachedModel:
     """A model + KV cache that follows a context: rolls back to the common prefix, feeds the rest.
 
-    lean=True feeds single tokens through `lean_decode_step` (a drafter's guesses need not be exact);
+    lean=True feeds single tokens through the lean step (a drafter's guesses need not be exact): one C call
+    (engine.draft_step) for a dense Llama when the C kernel is built, else `lean_decode_step`;
     lean=False keeps the engine's exact forward (the oracle must reproduce the target's greedy tokens)."""
 
     LEAN_CATCH_UP = 4        # feed up to this many new context tokens one by one on the lean path
@@ -123,6 +125,10 @@ class _CachedModel:
         self.cache = engine.new_cache()
         self.ids: list[int] = []             # tokens whose K/V are in the cache
         self.forwards = 0
+        # the lean step in one C call where the model allows it (engine.draft_step), else in PyTorch
+        self.step_path = "exact forward" if not lean else "torch" if why_not(engine.model) else "C"
+        self._step = (CompiledStep(engine.model, self.cache) if self.step_path == "C" else
+                      lambda t: lean_decode_step(engine.model, t, self.cache))
 
     def reset(self):
         self.cache.rollback(0)
@@ -139,7 +145,7 @@ class _CachedModel:
         new = context[n:]
         if self.lean and len(new) <= self.LEAN_CATCH_UP:
             for t in new:
-                logits = lean_decode_step(self.engine.model, t, self.cache)
+                logits = self._step(t)
         else:
             logits = self.engine.forward(new, self.cache, last_only=True)[-1]
         self.forwards += 1
@@ -148,7 +154,7 @@ class _CachedModel:
 
     def feed(self, token: int) -> torch.Tensor:
         if self.lean:
-            logits = lean_decode_step(self.engine.model, token, self.cache)
+            logits = self._step(token)
         else:
             logits = self.engine.forward([token], self.cache)[-1]
         self.forwards += 1

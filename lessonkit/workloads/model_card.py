@@ -38,7 +38,9 @@ def _data_lines(log: dict) -> list[str]:
                   f"prompts per kind, {sp['max_new_tokens']} new tokens: acceptance rate (accepted / drafted) "
                   + ", ".join(f"{k} {sp['acceptance'][k]:.3f}" for k in KINDS)
                   + f"; mean {sp['acceptance']['mean']:.3f}. Draft cost c = {sp['c']:.3f} of a target step "
-                  f"(draft seconds per draft token / plain greedy seconds per token); output identical to plain "
+                  f"(draft seconds per draft token / plain greedy seconds per token"
+                  + {"C": "; draft step: one C call per token", "torch": "; draft step: PyTorch lean step"}.get(
+                      sp.get("draft_step"), "") + "); output identical to plain "
                   f"greedy: {sp['identical']}."]
     return lines
 

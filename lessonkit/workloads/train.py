@@ -402,6 +402,21 @@ def _final_log(log, cfg, model, windows, held, tokenizer, corpus_dir) -> None:
 
 
 # ----------------------------------------------------------------------------- shipping
+def remeasure(name: str, measure: Callable[[Path], dict], model_dir: str | Path | None = None) -> dict:
+    """Measure a shipped drafter again (after an engine change) and rewrite its card and manifest; the
+    weights and the training figures stay as they are. Returns the new measurement."""
+    out = Path(model_dir) if model_dir else MODELS_DIR / name
+    if not (out / "train_log.json").exists():
+        raise LessonkitError(f"{out} has no train_log.json: not a drafter shipped by `lessonkit train`")
+    log = json.loads((out / "train_log.json").read_text())
+    log["speculative"] = measure(out)
+    (out / "train_log.json").write_text(json.dumps(log, indent=1))
+    files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.name != "card.md"}
+    (out / "card.md").write_text(model_card(log, files))
+    write_manifest(out)
+    return log["speculative"]
+
+
 def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | None = None,
          loss_curve: Callable[[dict, Path], None] | None = None,
          measure: Callable[[Path], dict] | None = None) -> Path:

@@ -1,0 +1,92 @@
+"""One decode step of a small dense model in one C call (csrc/rowkernel.c `dense_step`), for drafters.
+
+A draft token must cost little next to a target step (the draft cost c of lesson 1). A 2-layer model of
+width 96 does almost no arithmetic, so in PyTorch its step is per-operation overhead: about 30 calls per
+layer, 1 ms a token, a third of a tiny-moe step. `dense_step` runs the same step (RMSNorm, q|k|v, RoPE,
+attention over the KV cache, output product, SwiGLU MLP, output layer) in one call on the row kernel's
+packed weights, writing keys and values into the engine's own KV cache, so the exact `model.forward`
+and this step can fill the same cache in turn.
+
+Not exact: its attention and norms sum in another order than `model.forward`, so its logits can differ
+in the last bits. A drafter only guesses; the target verifies every guess, so the output stays that of
+plain greedy decoding whatever the drafter proposes (the speculative identity tests run through it).
+
+`why_not(model)` says why a model cannot take this path (then drafters use the PyTorch lean step):
+the C kernel is not built or not the active backend, or the model is not a plain dense Llama.
+"""
+from __future__ import annotations
+
+import torch
+
+from lessonkit.engine import kernel
+
+
+def kernel_ready() -> str | None:
+    """None when the C draft step can run on this install, else why not (for `lessonkit doctor`)."""
+    if kernel._rowkernel is None or not hasattr(kernel._rowkernel, "dense_step"):
+        return "the C kernel is not built"
+    if kernel.BACKEND == "mkl":
+        return f"the C kernel is not the active backend ({kernel.WHY})"
+    return None
+
+
+def why_not(model) -> str | None:
+    """None when `model` (an engine Transformer) can run `CompiledStep`, else the reason it cannot."""
+    c = model.config
+    if kernel._rowkernel is None or not hasattr(kernel._rowkernel, "dense_step"):
+        return "the C kernel is not built"
+    if c.is_moe or c.qk_norm or c.clip_qkv is not None:
+        return "only dense Llama-style models (no experts, no qk-norm, no clipping)"
+    if model.dtype != torch.float32 or not model.wt["lm_head"].packed:
+        return f"weights are not packed for the C kernel (backend {kernel.BACKEND}, dtype {model.dtype})"
+    return None
+
+
+class CompiledStep:
+    """`step(token)` feeds one token at position `cache.length` and returns its float32 logits [V]
+    (`step.argmax` holds their argmax). Holds the plan of weight and cache addresses for one cache."""
+
+    N_GLOBAL, N_LAYER = 6, 8
+
+    def __init__(self, model, cache):
+        reason = why_not(model)
+        if reason:
+            raise ValueError(f"no compiled step for this model: {reason}")
+        c = model.config
+        self.model, self.cache = model, cache
+        experts = [model.store.get(l, 0) for l in range(c.n_layers)]   # kept: the plan points into them
+        nq, nkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        self.logits = torch.empty(c.vocab_size, dtype=torch.float32)
+        self.scratch = torch.empty(3 * c.dim + 2 * nq + 2 * nkv + 2 * c.intermediate_size + cache.max_len,
+                                   dtype=torch.float32)
+        w, wt = model.w, model.wt
+        self._keep = [w["embed"].contiguous(), w["norm"].contiguous(), model.cos.contiguous(), model.sin.contiguous()]
+        addr = [self._keep[0].data_ptr(), self._keep[1].data_ptr(), wt["lm_head"].data.data_ptr(),
+                self._keep[2].data_ptr(), self._keep[3].data_ptr(), self.scratch.data_ptr()]
+        for l, ex in enumerate(experts):
+            p = f"layers.{l}."
+            for name in ("attn_norm", "mlp_norm"):
+                if not w[p + name].is_contiguous():
+                    raise ValueError(f"{p}{name} is not contiguous")
+            addr += [w[p + "attn_norm"].data_ptr(), wt[p + "wqkv"].data.data_ptr(), wt[p + "wo"].data.data_ptr(),
+                     w[p + "mlp_norm"].data_ptr(), ex.gate_up_t.data.data_ptr(), ex.down_t.data.data_ptr(),
+                     cache.k[l].data_ptr(), cache.v[l].data_ptr()]
+        if not (cache.k.is_contiguous() and cache.k.dtype == torch.float32):
+            raise ValueError("the KV cache must be contiguous float32")
+        self._experts = experts
+        self.plan = torch.tensor(addr, dtype=torch.int64)
+        self.args = (c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size,
+                     float(c.norm_eps))
+        self.avx2 = wt["lm_head"].avx2
+        self.max_pos = min(cache.max_len, model.cos.shape[0])
+        self.argmax = -1
+
+    def __call__(self, token: int) -> torch.Tensor:
+        pos = self.cache.length
+        if pos >= self.max_pos:
+            self.cache.check_room(1)          # the cache's own error names the limit
+            raise ValueError(f"position {pos} is past the RoPE table of {self.max_pos} positions")
+        self.argmax = kernel._rowkernel.dense_step(self.plan.data_ptr(), *self.args, int(token), pos, self.avx2,
+                                                   self.logits.data_ptr())
+        self.cache.length = pos + 1
+        return self.logits.clone()
