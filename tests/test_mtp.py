@@ -227,3 +227,49 @@ def test_mtp_drafts_as_well_behind_a_restored_prefix(which, tiny, tmp_path):
             assert off[1] > 0
     finally:
         drafter.close()
+
+
+# ---- FR-Spec: the head's argmax over the target's frequent tokens only (speculative.vocab) ------------------
+def test_frequent_head_is_the_full_argmax_restricted_to_its_rows(tiny):
+    """FrequentHead picks the best of its rows: the full argmax when that token is kept, never a token outside;
+    ranking by corpus frequency is deterministic, most frequent first."""
+    from lessonkit.speculative.vocab import FrequentHead, draft_head, frequent_tokens
+    eng, head = tiny
+    V = eng.config.vocab_size
+    ids = frequent_tokens(eng, V // 4)
+    assert len(set(ids.tolist())) == V // 4 and torch.equal(ids, frequent_tokens(eng, V // 4))
+    assert torch.equal(frequent_tokens(eng, V // 8), ids[:V // 8])
+    sh = Shared.from_engine(eng)
+    fh = FrequentHead(sh.lm_head, ids)
+    g = torch.Generator().manual_seed(0)
+    kept_best = 0
+    for _ in range(50):
+        h = torch.randn(eng.config.dim, generator=g)
+        full = sh.lm_head.float() @ h
+        pick = fh.argmax(h)
+        assert pick in set(ids.tolist())
+        assert pick == int(ids[int(full[ids].argmax())])
+        kept_best += int(int(full.argmax()) in set(ids.tolist()) and pick == int(full.argmax()))
+    assert kept_best > 0
+    assert draft_head(eng, sh.lm_head, None) is None and draft_head(eng, sh.lm_head, V) is None
+    with pytest.raises(ValueError, match="must be in 1"):
+        frequent_tokens(eng, V + 1)
+
+
+@pytest.mark.parametrize("n", [None, 64])
+def test_mtp_drafting_is_exact_with_a_frequent_vocabulary(tiny, n):
+    """Exact with the whole output layer and with 64 of its rows; the small head proposes kept tokens only."""
+    eng, head = tiny
+    drafter = MtpDrafter(eng, head, draft_vocab=n)
+    assert (drafter.frequent is None) == (n is None)
+    try:
+        for prompt, k in (([1, 2, 3], 3), (list(range(10, 50)), 2)):
+            ref = generate(eng, prompt, 20, use_eos=False).token_ids
+            drafter.reset(prompt)
+            assert speculative_generate(eng, drafter, prompt, 20, k=k, use_eos=False).token_ids == ref
+        if n:
+            eng.forward(list(range(10, 50)), eng.new_cache())
+            kept = set(drafter.frequent.ids.tolist())
+            assert set(drafter.propose(list(range(10, 51)), 3).tokens) <= kept
+    finally:
+        drafter.close()

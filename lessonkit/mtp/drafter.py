@@ -6,8 +6,10 @@ from __future__ import annotations
 import torch
 
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.model import rms_norm
 from lessonkit.mtp.head import MtpHead, Shared, block, head_logits, load_head, mtp_input
 from lessonkit.speculative.drafters import Draft
+from lessonkit.speculative.vocab import DRAFT_VOCAB, draft_head
 
 class _HiddenTap:
     """Wraps engine.forward (on this one engine object) so drafters can read the hidden states it
@@ -49,7 +51,8 @@ class MtpDrafter:
 
     name = "mtp"
 
-    def __init__(self, target, head: MtpHead | None = None, quant: str = "none", dtype=torch.float32):
+    def __init__(self, target, head: MtpHead | None = None, quant: str = "none", dtype=torch.float32,
+                 draft_vocab: int | None = DRAFT_VOCAB):
         self.target = target
         head = head if head is not None else load_head(target)
         if head.cfg.dim != target.config.dim or head.cfg.vocab_size != target.config.vocab_size:
@@ -57,6 +60,8 @@ class MtpDrafter:
                                  f"{target.name} (D={target.config.dim}, V={target.config.vocab_size})")
         self.head = (head.quantised(quant) if quant != "none" else head).to(dtype)
         self.sh = Shared.from_engine(target)
+        # FR-Spec: the argmax over the target's most frequent tokens only (speculative.vocab); None: all rows
+        self.frequent = draft_head(target, self.sh.lm_head, draft_vocab)
         self.tap = _HiddenTap.of(target)
         self.tap.listeners.append(self._record)
         self.reset([])
@@ -128,16 +133,23 @@ class MtpDrafter:
         self.kv_tokens.extend(context[self.kv_len + 1:t + 2])
         self.kv_len = t + 1
         prev = y[:, -1:]
-        draft = [int(head_logits(self.sh, prev).argmax(-1))]
+        draft = [self._pick(prev)]
         ctx = (self.K[:, :t + 1], self.V[:, :t + 1])
         for s in range(2, k + 1):
             x = mtp_input(w, cfg, prev, self.sh.embed[torch.tensor([draft[-1]])].to(dt)[None])
             prev, _, _ = block(w, cfg, self.sh, x, torch.tensor([t + s - 1]), ctx=ctx,
                                base=torch.tensor([t]), chain=True)
-            draft.append(int(head_logits(self.sh, prev).argmax(-1)))
+            draft.append(self._pick(prev))
         self.stats["num_drafts"] += 1
         self.stats["num_draft_tokens"] += len(draft)
         return Draft(draft)
+
+    def _pick(self, y: torch.Tensor) -> int:
+        """The head's greedy token for its output y [1, 1, D]: over every row of the target's output layer,
+        or over the frequent rows only."""
+        if self.frequent is None:
+            return int(head_logits(self.sh, y).argmax(-1))
+        return self.frequent.argmax(rms_norm(y.float(), self.sh.norm, self.sh.eps))
 
     def update(self, context, num_accepted: int):
         self.stats["num_accepted_tokens"] += int(num_accepted)
