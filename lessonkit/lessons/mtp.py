@@ -13,7 +13,8 @@ from lessonkit.engine.quant import fake_quantise
 from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.mtp.evaluate import acceptance_by_kind, pooled_acceptance, text_windows
 from lessonkit.mtp.head import MtpHead, Shared, load_head
-from lessonkit.speculative.verify import speculative_generate
+from lessonkit.speculative.verify import speculative_generate, total_stats
+from lessonkit.speculative.vocab import frequent_tokens
 from lessonkit.workloads.corpus import KINDS
 
 def train_loss_figure(log: dict, title: str = ""):
@@ -148,5 +149,67 @@ def speed_figure(rows: list[dict], title: str = ""):
     ax.tick_params(axis="x", rotation=0)
     ok = bool(df["identical_to_plain"].all())
     ax.set_title(title or f"MTP drafting vs plain greedy (output identical: {ok})")
+    fig.tight_layout()
+    return fig
+
+
+def frequent_vocabulary(engine, head: MtpHead | None = None, prompts: dict | None = None, sizes=(0, 8192, 2048),
+                        k: int = 2, max_new_tokens: int = 48, repeats: int = 1) -> pd.DataFrame:
+    """FR-Spec on the head: its draft argmax over all rows of the target's output layer (size 0) or over the
+    `size` most frequent tokens only. One row per size: share of the target's own greedy tokens inside the
+    kept set (coverage), acceptance, draft milliseconds per draft token, speed-up over plain greedy (median
+    of `repeats`, plain greedy in every round, all prompts pooled), output identical to plain greedy."""
+    head = head if head is not None else load_head(engine)
+    prompts = prompts if prompts is not None else prompts_from_corpus(engine)
+    plist = [p for ps in prompts.values() for p in ps]
+    V = engine.config.vocab_size
+    drafters = {n: MtpDrafter(engine, head, draft_vocab=n or None) for n in sizes if n < V}
+    plain_s, spec_s, stats, same, ref_tokens = [], {n: [] for n in drafters}, {n: [] for n in drafters}, {n: True for n in drafters}, []
+    try:
+        for rnd in range(repeats):
+            t_plain, t_spec = 0.0, {n: 0.0 for n in drafters}
+            for p in plist:
+                ref = generate(engine, p, max_new_tokens, use_eos=False)
+                t_plain += ref.stats["wall_s"]
+                if rnd == 0:
+                    ref_tokens += ref.token_ids
+                for n, d in drafters.items():
+                    r = speculative_generate(engine, d, p, max_new_tokens, k=k, use_eos=False)
+                    t_spec[n] += r.stats["wall_s"]
+                    same[n] &= r.token_ids == ref.token_ids
+                    if rnd == 0:
+                        stats[n].append(r.stats)
+            plain_s.append(t_plain)
+            for n in drafters:
+                spec_s[n].append(t_spec[n])
+    finally:
+        for d in drafters.values():
+            d.close()
+    rows = []
+    for n in drafters:
+        t = total_stats(stats[n])
+        kept = set(frequent_tokens(engine, n).tolist()) if n else None
+        rows.append({"model": engine.name, "draft vocabulary": n or V, "k": k,
+                     "coverage of target tokens": (sum(x in kept for x in ref_tokens) / len(ref_tokens)) if kept else 1.0,
+                     "acceptance_rate": t["acceptance_rate"],
+                     "draft ms per token": 1e3 * t["draft_s"] / max(t["num_draft_tokens"], 1),
+                     "speedup": statistics.median(plain_s) / statistics.median(spec_s[n]),
+                     "identical_to_plain": same[n]})
+    return pd.DataFrame(rows)
+
+
+def frequent_vocabulary_figure(df: pd.DataFrame):
+    """Draft cost and speed-up against the size of the head's draft vocabulary."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    labels = [f"{n:,}" for n in df["draft vocabulary"]]
+    axes[0].bar(labels, df["draft ms per token"], color="tab:orange")
+    axes[0].set_ylabel("draft ms per draft token")
+    axes[1].bar(labels, df["speedup"], color="tab:blue")
+    axes[1].axhline(1.0, color="gray", lw=0.8)
+    axes[1].set_ylabel("speed-up over plain greedy")
+    for ax in axes:
+        ax.set_xlabel("rows of the output layer the head drafts from")
+    fig.suptitle(f"{df['model'].iloc[0]}: FR-Spec on the MTP head (k={df['k'].iloc[0]}, "
+                 f"identical to plain greedy: {bool(df['identical_to_plain'].all())})")
     fig.tight_layout()
     return fig
