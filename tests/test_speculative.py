@@ -388,6 +388,10 @@ def test_compiled_draft_step_refuses_a_full_cache(tiny):
     with pytest.raises(LessonkitError, match="does not fit the KV cache"):
         step(4)
     assert cache.length == cache.max_len
+    cache.rollback(0)
+    cache.k = cache.k.clone()                    # a replaced tensor: the plan's addresses would dangle
+    with pytest.raises(ValueError, match="replaced"):
+        step(1)
 
 
 @pytest.mark.parametrize("model,drafter", [("tiny-moe", "tiny-draft"), ("tiny-moe", "tiny-draft-corpus"),

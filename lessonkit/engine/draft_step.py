@@ -79,10 +79,13 @@ class CompiledStep:
                      float(c.norm_eps))
         self.avx2 = wt["lm_head"].avx2
         self.max_pos = min(cache.max_len, model.cos.shape[0])
+        self._kv = (cache.k.data_ptr(), cache.v.data_ptr())     # the plan points into these tensors
         self.argmax = -1
 
     def __call__(self, token: int) -> torch.Tensor:
         pos = self.cache.length
+        if (self.cache.k.data_ptr(), self.cache.v.data_ptr()) != self._kv:
+            raise ValueError("the KV cache's tensors were replaced after the compiled step was planned")
         if pos >= self.max_pos:
             self.cache.check_room(1)          # the cache's own error names the limit
             raise ValueError(f"position {pos} is past the RoPE table of {self.max_pos} positions")
