@@ -37,6 +37,8 @@ def test_generate_is_deterministic_under_sampling(moe_dir, capsys):
 @pytest.mark.parametrize("argv, needle", [
     (["generate", "--model", "no-such-model", "--prompt", "x"], "unknown model 'no-such-model'"),
     (["generate", "--model", "/nonexistent/dir", "--prompt", "x"], "unknown model"),
+    (["train", "tiny-moe", "--measure-only"], "tiny-moe is not a drafter"),
+    (["train", "judge", "--model", "tiny-moe", "--measure-only"], "--measure-only re-measures a drafter"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
     assert main(argv) == 2
@@ -76,6 +78,7 @@ def test_doctor_passes_on_the_shipped_files(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "tiny-moe/experts.safetensors: ok" in out and "sha256 matches" in out
+    assert "draft step of dense drafters" in out
 
 
 def test_manifest_catches_an_edited_byte(moe_dir, tmp_path):
