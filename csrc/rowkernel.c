@@ -166,6 +166,25 @@ static int cpu_has_avx2_fma(void)
 #endif
 }
 
+typedef void (*matmul_fn)(const float *, Py_ssize_t, Py_ssize_t, Py_ssize_t, const float *, float *, Py_ssize_t,
+                          Py_ssize_t);
+
+/* the path a call asked for, or NULL with a Python error when it asked for AVX2 on a CPU without it */
+static matmul_fn choose_matmul(int use_avx2, const char *who)
+{
+#if HAVE_X86
+    if (use_avx2 && !cpu_has_avx2_fma()) {
+        PyErr_Format(PyExc_RuntimeError, "rowkernel.%s: this CPU has no AVX2/FMA", who);
+        return NULL;
+    }
+    return use_avx2 ? matmul_avx2 : matmul_portable;
+#else
+    (void)use_avx2;
+    (void)who;
+    return matmul_portable;
+#endif
+}
+
 /* matmul(x_addr, m, k, ldx, packed_addr, n, y_addr, ldy, use_avx2): y[m, :n] = x[m, :k] @ W */
 static PyObject *rk_matmul(PyObject *self, PyObject *args)
 {
@@ -178,24 +197,14 @@ static PyObject *rk_matmul(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "rowkernel.matmul: bad sizes");
         return NULL;
     }
-#if HAVE_X86
-    if (use_avx2 && !cpu_has_avx2_fma()) {
-        PyErr_SetString(PyExc_RuntimeError, "rowkernel.matmul: this CPU has no AVX2/FMA");
+    const matmul_fn mm = choose_matmul(use_avx2, "matmul");
+    if (!mm)
         return NULL;
-    }
-#else
-    use_avx2 = 0;
-#endif
     const float *x = (const float *)(uintptr_t)xa;
     const float *w = (const float *)(uintptr_t)wa;
     float *y = (float *)(uintptr_t)ya;
     Py_BEGIN_ALLOW_THREADS
-#if HAVE_X86
-    if (use_avx2)
-        matmul_avx2(x, ldx, m, k, w, y, ldy, n);
-    else
-#endif
-        matmul_portable(x, ldx, m, k, w, y, ldy, n);
+    mm(x, ldx, m, k, w, y, ldy, n);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -219,9 +228,6 @@ plan: uint64 addresses, 6 globals then 8 per layer:
   embed [V, D], final_norm [D], lm_head (packed [D, V]), cos [*, hd], sin [*, hd], scratch,
   per layer: attn_norm [D], wqkv (packed [D, nq + 2 nkv]), wo (packed [nq, D]), mlp_norm [D],
              gate_up (packed [D, 2I]), down (packed [I, D]), k cache [max_len, G, hd], v cache [same]. */
-
-typedef void (*matmul_fn)(const float *, Py_ssize_t, Py_ssize_t, Py_ssize_t, const float *, float *, Py_ssize_t,
-                          Py_ssize_t);
 
 static void rms_norm(const float *x, const float *w, float *out, Py_ssize_t d, float eps)
 {
@@ -257,15 +263,9 @@ static PyObject *rk_dense_step(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "rowkernel.dense_step: bad sizes");
         return NULL;
     }
-#if HAVE_X86
-    if (use_avx2 && !cpu_has_avx2_fma()) {
-        PyErr_SetString(PyExc_RuntimeError, "rowkernel.dense_step: this CPU has no AVX2/FMA");
+    const matmul_fn mm = choose_matmul(use_avx2, "dense_step");
+    if (!mm)
         return NULL;
-    }
-    matmul_fn mm = use_avx2 ? matmul_avx2 : matmul_portable;
-#else
-    matmul_fn mm = matmul_portable;
-#endif
     const uint64_t *plan = (const uint64_t *)(uintptr_t)plan_a;
     const float *embed = (const float *)(uintptr_t)plan[0], *fnorm = (const float *)(uintptr_t)plan[1];
     const float *head = (const float *)(uintptr_t)plan[2];
@@ -330,6 +330,6 @@ static PyMethodDef METHODS[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_rowkernel", "Row-invariant X @ W for short forwards", -1, METHODS};
+static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_rowkernel", "Row-invariant X @ W for short forwards; a dense drafter's one-token step", -1, METHODS};
 
 PyMODINIT_FUNC PyInit__rowkernel(void) { return PyModule_Create(&MODULE); }
