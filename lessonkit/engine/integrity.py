@@ -33,7 +33,9 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def _home() -> Path:
+def lessonkit_home() -> Path:
+    """The per-user cache folder (LESSONKIT_HOME, default ~/.cache/lessonkit): hash memo, converted and
+    merged models, teacher passes. Defined here, the lowest module that needs it; the registry re-exports it."""
     return Path(os.environ.get("LESSONKIT_HOME", Path.home() / ".cache" / "lessonkit"))
 
 
@@ -113,7 +115,7 @@ def model_integrity(model_dir: str | Path, *, required: bool = True) -> dict[str
         files = read_manifest(model_dir)
     except LessonkitError as e:
         return {"manifest.json": str(e).split(": ", 1)[-1]}
-    memo_path = _home() / MEMO_NAME
+    memo_path = lessonkit_home() / MEMO_NAME
     memo = _load_memo(memo_path)
     n = len(memo)
     out = {f: file_status(model_dir, f, h, memo) for f, h in files.items()}

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -14,7 +13,7 @@ from lessonkit.engine.checkpoint import (LAYOUT_FILES, convert_hf_checkpoint, co
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.integrity import check_model_files
+from lessonkit.engine.integrity import check_model_files, lessonkit_home
 from lessonkit.engine.gguf_loader import SMOLLM2_SHA256, load_gguf, smollm2_gguf_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,10 +29,6 @@ ADAPTED = {   # name -> description; data/models/NAME/adapter.json names the bas
     "smollm2-135m-judge": "smollm2-135m + LoRA adapter trained as the monitoring judge (lessonkit train judge)",
     "tiny-moe-judge": "tiny-moe + LoRA adapter trained as the monitoring judge (lessonkit train judge)",
 }
-
-
-def lessonkit_home() -> Path:
-    return Path(os.environ.get("LESSONKIT_HOME", Path.home() / ".cache" / "lessonkit"))
 
 
 def list_models() -> list[str]:
