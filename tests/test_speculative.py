@@ -352,11 +352,16 @@ def test_compiled_draft_step_follows_the_exact_forward(tiny):
         assert torch.allclose(a, b, atol=1e-4, rtol=0)
         assert int(a.argmax()) == int(b.argmax())
     assert ModelDrafter(draft).model.step_path == "C"
+    assert ModelDrafter(draft, step="torch").model.step_path == "torch"
     moe = Engine(tiny[0])
     assert "dense" in why_not(moe.model)
     assert ModelDrafter(moe).model.step_path == "torch"
     with pytest.raises(ValueError, match="no compiled step"):
         CompiledStep(moe.model, moe.new_cache())
+    with pytest.raises(LessonkitError, match="no C draft step"):
+        ModelDrafter(moe, step="C")
+    with pytest.raises(ValueError, match="expected auto, C or torch"):
+        ModelDrafter(draft, step="fast")
 
 
 @pytest.mark.skipif(kernel.BACKEND != "avx2", reason="needs the AVX2 path to compare with the portable one")

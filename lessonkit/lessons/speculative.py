@@ -22,7 +22,8 @@ from lessonkit.engine.engine import Engine
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate, probs_from_logits
 from lessonkit.engine.registry import load_model
-from lessonkit.speculative.drafters import OracleDrafter
+from lessonkit.engine.draft_step import why_not
+from lessonkit.speculative.drafters import ModelDrafter, OracleDrafter
 from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens_per_pos, leviathan_speedup,
                                         measure_cost_curve, predicted_speedup)
 from lessonkit.speculative.verify import speculative_generate, total_stats, verify_sampling
@@ -217,6 +218,25 @@ def compare_drafters(models=("tiny-moe", "smollm2-135m"), *, k: int = 4, n_promp
                                          repeats=repeats)[0])
     df = pd.concat(frames, ignore_index=True)
     return df, plot_drafter_comparison(df), notes
+
+
+def draft_step_comparison(target_name: str = "tiny-moe", draft_name: str = "tiny-draft", *, k: int = 4,
+                          n_prompts: int = 2, max_new_tokens: int = 32, repeats: int = 2, seed: int = 0):
+    """One drafter, two implementations of its one-token step (drafter_comparison): one C call
+    (engine.draft_step) and the PyTorch lean step. Same weights, same proposals; only the draft cost c
+    differs, so the speed-up difference is what c alone does. Without the C kernel only the PyTorch row is
+    measured and a note says why. Returns (DataFrame, Figure, notes)."""
+    target, draft = load_model(target_name), load_model(draft_name)
+    prompts = [p for ps in prompts_by_kind(target, n=n_prompts, max_tokens=48, seed=seed).values() for p in ps]
+    drafters, notes = {}, []
+    reason = why_not(draft.model)
+    if reason:
+        notes.append(f"{draft_name}: no C step ({reason}); only the PyTorch step is measured")
+    else:
+        drafters[f"{draft_name}, C step"] = ModelDrafter(draft, step="C")
+    drafters[f"{draft_name}, PyTorch step"] = ModelDrafter(draft, step="torch")
+    df, fig = drafter_comparison(target, drafters, prompts, k=k, max_new_tokens=max_new_tokens, repeats=repeats)
+    return df, fig, notes
 
 
 def simulate_disk(engine, mb_per_s: float | None) -> None:

@@ -120,13 +120,19 @@ class _CachedModel:
 
     LEAN_CATCH_UP = 4        # feed up to this many new context tokens one by one on the lean path
 
-    def __init__(self, engine, lean: bool = False):
+    def __init__(self, engine, lean: bool = False, step: str = "auto"):
         self.engine, self.lean = engine, lean
         self.cache = engine.new_cache()
         self.ids: list[int] = []             # tokens whose K/V are in the cache
         self.forwards = 0
-        # the lean step in one C call where the model allows it (engine.draft_step), else in PyTorch
-        self.step_path = "exact forward" if not lean else "torch" if why_not(engine.model) else "C"
+        # the lean step in one C call where the model allows it (engine.draft_step), else in PyTorch;
+        # step="C" or "torch" asks for one (lesson 1 compares them)
+        if step not in ("auto", "C", "torch"):
+            raise ValueError(f"draft step {step!r}: expected auto, C or torch")
+        if lean and step == "C" and why_not(engine.model):
+            raise LessonkitError(f"no C draft step for {engine.name}: {why_not(engine.model)}")
+        self.step_path = ("exact forward" if not lean else "torch" if step == "torch" or why_not(engine.model)
+                          else "C")
         self._step = (CompiledStep(engine.model, self.cache) if self.step_path == "C" else
                       lambda t: lean_decode_step(engine.model, t, self.cache))
 
@@ -171,10 +177,11 @@ class ModelDrafter:
     Its cache keeps every position whose token the target accepted; the rest is rolled back.
     """
 
-    def __init__(self, engine, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, name: str | None = None):
+    def __init__(self, engine, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, name: str | None = None,
+                 step: str = "auto"):
         self.engine = engine
         self.name = name or f"model:{engine.name}"
-        self.model = _CachedModel(engine, lean=True)
+        self.model = _CachedModel(engine, lean=True, step=step)   # step: "auto", "C" or "torch" (engine.draft_step)
         self.configure(temperature, top_p, seed)
 
     def configure(self, temperature: float, top_p: float = 1.0, seed: int = 0) -> None:
