@@ -21,9 +21,13 @@ import torch
 from lessonkit.engine import kernel
 
 
+def _built() -> bool:
+    return kernel._rowkernel is not None and hasattr(kernel._rowkernel, "dense_step")
+
+
 def kernel_ready() -> str | None:
     """None when the C draft step can run on this install, else why not (for `lessonkit doctor`)."""
-    if kernel._rowkernel is None or not hasattr(kernel._rowkernel, "dense_step"):
+    if not _built():
         return "the C kernel is not built"
     if kernel.BACKEND == "mkl":
         return f"the C kernel is not the active backend ({kernel.WHY})"
@@ -33,7 +37,7 @@ def kernel_ready() -> str | None:
 def why_not(model) -> str | None:
     """None when `model` (an engine Transformer) can run `CompiledStep`, else the reason it cannot."""
     c = model.config
-    if kernel._rowkernel is None or not hasattr(kernel._rowkernel, "dense_step"):
+    if not _built():
         return "the C kernel is not built"
     if c.is_moe or c.qk_norm or c.clip_qkv is not None:
         return "only dense Llama-style models (no experts, no qk-norm, no clipping)"
@@ -43,10 +47,8 @@ def why_not(model) -> str | None:
 
 
 class CompiledStep:
-    """`step(token)` feeds one token at position `cache.length` and returns its float32 logits [V]
-    (`step.argmax` holds their argmax). Holds the plan of weight and cache addresses for one cache."""
-
-    N_GLOBAL, N_LAYER = 6, 8
+    """`step(token)` feeds one token at position `cache.length` and returns its float32 logits [V].
+    Holds the plan of weight and cache addresses for one cache (csrc/rowkernel.c documents its layout)."""
 
     def __init__(self, model, cache):
         reason = why_not(model)
@@ -80,7 +82,6 @@ class CompiledStep:
         self.avx2 = wt["lm_head"].avx2
         self.max_pos = min(cache.max_len, model.cos.shape[0])
         self._kv = (cache.k.data_ptr(), cache.v.data_ptr())     # the plan points into these tensors
-        self.argmax = -1
 
     def __call__(self, token: int) -> torch.Tensor:
         pos = self.cache.length
@@ -89,7 +90,7 @@ class CompiledStep:
         if pos >= self.max_pos:
             self.cache.check_room(1)          # the cache's own error names the limit
             raise ValueError(f"position {pos} is past the RoPE table of {self.max_pos} positions")
-        self.argmax = kernel._rowkernel.dense_step(self.plan.data_ptr(), *self.args, int(token), pos, self.avx2,
-                                                   self.logits.data_ptr())
+        kernel._rowkernel.dense_step(self.plan.data_ptr(), *self.args, int(token), pos, self.avx2,
+                                     self.logits.data_ptr())
         self.cache.length = pos + 1
         return self.logits.clone()

@@ -36,6 +36,7 @@ from tokenizers import Tokenizer
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, OlmoeConfig, OlmoeForCausalLM,
                           PreTrainedTokenizerFast)
 
+from lessonkit.engine.atomic import atomic_write
 from lessonkit.engine.checkpoint import convert_hf_checkpoint, export_hf, write_manifest
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.registry import load_model, resolve_model_dir
@@ -410,11 +411,19 @@ def remeasure(name: str, measure: Callable[[Path], dict], model_dir: str | Path 
         raise LessonkitError(f"{out} has no train_log.json: not a drafter shipped by `lessonkit train`")
     log = json.loads((out / "train_log.json").read_text())
     log["speculative"] = measure(out)
-    (out / "train_log.json").write_text(json.dumps(log, indent=1))
-    files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.name != "card.md"}
-    (out / "card.md").write_text(model_card(log, files))
-    write_manifest(out)
+    _write_log_and_card(out, log)
     return log["speculative"]
+
+
+def _write_log_and_card(out: Path, log: dict, loss_curve: Callable[[dict, Path], None] | None = None) -> None:
+    """train_log.json, loss_curve.png (when drawn), card.md from both, then the manifest; each file replaced
+    atomically, so an interrupted write leaves the old file, never half of one."""
+    atomic_write(out / "train_log.json", json.dumps(log, indent=1).encode())
+    if loss_curve is not None:
+        loss_curve(log, out / "loss_curve.png")
+    files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.name != "card.md"}
+    atomic_write(out / "card.md", model_card(log, files).encode())
+    write_manifest(out)
 
 
 def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | None = None,
@@ -432,10 +441,5 @@ def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | N
     convert_hf_checkpoint(hf, out, dtype=torch.bfloat16)
     if measure is not None:
         log["speculative"] = measure(out)
-    (out / "train_log.json").write_text(json.dumps(log, indent=1))
-    if loss_curve is not None:
-        loss_curve(log, out / "loss_curve.png")
-    files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.name != "card.md"}
-    (out / "card.md").write_text(model_card(log, files))
-    write_manifest(out)
+    _write_log_and_card(out, log, loss_curve)
     return out
