@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from lessonkit.engine.integrity import sha256_file
 from lessonkit.engine.kernel import RowWeight
 from lessonkit.workloads.corpus import KINDS, load_documents
 
@@ -26,7 +27,8 @@ def frequent_tokens(engine, n: int, per_kind: int = COUNT_TOKENS) -> torch.Tenso
     `per_kind` tokens of each kind), most frequent first; ties by id. Memoised per tokenizer."""
     if not 0 < n <= engine.config.vocab_size:
         raise ValueError(f"frequent_tokens: n={n} must be in 1 .. {engine.config.vocab_size} (the vocabulary)")
-    key = (engine.fingerprint(), per_kind)
+    tok = engine.model_dir / "tokenizer.json"          # the ranking depends on the tokenizer only: hashing
+    key = (sha256_file(tok) if tok.exists() else engine.fingerprint(), per_kind)   # it skips the weights
     if key not in _MEMO:
         V = engine.config.vocab_size
         counts = torch.zeros(V, dtype=torch.long)
