@@ -247,19 +247,20 @@ static void rope(float *x, const float *cos, const float *sin, Py_ssize_t hd)
     }
 }
 
-/* dense_step(plan_addr, n_layers, dim, n_heads, n_kv_heads, head_dim, inter, vocab, eps, token, pos,
-              use_avx2, logits_addr): the logits of the token at position pos */
+/* dense_step(plan_addr, n_layers, dim, n_heads, n_kv_heads, head_dim, inter, vocab, out_rows, eps, token, pos,
+              use_avx2, logits_addr): the logits [out_rows] of the token at position pos (out_rows: rows of
+              the output layer, the vocabulary or a drafter's reduced one; vocab: rows of the embedding) */
 static PyObject *rk_dense_step(PyObject *self, PyObject *args)
 {
     unsigned long long plan_a, logits_a;
-    Py_ssize_t L, D, H, G, hd, I, V, token, pos;
+    Py_ssize_t L, D, H, G, hd, I, NV, V, token, pos;
     float eps;
     int use_avx2;
-    if (!PyArg_ParseTuple(args, "KnnnnnnnfnnpK", &plan_a, &L, &D, &H, &G, &hd, &I, &V, &eps, &token, &pos,
+    if (!PyArg_ParseTuple(args, "KnnnnnnnnfnnpK", &plan_a, &L, &D, &H, &G, &hd, &I, &NV, &V, &eps, &token, &pos,
                           &use_avx2, &logits_a))
         return NULL;
-    if (L < 1 || D < 1 || H < 1 || G < 1 || H % G || hd < 2 || hd % 2 || I < 1 || V < 1 || token < 0 ||
-        token >= V || pos < 0) {
+    if (L < 1 || D < 1 || H < 1 || G < 1 || H % G || hd < 2 || hd % 2 || I < 1 || NV < 1 || V < 1 || token < 0 ||
+        token >= NV || pos < 0) {
         PyErr_SetString(PyExc_ValueError, "rowkernel.dense_step: bad sizes");
         return NULL;
     }
@@ -322,11 +323,20 @@ static PyObject *rk_dense_step(PyObject *self, PyObject *args)
 
 static PyMethodDef METHODS[] = {
     {"matmul", rk_matmul, METH_VARARGS, "matmul(x, m, k, ldx, packed_w, n, y, ldy, use_avx2): row-invariant X @ W"},
-    {"dense_step", rk_dense_step, METH_VARARGS, "dense_step(plan, L, D, H, G, hd, I, V, eps, token, pos, use_avx2, logits): one decode step of a small dense model"},
+    {"dense_step", rk_dense_step, METH_VARARGS, "dense_step(plan, L, D, H, G, hd, I, vocab, out_rows, eps, token, pos, use_avx2, logits): one decode step of a small dense model"},
     {"has_avx2", rk_has_avx2, METH_NOARGS, "True when this CPU has AVX2 and FMA"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_rowkernel", "Row-invariant X @ W for short forwards; a dense drafter's one-token step", -1, METHODS};
 
-PyMODINIT_FUNC PyInit__rowkernel(void) { return PyModule_Create(&MODULE); }
+/* ABI: bumped when an entry point's arguments change; lessonkit/engine/kernel.py refuses another value */
+PyMODINIT_FUNC PyInit__rowkernel(void)
+{
+    PyObject *m = PyModule_Create(&MODULE);
+    if (m && PyModule_AddIntConstant(m, "ABI", 2) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

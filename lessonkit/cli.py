@@ -90,14 +90,14 @@ COMMANDS = {
         "build": ("rebuild data/corpus/*.txt.gz and tokenizer.json (deterministic)", c.cmd_corpus_build, [
             arg("--out", default=None, help="output folder (default data/corpus/)"),
             arg("--preset", default="default", choices=["default", "small"]), JSON])}),
-    "train": ("train tiny-moe, distil tiny-draft / smollm2-draft from their targets, or a monitoring judge (deterministic)", c.cmd_train, [
+    "train": ("train tiny-moe, distil tiny-draft from tiny-moe, cut smollm2-draft from smollm2-135m, or a monitoring judge (deterministic)", c.cmd_train, [
         arg("name", choices=["tiny-draft", "tiny-draft-corpus", "tiny-moe", "smollm2-draft", "judge"]),
         arg("--model", default=None, choices=["smollm2-135m", "tiny-moe"], help="with judge: the base model"),
         arg("--steps", type=number(1, integer=True), default=None, help="override the preset's step count (quick checks)"),
         arg("--threads", type=number(1, integer=True), default=None, help="torch threads (default: the preset's, 1)"),
         arg("--out", default=None,
             help="streaming-layout output dir (default data/models/NAME; with --steps build/models/NAME-stepsN)"),
-        arg("--no-ship", action="store_true", help="only write the HF checkpoint under build/hf/"),
+        arg("--no-ship", action="store_true", help="ship nothing to data/models (tiny models: the HF checkpoint under build/hf/ only)"),
         arg("--measure-only", action="store_true",
             help="a drafter: measure the shipped one again (acceptance, c) and rewrite its card; no training"), JSON]),
     "export": ("export a model in the streaming layout to Hugging Face format", c.cmd_export, [

@@ -222,6 +222,10 @@ def cmd_train(args) -> int:
             raise LessonkitError("--measure-only re-measures a drafter; a judge is measured by training it")
         return cmd_train_judge(args)
 
+    from lessonkit.speculative.cut_draft import PRESETS as CUT_PRESETS
+    if args.name in CUT_PRESETS:
+        return cmd_train_cut(args, CUT_PRESETS[args.name])
+
     from lessonkit.lessons.engine import save_loss_curve
     from lessonkit.speculative.acceptance import measure_shipped
     from lessonkit.workloads.train import HF_DIR, PRESETS, ROOT, ship, train
@@ -247,6 +251,38 @@ def cmd_train(args) -> int:
         target = cfg.draft_for or cfg.distill_from
         measure = measure_shipped(target) if target else None
         summary["model_dir"] = str(ship(cfg.name, hf_dir=hf, out_dir=out, loss_curve=save_loss_curve, measure=measure))
+    print(json.dumps(summary) if args.json else json.dumps(summary, indent=1))
+    return 0
+
+
+def cmd_train_cut(args, cfg) -> int:
+    """`lessonkit train smollm2-draft`: cut the drafter from its target, distil, ship, measure, write the card."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from lessonkit.engine.registry import MODELS_DIR
+    from lessonkit.lessons.engine import save_cut_curve
+    from lessonkit.speculative.acceptance import measure_shipped
+    from lessonkit.speculative.cut_draft import write_cut, train_cut
+    from lessonkit.workloads.train import ROOT, _write_log_and_card, remeasure
+    if args.measure_only:
+        res = remeasure(cfg.name, measure_shipped(cfg.target), args.out)
+        print(json.dumps(res) if args.json else json.dumps(res, indent=1))
+        return 0
+    if args.steps is not None:
+        cfg = replace(cfg, steps=args.steps)
+    if args.threads:
+        cfg = replace(cfg, threads=args.threads)
+    model, head_ids, log = train_cut(cfg, progress=not args.json)
+    summary = {"name": cfg.name, "heldout_agreement": log["heldout_agreement_with_" + cfg.target],
+               "train_time_s": log["train_time_s"], "params": log["params"]}
+    if not args.no_ship:
+        out = Path(args.out) if args.out else (MODELS_DIR / cfg.name if args.steps is None
+                                               else ROOT / "build" / "models" / f"{cfg.name}-steps{args.steps}")
+        write_cut(model, head_ids, cfg, out)
+        log["speculative"] = measure_shipped(cfg.target)(out)
+        _write_log_and_card(out, log, save_cut_curve)
+        summary["model_dir"], summary["speculative"] = str(out), log["speculative"]
     print(json.dumps(summary) if args.json else json.dumps(summary, indent=1))
     return 0
 

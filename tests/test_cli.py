@@ -124,8 +124,9 @@ def test_command_table_choices_match_the_code():
 
     def choices(entry, flag):
         return next(kw["choices"] for flags, kw in entry[2] if flag in flags)
+    from lessonkit.speculative.cut_draft import PRESETS as CUT_PRESETS
     from lessonkit.workloads.judge_train import PRESETS as JUDGE_PRESETS
-    assert sorted(choices(COMMANDS["train"], "name")) == sorted([*TRAIN_PRESETS, "judge"])
+    assert sorted(choices(COMMANDS["train"], "name")) == sorted([*TRAIN_PRESETS, *CUT_PRESETS, "judge"])
     assert sorted(choices(COMMANDS["train"], "--model")) == sorted(JUDGE_PRESETS)
     assert sorted(choices(COMMANDS["corpus"][1]["build"], "--preset")) == sorted(CORPUS_PRESETS)
     assert tuple(choices(COMMANDS["semcache"][1]["run"], "--policy")) == POLICY_NAMES

@@ -155,6 +155,29 @@ def test_shipped_files_are_small_and_documented():
     assert total < 40 * 2**20
 
 
+def test_shipped_cut_drafter_borrows_its_embedding_and_learnt_from_its_start():
+    """smollm2-draft ships two fine-tuned layers of smollm2-135m and a reduced output layer, not the embedding
+    (borrow.json names it); its held-out agreement rose well above the untrained cut's; all shipped models
+    together stay under 80 MB."""
+    from safetensors import safe_open
+
+    from lessonkit.engine.checkpoint import verify_manifest
+    d = MODELS / "smollm2-draft"
+    assert json.loads((d / "borrow.json").read_text()) == {"base": "smollm2-135m", "tensors": ["embed"]}
+    with safe_open(str(d / "dense.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "embed" not in keys and {"lm_head", "lm_head_ids"} <= keys
+    assert set(verify_manifest(d).values()) == {"ok"}
+    log = json.loads((d / "train_log.json").read_text())
+    assert log["kind"] == "cut" and log["config"]["target"] == "smollm2-135m"
+    after, before = log["heldout_agreement_with_smollm2-135m"], log["initial_agreement"]
+    assert set(after) == set(before) and all(after[k] > before[k] + 0.1 for k in after), (before, after)
+    card = (d / "card.md").read_text()
+    assert "lessonkit train smollm2-draft" in card and "Held-out agreement" in card
+    assert f"{log['speculative']['acceptance']['mean']:.3f}" in card
+    assert sum(p.stat().st_size for p in MODELS.rglob("*") if p.is_file()) < 80 * 2**20
+
+
 def test_heldout_loss_moe_below_draft_below_unigram(tokenizer, windows, heldout_logits):
     """tiny-moe is far below the unigram baseline. tiny-draft is distilled on tiny-moe's top-k (issue 16),
     which leaves little probability on tokens outside them: on corpus text it stays below the baseline on

@@ -25,7 +25,7 @@ from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.integrity import model_integrity, sha256_file  # noqa: F401 (sha256_file: re-exported)
 
 FORMAT_VERSION = 1
-LAYOUT_FILES = ("config.json", "dense.safetensors", "experts.safetensors", "tokenizer.json")
+LAYOUT_FILES = ("config.json", "dense.safetensors", "experts.safetensors", "tokenizer.json", "borrow.json")
 
 
 def _atomic_save(tensors: dict, path: Path, metadata: dict | None = None) -> None:
@@ -62,7 +62,9 @@ def parse_safetensors_header(f, size: int) -> tuple[dict, int, int]:
 def _dense_shapes(c: ModelConfig) -> dict[str, tuple]:
     s = {"embed": (c.vocab_size, c.dim), "norm": (c.dim,)}
     if not c.tie_embeddings:
-        s["lm_head"] = (c.vocab_size, c.dim)
+        s["lm_head"] = (c.output_rows, c.dim)
+    if c.head_rows is not None:
+        s["lm_head_ids"] = (c.head_rows,)
     for l in range(c.n_layers):
         p = f"layers.{l}."
         s.update({p + "attn_norm": (c.dim,), p + "mlp_norm": (c.dim,),
@@ -188,6 +190,7 @@ def export_hf(stream_dir: str | Path, hf_dir: str | Path, dtype=torch.float32) -
     """Write OlmoeForCausalLM / LlamaForCausalLM files (+ a fast tokenizer) that transformers can load."""
     stream_dir, hf_dir = Path(stream_dir), Path(hf_dir)
     c = ModelConfig.load(stream_dir / "config.json")
+    c.to_hf()                       # refuses what transformers cannot hold, before any file is written
     dense = load_dense(stream_dir, c)
     experts = load_file(stream_dir / "experts.safetensors")
     sd = {"model.embed_tokens.weight": dense["embed"], "model.norm.weight": dense["norm"]}
@@ -253,6 +256,12 @@ def load_dense(model_dir: Path, c: ModelConfig) -> dict[str, torch.Tensor]:
     for k, shape in want.items():
         if tuple(dense[k].shape) != shape:
             raise LessonkitError(f"{path}: tensor {k} has shape {tuple(dense[k].shape)}, config.json needs {shape}")
+    if c.head_rows is not None:
+        ids = dense["lm_head_ids"]
+        if ids.dtype != torch.int64 or int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size or \
+                len(torch.unique(ids)) != len(ids):
+            raise LessonkitError(f"{path}: lm_head_ids must be {c.head_rows} distinct int64 token ids below "
+                                 f"vocab_size={c.vocab_size}")
     return dense
 
 

@@ -39,6 +39,10 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     arch: str = "llama"             # "llama" or "olmoe": which Hugging Face class exports it
+    # an output layer over head_rows tokens only (a drafter's reduced vocabulary, FR-Spec): dense tensor
+    # "lm_head" is [head_rows, dim] and "lm_head_ids" [head_rows] names the token of each row; every
+    # other token gets logit -inf. None: one row per token of the vocabulary.
+    head_rows: int | None = None
 
     def __post_init__(self):
         self._check_values()
@@ -48,6 +52,13 @@ class ModelConfig:
             raise LessonkitError(f"top_k={self.top_k} must be between 1 and n_experts={self.n_experts}")
         if self.arch not in ("llama", "olmoe"):
             raise LessonkitError(f"unknown arch {self.arch!r} (expected 'llama' or 'olmoe')")
+        if self.head_rows is not None:
+            if isinstance(self.head_rows, bool) or not isinstance(self.head_rows, int) or \
+                    not 1 <= self.head_rows <= self.vocab_size:
+                raise LessonkitError(f"head_rows must be null or an integer in 1 .. vocab_size={self.vocab_size}, "
+                                     f"got {self.head_rows!r}")
+            if self.tie_embeddings:
+                raise LessonkitError("head_rows needs an untied output layer (tie_embeddings false)")
 
     def _check_values(self) -> None:
         """Each size a positive integer, each float finite and positive, each flag a bool: a bad value
@@ -81,6 +92,11 @@ class ModelConfig:
             return []
         return list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id]
 
+    @property
+    def output_rows(self) -> int:
+        """Rows of the output layer: head_rows, or the whole vocabulary."""
+        return self.head_rows or self.vocab_size
+
     def expert_numel(self) -> int:
         return 3 * self.intermediate_size * self.dim
 
@@ -88,7 +104,7 @@ class ModelConfig:
         """(in, out) of every product a forward makes: q|k|v, o, router, expert gate|up and down, lm_head."""
         hd, d = self.head_dim, self.dim
         shapes = {(d, (self.n_heads + 2 * self.n_kv_heads) * hd), (self.n_heads * hd, d),
-                  (d, 2 * self.intermediate_size), (self.intermediate_size, d), (d, self.vocab_size)}
+                  (d, 2 * self.intermediate_size), (self.intermediate_size, d), (d, self.output_rows)}
         if self.is_moe:
             shapes.add((d, self.n_experts))
         return sorted(shapes)
@@ -102,7 +118,7 @@ class ModelConfig:
         expert = self.expert_numel()
         per_layer_total = attn + norms + router + self.n_experts * expert
         per_layer_active = attn + norms + router + self.top_k * expert
-        emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        emb = self.vocab_size * d + (0 if self.tie_embeddings else self.output_rows * d)
         return {
             "total": self.n_layers * per_layer_total + emb + d,
             "active": self.n_layers * per_layer_active + emb + d,
@@ -112,7 +128,10 @@ class ModelConfig:
 
     # ---- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["head_rows"] is None:      # absent unless set: configs and fingerprints from before it stay the same
+            del d["head_rows"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict, *, source: str = "config") -> "ModelConfig":
@@ -180,6 +199,9 @@ class ModelConfig:
             raise LessonkitError(e.args[0] if str(e).startswith(source) else f"{source}: {e}") from None
 
     def to_hf(self) -> dict:
+        if self.head_rows is not None:
+            raise LessonkitError(f"a model with head_rows={self.head_rows} (an output layer over part of the "
+                                 "vocabulary) has no transformers equivalent")
         common = dict(
             vocab_size=self.vocab_size, hidden_size=self.dim, num_hidden_layers=self.n_layers,
             num_attention_heads=self.n_heads, num_key_value_heads=self.n_kv_heads, head_dim=self.head_dim,

@@ -58,7 +58,7 @@ class CompiledStep:
         self.model, self.cache = model, cache
         experts = [model.store.get(l, 0) for l in range(c.n_layers)]   # kept: the plan points into them
         nq, nkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-        self.logits = torch.empty(c.vocab_size, dtype=torch.float32)
+        self.logits = torch.empty(c.output_rows, dtype=torch.float32)
         self.scratch = torch.empty(3 * c.dim + 2 * nq + 2 * nkv + 2 * c.intermediate_size + cache.max_len,
                                    dtype=torch.float32)
         w, wt = model.w, model.wt
@@ -78,13 +78,15 @@ class CompiledStep:
         self._experts = experts
         self.plan = torch.tensor(addr, dtype=torch.int64)
         self.args = (c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size,
-                     float(c.norm_eps))
+                     c.output_rows, float(c.norm_eps))
         self.avx2 = wt["lm_head"].avx2
         self.max_pos = min(cache.max_len, model.cos.shape[0])
         self._kv = (cache.k.data_ptr(), cache.v.data_ptr())     # the plan points into these tensors
 
     def __call__(self, token: int) -> torch.Tensor:
         pos = self.cache.length
+        if not 0 <= token < self.model.config.vocab_size:
+            raise ValueError(f"token id {token} outside the vocabulary of {self.model.config.vocab_size}")
         if (self.cache.k.data_ptr(), self.cache.v.data_ptr()) != self._kv:
             raise ValueError("the KV cache's tensors were replaced after the compiled step was planned")
         if pos >= self.max_pos:
@@ -93,4 +95,4 @@ class CompiledStep:
         kernel._rowkernel.dense_step(self.plan.data_ptr(), *self.args, int(token), pos, self.avx2,
                                      self.logits.data_ptr())
         self.cache.length = pos + 1
-        return self.logits.clone()
+        return self.model.full_logits(self.logits.clone())

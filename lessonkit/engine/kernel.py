@@ -20,12 +20,17 @@ import platform
 
 import torch
 
+ABI = 2                                 # csrc/rowkernel.c's ABI constant this module calls
+
 try:                                    # built by the README's set-up; optional by design (see `why`)
     from . import _rowkernel
 except ImportError as exc:              # no compiler at install time: the MKL path, same exactness
     _rowkernel, _IMPORT_ERROR = None, str(exc)
 else:
     _IMPORT_ERROR = ""
+    if getattr(_rowkernel, "ABI", 1) != ABI:     # a build from older sources: its arguments differ
+        _rowkernel, _IMPORT_ERROR = None, (f"the built _rowkernel is stale (ABI {getattr(_rowkernel, 'ABI', 1)}, "
+                                           f"this code needs {ABI}): run the README's set-up again")
 
 STRIP = 16           # columns per packed strip (csrc/rowkernel.c)
 ROWWISE_MAX = 16     # forwards of at most this many rows take the row-invariant path

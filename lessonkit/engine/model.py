@@ -81,6 +81,9 @@ class Transformer:
 
     def __init__(self, config: ModelConfig, dense: dict[str, torch.Tensor], store: ExpertStore, dtype=torch.float32):
         self.config, self.store, self.dtype = config, store, dtype
+        dense = dict(dense)
+        ids = dense.pop("lm_head_ids", None)          # token ids of the output rows (config.head_rows)
+        self.head_ids = None if config.head_rows is None else ids.to(torch.long)
         self.w = {k: v.to(dtype) for k, v in dense.items()}
         for l in range(config.n_layers):   # fused q|k|v projection; wq, wk, wv stay as views into it
             p = f"layers.{l}."
@@ -100,6 +103,14 @@ class Transformer:
         self.cos, self.sin = rope_tables(config, self.alloc_len)
         self.last_forward: dict = {}
         self.routing_log: list | None = None   # set to [] to record (layer, expert ids [T, A]) per forward
+
+    def full_logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """Logits [.., V] from the output layer's [.., head_rows]: -inf for tokens without a row."""
+        if self.head_ids is None:
+            return rows
+        out = torch.full((*rows.shape[:-1], self.config.vocab_size), float("-inf"), dtype=rows.dtype)
+        out[..., self.head_ids] = rows
+        return out
 
     def _probe_row_group(self) -> None:
         c = self.config
@@ -268,7 +279,7 @@ class Transformer:
             x = x + self._moe(l, rms_norm(x, self.w[p + "mlp_norm"], c.norm_eps), stats, T)
         cache.length = start + T
         h = rms_norm(x, self.w["norm"], c.norm_eps)
-        logits = linear(h[T - 1:T] if last_only else h, self.w["lm_head"], self.wt["lm_head"]).float()
+        logits = self.full_logits(linear(h[T - 1:T] if last_only else h, self.w["lm_head"], self.wt["lm_head"]).float())
         wall = time.perf_counter() - t0
         self.last_forward = {"rows": T, "unique_experts": stats["unique_experts"], "wall_s": wall,
                              "io_s": self.store.io_s - io0}

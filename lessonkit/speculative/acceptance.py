@@ -14,7 +14,6 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lessonkit.engine.engine import Engine
 from lessonkit.engine.generate import generate
 from lessonkit.engine.registry import load_model
 from lessonkit.speculative.drafters import ModelDrafter
@@ -52,5 +51,5 @@ def measure_shipped(target_name: str):
     """A `measure(model_dir)` callback for `workloads.train.ship`: the draft model in model_dir
     drafting for `target_name`."""
     def measure(model_dir: Path) -> dict:
-        return drafter_acceptance(load_model(target_name), Engine(Path(model_dir), name=Path(model_dir).name))
+        return drafter_acceptance(load_model(target_name), load_model(str(model_dir)))   # assembled if it borrows
     return measure

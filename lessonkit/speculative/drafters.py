@@ -108,7 +108,7 @@ def lean_decode_step(model, token: int, cache) -> torch.Tensor:
             y = (F.silu(g) * u) @ ew.down_t
             x = x + (y if gate_w is None else y * gate_w)
     cache.length = pos + 1
-    return (rms_norm(x, w["norm"], c.norm_eps) @ wt["lm_head"]).float()[0]
+    return model.full_logits((rms_norm(x, w["norm"], c.norm_eps) @ wt["lm_head"]).float()[0])
 
 
 class _CachedModel:

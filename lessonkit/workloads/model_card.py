@@ -31,22 +31,73 @@ def _data_lines(log: dict) -> list[str]:
         lines += ["", f"Greedy next-token agreement with {k.split('_with_')[1]} on its held-out teacher pass "
                   "(text: teacher-forced corpus; greedy: the target's own continuations): "
                   + ", ".join(f"{kk} {v:.1%}" for kk, v in log[k].items()) + "."]
-    if "speculative" in log:
-        sp = log["speculative"]
-        lines += ["", f"## Measured as a drafter ({sp['condition']})", "",
-                  f"Greedy speculative decoding with {sp['target']}, k={sp['k']}, {sp['prompts_per_kind']} held-out "
-                  f"prompts per kind, {sp['max_new_tokens']} new tokens: acceptance rate (accepted / drafted) "
-                  + ", ".join(f"{k} {sp['acceptance'][k]:.3f}" for k in KINDS)
-                  + f"; mean {sp['acceptance']['mean']:.3f}. Draft cost c = {sp['c']:.3f} of a target step "
-                  f"(draft seconds per draft token / plain greedy seconds per token"
-                  + {"C": "; draft step: one C call per token", "torch": "; draft step: PyTorch lean step"}.get(
-                      sp.get("draft_step"), "") + "); output identical to plain "
-                  f"greedy: {sp['identical']}."]
+    lines += _measured_lines(log)
     return lines
 
 
+def _measured_lines(log: dict) -> list[str]:
+    if "speculative" not in log:
+        return []
+    sp = log["speculative"]
+    return ["", f"## Measured as a drafter ({sp['condition']})", "",
+            f"Greedy speculative decoding with {sp['target']}, k={sp['k']}, {sp['prompts_per_kind']} held-out "
+            f"prompts per kind, {sp['max_new_tokens']} new tokens: acceptance rate (accepted / drafted) "
+            + ", ".join(f"{k} {sp['acceptance'][k]:.3f}" for k in KINDS)
+            + f"; mean {sp['acceptance']['mean']:.3f}. Draft cost c = {sp['c']:.3f} of a target step "
+            f"(draft seconds per draft token / plain greedy seconds per token"
+            + {"C": "; draft step: one C call per token", "torch": "; draft step: PyTorch lean step"}.get(
+                sp.get("draft_step"), "") + "); output identical to plain "
+            f"greedy: {sp['identical']}."]
+
+
+def cut_card(log: dict, files: dict) -> str:
+    """card.md of a drafter cut from its target (lessonkit.speculative.cut_draft)."""
+    c, p = log["config"], log["params"]
+    agree = log["heldout_agreement_with_" + c["target"]]
+    lines = [f"# {log['name']}", "",
+             f"Draft model cut from {c['target']}: its layers {', '.join(map(str, c['layers']))}, fine-tuned on "
+             f"{c['target']}'s own predictions, with an output layer over its {c['head_rows']:,} most frequent "
+             "corpus tokens (lessonkit/speculative/cut_draft.py explains the design).", "",
+             "## Architecture", "",
+             f"- {len(c['layers'])} layers of {c['target']} (width, heads and MLP unchanged); input embedding "
+             f"borrowed from {c['target']} at load (borrow.json; frozen in training, not shipped)",
+             f"- output layer: {c['head_rows']:,} rows (untied, initialised from the target's rows); a target "
+             f"token outside them cannot be drafted. They hold {log['head_coverage']:.1%} of the teacher "
+             "pass' greedy picks",
+             f"- weights read per draft token: {p['read_per_token']:,}, {p['read_per_token'] / p['target_read_per_token']:.3f}"
+             f" of a {c['target']} step's {p['target_read_per_token']:,}; trained: {p['trainable']:,}",
+             "", "## Data: the target's own predictions", "",
+             f"Teacher pass over {c['target']} (lessonkit/workloads/distill.py, preset {log['distill_preset']!r}): "
+             "corpus train-split windows teacher-forced in batched prefill and short corpus prompts followed by "
+             "the target's greedy continuation; labels are the target's top-k next-token probabilities. Tokens "
+             "per source/kind: " + ", ".join(f"{k} {v:,}" for k, v in log["train_tokens"].items()) + ".",
+             "", "## Held-out agreement", "",
+             f"Greedy next-token agreement with {c['target']} on its held-out teacher pass (text: teacher-forced "
+             "corpus; greedy: the target's own continuations), before and after fine-tuning:", "",
+             "| rows | " + " | ".join(agree) + " |", "|---|" + "---|" * len(agree),
+             "| the cut, untrained | " + " | ".join(f"{log['initial_agreement'][k]:.1%}" for k in agree) + " |",
+             "| fine-tuned | " + " | ".join(f"{agree[k]:.1%}" for k in agree) + " |"]
+    lines += _measured_lines(log)
+    lines += ["", "## Training", "",
+              f"- {c['steps']} steps x {c['batch_size']} x {log['seq_len']} tokens = {log['tokens_seen']:,} tokens, "
+              f"AdamW lr {c['lr']} (warmup {c['warmup']}, cosine to {c['min_lr_frac']}x), seed {c['seed']}, "
+              f"torch threads {c['threads']}, deterministic algorithms; loss: top-k distillation + "
+              f"{c['hard_weight']} x greedy-pick CE over the kept rows",
+              f"- training time: {log['train_time_s'] / 60:.1f} min (+ {log['teacher_pass_s'] / 60:.1f} min teacher "
+              f"pass, 0 when cached) on {log['machine']['platform']} ({log['machine']['cpu_count']} shared CPU "
+              f"cores, {c['threads']} torch thread, torch {log['machine']['torch']})",
+              "- curves: loss_curve.png; full log: train_log.json", "",
+              "## Reproduce", "", "```", f"lessonkit train {log['name']}", "```", "",
+              "Weights are stored as bfloat16 in the engine's streaming layout. A reduced output layer has no "
+              "transformers equivalent, so `lessonkit export` refuses this model.", "", "## Files", ""]
+    lines += [f"- {k}: {v:,} bytes" for k, v in files.items()]
+    return "\n".join(lines) + "\n"
+
+
 def model_card(log: dict, files: dict) -> str:
-    """card.md of a model trained by lessonkit.workloads.train, from its training log and file sizes."""
+    """card.md of a model trained by lessonkit.workloads.train (or cut_draft), from its log and file sizes."""
+    if log.get("kind") == "cut":
+        return cut_card(log, files)
     c, p = log["config"], log["params"]
     lines = [f"# {log['name']}", "",
              {"olmoe": "OLMoE-style mixture-of-experts target (transformers `OlmoeForCausalLM`).",

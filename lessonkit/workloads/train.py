@@ -99,11 +99,6 @@ PRESETS = {
                                      n_kv_heads=1, intermediate_size=288, tie_embeddings=True, seq_len=96,
                                      batch_size=16, steps=800, lr=4e-3, warmup=40, eval_every=200,
                                      draft_for="tiny-moe"),
-    "smollm2-draft": TrainConfig(name="smollm2-draft", arch="llama", dim=96, n_layers=2, n_heads=3, n_kv_heads=1,
-                                 intermediate_size=256, tie_embeddings=True, seq_len=96, batch_size=8, steps=500,
-                                 loss_rows=256,
-                                 lr=3e-3, warmup=60, distill_from="smollm2-135m", tokenizer_from="smollm2-135m",
-                                 embed_init_from="smollm2-135m", eval_windows=4),
 }
 
 
