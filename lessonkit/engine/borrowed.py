@@ -8,7 +8,7 @@ numbers, 57 MB in bfloat16, more than everything the drafter changed. Its direct
   dense.safetensors      every other dense tensor; experts.safetensors, config.json, tokenizer.json as usual
 
 and is assembled once, at first load, into a complete model directory (the engine's streaming layout) under
-lessonkit_home()/models/NAME-<hash of the shipped files and the base's manifest>/: the engine then loads a
+lessonkit_home()/models/NAME-a<revision>-<hash of the shipped files and the base's manifest>/: the engine then loads a
 plain model. A base whose tensors do not have the shapes the config asks for is refused by name.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
 
 BORROW_FILE = "borrow.json"
+REVISION = 2                 # of the assembly: a directory assembled by other code is rebuilt, not reused
 SHIPPED_FILES = (BORROW_FILE, "config.json", "dense.safetensors", "experts.safetensors", "tokenizer.json")
 
 
@@ -49,7 +50,7 @@ def assembled_dir(model_dir: Path, base_dir: Path, out_root: Path, name: str) ->
     meta = read_borrow(model_dir)
     key = "-".join(sha256_file(model_dir / f)[:8] for f in SHIPPED_FILES if (model_dir / f).exists())
     key += "-" + sha256_file(base_dir / "manifest.json")[:8]
-    out = out_root / f"{name}-{key}"
+    out = out_root / f"{name}-a{REVISION}-{key}"
     if (out / "config.json").exists():
         return out
     c = ModelConfig.load(model_dir / "config.json")
@@ -63,7 +64,7 @@ def assembled_dir(model_dir: Path, base_dir: Path, out_root: Path, name: str) ->
             got = tuple(base[t].shape) if t in base else "missing"
             raise LessonkitError(f"{model_dir}: cannot borrow {t} from {meta['base']} ({base_dir}): "
                                  f"the base has {got}, config.json needs {want.get(t, 'no such tensor')}")
-        dense[t] = base[t].to(dense["norm"].dtype if "norm" in dense else base[t].dtype)   # the shipped storage
+        dense[t] = base[t]        # as the base stores it: the tensor the drafter was trained with
     with publish_dir(out, prefix=".assemble-") as tmp:
         save_file({k: v.contiguous() for k, v in sorted(dense.items())}, tmp / "dense.safetensors",
                   {"format": f"lessonkit-stream-v{FORMAT_VERSION}"})

@@ -182,7 +182,7 @@ def cut_curve_figure(log: dict):
     b.set_xlabel("training step")
     b.set_ylabel(f"agrees with {log['config']['target']} (%)")
     b.legend(fontsize=7)
-    fig.suptitle(f"{log['name']}: layers {log['config']['layers']} of {log['config']['target']}, fine-tuned")
+    fig.suptitle(f"{log['name']}: layers {', '.join(map(str, log['config']['layers']))} of {log['config']['target']}, fine-tuned")
     fig.tight_layout()
     return fig
 
