@@ -17,6 +17,21 @@ def _print_json(obj) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
 
+def _print_result(args, obj) -> None:
+    """One line with --json (for scripts), indented otherwise."""
+    print(json.dumps(obj) if args.json else json.dumps(obj, indent=1))
+
+
+def _with_overrides(cfg, args):
+    """A training preset with the command line's --steps / --threads applied."""
+    from dataclasses import replace
+    if getattr(args, "steps", None) is not None:
+        cfg = replace(cfg, steps=args.steps)
+    if args.threads:
+        cfg = replace(cfg, threads=args.threads)
+    return cfg
+
+
 # ---- models and doctor -----------------------------------------------------------------------------
 def cmd_models(args) -> int:
     from lessonkit.engine.registry import list_models, model_info
@@ -216,7 +231,6 @@ def cmd_corpus_build(args) -> int:
     return 0
 
 def cmd_train(args) -> int:
-    from dataclasses import replace
     if args.name == "judge":
         if args.measure_only:
             raise LessonkitError("--measure-only re-measures a drafter; a judge is measured by training it")
@@ -236,12 +250,9 @@ def cmd_train(args) -> int:
         if not target:
             raise LessonkitError(f"--measure-only: {args.name} is not a drafter (nothing to measure it against)")
         res = remeasure(cfg.name, measure_shipped(target), args.out)
-        print(json.dumps(res) if args.json else json.dumps(res, indent=1))
+        _print_result(args, res)
         return 0
-    if args.steps is not None:
-        cfg = replace(cfg, steps=args.steps)
-    if args.threads:
-        cfg = replace(cfg, threads=args.threads)
+    cfg = _with_overrides(cfg, args)
     hf = HF_DIR / cfg.name if args.steps is None else HF_DIR / f"{cfg.name}-steps{args.steps}"
     log = train(cfg, hf_out=hf, progress=not args.json)
     summary = {"name": cfg.name, "heldout_loss": log["heldout_loss"], "unigram_loss": log["unigram_loss"],
@@ -251,13 +262,12 @@ def cmd_train(args) -> int:
         target = cfg.draft_for or cfg.distill_from
         measure = measure_shipped(target) if target else None
         summary["model_dir"] = str(ship(cfg.name, hf_dir=hf, out_dir=out, loss_curve=save_loss_curve, measure=measure))
-    print(json.dumps(summary) if args.json else json.dumps(summary, indent=1))
+    _print_result(args, summary)
     return 0
 
 
 def cmd_train_cut(args, cfg) -> int:
     """`lessonkit train smollm2-draft`: cut the drafter from its target, distil, ship, measure, write the card."""
-    from dataclasses import replace
     from pathlib import Path
 
     from lessonkit.engine.registry import MODELS_DIR
@@ -267,12 +277,9 @@ def cmd_train_cut(args, cfg) -> int:
     from lessonkit.workloads.train import ROOT, _write_log_and_card, remeasure
     if args.measure_only:
         res = remeasure(cfg.name, measure_shipped(cfg.target), args.out)
-        print(json.dumps(res) if args.json else json.dumps(res, indent=1))
+        _print_result(args, res)
         return 0
-    if args.steps is not None:
-        cfg = replace(cfg, steps=args.steps)
-    if args.threads:
-        cfg = replace(cfg, threads=args.threads)
+    cfg = _with_overrides(cfg, args)
     model, head_ids, log = train_cut(cfg, progress=not args.json)
     summary = {"name": cfg.name, "heldout_agreement": log["heldout_agreement_with_" + cfg.target],
                "train_time_s": log["train_time_s"], "params": log["params"]}
@@ -283,7 +290,7 @@ def cmd_train_cut(args, cfg) -> int:
         log["speculative"] = measure_shipped(cfg.target)(out)
         _write_log_and_card(out, log, save_cut_curve)
         summary["model_dir"], summary["speculative"] = str(out), log["speculative"]
-    print(json.dumps(summary) if args.json else json.dumps(summary, indent=1))
+    _print_result(args, summary)
     return 0
 
 
@@ -299,7 +306,7 @@ def cmd_train_judge(args) -> int:
     if args.threads:
         cfg = replace(cfg, threads=args.threads)
     summary = train_judge(cfg, progress=not args.json, ndjson_check=ndjson_answers)
-    print(json.dumps(summary) if args.json else json.dumps(summary, indent=1))
+    _print_result(args, summary)
     return 0
 
 
