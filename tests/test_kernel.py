@@ -130,3 +130,19 @@ def test_prefill_equals_token_by_token_decoding(kind, tmp_path):
     c = eng.new_cache()
     one_by_one = torch.cat([eng.forward([t], c) for t in toks])
     assert torch.equal(whole, chunked) and torch.equal(whole, one_by_one)
+
+
+def test_a_stale_kernel_build_is_refused_not_called():
+    """A _rowkernel built from older sources (another ABI number) would be called with arguments it does not
+    take: the engine refuses it at import, takes the MKL path and says why (doctor prints it)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import sys, types; m = types.ModuleType('lessonkit.engine._rowkernel'); m.ABI = 1; "
+            "sys.modules['lessonkit.engine._rowkernel'] = m; "
+            "from lessonkit.engine import kernel; print(kernel.BACKEND); print(kernel.WHY)")
+    env = {k: v for k, v in os.environ.items() if k != "LESSONKIT_KERNEL"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    backend, why = out.strip().split("\n")
+    assert backend == "mkl"
+    assert "stale (ABI 1" in why and "set-up again" in why
