@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 import os
 import platform
 import shutil
@@ -37,17 +36,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from lessonkit.engine.borrowed import BORROW_FILE
 from lessonkit.engine.checkpoint import (FORMAT_VERSION, _atomic_save, _check_shapes, _layer_tensors, _Tensors,
                                          write_manifest)
+from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.registry import load_model, resolve_model_dir
 from lessonkit.speculative.vocab import frequent_tokens
 from lessonkit.workloads.distill import PRESETS as DISTILL_PRESETS
-from lessonkit.workloads.distill import agreement, distill_data, heldout, teacher_model
+from lessonkit.workloads.distill import agreement, distill_data, distill_loss, heldout, teacher_model
+from lessonkit.workloads.train import cosine_lr
 
 
 @dataclass(frozen=True)
@@ -104,15 +104,9 @@ def reduced_targets(topk_ids: torch.Tensor, topk_probs: torch.Tensor, row_of: to
 
 def cut_loss(logits: torch.Tensor, rows: torch.Tensor, probs: torch.Tensor, has_pick: torch.Tensor,
              hard_weight: float) -> torch.Tensor:
-    """Cross-entropy against the teacher's top-k renormalised over the kept rows, plus hard_weight x
-    cross-entropy against its greedy pick where that has a row (lessonkit.workloads.distill's loss on a
-    reduced output layer)."""
-    logp = F.log_softmax(logits.float(), dim=-1)
-    p = probs / probs.sum(-1, keepdim=True).clamp_min(1e-12)
-    soft = -(p * logp.gather(-1, rows)).sum(-1).mean()
-    w = has_pick.float()
-    hard = -(logp.gather(-1, rows[..., :1]).squeeze(-1) * w).sum() / w.sum().clamp_min(1.0)
-    return soft + hard_weight * hard
+    """lessonkit.workloads.distill's loss on a reduced output layer: the teacher's top-k renormalised over the
+    kept rows, the greedy-pick part only where the pick has a row (the arguments of `reduced_targets`)."""
+    return distill_loss(logits, rows, probs, hard_weight, has_pick=has_pick)
 
 
 @torch.no_grad()
@@ -124,13 +118,6 @@ def cut_agreement(model, head_ids: torch.Tensor, held, batch: int = 16) -> dict:
                       for i in range(0, len(held.tokens), batch)])
     model.train(was)
     return agreement(pred, held)
-
-
-def _lr(cfg: CutConfig, step: int) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    p = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
 # ----------------------------------------------------------------------------- training
@@ -162,7 +149,7 @@ def train_cut(cfg: CutConfig, progress: bool = True) -> tuple:
     bar = tqdm(range(cfg.steps), desc=f"train {cfg.name}", disable=not progress, mininterval=2.0)
     for step in bar:
         for group in opt.param_groups:
-            group["lr"] = _lr(cfg, step)
+            group["lr"] = cosine_lr(cfg, step)
         idx = torch.randint(0, len(data.tokens), (cfg.batch_size,), generator=g)
         logits = model(input_ids=data.tokens[idx]).logits                       # [B, T, R]
         loss = cut_loss(logits, *reduced_targets(data.topk_ids[idx], data.topk_probs[idx], row_of), cfg.hard_weight)
@@ -172,7 +159,7 @@ def train_cut(cfg: CutConfig, progress: bool = True) -> tuple:
         opt.step()
         if step % cfg.log_every == 0 or step == cfg.steps - 1:
             loss_f = float(loss.detach())
-            log["steps"].append({"step": step, "loss": round(loss_f, 5), "lr": _lr(cfg, step),
+            log["steps"].append({"step": step, "loss": round(loss_f, 5), "lr": cosine_lr(cfg, step),
                                  "elapsed_s": round(time.perf_counter() - t0, 2)})
             bar.set_postfix(loss=f"{loss_f:.3f}")
         if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
@@ -206,7 +193,7 @@ def _coverage(data, row_of: torch.Tensor) -> float:
 def write_cut(model, head_ids: torch.Tensor, cfg: CutConfig, out: Path, dtype=torch.bfloat16) -> None:
     """The streaming layout without the input embedding (borrowed from cfg.target at load), in `dtype`."""
     target_dir = resolve_model_dir(cfg.target)[1]
-    base = load_model(cfg.target).config
+    base = ModelConfig.load(target_dir / "config.json")
     c = dataclasses.replace(base, n_layers=len(cfg.layers), tie_embeddings=False, head_rows=len(head_ids))
     sd = {k: v.detach() for k, v in model.state_dict().items()}
     t = _Tensors(sd, f"{cfg.name} (cut of {cfg.target})")

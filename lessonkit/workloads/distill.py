@@ -94,18 +94,23 @@ class DistillData:
 
 # ----------------------------------------------------------------------------- loss
 def distill_loss(logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Tensor,
-                 hard_weight: float = 0.5) -> torch.Tensor:
+                 hard_weight: float = 0.5, has_pick: torch.Tensor | None = None) -> torch.Tensor:
     """Cross-entropy of the student's logits [..., V] against the target's top-k distribution
     (renormalised over its k ids), plus `hard_weight` x cross-entropy against the target's greedy pick.
 
     The soft part is KL(target_topk || student) up to a constant; the hard part weights what
-    greedy acceptance counts: the target's first choice."""
+    greedy acceptance counts: the target's first choice. has_pick [...] (bool): the positions whose
+    greedy pick the student can output at all (a reduced output layer); the hard part averages over those."""
     logp = F.log_softmax(logits.float(), dim=-1)
     ids = topk_ids.long()
     p = topk_probs.float()
     p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)
     soft = -(p * logp.gather(-1, ids)).sum(-1).mean()
-    hard = -logp.gather(-1, ids[..., :1]).mean()
+    if has_pick is None:
+        hard = -logp.gather(-1, ids[..., :1]).mean()
+    else:
+        w = has_pick.float()
+        hard = -(logp.gather(-1, ids[..., :1]).squeeze(-1) * w).sum() / w.sum().clamp_min(1.0)
     return soft + hard_weight * hard
 
 

@@ -252,7 +252,8 @@ def load_balancing_loss(router_logits, top_k: int) -> torch.Tensor:
     return torch.stack(losses).mean()
 
 
-def _lr(cfg: TrainConfig, step: int) -> float:
+def cosine_lr(cfg, step: int) -> float:
+    """Linear warm-up over cfg.warmup steps, then cosine from cfg.lr down to cfg.min_lr_frac x cfg.lr."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     p = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
@@ -336,7 +337,7 @@ def _optimiser(cfg: TrainConfig, model) -> torch.optim.AdamW:
 def _log_step(log, bar, step, t0, cfg, losses) -> None:
     ce_f, aux_f, kl_f = (float(t.detach()) for t in losses[1:])
     log["steps"].append({"step": step, "ce": round(ce_f, 5), "aux": round(aux_f, 5), "kl": round(kl_f, 5),
-                         "lr": _lr(cfg, step), "elapsed_s": round(time.perf_counter() - t0, 2)})
+                         "lr": cosine_lr(cfg, step), "elapsed_s": round(time.perf_counter() - t0, 2)})
     bar.set_postfix(ce=f"{ce_f:.3f}")
 
 
@@ -363,7 +364,7 @@ def train(cfg: TrainConfig, *, corpus_dir: str | Path = CORPUS_DIR, hf_out: str 
     bar = tqdm(range(cfg.steps), desc=f"train {cfg.name}", disable=not progress, mininterval=2.0)
     for step in bar:
         for g in opt.param_groups:
-            g["lr"] = _lr(cfg, step)
+            g["lr"] = cosine_lr(cfg, step)
         losses = loss_of(model, next_batch())
         opt.zero_grad(set_to_none=True)
         losses[0].backward()
