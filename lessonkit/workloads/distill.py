@@ -249,18 +249,3 @@ def student_agreement(model, held: DistillData, batch: int = 16) -> dict:
                       for i in range(0, len(held.tokens), batch)])
     model.train(was)
     return agreement(pred, held)
-
-
-@torch.no_grad()
-def init_embedding(weight: torch.Tensor, source: str) -> None:
-    """weight [V, d] := the embedding of model `source` projected on its top d principal directions
-    (eigenvectors of E^T E, sign fixed) and rescaled to the student's initial spread, so a narrow
-    student starts from the target's token geometry."""
-    E = load_model(source).model.w["embed"].float()
-    if E.shape[0] != weight.shape[0]:
-        raise LessonkitError(f"embedding init from {source!r}: vocabulary {E.shape[0]} != the student's {weight.shape[0]}")
-    _, vecs = torch.linalg.eigh(E.T.double() @ E.double())
-    vecs = vecs[:, -weight.shape[1]:].flip(-1).float()
-    vecs = vecs * torch.where(vecs.sum(0) < 0, -1.0, 1.0)
-    P = E @ vecs
-    weight.copy_(P * (weight.std() / P.std()))             # the student's initial scale, the target's directions

@@ -108,7 +108,7 @@ def model_card(log: dict, files: dict) -> str:
              + (f" per expert, {c['n_experts']} experts, top-{c['top_k']}, qk-norm, router aux loss coef "
                 f"{c['router_aux_loss_coef']}" if c["arch"] == "olmoe" else "")
              + f", {'tied' if c['tie_embeddings'] else 'untied'} embeddings, vocabulary {log['vocab_size']:,} "
-             f"({c.get('tokenizer_from') or 'corpus'} tokenizer), "
+             "(corpus tokenizer), "
              f"trained at sequence length {c['seq_len']}",
              f"- parameters: total {p['total']:,}; excluding embeddings {p['total_excl_embeddings']:,}",
              f"- active per token: {p['active']:,} including embeddings, {p['active_excl_embeddings']:,} excluding",

@@ -32,19 +32,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
-from tokenizers import Tokenizer
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, OlmoeConfig, OlmoeForCausalLM,
                           PreTrainedTokenizerFast)
 
 from lessonkit.engine.atomic import atomic_write
 from lessonkit.engine.checkpoint import convert_hf_checkpoint, export_hf, write_manifest
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.registry import load_model, resolve_model_dir
+from lessonkit.engine.registry import load_model
 from lessonkit.workloads.corpus import CORPUS_DIR, EOT, KINDS, load_documents, load_tokenizer
 from lessonkit.workloads.distill import PRESETS as DISTILL_PRESETS
 from lessonkit.workloads.model_card import model_card
-from lessonkit.workloads.distill import (DistillData, distill_data, distill_loss, heldout, init_embedding,
-                                        student_agreement, teacher_model)
+from lessonkit.workloads.distill import (DistillData, distill_data, distill_loss, heldout, student_agreement,
+                                        teacher_model)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS_DIR = ROOT / "data" / "models"
@@ -78,9 +77,6 @@ class TrainConfig:
     distill_from: str | None = None  # target model name: train on its teacher pass (workloads.distill)
     distill_preset: str | None = None  # distill.PRESETS name (default: distill_from)
     hard_weight: float = 0.5         # weight of the target's greedy pick next to its top-k distribution
-    loss_rows: int | None = None     # distillation: positions per batch that get the output layer and loss
-    tokenizer_from: str | None = None  # a model whose tokenizer.json the student shares (None: the corpus')
-    embed_init_from: str | None = None  # init the tied embedding from this model's (top singular directions)
     draft_for: str | None = None     # the target this drafter is measured against when shipped (default distill_from)
     eval_every: int = 50
     eval_windows: int = 12           # held-out windows per kind for the logged held-out loss
@@ -287,26 +283,11 @@ def _losses(cfg: TrainConfig, model, x: torch.Tensor):
 
 def _distill_losses(cfg: TrainConfig, model, data: DistillData, idx: torch.Tensor):
     """(loss, CE against the target's greedy picks, 0, top-k distillation loss) of the rows idx."""
-    h = model.model(input_ids=data.tokens[idx]).last_hidden_state.flatten(0, 1)
-    sel = torch.randperm(h.shape[0])[:cfg.loss_rows] if cfg.loss_rows else torch.arange(h.shape[0])
-    logits = model.lm_head(h[sel])           # the output layer only on loss_rows rows: it dominates a wide vocabulary
-    ids, probs = data.topk_ids[idx].flatten(0, 1)[sel], data.topk_probs[idx].flatten(0, 1)[sel]
+    logits = model.lm_head(model.model(input_ids=data.tokens[idx]).last_hidden_state.flatten(0, 1))
+    ids, probs = data.topk_ids[idx].flatten(0, 1), data.topk_probs[idx].flatten(0, 1)
     kd = distill_loss(logits, ids, probs, cfg.hard_weight)
     ce = F.cross_entropy(logits, ids[:, 0].long())
     return kd, ce.detach(), torch.zeros(()), kd
-
-
-def _tokenizer_file(tokenizer_from: str | None, corpus_dir=CORPUS_DIR) -> Path:
-    """The corpus' tokenizer.json, or the one of the model `tokenizer_from`."""
-    if tokenizer_from is None:
-        return Path(corpus_dir) / "tokenizer.json"
-    return resolve_model_dir(tokenizer_from)[1] / "tokenizer.json"
-
-
-def _tokenizer(cfg: TrainConfig, corpus_dir) -> tuple:
-    """(tokenizers.Tokenizer, path of its tokenizer.json) the student uses."""
-    path = _tokenizer_file(cfg.tokenizer_from, corpus_dir)
-    return (load_tokenizer(corpus_dir) if cfg.tokenizer_from is None else Tokenizer.from_file(str(path))), path
 
 
 def _objective(cfg: TrainConfig, tokenizer, corpus_dir, progress: bool):
@@ -347,14 +328,12 @@ def train(cfg: TrainConfig, *, corpus_dir: str | Path = CORPUS_DIR, hf_out: str 
     torch.set_num_threads(cfg.threads)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(cfg.seed)
-    tokenizer, tok_path = _tokenizer(cfg, corpus_dir)
+    tokenizer, tok_path = load_tokenizer(corpus_dir), Path(corpus_dir) / "tokenizer.json"
     windows = heldout_windows(tokenizer, cfg.eval_windows, cfg.seq_len, corpus_dir)
     t_data = time.perf_counter()
     next_batch, loss_of, extra, held = _objective(cfg, tokenizer, corpus_dir, progress)
     t_data = time.perf_counter() - t_data
     model = build_model(cfg, tokenizer)
-    if cfg.embed_init_from:
-        init_embedding(model.get_input_embeddings().weight, cfg.embed_init_from)
     model.train()
     opt = _optimiser(cfg, model)
     log = {"name": cfg.name, "config": asdict(cfg), "params": parameter_counts(model), **extra,
@@ -433,7 +412,7 @@ def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | N
     if not (hf / "train_log.json").exists():
         raise LessonkitError(f"{hf} has no train_log.json; run `lessonkit train {name}` first")
     log = json.loads((hf / "train_log.json").read_text())
-    shutil.copyfile(_tokenizer_file(log["config"].get("tokenizer_from")), hf / "tokenizer.json")
+    shutil.copyfile(CORPUS_DIR / "tokenizer.json", hf / "tokenizer.json")
     convert_hf_checkpoint(hf, out, dtype=torch.bfloat16)
     if measure is not None:
         log["speculative"] = measure(out)
