@@ -288,3 +288,18 @@ def test_remeasure_rewrites_the_card_and_keeps_the_weights(tmp_path):
     assert set(model_integrity(d).values()) == {"ok"}, model_integrity(d)
     with pytest.raises(LessonkitError, match="no train_log.json"):
         train.remeasure("x", lambda model_dir: new, tmp_path)
+
+
+@pytest.mark.slow
+def test_training_is_seeded_and_reproducible(tmp_path):
+    """`lessonkit train` is deterministic for a seed and thread count: two short runs write the same weights."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+    cfg = replace(train.PRESETS["tiny-draft-corpus"], steps=3, eval_every=3, eval_windows=1)
+    logs = [train.train(cfg, hf_out=tmp_path / run, progress=False) for run in ("a", "b")]
+    assert [s["ce"] for s in logs[0]["steps"]] == [s["ce"] for s in logs[1]["steps"]]
+    assert logs[0]["steps"][0]["ce"] != logs[0]["steps"][-1]["ce"]                      # it trained
+    wa, wb = (load_file(tmp_path / run / "model.safetensors") for run in ("a", "b"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (corpus.CORPUS_DIR / "tokenizer.json").read_bytes()
