@@ -1,4 +1,6 @@
 """The judge's training data is disjoint from the shipped stream (the evaluation set)."""
+import re
+
 import pytest
 
 from lessonkit.engine.errors import LessonkitError
@@ -6,14 +8,17 @@ from lessonkit.workloads import judge_data as jd
 from lessonkit.workloads.monitoring import FAMILIES, _entity_pool, load_stream
 
 
-@pytest.mark.parametrize("wide", [False, True])
-def test_training_data_is_disjoint_from_the_shipped_stream(wide):
-    train, shipped = jd.training_items(wide=wide), load_stream()
+@pytest.mark.parametrize("wide,wide_entities", [(False, False), (True, False), (True, True)])
+def test_training_data_is_disjoint_from_the_shipped_stream(wide, wide_entities):
+    train, shipped = jd.training_items(wide=wide, wide_entities=wide_entities), load_stream()
     report = jd.check_disjoint(train, shipped)
     assert report["shared_items"] == 0
     assert not {it.text for it in train} & {it.text for it in shipped}
-    for slot, names in jd.TRAIN_POOLS.items():
-        assert not set(names) & set(_entity_pool(slot)), slot
+    for pools in (jd.TRAIN_POOLS, jd.WIDE_TRAIN_POOLS):
+        for slot, names in pools.items():
+            assert not set(names) & set(_entity_pool(slot)), slot
+    shipped_names = {n for s in jd.TRAIN_POOLS for n in _entity_pool(s)}
+    assert not [it.text for it in train if any(n in it.text for n in shipped_names)]
     shipped_tpl = {t for f in FAMILIES for t in f.phrasings + (f.negated or ())}
     assert not shipped_tpl & {t for f in jd.WIDE_TRAIN_FAMILIES for t in f.phrasings + (f.negated or ())}
 
@@ -34,6 +39,23 @@ def test_training_data_covers_every_family_and_perturbation():
     assert {it.family for it in train} == {f.name for f in FAMILIES}
     assert {it.perturbation for it in train} - {None} == set(jd.PERTURBATIONS)
     assert len({it.text for it in train}) == len(train)
+
+
+def test_wide_entity_pools_extend_the_training_pools_and_spread_the_names():
+    for slot, names in jd.TRAIN_POOLS.items():
+        assert set(names) <= set(jd.WIDE_TRAIN_POOLS[slot]), slot
+        assert len(set(jd.WIDE_TRAIN_POOLS[slot])) == len(jd.WIDE_TRAIN_POOLS[slot]) >= 2 * len(names), slot
+    narrow, wide = jd.training_items(), jd.training_items(wide_entities=True)
+    ips = lambda items: {ip for it in items for ip in re.findall(r"\d+\.\d+\.\d+\.\d+", it.text)}  # noqa: E731
+    assert ips(narrow) == set(jd.TRAIN_POOLS["ip"]) and len(ips(wide)) > 5 * len(ips(narrow))
+
+
+def test_disjointness_check_catches_a_shipped_name():
+    shipped = load_stream()
+    leak = jd.training_items()[:1]
+    leak[0] = type(leak[0])(**{**leak[0].to_dict(), "text": leak[0].text + " on web-01"})
+    with pytest.raises(LessonkitError, match="name a shipped entity"):
+        jd.check_disjoint(leak, shipped)
 
 
 def test_disjointness_check_catches_a_shared_item():

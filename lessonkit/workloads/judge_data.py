@@ -43,6 +43,28 @@ TRAIN_POOLS = {
     "queue": ["sms-outbound", "payment-events", "video-jobs", "webhook-retry", "search-index"],
     "ip": [f"192.168.{a}.{b}" for a in (5, 40, 77) for b in (9, 23, 150, 240)],
 }
+# Many more names per slot, for a judge whose answer must not depend on the entity (an entity swap keeps the
+# label): with 4-12 names per slot a small model can tie labels to names it has seen, and shipped names it has
+# not seen (an IP's octets, a host's number) then move its answer. Still none of the shipped names.
+WIDE_TRAIN_POOLS = {
+    "host": [f"{p}-{i:02d}" for p in ("app", "node", "edge", "proxy", "worker", "api", "stor", "mq", "vm", "ci")
+             for i in range(1, 41)] + [f"redis-{i:02d}" for i in range(1, 21)] + [f"gw-{i:02d}" for i in range(1, 21)]
+            + ["etl-01", "etl-02"],
+    "service": TRAIN_POOLS["service"] + [
+        f"{a}-{b}" for a in ("quote", "stock", "tax", "fraud", "chat", "feed", "promo", "rating", "address", "coupon",
+                             "wallet", "route", "ticket", "badge", "survey", "invoice")
+        for b in ("svc", "worker", "gateway", "engine")],
+    "domain": TRAIN_POOLS["domain"] + [f"{a}.{b}.{c}" for a in ("www", "app", "mail", "id", "files", "blog", "beta")
+                                       for b in ("sample", "demo", "acme", "contoso") for c in ("io", "net", "dev")],
+    "db": TRAIN_POOLS["db"] + [f"{a}-db" for a in ("invoices", "carts", "geo", "reviews", "tickets", "stock",
+                                                    "profiles", "tokens", "jobs", "rates", "quotes", "media")],
+    "job": TRAIN_POOLS["job"] + [f"{a}-{b}" for a in ("daily", "hourly", "monthly") for b in
+                                  ("rollup", "purge", "sync", "digest", "compact", "reindex", "snapshot")],
+    "queue": TRAIN_POOLS["queue"] + [f"{a}-{b}" for a in ("push", "refund", "import", "export", "alert", "billing")
+                                     for b in ("outbound", "inbound", "retry", "dlq")],
+    "ip": [f"192.168.{a}.{b}" for a in (2, 5, 14, 40, 61, 77, 130, 199, 250) for b in (1, 9, 23, 56, 99, 150, 201, 240)]
+          + [f"172.16.{a}.{b}" for a in (0, 9, 31, 128) for b in (3, 12, 45, 88, 111, 177, 233, 254)],
+}
 PHRASINGS = {
     "disk": ("{host}: disk {n}% used", "disk on {host} is {n}% full", "used disk space on {host}: {n}%",
              "{host} has filled {n}% of its disk"),
@@ -166,14 +188,16 @@ def judge_answer(item: MonitoringItem) -> str:
                        "reason": REASONS[item.family][0 if yes else 1]}, separators=(",", ":"))
 
 
-def training_items(config: StreamConfig = TRAIN_STREAM, wide: bool = False) -> list[MonitoringItem]:
+def training_items(config: StreamConfig = TRAIN_STREAM, wide: bool = False,
+                   wide_entities: bool = False) -> list[MonitoringItem]:
     """Distinct training items (first occurrence of each text), from the training vocabulary; wide: with
-    EXTRA_PHRASINGS too, drawn evenly (canonical_share 0.1) rather than mostly in the canonical wording."""
+    EXTRA_PHRASINGS too, drawn evenly (canonical_share 0.1) rather than mostly in the canonical wording;
+    wide_entities: names drawn from WIDE_TRAIN_POOLS."""
     families = WIDE_TRAIN_FAMILIES if wide else TRAIN_FAMILIES
     if wide:
         config = replace(config, canonical_share=0.1)
     seen, out = set(), []
-    for it in generate_stream(config, families, TRAIN_POOLS):
+    for it in generate_stream(config, families, WIDE_TRAIN_POOLS if wide_entities else TRAIN_POOLS):
         if it.text not in seen:
             seen.add(it.text)
             out.append(it)
@@ -205,7 +229,7 @@ def judge_prefix(n_shots: int = N_SHOTS) -> str:
 def check_disjoint(train: list[MonitoringItem], shipped: list[MonitoringItem]) -> dict:
     """Raises LessonkitError if training and shipped data share an entity name, a template or an item."""
     problems = []
-    for slot, names in TRAIN_POOLS.items():
+    for slot, names in WIDE_TRAIN_POOLS.items():
         shared = set(names) & set(_entity_pool(slot))
         if shared:
             problems.append(f"{slot} names in both pools: {sorted(shared)}")
@@ -217,7 +241,7 @@ def check_disjoint(train: list[MonitoringItem], shipped: list[MonitoringItem]) -
         g = FAMILY_BY_NAME[f.name]
         if (f.number, f.units, f.slots, f.action_if_negated) != (g.number, g.units, g.slots, g.action_if_negated):
             problems.append(f"family {f.name}: rules differ from the shipped family")
-    names = {n for v in TRAIN_POOLS.values() for n in v}
+    names = {n for v in WIDE_TRAIN_POOLS.values() for n in v}
     shipped_names = {n for s in TRAIN_POOLS for n in _entity_pool(s)}
     same = {it.text for it in train} & {it.text for it in shipped}
     if same:

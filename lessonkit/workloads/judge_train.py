@@ -58,6 +58,7 @@ class JudgeTrainConfig:
     n_originals: int = TRAIN_STREAM.n_originals
     n_shots: int = N_SHOTS
     wide_phrasings: bool = False    # train on judge_data.EXTRA_PHRASINGS too (more wordings per family)
+    wide_entities: bool = False     # names from judge_data.WIDE_TRAIN_POOLS (hundreds of hosts, IPs, ...)
     seed: int = 0
     threads: int = 1
 
@@ -139,7 +140,8 @@ def train_adapter(cfg: JudgeTrainConfig, progress: bool = True, resume: Path | N
     torch.set_num_threads(cfg.threads)
     torch.use_deterministic_algorithms(True)
     t0 = time.perf_counter()
-    items = training_items(replace(TRAIN_STREAM, n_originals=cfg.n_originals), wide=cfg.wide_phrasings)
+    items = training_items(replace(TRAIN_STREAM, n_originals=cfg.n_originals), wide=cfg.wide_phrasings,
+                           wide_entities=cfg.wide_entities)
     disjoint = check_disjoint(items, load_stream())
     engine = load_model(cfg.model)
     model = LoraModel(resolve_model_dir(cfg.model)[1], cfg.n_top, cfg.rank, cfg.alpha, cfg.targets, cfg.seed)
