@@ -270,7 +270,7 @@ Reproduce: `lessonkit train judge --model {cfg.model}` (seed {cfg.seed}, {cfg.th
 ## Data
 - {log['train_items']} distinct training items from `lessonkit.workloads.judge_data` (monitoring generator,
   seed {TRAIN_STREAM.seed}, {cfg.n_originals} originals with paraphrases and hard negatives; own hosts,
-  services, domains, databases, jobs, queues, IPs and phrasings{' (the wide set: six more wordings per family)' if cfg.wide_phrasings else ''}; disjointness checked: {log['disjointness']['shared_items']}
+  services, domains, databases, jobs, queues, IPs and phrasings{' (the wide set: six more wordings per family)' if cfg.wide_phrasings else ''}{' (wide names: judge_data.WIDE_TRAIN_POOLS)' if cfg.wide_entities else ''}; disjointness checked: {log['disjointness']['shared_items']}
   shared items, {log['disjointness']['shared_names']} shared names, {log['disjointness']['shared_phrasings']} shared phrasings).
 - Prompt: the triage instruction + {cfg.n_shots} training examples ({log['prefix_tokens']} tokens), then the item.
 - Loss: the needs_action token of every example (weight {cfg.decision_weight}); the whole answer line for
