@@ -412,7 +412,6 @@ def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | N
     if not (hf / "train_log.json").exists():
         raise LessonkitError(f"{hf} has no train_log.json; run `lessonkit train {name}` first")
     log = json.loads((hf / "train_log.json").read_text())
-    shutil.copyfile(CORPUS_DIR / "tokenizer.json", hf / "tokenizer.json")
     convert_hf_checkpoint(hf, out, dtype=torch.bfloat16)
     if measure is not None:
         log["speculative"] = measure(out)
