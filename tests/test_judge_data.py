@@ -8,9 +8,10 @@ from lessonkit.workloads import judge_data as jd
 from lessonkit.workloads.monitoring import FAMILIES, _entity_pool, load_stream
 
 
-@pytest.mark.parametrize("wide,wide_entities", [(False, False), (True, False), (True, True)])
-def test_training_data_is_disjoint_from_the_shipped_stream(wide, wide_entities):
-    train, shipped = jd.training_items(wide=wide, wide_entities=wide_entities), load_stream()
+@pytest.mark.parametrize("wide,wide_entities,grammar", [(False, False, False), (True, False, False),
+                                                         (True, True, False), (False, True, True)])
+def test_training_data_is_disjoint_from_the_shipped_stream(wide, wide_entities, grammar):
+    train, shipped = jd.training_items(wide=wide, wide_entities=wide_entities, grammar=grammar), load_stream()
     report = jd.check_disjoint(train, shipped)
     assert report["shared_items"] == 0
     assert not {it.text for it in train} & {it.text for it in shipped}
@@ -20,7 +21,33 @@ def test_training_data_is_disjoint_from_the_shipped_stream(wide, wide_entities):
     shipped_names = {n for s in jd.TRAIN_POOLS for n in _entity_pool(s)}
     assert not [it.text for it in train if any(n in it.text for n in shipped_names)]
     shipped_tpl = {t for f in FAMILIES for t in f.phrasings + (f.negated or ())}
-    assert not shipped_tpl & {t for f in jd.WIDE_TRAIN_FAMILIES for t in f.phrasings + (f.negated or ())}
+    assert not shipped_tpl & {t for f in jd.GRAMMAR_TRAIN_FAMILIES for t in f.phrasings + (f.negated or ())}
+
+
+def test_wording_grammar_keeps_the_rules_and_stays_away_from_shipped_wordings():
+    hand = {t for f in jd.WIDE_TRAIN_FAMILIES for t in f.phrasings + (f.negated or ())}
+    for f, g in zip(jd.GRAMMAR_TRAIN_FAMILIES, FAMILIES):
+        assert (f.name, f.number, f.units, f.slots) == (g.name, g.number, g.units, g.slots)
+        assert len(set(f.phrasings)) == len(f.phrasings) >= 20, f.name
+        for t in f.phrasings:
+            assert set(re.findall(r"\{(\w+)\}", t)) == set(g.slots) | ({"n"} if g.number else set()), t
+            if f.units:
+                assert t.count(" " + f.units[0]) == 1, t
+        if f.negated:      # a negation adds a "not" and keeps the wording's index
+            assert len(f.negated) == len(f.phrasings)
+            assert all(" not " in n and " not " not in p for p, n in zip(f.phrasings, f.negated) if p not in hand)
+        new = [t for t in f.phrasings + (f.negated or ()) if t not in hand]
+        assert new and not [t for t in new if jd.near_shipped(t)], f.name
+
+
+@pytest.mark.parametrize("text,near", [
+    ("disk usage on {host} is at {n}% today", True),          # a shipped wording with a word added
+    ("{{\"path\": \"/api/orders\", \"status\": {n}, \"host\": \"{host}\", \"service\": \"{service}\"}}", True),
+    ("{service} RSS now {n} MB", False),
+    ("storage on {host} holds {n}% data", False),
+])
+def test_near_shipped_finds_near_copies(text, near):
+    assert jd.near_shipped(text) is near
 
 
 def test_wide_phrasings_keep_the_families_rules_and_use_every_wording():
@@ -70,3 +97,17 @@ def test_judge_answer_follows_the_schema_and_label():
         obj = parse_answer(jd.judge_answer(it))
         assert obj["needs_action"] == it.needs_action
         assert obj["severity"] == ("high" if it.needs_action else "low")
+
+
+def test_perturbation_weights_draw_more_unit_changes_and_leave_the_default_draws_alone():
+    from collections import Counter
+    from dataclasses import replace
+
+    from lessonkit.workloads.monitoring import generate_stream
+    count = lambda items: Counter(it.perturbation for it in items)  # noqa: E731
+    base = jd.TRAIN_STREAM
+    plain = jd.training_items(base)
+    assert plain == jd.training_items(replace(base, perturbation_weights=()))
+    weighted = count(jd.training_items(replace(base, perturbation_weights=(("unit_change", 2.5),))))
+    assert weighted["unit_change"] > 1.5 * count(plain)["unit_change"]
+    assert [it.to_dict() for it in generate_stream("full")] == [it.to_dict() for it in load_stream()]

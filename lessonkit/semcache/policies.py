@@ -195,9 +195,9 @@ POLICY_NAMES = ("exact", "two-sided", "one-sided", "one-sided+guard")
 DEFAULT_THRESHOLDS = {"exact": 1.0, "two-sided": 0.8, "one-sided": 0.9, "one-sided+guard": 0.85}
 # Widest spread of the judge's log-odds among rewordings of one item on the calibration split (the
 # first 300 items of the shipped stream, lessons.semantic_cache.calibrate_safe_margin), rounded up; one per
-# judge, since the scale of the log-odds is the judge's: smollm2-135m-judge (the lesson's judge) 23.763;
+# judge, since the scale of the log-odds is the judge's: smollm2-135m-judge (the lesson's judge) 16.016;
 # the untrained smollm2-135m 0.712.
-SAFE_MARGIN = 24.0
+SAFE_MARGIN = 16.5
 UNTRAINED_SAFE_MARGIN = 0.75
 # The same calibration per trained judge, on the prompt it was trained with and answers with (its NDJSON answer's
 # first value token, true or false): the capstone's semantic cache reuses a judge's "no" for a reworded item only

@@ -8,6 +8,8 @@ from the same generator (lessonkit.workloads.monitoring.generate_stream) run on 
   a name the shipped pools do not contain, so no training item can equal a shipped item;
 - its own phrasings (TRAIN_FAMILIES): the same 13 families with the same numbers, thresholds, units
   and negation rules (the task is the same), written in other words; no template string is shared.
+- a wording grammar (GRAMMAR_PARTS, GRAMMAR_JSON) composes 20-57 wordings per family from parts; any of them
+  sharing a run of four words with a shipped wording is dropped (near_shipped);
 - Numbers are drawn from the same ranges (a threshold can only be learnt from numbers around it);
   an identical item is impossible anyway because every item names at least one entity.
 
@@ -20,8 +22,10 @@ severity is "high" for a yes and "low" for a no; reason is a short phrase per fa
 """
 from __future__ import annotations
 
+import itertools
 import json
 import random
+import re
 from dataclasses import replace
 
 from lessonkit.engine.errors import LessonkitError
@@ -167,6 +171,124 @@ WIDE_TRAIN_FAMILIES = [replace(f, phrasings=PHRASINGS[f.name] + EXTRA_PHRASINGS[
                                negated=(NEGATED[f.name] + EXTRA_NEGATED[f.name]) if f.name in NEGATED else None)
                        for f in FAMILIES]
 
+# A wording grammar: each family's wordings composed from parts (subject x predicate, and for the negatable
+# families a (positive, negated) predicate pair), so a judge sees dozens of wordings per family and has to read
+# the content words and the number rather than one sentence shape. NDJSON families get key orders (shuffled,
+# compact and spaced). Any wording that shares a run of NGRAM_GAP words with a shipped wording is dropped
+# (`near_shipped`), so no grammar wording is a near-copy of an evaluation wording either (NDJSON: no key order
+# equal to a shipped one, spaces aside).
+GRAMMAR_PARTS = {
+    "disk": (("disk on {host}", "the disk of {host}", "{host} disk", "storage on {host}", "root volume of {host}",
+              "the data volume on {host}", "{host} root filesystem", "local disk of {host}"),
+             ("is {n}% full", "is {n}% used", "usage: {n}%", "at {n}% capacity", "has {n}% used", "now at {n}%",
+              "fill level {n}%")),
+    "latency": (("p99 of {service}", "{service} p99", "99th percentile latency of {service}",
+                 "{service} tail latency (p99)", "p99 request time for {service}", "the slowest 1% of {service} calls"),
+                ("is {n} ms", "hit {n} ms", "= {n} ms", "now {n} ms", "measured {n} ms", "reads {n} ms", "took {n} ms")),
+    "cert": (("cert for {domain}", "the {domain} certificate", "TLS on {domain}", "{domain} TLS cert",
+              "SSL certificate of {domain}", "x509 cert for {domain}"),
+             ("expires in {n} days", "runs out in {n} days", "is valid {n} more days", "has {n} days left",
+              "has {n} days of validity left", "expiry: {n} days")),
+    "memory": (("{service} RSS", "RSS of {service}", "memory of {service}", "{service} memory footprint",
+                "resident set of {service}", "{service} working set"),
+               ("is {n} MB", "at {n} MB", "now {n} MB", "reads {n} MB", "= {n} MB", "grew to {n} MB")),
+    "replication": (("replica of {db}", "{db} replica", "the {db} standby", "{db} replication", "replication for {db}",
+                     "{db} read replica"),
+                    ("is {n} seconds behind", "lags {n} seconds", "delay: {n} seconds", "is behind by {n} seconds",
+                     "trails by {n} seconds", "lag is {n} seconds")),
+    "logins": (("{n} failed admin logins", "{n} failed logins as admin", "{n} bad admin passwords",
+                "{n} rejected admin logins", "{n} admin authentication failures", "{n} failed admin sign-ins"),
+               ("from {ip}", "by {ip}", "originating at {ip}", "(source {ip})", "seen from {ip}")),
+    "cron": (("cron job {job} on {host}", "{job} on {host}", "{host} cron {job}", "scheduled task {job} ({host})",
+              "the {job} job on {host}", "crontab entry {job} on {host}"),
+             ("exited with code {n}", "returned {n}", "exit status {n}", "finished with status {n}",
+              "ended with code {n}", "terminated with exit code {n}")),
+    "temperature": (("rack {host} inlet", "inlet of rack {host}", "{host} rack intake", "front inlet sensor on rack {host}",
+                     "cold-aisle inlet at rack {host}", "rack {host} intake air"),
+                    ("is {n} °C", "reads {n} °C", "at {n} °C", "= {n} °C", "measures {n} °C", "now {n} °C")),
+    "backup": (("backup of {db}", "{db} backup", "the daily {db} backup", "{db} snapshot backup",
+                "yesterday's backup of {db}", "the scheduled backup for {db}", "backup job {db}"),
+               (("finished", "did not finish"), ("completed", "did not complete"), ("succeeded", "did not succeed"),
+                ("completed successfully", "did not complete successfully"), ("ran to completion", "did not run to completion"),
+                ("is done", "is not done"))),
+    "healthcheck": (("health check of {service} on {host}", "{service}@{host} health check", "{host} {service} liveness probe",
+                     "readiness probe for {service} on {host}", "the {service} healthcheck on {host}",
+                     "health endpoint of {service} ({host})"),
+                    (("failed", "did not fail"), ("is failing", "is not failing"),
+                     ("returned a failure", "did not return a failure"), ("reported a failure", "did not report a failure"))),
+    "queue": (("consumers of {queue}", "{queue} consumers", "the {queue} workers", "consumer processes for {queue}",
+               "{queue} queue consumers", "workers on queue {queue}"),
+              (("are running", "are not running"), ("are up", "are not up"), ("are alive", "are not alive"),
+               ("are active", "are not active"), ("are processing", "are not processing"))),
+}
+GRAMMAR_JSON = {   # family -> (fields as "key": value pairs, how many key orders to draw)
+    "conn_error": ((("level", '"error"'), ("service", '"{service}"'), ("host", '"{host}"'),
+                    ("msg", '"connection refused"'), ("retries", "{n}")), 24),
+    "http_status": ((("path", '"/api/items"'), ("status", "{n}"), ("host", '"{host}"'), ("service", '"{service}"')), 24),
+}
+NGRAM_GAP = 4
+
+
+def _words(template: str) -> list[str]:
+    return re.findall(r"\{\w+\}|[^\W_]+|[%°=@]", template.lower())
+
+
+def near_shipped(template: str, n: int = NGRAM_GAP) -> bool:
+    """True when the template shares a run of n words with a shipped wording (or equals one, spaces aside)."""
+    shipped = [t for f in FAMILIES for t in f.phrasings + (f.negated or ())]
+    if template.replace(" ", "") in {t.replace(" ", "") for t in shipped}:
+        return True
+    if template.startswith("{{"):      # NDJSON: the words are the keys every event has; its wording is the key order
+        return False
+    grams = lambda t: {tuple(w[i:i + n]) for w in [_words(t)] for i in range(len(w) - n + 1)}  # noqa: E731
+    mine = grams(template)
+    return any(mine & grams(t) for t in shipped)
+
+
+def _json_orders(fields, count: int, seed: int) -> list[str]:
+    rng, out = random.Random(seed), []
+    orders = sorted(itertools.permutations(range(len(fields))))
+    rng.shuffle(orders)
+    for k, order in enumerate(orders):
+        sep = (",", ":") if k % 2 == 0 else (", ", ": ")
+        body = sep[0].join(f'"{fields[i][0]}"{sep[1]}{fields[i][1]}' for i in order)
+        t = "{{" + body + "}}"
+        if not near_shipped(t):
+            out.append(t)
+        if len(out) == count:
+            break
+    return out
+
+
+def grammar_phrasings() -> dict[str, tuple[tuple, tuple | None]]:
+    """family -> (wordings, negated wordings or None), composed from GRAMMAR_PARTS / GRAMMAR_JSON, near-copies of
+    shipped wordings dropped. Deterministic."""
+    out = {}
+    for name, (subjects, predicates) in GRAMMAR_PARTS.items():
+        if isinstance(predicates[0], tuple):     # (positive, negated) pairs
+            pairs = [(f"{s} {p}", f"{s} {q}") for s in subjects for p, q in predicates]
+            pairs = [(p, q) for p, q in pairs if not near_shipped(p) and not near_shipped(q)]
+            out[name] = (tuple(p for p, _ in pairs), tuple(q for _, q in pairs))
+        else:
+            first = name == "logins"             # "{n} failed ... from {ip}": count phrase first
+            ts = [f"{s} {p}" for s in subjects for p in predicates] + \
+                 ([f"{{ip}}: {s}" for s in subjects] if first else [])
+            out[name] = (tuple(t for t in ts if not near_shipped(t)), None)
+    for k, (name, (fields, count)) in enumerate(GRAMMAR_JSON.items()):
+        out[name] = (tuple(_json_orders(fields, count, TRAIN_SEED + k)), None)
+    return out
+
+
+def _grammar_families() -> list:
+    """The wide families (hand-written wordings) followed by the grammar's wordings they do not already have."""
+    g, out = grammar_phrasings(), []
+    for f in WIDE_TRAIN_FAMILIES:
+        pos, neg = g[f.name]
+        keep = [i for i, t in enumerate(pos) if t not in f.phrasings]
+        out.append(replace(f, phrasings=f.phrasings + tuple(pos[i] for i in keep),
+                           negated=f.negated + tuple(neg[i] for i in keep) if f.negated else None))
+    return out
+
 REASONS = {        # family -> (reason of a yes, reason of a no)
     "disk": ("disk nearly full", "disk usage normal"), "healthcheck": ("health check failed", "health check passed"),
     "latency": ("latency too high", "latency normal"), "cert": ("certificate expires soon", "certificate valid"),
@@ -176,6 +298,7 @@ REASONS = {        # family -> (reason of a yes, reason of a no)
     "cron": ("cron job failed", "cron job ok"), "temperature": ("rack too hot", "temperature normal"),
     "queue": ("consumers down", "consumers running"),
 }
+GRAMMAR_TRAIN_FAMILIES = _grammar_families()
 TRAIN_STREAM = StreamConfig(n_originals=1200, seed=TRAIN_SEED, exact_repeats=(0,), paraphrases=(0, 1),
                             hard_negatives=(1, 1, 2), near_threshold=0.5)
 N_SHOTS = 4
@@ -189,12 +312,13 @@ def judge_answer(item: MonitoringItem) -> str:
 
 
 def training_items(config: StreamConfig = TRAIN_STREAM, wide: bool = False,
-                   wide_entities: bool = False) -> list[MonitoringItem]:
+                   wide_entities: bool = False, grammar: bool = False) -> list[MonitoringItem]:
     """Distinct training items (first occurrence of each text), from the training vocabulary; wide: with
     EXTRA_PHRASINGS too, drawn evenly (canonical_share 0.1) rather than mostly in the canonical wording;
+    grammar: the wide wordings and the wording grammar's (GRAMMAR_TRAIN_FAMILIES), drawn evenly;
     wide_entities: names drawn from WIDE_TRAIN_POOLS."""
-    families = WIDE_TRAIN_FAMILIES if wide else TRAIN_FAMILIES
-    if wide:
+    families = GRAMMAR_TRAIN_FAMILIES if grammar else WIDE_TRAIN_FAMILIES if wide else TRAIN_FAMILIES
+    if wide or grammar:
         config = replace(config, canonical_share=0.1)
     seen, out = set(), []
     for it in generate_stream(config, families, WIDE_TRAIN_POOLS if wide_entities else TRAIN_POOLS):
@@ -234,10 +358,14 @@ def check_disjoint(train: list[MonitoringItem], shipped: list[MonitoringItem]) -
         if shared:
             problems.append(f"{slot} names in both pools: {sorted(shared)}")
     shipped_tpl = {t for f in FAMILIES for t in f.phrasings + (f.negated or ())}
-    train_tpl = {t for f in WIDE_TRAIN_FAMILIES for t in f.phrasings + (f.negated or ())}
+    train_tpl = {t for f in GRAMMAR_TRAIN_FAMILIES for t in f.phrasings + (f.negated or ())}
     if shipped_tpl & train_tpl:
         problems.append(f"phrasings in both: {sorted(shipped_tpl & train_tpl)[:3]}")
-    for f in WIDE_TRAIN_FAMILIES:
+    near = [t for t in set(train_tpl) - {t for f in WIDE_TRAIN_FAMILIES for t in f.phrasings + (f.negated or ())}
+            if near_shipped(t)]
+    if near:
+        problems.append(f"grammar wordings near a shipped one: {sorted(near)[:3]}")
+    for f in GRAMMAR_TRAIN_FAMILIES:
         g = FAMILY_BY_NAME[f.name]
         if (f.number, f.units, f.slots, f.action_if_negated) != (g.number, g.units, g.slots, g.action_if_negated):
             problems.append(f"family {f.name}: rules differ from the shipped family")

@@ -59,6 +59,8 @@ class JudgeTrainConfig:
     n_shots: int = N_SHOTS
     wide_phrasings: bool = False    # train on judge_data.EXTRA_PHRASINGS too (more wordings per family)
     wide_entities: bool = False     # names from judge_data.WIDE_TRAIN_POOLS (hundreds of hosts, IPs, ...)
+    grammar_phrasings: bool = False # the wide wordings and judge_data's wording grammar (20-57 wordings per family)
+    unit_change_weight: float = 1.0 # a hard negative is a unit change this many times as often as another kind
     seed: int = 0
     threads: int = 1
 
@@ -68,7 +70,8 @@ class JudgeTrainConfig:
 
 
 PRESETS = {
-    "smollm2-135m": JudgeTrainConfig("smollm2-135m", n_top=4, epochs=4, cycles=3, n_originals=600, threads=2),
+    "smollm2-135m": JudgeTrainConfig("smollm2-135m", n_top=4, epochs=4, cycles=3, n_originals=700, threads=2,
+                                     wide_entities=True, grammar_phrasings=True, unit_change_weight=2.5),
     "tiny-moe": JudgeTrainConfig("tiny-moe", n_top=4, rank=32, alpha=64.0, epochs=6, lr=3e-3, full_share=0.4,
                                  n_originals=1500, n_shots=0, wide_phrasings=True),
 }
@@ -140,8 +143,10 @@ def train_adapter(cfg: JudgeTrainConfig, progress: bool = True, resume: Path | N
     torch.set_num_threads(cfg.threads)
     torch.use_deterministic_algorithms(True)
     t0 = time.perf_counter()
-    items = training_items(replace(TRAIN_STREAM, n_originals=cfg.n_originals), wide=cfg.wide_phrasings,
-                           wide_entities=cfg.wide_entities)
+    stream = replace(TRAIN_STREAM, n_originals=cfg.n_originals,
+                     perturbation_weights=(("unit_change", cfg.unit_change_weight),) if cfg.unit_change_weight != 1 else ())
+    items = training_items(stream, wide=cfg.wide_phrasings,
+                           wide_entities=cfg.wide_entities, grammar=cfg.grammar_phrasings)
     disjoint = check_disjoint(items, load_stream())
     engine = load_model(cfg.model)
     model = LoraModel(resolve_model_dir(cfg.model)[1], cfg.n_top, cfg.rank, cfg.alpha, cfg.targets, cfg.seed)
@@ -255,6 +260,17 @@ def _rows(table: dict) -> str:
     return "\n".join(f"| {k} | {v['n']} | {100 * v['accuracy']:.1f}% |" for k, v in table.items())
 
 
+def _data_options(cfg: JudgeTrainConfig) -> str:
+    """The card's line on the data options a config turns on (empty when none)."""
+    opts = (["the wide set of wordings (six more per family)"] if cfg.wide_phrasings and not cfg.grammar_phrasings else []) + \
+        (["the wording grammar (20-57 wordings per family, none within four words of a shipped one)"]
+         if cfg.grammar_phrasings else []) + \
+        (["wide names (judge_data.WIDE_TRAIN_POOLS)"] if cfg.wide_entities else []) + \
+        ([f"a hard negative is a unit change {cfg.unit_change_weight:g}x as often as another kind"]
+         if cfg.unit_change_weight != 1 else [])
+    return "\n- Data options: " + "; ".join(opts) + "." if opts else ""
+
+
 def write_card(out: Path, cfg: JudgeTrainConfig, log: dict, ev: dict, ndjson: dict | None = None) -> Path:
     """card.md (data, time, accuracy per family / perturbation) and manifest.json of a trained judge."""
     a = ev["agreement"]
@@ -270,8 +286,8 @@ Reproduce: `lessonkit train judge --model {cfg.model}` (seed {cfg.seed}, {cfg.th
 ## Data
 - {log['train_items']} distinct training items from `lessonkit.workloads.judge_data` (monitoring generator,
   seed {TRAIN_STREAM.seed}, {cfg.n_originals} originals with paraphrases and hard negatives; own hosts,
-  services, domains, databases, jobs, queues, IPs and phrasings{' (the wide set: six more wordings per family)' if cfg.wide_phrasings else ''}{' (wide names: judge_data.WIDE_TRAIN_POOLS)' if cfg.wide_entities else ''}; disjointness checked: {log['disjointness']['shared_items']}
-  shared items, {log['disjointness']['shared_names']} shared names, {log['disjointness']['shared_phrasings']} shared phrasings).
+  services, domains, databases, jobs, queues, IPs and phrasings; disjointness checked: {log['disjointness']['shared_items']}
+  shared items, {log['disjointness']['shared_names']} shared names, {log['disjointness']['shared_phrasings']} shared phrasings).{_data_options(cfg)}
 - Prompt: the triage instruction + {cfg.n_shots} training examples ({log['prefix_tokens']} tokens), then the item.
 - Loss: the needs_action token of every example (weight {cfg.decision_weight}); the whole answer line for
   {log['full_answer_examples']} examples. {cfg.cycles} cycle(s) of {cfg.epochs} epochs (a fresh AdamW,

@@ -168,6 +168,7 @@ class StreamConfig:
     hard_negatives: tuple = (0, 1, 1, 2)
     near_threshold: float = 0.0    # share of numbers drawn close to the family's threshold (training data)
     canonical_share: float = 0.6   # share of originals in the family's canonical phrasing (the rest: any phrasing)
+    perturbation_weights: tuple = ()  # ((kind, weight), ...): a hard negative's kind drawn with these weights (others 1)
 
 
 PRESETS = {"full": StreamConfig(), "tiny": StreamConfig(n_originals=20)}
@@ -260,7 +261,11 @@ def generate_stream(config: StreamConfig | str = "full", families: list | None =
                  (p == "negation" and fam.negated) or (p == "number_swap" and fam.number) or
                  (p == "entity_swap") or (p == "unit_change" and fam.units)]
         for _ in range(rng.choice(config.hard_negatives)):
-            p = rng.choice(kinds)
+            if config.perturbation_weights:
+                w = dict(config.perturbation_weights)
+                p = rng.choices(kinds, [w.get(k, 1.0) for k in kinds])[0]
+            else:
+                p = rng.choice(kinds)
             var = dict(base, slots=dict(slots))
             if rng.random() < 0.3:
                 var["phrasing"] = rng.randrange(len(fam.phrasings))
