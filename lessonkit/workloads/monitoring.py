@@ -228,6 +228,14 @@ def _swap_number(rng, fam: Family, n: int) -> int:
     return rng.randint(threshold, high)
 
 
+def _draw_perturbation(rng, kinds: list, weights: tuple) -> str:
+    """A hard negative's kind: uniform (the shipped stream's draw), or with ((kind, weight), ...) weights."""
+    if not weights:
+        return rng.choice(kinds)
+    w = dict(weights)
+    return rng.choices(kinds, [w.get(k, 1.0) for k in kinds])[0]
+
+
 def generate_stream(config: StreamConfig | str = "full", families: list | None = None,
                     pools: dict | None = None) -> list[MonitoringItem]:
     """The labelled stream; families / pools replace FAMILIES and the entity pools (judge_data's training data)."""
@@ -261,11 +269,7 @@ def generate_stream(config: StreamConfig | str = "full", families: list | None =
                  (p == "negation" and fam.negated) or (p == "number_swap" and fam.number) or
                  (p == "entity_swap") or (p == "unit_change" and fam.units)]
         for _ in range(rng.choice(config.hard_negatives)):
-            if config.perturbation_weights:
-                w = dict(config.perturbation_weights)
-                p = rng.choices(kinds, [w.get(k, 1.0) for k in kinds])[0]
-            else:
-                p = rng.choice(kinds)
+            p = _draw_perturbation(rng, kinds, config.perturbation_weights)
             var = dict(base, slots=dict(slots))
             if rng.random() < 0.3:
                 var["phrasing"] = rng.randrange(len(fam.phrasings))
