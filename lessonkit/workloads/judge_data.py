@@ -22,6 +22,7 @@ severity is "high" for a yes and "low" for a no; reason is a short phrase per fa
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import random
@@ -233,16 +234,26 @@ def _words(template: str) -> list[str]:
     return re.findall(r"\{\w+\}|[^\W_]+|[%°=@]", template.lower())
 
 
+def _grams(template: str, n: int) -> set[tuple]:
+    w = _words(template)
+    return {tuple(w[i:i + n]) for i in range(len(w) - n + 1)}
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped_index(n: int) -> tuple[frozenset, frozenset]:
+    """The shipped wordings without spaces, and every run of n words in them (computed once)."""
+    shipped = [t for f in FAMILIES for t in f.phrasings + (f.negated or ())]
+    return frozenset(t.replace(" ", "") for t in shipped), frozenset(g for t in shipped for g in _grams(t, n))
+
+
 def near_shipped(template: str, n: int = NGRAM_GAP) -> bool:
     """True when the template shares a run of n words with a shipped wording (or equals one, spaces aside)."""
-    shipped = [t for f in FAMILIES for t in f.phrasings + (f.negated or ())]
-    if template.replace(" ", "") in {t.replace(" ", "") for t in shipped}:
+    squeezed, grams = _shipped_index(n)
+    if template.replace(" ", "") in squeezed:
         return True
     if template.startswith("{{"):      # NDJSON: the words are the keys every event has; its wording is the key order
         return False
-    grams = lambda t: {tuple(w[i:i + n]) for w in [_words(t)] for i in range(len(w) - n + 1)}  # noqa: E731
-    mine = grams(template)
-    return any(mine & grams(t) for t in shipped)
+    return not grams.isdisjoint(_grams(template, n))
 
 
 def _json_orders(fields, count: int, seed: int) -> list[str]:
