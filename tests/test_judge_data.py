@@ -8,14 +8,16 @@ from lessonkit.workloads import judge_data as jd
 from lessonkit.workloads.monitoring import FAMILIES, _entity_pool, load_stream
 
 
-@pytest.mark.parametrize("wide,wide_entities,grammar", [(False, False, False), (True, False, False),
-                                                         (True, True, False), (False, True, True)])
-def test_training_data_is_disjoint_from_the_shipped_stream(wide, wide_entities, grammar):
-    train, shipped = jd.training_items(wide=wide, wide_entities=wide_entities, grammar=grammar), load_stream()
+@pytest.mark.parametrize("wide,wide_entities,grammar,ten", [(False, False, False, False), (True, False, False, False),
+                                                             (True, True, False, False), (False, True, True, False),
+                                                             (False, True, True, True)])
+def test_training_data_is_disjoint_from_the_shipped_stream(wide, wide_entities, grammar, ten):
+    train = jd.training_items(wide=wide, wide_entities=wide_entities, grammar=grammar, ten_net_ips=ten)
+    shipped = load_stream()
     report = jd.check_disjoint(train, shipped)
     assert report["shared_items"] == 0
     assert not {it.text for it in train} & {it.text for it in shipped}
-    for pools in (jd.TRAIN_POOLS, jd.WIDE_TRAIN_POOLS):
+    for pools in (jd.TRAIN_POOLS, jd.WIDE_TRAIN_POOLS, jd.TEN_NET_POOLS):
         for slot, names in pools.items():
             assert not set(names) & set(_entity_pool(slot)), slot
     shipped_names = {n for s in jd.TRAIN_POOLS for n in _entity_pool(s)}
@@ -111,3 +113,22 @@ def test_perturbation_weights_draw_more_unit_changes_and_leave_the_default_draws
     weighted = count(jd.training_items(replace(base, perturbation_weights=(("unit_change", 2.5),))))
     assert weighted["unit_change"] > 1.5 * count(plain)["unit_change"]
     assert [it.to_dict() for it in generate_stream("full")] == [it.to_dict() for it in load_stream()]
+
+
+def test_ten_net_ips_share_the_shipped_network_but_no_address():
+    shipped_ips = set(_entity_pool("ip"))
+    assert all(ip.startswith("10.") for ip in shipped_ips) and all(ip.startswith("10.") for ip in jd.TEN_NET_IPS)
+    assert not [(a, b) for a in shipped_ips for b in jd.TEN_NET_IPS if a in b or b in a]
+    ips = {ip for it in jd.training_items(wide_entities=True, grammar=True, ten_net_ips=True)
+           for ip in re.findall(r"\d+\.\d+\.\d+\.\d+", it.text)}
+    assert ips & set(jd.TEN_NET_IPS) and ips <= set(jd.TEN_NET_POOLS["ip"])
+    with pytest.raises(LessonkitError, match="wide_entities"):
+        jd.training_items(ten_net_ips=True)
+
+
+def test_disjointness_check_catches_an_ip_that_contains_a_shipped_one():
+    item = jd.training_items(wide_entities=True, ten_net_ips=True)[0]
+    shipped_ip = sorted(_entity_pool("ip"))[0]
+    leak = [type(item)(**{**item.to_dict(), "text": item.text + f" from {shipped_ip}5"})]
+    with pytest.raises(LessonkitError, match="name a shipped entity"):
+        jd.check_disjoint(leak, load_stream())

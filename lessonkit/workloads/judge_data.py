@@ -70,6 +70,13 @@ WIDE_TRAIN_POOLS = {
     "ip": [f"192.168.{a}.{b}" for a in (2, 5, 14, 40, 61, 77, 130, 199, 250) for b in (1, 9, 23, 56, 99, 150, 201, 240)]
           + [f"172.16.{a}.{b}" for a in (0, 9, 31, 128) for b in (3, 12, 45, 88, 111, 177, 233, 254)],
 }
+# Training IPs in the shipped IPs' own network (10.x), in subnets the shipped pool does not use (it has 10.0.3,
+# 10.0.7 and 10.0.12): the digits that stand next to a count in a shipped logins item then look like digits the
+# judge was trained on, yet no address is shared. check_disjoint matches names as substrings, so none of these
+# contains a shipped address either.
+TEN_NET_IPS = ([f"10.0.{a}.{b}" for a in (1, 2, 5, 9, 14, 21, 33, 48) for b in (2, 6, 15, 27, 64, 99, 143, 230)]
+               + [f"10.{a}.{b}.{c}" for a in (1, 4, 20, 128) for b in (0, 8) for c in (5, 77)])
+TEN_NET_POOLS = {**WIDE_TRAIN_POOLS, "ip": WIDE_TRAIN_POOLS["ip"] + TEN_NET_IPS}
 PHRASINGS = {
     "disk": ("{host}: disk {n}% used", "disk on {host} is {n}% full", "used disk space on {host}: {n}%",
              "{host} has filled {n}% of its disk"),
@@ -322,17 +329,20 @@ def judge_answer(item: MonitoringItem) -> str:
                        "reason": REASONS[item.family][0 if yes else 1]}, separators=(",", ":"))
 
 
-def training_items(config: StreamConfig = TRAIN_STREAM, wide: bool = False,
-                   wide_entities: bool = False, grammar: bool = False) -> list[MonitoringItem]:
+def training_items(config: StreamConfig = TRAIN_STREAM, wide: bool = False, wide_entities: bool = False,
+                   grammar: bool = False, ten_net_ips: bool = False) -> list[MonitoringItem]:
     """Distinct training items (first occurrence of each text), from the training vocabulary; wide: with
     EXTRA_PHRASINGS too, drawn evenly (canonical_share 0.1) rather than mostly in the canonical wording;
     grammar: the wide wordings and the wording grammar's (GRAMMAR_TRAIN_FAMILIES), drawn evenly;
-    wide_entities: names drawn from WIDE_TRAIN_POOLS."""
+    wide_entities: names drawn from WIDE_TRAIN_POOLS; ten_net_ips (with wide_entities): IPs from TEN_NET_IPS too."""
     families = GRAMMAR_TRAIN_FAMILIES if grammar else WIDE_TRAIN_FAMILIES if wide else TRAIN_FAMILIES
     if wide or grammar:
         config = replace(config, canonical_share=0.1)
+    if ten_net_ips and not wide_entities:
+        raise LessonkitError("ten_net_ips widens the wide names: it needs wide_entities=True")
+    pools = (TEN_NET_POOLS if ten_net_ips else WIDE_TRAIN_POOLS) if wide_entities else TRAIN_POOLS
     seen, out = set(), []
-    for it in generate_stream(config, families, WIDE_TRAIN_POOLS if wide_entities else TRAIN_POOLS):
+    for it in generate_stream(config, families, pools):
         if it.text not in seen:
             seen.add(it.text)
             out.append(it)
@@ -364,7 +374,7 @@ def judge_prefix(n_shots: int = N_SHOTS) -> str:
 def check_disjoint(train: list[MonitoringItem], shipped: list[MonitoringItem]) -> dict:
     """Raises LessonkitError if training and shipped data share an entity name, a template or an item."""
     problems = []
-    for slot, names in WIDE_TRAIN_POOLS.items():
+    for slot, names in TEN_NET_POOLS.items():
         shared = set(names) & set(_entity_pool(slot))
         if shared:
             problems.append(f"{slot} names in both pools: {sorted(shared)}")
@@ -380,7 +390,7 @@ def check_disjoint(train: list[MonitoringItem], shipped: list[MonitoringItem]) -
         g = FAMILY_BY_NAME[f.name]
         if (f.number, f.units, f.slots, f.action_if_negated) != (g.number, g.units, g.slots, g.action_if_negated):
             problems.append(f"family {f.name}: rules differ from the shipped family")
-    names = {n for v in WIDE_TRAIN_POOLS.values() for n in v}
+    names = {n for v in TEN_NET_POOLS.values() for n in v}
     shipped_names = {n for s in TRAIN_POOLS for n in _entity_pool(s)}
     same = {it.text for it in train} & {it.text for it in shipped}
     if same:

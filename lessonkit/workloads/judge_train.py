@@ -61,6 +61,7 @@ class JudgeTrainConfig:
     wide_entities: bool = False     # names from judge_data.WIDE_TRAIN_POOLS (hundreds of hosts, IPs, ...)
     grammar_phrasings: bool = False # the wide wordings and judge_data's wording grammar (20-57 wordings per family)
     unit_change_weight: float = 1.0 # a hard negative is a unit change this many times as often as another kind
+    ten_net_ips: bool = False       # with wide_entities: IPs from judge_data.TEN_NET_IPS too (10.x, no shipped subnet)
     seed: int = 0
     threads: int = 1
 
@@ -146,7 +147,7 @@ def train_adapter(cfg: JudgeTrainConfig, progress: bool = True, resume: Path | N
     stream = replace(TRAIN_STREAM, n_originals=cfg.n_originals,
                      perturbation_weights=(("unit_change", cfg.unit_change_weight),) if cfg.unit_change_weight != 1 else ())
     items = training_items(stream, wide=cfg.wide_phrasings,
-                           wide_entities=cfg.wide_entities, grammar=cfg.grammar_phrasings)
+                           wide_entities=cfg.wide_entities, grammar=cfg.grammar_phrasings, ten_net_ips=cfg.ten_net_ips)
     disjoint = check_disjoint(items, load_stream())
     engine = load_model(cfg.model)
     model = LoraModel(resolve_model_dir(cfg.model)[1], cfg.n_top, cfg.rank, cfg.alpha, cfg.targets, cfg.seed)
@@ -266,6 +267,7 @@ def _data_options(cfg: JudgeTrainConfig) -> str:
         (["the wording grammar (20-57 wordings per family, none within four words of a shipped one)"]
          if cfg.grammar_phrasings else []) + \
         (["wide names (judge_data.WIDE_TRAIN_POOLS)"] if cfg.wide_entities else []) + \
+        (["IPs in unused 10.x subnets too (judge_data.TEN_NET_IPS)"] if cfg.ten_net_ips else []) + \
         ([f"a hard negative is a unit change {cfg.unit_change_weight:g}x as often as another kind"]
          if cfg.unit_change_weight != 1 else [])
     return "\n- Data options: " + "; ".join(opts) + "." if opts else ""
