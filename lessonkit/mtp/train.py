@@ -45,7 +45,7 @@ class TrainMtpConfig:
 
 PRESETS = {
     "tiny-moe": TrainMtpConfig(windows_per_kind=60, steps=400, batch_size=4, ce_rows=256, eval_every=80),
-    "smollm2-135m": TrainMtpConfig(intermediate_size=384, steps=3000, batch_size=8, lr=2e-3, ce_rows=96,
+    "smollm2-135m": TrainMtpConfig(intermediate_size=384, steps=6000, batch_size=8, lr=2e-3, ce_rows=96,
                                    eval_every=250, distill_preset="smollm2-135m-mtp"),
     "test": TrainMtpConfig(intermediate_size=64, windows_per_kind=2, seq_len=64, steps=30, batch_size=2,
                            eval_every=10, real_scale_ratio=None),
