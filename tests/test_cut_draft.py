@@ -194,3 +194,38 @@ def test_cut_model_keeps_the_targets_layers_and_freezes_its_embedding(models):
     assert m(input_ids=torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 5)
     with pytest.raises(LessonkitError, match="layers 0 .. 1"):
         cut_model(hf, (0, 2), ids)
+
+
+# ---------------------------------------------------------------- the teacher pass' rows (workloads.distill)
+@pytest.fixture(scope="module")
+def corpus_engine():
+    return load_model("tiny-moe")          # the corpus tokenizer; corpus_rows only encodes and decodes
+
+
+def test_teacher_rows_come_from_the_split_head_or_spread_over_it(corpus_engine):
+    from dataclasses import replace
+    from lessonkit.workloads.distill import PRESETS, _stream, corpus_rows
+    head = replace(PRESETS["test"], text_rows=6, greedy_rows=3, seq_len=32)
+    spread = replace(head, spread=True)
+    ids = _stream(corpus_engine, "code", "train", None)
+    text, _ = corpus_rows(corpus_engine, "code", head)
+    assert text.flatten().tolist() == ids[:6 * 32]                  # consecutive windows from the start
+    a, pa = corpus_rows(corpus_engine, "code", spread)
+    b, pb = corpus_rows(corpus_engine, "code", spread)
+    assert torch.equal(a, b) and torch.equal(pa, pb)                # seeded
+    slots = []
+    for w in a.tolist():                                            # every window is a slot of the whole stream
+        s = next(i for i in range(0, len(ids) - 32, 32) if ids[i:i + 32] == w)
+        slots.append(s // 32)
+    assert len(set(slots)) == 6 and slots == sorted(slots)
+    assert max(slots) * 32 > (head.text_rows + head.greedy_rows + 2) * head.seq_len   # beyond the head's tokens
+    assert max(slots) * 32 > len(ids) // 4
+
+
+def test_teacher_pass_cache_keys_before_the_spread_option_are_kept(corpus_engine):
+    """Passes cached before DistillConfig.spread existed keep their file; a spread pass gets its own."""
+    from dataclasses import replace
+    from lessonkit.workloads.distill import PRESETS, cache_path
+    assert cache_path(corpus_engine, PRESETS["tiny-moe"]).name.endswith("-9a2293bbf39c.pt")
+    assert cache_path(corpus_engine, replace(PRESETS["tiny-moe"], spread=True)).name != \
+        cache_path(corpus_engine, PRESETS["tiny-moe"]).name

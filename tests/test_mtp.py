@@ -273,3 +273,19 @@ def test_mtp_drafting_is_exact_with_a_frequent_vocabulary(tiny, n):
             assert set(drafter.propose(list(range(10, 51)), 3).tokens) <= kept
     finally:
         drafter.close()
+
+
+def test_heldout_sample_is_spread_over_the_split(moe):
+    """The head's reported figure reads windows from the whole held-out split (HELDOUT_SAMPLE), not its first
+    documents: distinct, in order, seeded, and reaching past the split's first quarter."""
+    from lessonkit.mtp.evaluate import HELDOUT_SAMPLE, text_windows
+    eng = moe[0]
+    n, T = HELDOUT_SAMPLE["n_per_kind"], HELDOUT_SAMPLE["seq_len"]
+    assert HELDOUT_SAMPLE["spread"] and n >= 12
+    head = text_windows(eng, "code", "heldout", 400, T)             # the split from its start, window by window
+    rows = {tuple(r): i for i, r in enumerate(head.tolist())}
+    a = text_windows(eng, "code", "heldout", n, T, spread=True)
+    assert torch.equal(a, text_windows(eng, "code", "heldout", n, T, spread=True))
+    slots = [rows[tuple(r)] for r in a.tolist()]
+    assert slots == sorted(set(slots)) and len(slots) == n
+    assert max(slots) > len(head) // 4 and slots != list(range(n))

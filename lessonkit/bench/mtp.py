@@ -6,7 +6,7 @@ import statistics
 from lessonkit.bench.common import goal, machine_info
 from lessonkit.engine.registry import load_model
 from lessonkit.lessons.mtp import prompts_from_corpus, speed_comparison
-from lessonkit.mtp.evaluate import acceptance_by_kind, eval_windows, pooled_acceptance
+from lessonkit.mtp.evaluate import HELDOUT_SAMPLE, acceptance_by_kind, heldout_sample, pooled_acceptance
 from lessonkit.mtp.head import Shared, load_head
 
 def bench(args) -> dict:
@@ -25,9 +25,10 @@ def bench(args) -> dict:
                       all(r["identical_to_plain"] for r in rows))]
     for m in models:
         eng = load_model(m)
-        per = acceptance_by_kind(load_head(eng), Shared.from_engine(eng), eval_windows(eng, 2, 128, progress=False), 1)
+        per = acceptance_by_kind(load_head(eng), Shared.from_engine(eng), heldout_sample(eng, progress=False), 1)
         a1 = pooled_acceptance(per, 1)["acceptance"][0]
-        targets.append(goal(f"{m}: MTP position-1 acceptance, teacher-forced, held-out text (2 x 128 tokens per kind; "
+        sample = f"{HELDOUT_SAMPLE['n_per_kind']} x {HELDOUT_SAMPLE['seq_len']} tokens per kind, spread over the split"
+        targets.append(goal(f"{m}: MTP position-1 acceptance, teacher-forced, held-out text ({sample}; "
                             + ", ".join(f"{k} {v['acceptance'][0]:.3f}" for k, v in per.items()) + ")",
                             round(a1, 3), ">= 0.55", a1 >= 0.55))
         ks = sorted({r["k"] for r in rows if r["model"] == m and r["k"] > 0})

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from lessonkit.engine.model import rms_norm
-from lessonkit.mtp.evaluate import TargetStates, acceptance_by_kind, cached_states, eval_windows
+from lessonkit.mtp.evaluate import (HELDOUT_SAMPLE, TargetStates, acceptance_by_kind, cached_states, eval_windows,
+                                    heldout_sample)
 from lessonkit.mtp.head import (NORMS, REAL_SCALE_RATIO, MtpConfig, MtpHead, Shared, block, eh_scale_ratio, init_head,
                                 mtp_input, rescale_embedding_half)
 from lessonkit.workloads.corpus import KINDS
@@ -160,8 +161,8 @@ def train_head(engine, tc: TrainMtpConfig = TrainMtpConfig(), progress: bool = T
             log["eval_step"].append(step + 1)
             log["eval_acceptance"].append({k: v["acceptance"][0] for k, v in ev.items()})
     head = _shipped_head(engine, cfg, params, tc, states, t_states, t0)
-    if tc.distill_preset:       # the figure the doctor and `bench mtp` report: corpus windows through the engine
-        ev = acceptance_by_kind(head, sh, eval_windows(engine, 2, 128, progress=progress), depth=3)
+    if tc.distill_preset:       # the figure `bench mtp` reports: corpus windows through the engine
+        ev = acceptance_by_kind(head, sh, heldout_sample(engine, progress=progress), depth=3)
         log["heldout_corpus_acceptance"] = {k: v["acceptance"] for k, v in ev.items()}
     return head, log
 
@@ -178,6 +179,15 @@ def _labels_line(train: dict) -> str:
             "plus a smooth-L1 regression of the target's next normalised hidden state")
 
 
+def _pass_sample(train: dict) -> str:
+    preset = train.get("distill_preset")
+    if not preset:
+        return ""
+    spread = DISTILL_PRESETS[preset].spread if preset in DISTILL_PRESETS else False
+    return (" (its held-out teacher pass: windows and prompts " +
+            ("spread over the held-out split)" if spread else "from the first documents of the held-out split)"))
+
+
 def write_card(head: MtpHead, log: dict, path: Path) -> None:
     m = head.meta
     last = log["eval_acceptance"][-1] if log["eval_acceptance"] else {}
@@ -190,12 +200,14 @@ def write_card(head: MtpHead, log: dict, path: Path) -> None:
              f"- trained: {m['trained_steps']} steps on {m['train_tokens']:,} tokens of the corpus' train split "
              f"(prose, code, records), target frozen, hidden states precomputed once; "
              f"{m['seconds_total']:.0f} s on {m['torch_threads']} CPU threads "
-             f"({m['seconds_states']:.0f} s of it computing target states, 0 when cached)",
+             + (f"({m['seconds_states']:.0f} s of it computing target states)" if m["seconds_states"] >= 60
+                else "(the target states read from the cache of an earlier run)"),
              _labels_line(m["train"]),
-             f"- held-out teacher-forced acceptance at position 1 after training: "
+             f"- held-out teacher-forced acceptance at position 1 after training{_pass_sample(m['train'])}: "
              + ", ".join(f"{k} {100 * v:.1f}%" for k, v in last.items()),
-             *([f"- held-out corpus text (2 windows x 128 tokens per kind, the target's states from the engine, as "
-                "`mtp-doctor` and `bench mtp` measure), acceptance at position 1 / 2 / 3: " + ", ".join(
+             *([f"- held-out corpus text ({HELDOUT_SAMPLE['n_per_kind']} windows x {HELDOUT_SAMPLE['seq_len']} tokens "
+                "per kind spread over the held-out split, the target's states from the engine, as "
+                "`bench mtp` measures), acceptance at position 1 / 2 / 3: " + ", ".join(
                  f"{k} " + " / ".join(f"{100 * a:.1f}%" for a in v) for k, v in log["heldout_corpus_acceptance"].items())]
                if "heldout_corpus_acceptance" in log else []),
              "", "## Documented rescaling of eh_proj",

@@ -49,6 +49,7 @@ class DistillConfig:
     keep_hidden: bool = False        # also keep the target's last hidden states (bfloat16), for MTP heads
     split: str = "train"
     seed: int = 0
+    spread: bool = False             # windows and prompts from the whole split (seeded), not from its first tokens
 
 
 PRESETS = {
@@ -57,6 +58,9 @@ PRESETS = {
     # the smollm2 MTP head's: 2.7x the tokens, mostly teacher-forced corpus text (a head trained on 55,296
     # tokens reached 0.9 batch accuracy against ~0.45 held out: it was learning its data by heart)
     "smollm2-135m-mtp": DistillConfig(text_rows=320, greedy_rows=192, batch_size=16, keep_hidden=True),
+    # the same sizes drawn from the whole train split: the 'mtp' pass reads only its first ~49k tokens per kind,
+    # and a drafter trained on it agrees with the target less beyond them (docs/speculative.md)
+    "smollm2-135m-spread": DistillConfig(text_rows=320, greedy_rows=192, batch_size=16, keep_hidden=True, spread=True),
     "test": DistillConfig(text_rows=2, greedy_rows=2, prompt_len=8, seq_len=24, top_k=4, batch_size=2,
                           keep_hidden=True),
 }
@@ -125,25 +129,45 @@ def teacher_model(engine):
     return m.eval()
 
 
-def _stream(engine, kind: str, split: str, need: int) -> list[int]:
+def _stream(engine, kind: str, split: str, need: int | None) -> list[int]:
+    """The split's documents as one token stream, its first `need` tokens or more (None: all of it)."""
     ids: list[int] = []
     for d in load_documents(kind, split):
         if d.strip():
             ids.extend(engine.encode(d + EOT))
-        if len(ids) >= need:
+        if need is not None and len(ids) >= need:
             break
     return ids
 
 
+def _line_starts(engine, ids: list[int], prompt_len: int) -> list[int]:
+    """Positions that follow a token containing a line break (each distinct token decoded once)."""
+    breaks = {t: "\n" in engine.decode([t]) for t in set(ids)}
+    return [i + 1 for i, t in enumerate(ids[:-prompt_len - 1]) if breaks[t]]
+
+
+def _window_starts(n_slots: int, n: int, cfg: DistillConfig, kind: str) -> list[int]:
+    """Window slots: the first n, or with cfg.spread n seeded distinct slots from the whole stream, in order."""
+    if not cfg.spread:
+        return list(range(n))
+    g = torch.Generator().manual_seed(10_000 + cfg.seed + (KINDS.index(kind) if kind in KINDS else 0))
+    return sorted(torch.randperm(n_slots, generator=g)[:n].tolist())
+
+
 def corpus_rows(engine, kind: str, cfg: DistillConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(text windows [text_rows, seq_len], prompts [greedy_rows, prompt_len]) of one kind, seeded:
-    text windows are consecutive; prompts start at seeded positions that follow a line break."""
-    ids = _stream(engine, kind, cfg.split, (cfg.text_rows + cfg.greedy_rows + 2) * cfg.seq_len)
-    n_text = min(cfg.text_rows, len(ids) // cfg.seq_len - 1)
+    text windows are consecutive from the split's start (cfg.spread: seeded slots over the whole split);
+    prompts start at seeded positions that follow a line break."""
+    need = None if cfg.spread else (cfg.text_rows + cfg.greedy_rows + 2) * cfg.seq_len
+    ids = _stream(engine, kind, cfg.split, need)
+    n_slots = len(ids) // cfg.seq_len - 1
+    n_text = min(cfg.text_rows, n_slots)
     if n_text < 1 and cfg.text_rows:
         raise LessonkitError(f"corpus {kind}.{cfg.split}: too few tokens for one window of {cfg.seq_len}")
-    text = torch.tensor(ids[: n_text * cfg.seq_len], dtype=torch.long).view(n_text, cfg.seq_len)
-    nl = [i + 1 for i, t in enumerate(ids[:-cfg.prompt_len - 1]) if "\n" in engine.decode([t])]
+    starts = _window_starts(n_slots, n_text, cfg, kind)
+    text = torch.tensor([ids[s * cfg.seq_len: (s + 1) * cfg.seq_len] for s in starts],
+                        dtype=torch.long).view(n_text, cfg.seq_len)
+    nl = _line_starts(engine, ids, cfg.prompt_len)
     if len(nl) < 1:
         nl = list(range(len(ids) - cfg.prompt_len))
     g = torch.Generator().manual_seed(cfg.seed + KINDS.index(kind) if kind in KINDS else cfg.seed)
@@ -206,7 +230,10 @@ def build(engine, cfg: DistillConfig, progress: bool = True) -> DistillData:
 
 
 def cache_path(engine, cfg: DistillConfig) -> Path:
-    key = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode()).hexdigest()[:12]
+    fields = asdict(cfg)
+    if not cfg.spread:                 # passes cached before the option existed keep their key
+        del fields["spread"]
+    key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
     return lessonkit_home() / "distill" / f"{engine.name}-{engine.fingerprint()[:16]}-{key}.pt"
 
 
