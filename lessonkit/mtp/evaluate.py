@@ -16,6 +16,7 @@ from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.registry import lessonkit_home
 from lessonkit.mtp.head import MtpHead, Shared, block, head_logits, mtp_input
 from lessonkit.workloads.corpus import EOT, KINDS, load_documents
+from lessonkit.workloads.distill import spread_slots
 
 SPREAD_SEED = 7
 # the held-out sample behind the head's figures (`bench mtp`, the card): 12 windows x 128 tokens per kind of
@@ -40,8 +41,7 @@ def text_windows(engine, kind: str, split: str, n_windows: int, seq_len: int, sk
         raise LessonkitError(f"corpus {kind}.{split} has too few tokens for one window of {seq_len}")
     slots = list(range(skip, skip + n))
     if spread:
-        g = torch.Generator().manual_seed(SPREAD_SEED + (KINDS.index(kind) if kind in KINDS else 0))
-        slots = sorted(torch.randperm(len(ids) // seq_len, generator=g)[:n].tolist())
+        slots = spread_slots(len(ids) // seq_len, n, SPREAD_SEED + (KINDS.index(kind) if kind in KINDS else 0))
     return torch.tensor([ids[s * seq_len:(s + 1) * seq_len] for s in slots], dtype=torch.long).view(n, seq_len)
 
 

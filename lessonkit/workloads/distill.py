@@ -146,12 +146,18 @@ def _line_starts(engine, ids: list[int], prompt_len: int) -> list[int]:
     return [i + 1 for i, t in enumerate(ids[:-prompt_len - 1]) if breaks[t]]
 
 
+def spread_slots(n_slots: int, n: int, seed: int) -> list[int]:
+    """n distinct window slots of 0 .. n_slots - 1, drawn with `seed`, in order: a sample of a whole token
+    stream rather than of its first documents."""
+    g = torch.Generator().manual_seed(seed)
+    return sorted(torch.randperm(n_slots, generator=g)[:n].tolist())
+
+
 def _window_starts(n_slots: int, n: int, cfg: DistillConfig, kind: str) -> list[int]:
     """Window slots: the first n, or with cfg.spread n seeded distinct slots from the whole stream, in order."""
     if not cfg.spread:
         return list(range(n))
-    g = torch.Generator().manual_seed(10_000 + cfg.seed + (KINDS.index(kind) if kind in KINDS else 0))
-    return sorted(torch.randperm(n_slots, generator=g)[:n].tolist())
+    return spread_slots(n_slots, n, 10_000 + cfg.seed + (KINDS.index(kind) if kind in KINDS else 0))
 
 
 def corpus_rows(engine, kind: str, cfg: DistillConfig) -> tuple[torch.Tensor, torch.Tensor]:
