@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import sys
 import time
@@ -108,27 +109,53 @@ def run_all(build_dir: str | Path = "build", smoke: bool = False, only: list[str
     return 1 if failed else 0
 
 
+def load_summary_figures(p: str | Path) -> dict[str, dict]:
+    """{lesson: {figure: value}} of a build/summary.json; one LessonkitError naming the file when it is
+    not one (not UTF-8 JSON, nested too deeply, a list where an object belongs, ...)."""
+    from lessonkit.engine.safe_files import load_json_file
+    data = load_json_file(p, "lessonkit summary.json")
+    lessons = data.get("lessons") if isinstance(data, dict) else None
+    if not isinstance(lessons, dict):
+        raise LessonkitError(f"{p}: not a lessonkit summary.json (expected an object with a 'lessons' object)")
+    out = {}
+    for name, lesson in lessons.items():
+        figs = lesson.get("figures", {}) if isinstance(lesson, dict) else None
+        if not isinstance(figs, dict):
+            raise LessonkitError(f"{p}: not a lessonkit summary.json (lesson {name!r} or its figures is not an object)")
+        out[name] = figs
+    return out
+
+
+def figure_moved(va, vb, rel_noise: float) -> str | None:
+    """'old -> new (change)' when a figure moved beyond rel_noise, else None. A figure that becomes NaN,
+    leaves NaN, or goes from or to +-Infinity has moved (a relative change cannot say how far)."""
+    def num(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if not (num(va) and num(vb)):
+        return None if va == vb else f"{va!r} -> {vb!r}"
+    try:
+        fa, fb = float(va), float(vb)
+    except OverflowError:                       # integers beyond a float: only equality is meaningful
+        return None if va == vb else f"{va} -> {vb}"
+    if math.isfinite(fa) and math.isfinite(fb):
+        rel = (fb - fa) / max(abs(fa), 1e-12)
+        return f"{_fmt(va)} -> {_fmt(vb)} ({rel:+.1%})" if abs(rel) > rel_noise else None
+    if fa == fb or (math.isnan(fa) and math.isnan(fb)):
+        return None
+    return f"{_fmt(va)} -> {_fmt(vb)} (not a finite change)"
+
+
 def compare_summaries(old: str | Path, new: str | Path, rel_noise: float = 0.1) -> int:
-    """Print every numeric figure that moved by more than rel_noise (relative); exit 1 if any did."""
-    def load(p):
-        try:
-            return json.loads(Path(p).read_text())["lessons"]
-        except (OSError, json.JSONDecodeError, KeyError) as e:
-            raise LessonkitError(f"{p}: not a lessonkit summary.json ({e})") from None
-    a, b = load(old), load(new)
+    """Print every figure that moved by more than rel_noise (relative), became or stopped being NaN or
+    infinite, or changed a non-numeric value; exit 1 if any did."""
+    a, b = load_summary_figures(old), load_summary_figures(new)
     moved = 0
     for lesson in sorted(set(a) | set(b)):
-        fa, fb = a.get(lesson, {}).get("figures", {}), b.get(lesson, {}).get("figures", {})
+        fa, fb = a.get(lesson, {}), b.get(lesson, {})
         for k in sorted(set(fa) | set(fb)):
-            va, vb = fa.get(k), fb.get(k)
-            if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and not isinstance(va, bool):
-                denom = max(abs(va), 1e-12)
-                rel = (vb - va) / denom
-                if abs(rel) > rel_noise:
-                    moved += 1
-                    print(f"{lesson}.{k}: {_fmt(va)} -> {_fmt(vb)} ({rel:+.1%})")
-            elif va != vb:
+            change = figure_moved(fa.get(k), fb.get(k), rel_noise)
+            if change is not None:
                 moved += 1
-                print(f"{lesson}.{k}: {va!r} -> {vb!r}")
+                print(f"{lesson}.{k}: {change}")
     print(f"{moved} figure(s) moved beyond {rel_noise:.0%}" if moved else f"nothing moved beyond {rel_noise:.0%}")
     return 1 if moved else 0

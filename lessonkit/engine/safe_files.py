@@ -1,0 +1,72 @@
+"""Reading and writing the workbook's own files without surprises (issue 35, rule 2).
+
+* A file the workbook reads must be a regular file: a FIFO would block forever, a directory or a
+  device is refused naming the path. JSON is read as strict UTF-8, and nesting deeper than Python's
+  recursion allows is one clear error, never a RecursionError.
+* A file the workbook writes inside one of its directories never follows a symlink out of it:
+  `leads_outside` is checked before touching, and `os.open` gets O_NOFOLLOW.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+from lessonkit.engine.errors import LessonkitError
+
+
+def special_file(path: str | Path) -> str | None:
+    """What path is when it exists but is not a regular file (following symlinks): 'a FIFO', 'a
+    directory', ...; None for a regular file or a missing path."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    for test, what in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def require_regular(path: str | Path) -> Path:
+    """path, or one LessonkitError naming it when it exists but is not a regular file (never block on a FIFO)."""
+    what = special_file(path)
+    if what is not None:
+        raise LessonkitError(f"{path}: is {what}, not a regular file; refusing to read it")
+    return Path(path)
+
+
+def load_json_file(path: str | Path, what: str = "JSON file"):
+    """The JSON value in path; one LessonkitError naming the file when it is missing, not a regular
+    file, not UTF-8, not JSON or nested too deeply (json.loads(path.read_text()), with every failure named)."""
+    path = require_regular(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+        return json.loads(text)
+    except FileNotFoundError:
+        raise LessonkitError(f"{path}: no such file") from None
+    except OSError as e:
+        raise LessonkitError(f"{path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise LessonkitError(f"{path}: not a {what} (invalid UTF-8 at byte {e.start})") from None
+    except RecursionError:
+        raise LessonkitError(f"{path}: not a {what} (nests too deeply to read)") from None
+    except ValueError as e:
+        raise LessonkitError(f"{path}: not a {what} ({e})") from None
+
+
+def leads_outside(path: str | Path, root: str | Path) -> bool:
+    """True when path (following every symlink on the way, itself included) resolves outside root,
+    or cannot be resolved. A path that does not exist yet is judged by where its parent leads."""
+    try:
+        return not Path(path).resolve().is_relative_to(Path(root).resolve())
+    except (OSError, RuntimeError):
+        return True
+
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

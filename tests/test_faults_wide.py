@@ -1,0 +1,72 @@
+"""The second, wider fault sweep (issue 35, part A): nothing lost, nothing outside touched, no wrong
+answer, one clear line. Each test failed on the code before its fix. The CLI cases run
+lessonkit.cli.main in-process: a LessonkitError is one line and exit 2, anything else raises here."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+
+from lessonkit.cli import main
+from test_faults import MOE, generate_cli, tree_digest
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def one_clear_line(capsys, *needles) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-2000:]
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+# ---- compare: a regression tool flags NaN and Infinity, and refuses what is not a summary -------------------
+def _summary(tmp_path, name, figures=None, text=None) -> str:
+    p = tmp_path / name
+    p.write_text(text if text is not None else json.dumps({"lessons": {"01": {"figures": figures}}}))
+    return str(p)
+
+
+@pytest.mark.parametrize("old,new", [(1.0, float("nan")), (float("nan"), 1.0), (float("inf"), 1.0),
+                                     (1.0, float("inf")), (float("-inf"), float("inf")), (5, float("-inf"))])
+def test_compare_flags_a_figure_that_becomes_nan_or_leaves_infinity(tmp_path, capsys, old, new):
+    a, b = _summary(tmp_path, "a.json", {"x": old, "y": 2.0}), _summary(tmp_path, "b.json", {"x": new, "y": 2.0})
+    assert main(["compare", a, b]) == 1
+    out = capsys.readouterr().out
+    assert "01.x" in out and "01.y" not in out and "1 figure(s) moved" in out
+
+
+def test_compare_keeps_unchanged_nan_and_infinity_quiet(tmp_path, capsys):
+    figs = {"x": float("nan"), "y": float("inf"), "big": 10 ** 400}
+    assert main(["compare", _summary(tmp_path, "a.json", figs), _summary(tmp_path, "b.json", figs)]) == 0
+    assert "nothing moved" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text,message", [
+    ("[1, 2]", "expected an object with a 'lessons' object"),
+    ('{"lessons": [1]}', "expected an object with a 'lessons' object"),
+    ('{"lessons": {"01": 3}}', "lesson '01' or its figures is not an object"),
+    ('{"lessons": {"01": {"figures": [1]}}}', "lesson '01' or its figures is not an object"),
+    (b'{"lessons": {"\xff": {}}}', "invalid UTF-8"),
+    (DEEP, "nests too deeply"),
+    ("{", "not a lessonkit summary.json"),
+])
+def test_compare_on_what_is_not_a_summary_is_one_clear_line(tmp_path, capsys, text, message):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(text if isinstance(text, bytes) else text.encode())
+    good = _summary(tmp_path, "good.json", {"x": 1.0})
+    assert main(["compare", good, str(bad)]) == 2
+    one_clear_line(capsys, str(bad), message)
+
+
+def test_compare_on_a_fifo_is_refused_without_blocking(tmp_path, capsys):
+    fifo = tmp_path / "summary.json"
+    os.mkfifo(fifo)
+    assert main(["compare", str(fifo), _summary(tmp_path, "b.json", {"x": 1.0})]) == 2
+    one_clear_line(capsys, "FIFO")
