@@ -70,3 +70,65 @@ def test_compare_on_a_fifo_is_refused_without_blocking(tmp_path, capsys):
     os.mkfifo(fifo)
     assert main(["compare", str(fifo), _summary(tmp_path, "b.json", {"x": 1.0})]) == 2
     one_clear_line(capsys, "FIFO")
+
+
+# ---- model files: a FIFO is refused naming it, an eos outside the vocabulary is refused -------------------
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    h = tmp_path / "home"
+    monkeypatch.setenv("LESSONKIT_HOME", str(h))
+    return h
+
+
+@pytest.fixture
+def alarm():
+    """Fail instead of hanging when something blocks (a FIFO opened for reading waits for a writer)."""
+    import signal
+
+    def boom(*_):
+        raise TimeoutError("blocked: the FIFO was opened")
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("name,manifest", [("dense.safetensors", False), ("dense.safetensors", True),
+                                           ("experts.safetensors", False), ("tokenizer.json", False),
+                                           ("config.json", False), ("manifest.json", True)])
+def test_a_fifo_in_a_model_directory_is_refused_naming_it(tmp_path, home, capsys, alarm, name, manifest):
+    d = tmp_path / "m"
+    shutil.copytree(MOE, d)
+    if not manifest:
+        (d / "manifest.json").unlink()
+    (d / name).unlink()
+    os.mkfifo(d / name)
+    assert main(["generate", "--model", str(d), "--prompt", "hi", "--max-new-tokens", "2"]) == 2
+    one_clear_line(capsys, str(d / name), "FIFO")
+
+
+def test_eos_token_id_outside_the_vocabulary_is_refused(tmp_path, home, capsys):
+    d = tmp_path / "m"
+    shutil.copytree(MOE, d)
+    (d / "manifest.json").unlink()
+    cfg = json.loads((d / "config.json").read_text())
+    for eos in (10 ** 9, cfg["vocab_size"], [1, cfg["vocab_size"] + 5]):
+        (d / "config.json").write_text(json.dumps({**cfg, "eos_token_id": eos}))
+        assert main(["generate", "--model", str(d), "--prompt", "hi", "--max-new-tokens", "2"]) == 2
+        one_clear_line(capsys, str(d / "config.json"), "eos_token_id must be a token id below vocab_size=4096")
+
+
+@pytest.mark.parametrize("memo", [DEEP, "[1, 2]", "{", b"\xff\xfe"])
+def test_a_damaged_verified_json_is_rebuilt_with_one_warning(tmp_path, home, memo):
+    from lessonkit.engine.registry import load_model
+    d = tmp_path / "m"
+    shutil.copytree(MOE, d)
+    home.mkdir()
+    (home / "verified.json").write_bytes(memo if isinstance(memo, bytes) else memo.encode())
+    with pytest.warns(UserWarning, match="verified.json: not a hash memo"):
+        assert load_model(str(d)).weights_verified is True
+    assert isinstance(json.loads((home / "verified.json").read_text()), dict)     # rebuilt
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_model(str(d)).weights_verified is True

@@ -81,6 +81,8 @@ class ModelConfig:
             ids = v if isinstance(v, list) else [] if v is None else [v]
             if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
                 raise LessonkitError(f"{k} must be a token id, a list of them, or null, got {v!r}")
+            if any(t >= self.vocab_size for t in ids):
+                raise LessonkitError(f"{k} must be a token id below vocab_size={self.vocab_size}, got {v!r}")
 
     @property
     def is_moe(self) -> bool:
@@ -155,8 +157,10 @@ class ModelConfig:
             return cls.from_dict(json.loads(path.read_text()), source=str(path))
         except FileNotFoundError:
             raise LessonkitError(f"{path}: config file not found") from None
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise LessonkitError(f"{path}: not valid JSON ({e})") from None
+        except RecursionError:
+            raise LessonkitError(f"{path}: not valid JSON (nests too deeply)") from None
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")

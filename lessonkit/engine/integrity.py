@@ -17,10 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 
 from lessonkit.engine.atomic import atomic_write
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.safe_files import load_json_file, require_regular
 
 MEMO_NAME = "verified.json"
 
@@ -44,11 +46,15 @@ def read_manifest(model_dir: Path) -> dict[str, str]:
     unreadable or lists no file."""
     mpath = Path(model_dir) / "manifest.json"
     try:
-        m = json.loads(mpath.read_text())
+        m = json.loads(require_regular(mpath).read_text())
     except FileNotFoundError:
         raise LessonkitError(f"{mpath}: missing (no SHA-256 manifest to check the weights against)") from None
+    except LessonkitError as e:                 # not a regular file (a FIFO would block)
+        raise LessonkitError(f"{mpath}: unreadable ({str(e).split(': ', 1)[-1]})") from None
     except (OSError, ValueError) as e:
         raise LessonkitError(f"{mpath}: unreadable ({e})") from None
+    except RecursionError:
+        raise LessonkitError(f"{mpath}: unreadable (nests too deeply)") from None
     files = m.get("sha256") if isinstance(m, dict) else None
     if not isinstance(files, dict) or not files:
         raise LessonkitError(f"{mpath}: lists no files (an empty manifest verifies nothing)")
@@ -75,10 +81,17 @@ def unlisted(model_dir: Path, files: dict) -> list[str]:
 
 
 def _load_memo(path: Path) -> dict:
+    """The remembered hashes; a damaged memo (not JSON, not an object, nested too deeply, not a regular
+    file) is one warning and counts as empty: every file is hashed again and the memo rewritten."""
+    if not path.exists():
+        return {}
     try:
-        memo = json.loads(path.read_text())
-        return memo if isinstance(memo, dict) else {}
-    except (OSError, ValueError):
+        memo = load_json_file(path, "hash memo")
+        if not isinstance(memo, dict):
+            raise LessonkitError(f"{path}: not a hash memo (not a JSON object)")
+        return memo
+    except LessonkitError as e:
+        warnings.warn(f"{e}; ignored, the model files are hashed again", UserWarning, stacklevel=2)
         return {}
 
 
@@ -135,10 +148,20 @@ def _save_memo(path: Path, memo: dict) -> None:
         pass
 
 
+def refuse_special_files(model_dir: Path) -> None:
+    """One LessonkitError naming the first model file (weights, config, tokenizer, manifest, ...) that
+    exists but is not a regular file: reading a FIFO would block forever."""
+    d = Path(model_dir)
+    names = {"config.json", "tokenizer.json", "manifest.json", "borrow.json", "chat_template.jinja"}
+    for p in sorted([*(d / n for n in names), *d.glob("*.safetensors")]):
+        require_regular(p)
+
+
 def check_model_files(model_dir: str | Path, *, required: bool = True) -> bool:
     """Raise one LessonkitError naming the first bad file; True when verified, False when unverified
     (a user directory without a manifest, allowed when not required)."""
     model_dir = Path(model_dir)
+    refuse_special_files(model_dir)
     res = model_integrity(model_dir, required=required)
     for f, s in res.items():
         if s.startswith("unverified"):
