@@ -28,14 +28,37 @@ than a list of cases (prefix_checks, spec_checks.rejection_sample) call the func
 from __future__ import annotations
 
 import copy
+import os
+import re
+import sysconfig
+import traceback
+from pathlib import Path
 
 NOT_IMPLEMENTED = "not implemented yet"
 RAISED_ON_CASE = "{name}: on case '{label}' {error}"    # how run_cases reports an exception by default
 
 
+_NOT_THE_STUDENTS = tuple({str(Path(__file__).resolve().parents[1]), *(
+    os.path.realpath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib"))})
+_NOTEBOOK_CELL = re.compile(r"ipykernel_\d+[/\\]\d+\.py$|^<ipython-input-")
+
+
+def students_line(e: BaseException) -> str:
+    """Where in the student's code `e` was raised: the last traceback frame outside lessonkit, the
+    standard library and installed packages, as "line N of your cell: <code>" ("" when there is none)."""
+    for f in reversed(traceback.extract_tb(e.__traceback__)):
+        if os.path.realpath(f.filename).startswith(_NOT_THE_STUDENTS):
+            continue
+        where = "your cell" if _NOTEBOOK_CELL.search(f.filename) else os.path.basename(f.filename)
+        return f"line {f.lineno} of {where}" + (f": {f.line.strip()}" if f.line else "")
+    return ""
+
+
 def raised(e: BaseException) -> str:
-    """How the one line reports an exception from the student's function."""
-    return f"your function raised {type(e).__name__}: {e}"
+    """How the one line reports an exception from the student's function: type, message and the
+    student's own line (not the checker's traceback)."""
+    line = students_line(e)
+    return f"your function raised {type(e).__name__}: {e}" + (f" ({line})" if line else "")
 
 
 def fresh_args(args, shared: tuple = ()):

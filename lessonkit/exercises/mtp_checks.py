@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from lessonkit.exercises import raised
+
 SEED = 2026
 
 
@@ -49,7 +51,7 @@ def _call(name: str, fn, *args):
     except NotImplementedError:
         return None, f"{name}: not implemented yet"
     except Exception as e:  # the student's bug, reported, never raised
-        return None, f"{name}: your function raised {type(e).__name__}: {e}"
+        return None, f"{name}: {raised(e)}"
 
 
 def _as_tensor(got, shape, what: str):
