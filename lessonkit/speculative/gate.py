@@ -98,7 +98,7 @@ class DepthGate:
     cost: list[float]                         # seconds of a verify forward with r = 1 .. k_max+1 rows
     k_max: int = 8
     probe_every: int = 16
-    priors: tuple = (0.8, 0.6, 0.5)           # prior acceptance of positions 1-3 (Colibri's MTP priors); deeper
+    priors: tuple = (0.8, 0.6, 0.5)           # prior acceptance of positions 1-3 (this workbook's choice); deeper
                                               # positions take the estimate of the position before as prior
     prior_weight: float = 2.0
     ema: float = 0.3
