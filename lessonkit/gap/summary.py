@@ -126,7 +126,8 @@ def comparison_table(figures: dict) -> pd.DataFrame:
         {"finding": "lag on GPQA Diamond, Nov 2024", "Epoch": bench,
          f"this notebook ({meth})": lag("gpqa@2024-11-04", meth),
          "this notebook (records)": lag("gpqa@2024-11-04", "records"),
-         "why they differ": "Epoch's own runs, which start in 2023: dates whose open level the "
+         "why they differ": "Epoch's own runs of models released from 2023-03-14 (the earliest "
+                            "release date; the runs date from 2025): dates whose open level the "
                             "closed frontier had passed before the data starts drop out"},
         {"finding": "open frontier compute growth",
          "Epoch": pub["growth of open frontier compute"]["value"],
@@ -138,8 +139,8 @@ def comparison_table(figures: dict) -> pd.DataFrame:
                                     f"{at['eci@2025-10-30'][meth]['vertical_gap']:.1f} points",
          "this notebook (records)": lag("eci@2025-10-30", "records"),
          "why they differ": "a later export (to " + latest["eci"] + ") whose ECI values were "
-                            "re-estimated; the lesson's windows and estimators, not Epoch's "
-                            "(not published with the data)"},
+                            "re-estimated; Epoch averages across ECI levels over Jan 2023 - Oct 2025, "
+                            "the lesson over the monthly dates of its window"},
     ]
     return pd.DataFrame(rows)
 
