@@ -354,7 +354,7 @@ def cmd_grammar_check(args) -> int:
         if not p.is_file():
             raise LessonkitError(f"{f}: no such file")
         data = p.read_bytes()
-        err = grammar.first_error(data)
+        err = grammar.first_error(data, name=f)
         row = {"file": f, "ok": err is None}
         if err is not None:
             row["error_offset"] = err
@@ -386,8 +386,8 @@ def cmd_semcache_run(args) -> int:
     first = args.audit_first if args.audit_first is not None else (2 if args.audit_rate > 0 else 0)
     audit = AuditConfig(rate=args.audit_rate, first_n=first, limit=args.audit_limit, seed=args.seed)
     embedder = load_embedder()
-    embeddings = None if args.policy == "exact" else embed_stream(texts, progress=not args.json)
     store = CacheStore(args.store, scope_key(judge.fingerprint, instruction_fingerprint(), embedder.fingerprint))
+    embeddings = None if args.policy == "exact" else embed_stream(texts, progress=not args.json)
     s = run_stream(texts, policy, judge, embeddings=embeddings, audit=audit, store=store,
                    progress=not args.json).summary()
     store.close()

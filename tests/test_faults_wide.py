@@ -19,11 +19,13 @@ DEEP = "[" * 100_000 + "]" * 100_000
 
 
 def one_clear_line(capsys, *needles) -> str:
+    """stderr holds no traceback and exactly one error line (progress bars aside), naming each needle."""
     err = capsys.readouterr().err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-2000:]
+    errors = [ln for ln in err.splitlines() if ln.startswith("lessonkit: error:")]
+    assert "Traceback" not in err and len(errors) == 1, err[-2000:]
     for n in needles:
-        assert n in err, err
-    return err
+        assert n in errors[0], err
+    return errors[0]
 
 
 # ---- compare: a regression tool flags NaN and Infinity, and refuses what is not a summary -------------------
@@ -132,3 +134,98 @@ def test_a_damaged_verified_json_is_rebuilt_with_one_warning(tmp_path, home, mem
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert load_model(str(d)).weights_verified is True
+
+
+# ---- semantic cache: the retired flag and a stopped policy are inside a checksum; a read-only store -------
+def _store(path):
+    from lessonkit.semcache.store import CacheStore
+    return CacheStore(path, "scope")
+
+
+def _unit(*lead):
+    import numpy as np
+    v = np.zeros(384, np.float32)
+    v[: len(lead)] = lead
+    return v / np.linalg.norm(v)
+
+
+def _sql(path, statement):
+    import sqlite3
+    db = sqlite3.connect(path)
+    db.execute(statement)
+    db.commit()
+    db.close()
+
+
+def test_an_un_retired_entry_is_never_served(tmp_path):
+    from lessonkit.semcache.store import SemcacheIntegrityWarning
+    path = tmp_path / "cache.sqlite"
+    s = _store(path)
+    kept, retired = s.put("disk c at 40%", _unit(1, 0), False), s.put("cron b ok", _unit(0, 1), False)
+    s.retire(retired)
+    s.close()
+    s = _store(path)                                            # untouched: both load, one is retired
+    assert len(s) == 2 and [s.usable(e) for e in s.entries] == [True, False] and not s.bad_entries
+    s.close()
+    _sql(path, f"UPDATE entries SET retired = 0 WHERE id = {retired.id}")     # the tamper
+    with pytest.warns(SemcacheIntegrityWarning, match="1 semantic-cache entries fail their checksum"):
+        s = _store(path)
+    assert s.bad_entries == [retired.id] and [e.id for e in s.entries] == [kept.id]
+    assert s.nearest(_unit(0, 1), 0.5) == [] and s.exact("cron b ok") is None
+
+
+@pytest.mark.parametrize("tamper", ["stopped = 0", "losses = 0", "audits = 1000", "checksum = NULL"])
+def test_a_tampered_policy_stop_keeps_the_policy_stopped(tmp_path, tamper):
+    from lessonkit.semcache.policies import make_policy, run_stream
+    from lessonkit.semcache.store import SemcacheIntegrityWarning
+    from lessonkit.workloads.judge import RuleJudge
+    path = tmp_path / "cache.sqlite"
+    s = _store(path)
+    s.put("cron b ok", _unit(1, 0), False)
+    key = make_policy("one-sided", 0.8).describe()
+    s.save_policy_state(key, 3, 2, True)
+    s.close()
+    assert _store(path).policy_state(key) == {"audits": 3, "losses": 2, "stopped": True}
+    _sql(path, f"UPDATE policy_state SET {tamper}")
+    s = _store(path)
+    with pytest.warns(SemcacheIntegrityWarning, match="fails its checksum"):
+        res = run_stream(["cron b is ok"], make_policy("one-sided", 0.8), RuleJudge({"cron b is ok": False}),
+                         embeddings=_unit(1, 0.01)[None], store=s)
+    assert res.summary()["hits"] == 0 and res.summary()["policy_stopped_at"] == -1
+
+
+def _sqlite_read_only(monkeypatch, path):
+    """SQLite opens a file it may not write read-only (root ignores chmod, so the test asks for that mode)."""
+    import sqlite3
+    real = sqlite3.connect
+
+    def connect(p, *a, **k):
+        if str(p) == str(path):
+            return real(f"file:{p}?mode=ro", *a, uri=True, **k)
+        return real(p, *a, **k)
+    monkeypatch.setattr(sqlite3, "connect", connect)
+
+
+def test_a_read_only_store_is_one_clear_line_before_the_run(tmp_path, monkeypatch, capsys):
+    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.semcache import policies
+    path = tmp_path / "cache.sqlite"
+    _store(path).close()
+    before = path.read_bytes()
+    _sqlite_read_only(monkeypatch, path)
+    with pytest.raises(LessonkitError, match="cannot be written"):
+        _store(path)
+    monkeypatch.setattr(policies, "run_stream", lambda *a, **k: pytest.fail("the run started"))
+    assert main(["semcache", "run", "--store", str(path), "--policy", "exact", "--judge", "rule", "--limit", "3"]) == 2
+    one_clear_line(capsys, str(path), "cannot be written")
+    assert path.read_bytes() == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="chmod does not stop root; the simulated case above covers it")
+def test_a_read_only_store_by_chmod(tmp_path):
+    from lessonkit.engine.errors import LessonkitError
+    path = tmp_path / "cache.sqlite"
+    _store(path).close()
+    path.chmod(0o444)
+    with pytest.raises(LessonkitError, match="cannot be written"):
+        _store(path)

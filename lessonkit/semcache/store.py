@@ -11,11 +11,16 @@ agreed, t) and policy_state(scope, policy, audits, losses, stopped, t).
 An in-memory matrix of the scope's live embeddings makes a lookup one matrix-vector product.
 
 Integrity: each entry's checksum is a SHA-256 over what decides whether and what it serves (scope,
-text, embedding bytes, answer, created, ttl, margin). An entry whose checksum does not match (a
-flipped bit in the file, an edit, a row written by an older lessonkit) is never served: it is left
-out of the lookup, counted in `bad_entries`, and one warning names the file and how many. The
-mutable counters (hits, audits, losses, retired) are not covered. A policy the audit stopped is
-recorded in policy_state, so it stays stopped after a restart until reset_policy() is called.
+text, embedding bytes, answer, created, ttl, margin, and the retired flag once it is set; retiring an
+entry rewrites its checksum). An entry whose checksum does not match (a flipped bit in the file, an
+edit such as un-retiring it, a row written by an older lessonkit) is never served: it is left out of
+the lookup, counted in `bad_entries`, and one warning names the file and how many. The counters
+(hits, audits, losses) are not covered. A policy the audit stopped is recorded in policy_state with
+its own checksum over (scope, policy, audits, losses, stopped), so it stays stopped after a restart
+until reset_policy() is called; a row that fails its checksum counts as stopped (one warning).
+
+A file store is probed for writing when it is opened: a read-only file or directory is one clear
+error before any run starts, never an SQLite error in the middle of one.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.safe_files import require_regular
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -43,7 +49,7 @@ CREATE TABLE IF NOT EXISTS audit_log (
   fresh INTEGER, agreed INTEGER, t REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS policy_state (
   scope TEXT NOT NULL, policy TEXT NOT NULL, audits INTEGER NOT NULL, losses INTEGER NOT NULL,
-  stopped INTEGER NOT NULL, t REAL NOT NULL, PRIMARY KEY (scope, policy));
+  stopped INTEGER NOT NULL, t REAL NOT NULL, checksum TEXT, PRIMARY KEY (scope, policy));
 """
 
 
@@ -55,13 +61,25 @@ def _num(x) -> str:
     return "-" if x is None else float(x).hex()
 
 
-def entry_checksum(scope: str, text: str, embedding: bytes, answer: bool, created, ttl, margin) -> str:
-    """SHA-256 over the fields that decide whether an entry is served and what it answers."""
+def _sha256_parts(*parts: bytes) -> str:
     h = hashlib.sha256()
-    for part in (scope.encode(), text.encode("utf-8"), bytes(embedding),
-                 f"{int(bool(answer))}|{_num(created)}|{_num(ttl)}|{_num(margin)}".encode()):
+    for part in parts:
         h.update(len(part).to_bytes(8, "little") + part)
     return h.hexdigest()
+
+
+def entry_checksum(scope: str, text: str, embedding: bytes, answer: bool, created, ttl, margin,
+                   retired: bool = False) -> str:
+    """SHA-256 over the fields that decide whether an entry is served and what it answers. The retired
+    flag is a part only once set, so a live entry's checksum is what it was before the flag was covered."""
+    parts = [scope.encode(), text.encode("utf-8"), bytes(embedding),
+             f"{int(bool(answer))}|{_num(created)}|{_num(ttl)}|{_num(margin)}".encode()]
+    return _sha256_parts(*parts, *([b"retired"] if retired else []))
+
+
+def policy_checksum(scope: str, policy: str, audits, losses, stopped) -> str:
+    """SHA-256 over a policy's persisted audit state (what decides whether it serves at all)."""
+    return _sha256_parts(scope.encode(), policy.encode("utf-8"), f"{audits}|{losses}|{int(bool(stopped))}".encode())
 
 
 def scope_key(judge_fingerprint: str, instruction_fingerprint: str, embedder_fingerprint: str) -> str:
@@ -97,17 +115,39 @@ class CacheStore:
 
     def __init__(self, path: str | Path, scope: str, *, clock=time.time, dim: int = 384):
         self.path, self.scope, self.clock, self.dim = str(path), scope, clock, dim
+        if self.path != ":memory:":
+            require_regular(self.path)          # a FIFO or a directory: named, never opened
         try:
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
-            cols = {r[1] for r in self.db.execute("PRAGMA table_info(entries)")}
-            if "checksum" not in cols:          # a file from before checksums: its rows verify as bad
-                self.db.execute("ALTER TABLE entries ADD COLUMN checksum TEXT")
+            for table in ("entries", "policy_state"):   # files from before checksums: their rows verify as bad
+                if "checksum" not in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN checksum TEXT")
         except sqlite3.DatabaseError as exc:
             raise LessonkitError(f"cannot open cache store {self.path}: {exc}") from None
+        self._probe_write()
         self._load()
+
+    def _probe_write(self) -> None:
+        """A write rolled back: a store SQLite can only read (a read-only file, directory or mount) is one
+        clear error now, before a run starts, not an error at its first insert. A store another
+        connection is writing (busy) is writable: the probe is skipped, without waiting."""
+        self.db.execute("PRAGMA busy_timeout = 0")
+        try:
+            v = self.db.execute("PRAGMA user_version").fetchone()[0]
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self.db.execute(f"PRAGMA user_version = {int(v)}")
+            finally:
+                self.db.execute("ROLLBACK")
+        except sqlite3.DatabaseError as exc:
+            if getattr(exc, "sqlite_errorname", "") not in ("SQLITE_BUSY", "SQLITE_LOCKED"):
+                self.db.close()
+                raise LessonkitError(f"cache store {self.path} cannot be written ({exc}); "
+                                     f"use a writable file or the default in-memory store") from None
+        self.db.execute("PRAGMA busy_timeout = 5000")       # sqlite3.connect's default wait
 
     def _load(self) -> None:
         rows = self.db.execute(
@@ -117,8 +157,8 @@ class CacheStore:
         self.bad_entries: list[int] = []
         for r in rows:
             emb = np.frombuffer(r[3], dtype=np.float32) if isinstance(r[3], bytes) else np.zeros(0, np.float32)
-            if (emb.shape[0] != self.dim or not isinstance(r[2], str)
-                    or r[12] != entry_checksum(r[1], r[2], r[3], r[4], r[5], r[6], r[11])):
+            if (emb.shape[0] != self.dim or not isinstance(r[2], str) or not isinstance(r[10], int)
+                    or r[12] != entry_checksum(r[1], r[2], r[3], r[4], r[5], r[6], r[11], bool(r[10]))):
                 self.bad_entries.append(r[0])
                 continue
             self.entries.append(Entry(r[0], r[1], r[2], emb, bool(r[4]), r[5], r[6], r[7], r[8],
@@ -196,18 +236,30 @@ class CacheStore:
                         (entry.hits, entry.audits, entry.losses, entry.id))
 
     def retire(self, entry: Entry) -> None:
+        """Never serve entry again; the flag is written with the checksum that covers it."""
         entry.retired = True
-        self.db.execute("UPDATE entries SET retired = 1 WHERE id = ?", (entry.id,))
+        check = entry_checksum(entry.scope, entry.text, np.ascontiguousarray(entry.embedding, np.float32).tobytes(),
+                               entry.answer, entry.created, entry.ttl, entry.margin, retired=True)
+        self.db.execute("UPDATE entries SET retired = 1, checksum = ? WHERE id = ?", (check, entry.id))
 
     def policy_state(self, policy: str) -> dict | None:
-        """{audits, losses, stopped} the audit recorded for `policy` in this scope (None: never audited)."""
-        r = self.db.execute("SELECT audits, losses, stopped FROM policy_state WHERE scope = ? AND policy = ?",
+        """{audits, losses, stopped} the audit recorded for `policy` in this scope (None: never audited).
+        A row that fails its checksum (an edit, a flipped bit) counts as stopped, with one warning."""
+        r = self.db.execute("SELECT audits, losses, stopped, checksum FROM policy_state WHERE scope = ? AND policy = ?",
                             (self.scope, policy)).fetchone()
-        return None if r is None else {"audits": r[0], "losses": r[1], "stopped": bool(r[2])}
+        if r is None:
+            return None
+        if r[3] != policy_checksum(self.scope, policy, r[0], r[1], r[2]) or not all(type(x) is int for x in r[:3]):
+            warnings.warn(f"{self.path}: the recorded audit state of policy {policy!r} fails its checksum; "
+                          f"the policy counts as stopped until reset_policy()", SemcacheIntegrityWarning, stacklevel=2)
+            return {"audits": 0, "losses": 0, "stopped": True, "damaged": True}
+        return {"audits": r[0], "losses": r[1], "stopped": bool(r[2])}
 
     def save_policy_state(self, policy: str, audits: int, losses: int, stopped: bool) -> None:
-        self.db.execute("INSERT OR REPLACE INTO policy_state(scope, policy, audits, losses, stopped, t) "
-                        "VALUES (?, ?, ?, ?, ?, ?)", (self.scope, policy, audits, losses, int(stopped), self.clock()))
+        audits, losses, stopped = int(audits), int(losses), int(bool(stopped))
+        self.db.execute("INSERT OR REPLACE INTO policy_state(scope, policy, audits, losses, stopped, t, checksum) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)", (self.scope, policy, audits, losses, stopped, self.clock(),
+                                                         policy_checksum(self.scope, policy, audits, losses, stopped)))
 
     def reset_policy(self, policy: str) -> None:
         """Forget the audit's counts and stop for `policy` (an operator's decision after fixing the cause)."""
