@@ -464,7 +464,7 @@ def cmd_prefix_cache(args) -> int:
     from lessonkit.prefix_cache.cache import PrefixCache
     if not Path(args.dir).is_dir():
         raise LessonkitError(f"{args.dir}: no such prefix cache directory")
-    pc = PrefixCache(args.dir, load_model(args.model), repair=args.action != "verify")  # verify only lists
+    pc = PrefixCache(args.dir, load_model(args.model), repair=args.action == "clear")  # info, verify: never write
     if args.action == "clear":
         pc.clear()
     rep = pc.verify() if args.action == "verify" else {"entries": len(pc.entries()), "total_bytes": pc.total_bytes()}

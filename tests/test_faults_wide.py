@@ -229,3 +229,106 @@ def test_a_read_only_store_by_chmod(tmp_path):
     path.chmod(0o444)
     with pytest.raises(LessonkitError, match="cannot be written"):
         _store(path)
+
+
+# ---- prefix cache: nothing outside touched, inspection writes nothing, a damaged index is rebuilt -----------
+def _pc_dir_with_one_snapshot(tmp_path, capsys) -> tuple[Path, dict, Path]:
+    code, plain, _ = generate_cli(capsys)
+    d = tmp_path / "pc"
+    assert generate_cli(capsys, "--prefix-cache", str(d))[0] == 0
+    (snap,) = list((d / "kv").glob("*/*.safetensors"))
+    return d, plain, snap
+
+
+def test_a_lock_symlinked_outside_is_not_created_there(tmp_path, capsys):
+    code, plain, _ = generate_cli(capsys)
+    d, outside = tmp_path / "pc", tmp_path / "outside"
+    d.mkdir()
+    outside.mkdir()
+    (d / ".lock").symlink_to(outside / "victim.lock")            # the target does not exist
+    from lessonkit.prefix_cache.cache import PrefixCacheWarning
+    with pytest.warns(PrefixCacheWarning, match=r"\.lock is a symlink, not followed"):
+        code, res, _ = generate_cli(capsys, "--prefix-cache", str(d))
+    assert code == 0 and res["token_ids"] == plain["token_ids"]
+    assert list(outside.iterdir()) == []
+
+
+def test_a_kv_symlinked_outside_gets_nothing_created_in_its_target(tmp_path, capsys):
+    code, plain, _ = generate_cli(capsys)
+    d, outside = tmp_path / "pc", tmp_path / "outside"
+    d.mkdir()
+    outside.mkdir()
+    (d / "kv").symlink_to(outside, target_is_directory=True)
+    from lessonkit.prefix_cache.cache import PrefixCacheWarning
+    with pytest.warns(PrefixCacheWarning, match="leads outside"):
+        code, res, _ = generate_cli(capsys, "--prefix-cache", str(d))
+    assert code == 0 and res["token_ids"] == plain["token_ids"]
+    assert list(outside.iterdir()) == []
+
+
+def test_a_snapshot_replaced_by_a_symlink_never_gets_its_target_touched(tmp_path, capsys):
+    d, plain, snap = _pc_dir_with_one_snapshot(tmp_path, capsys)
+    outside = tmp_path / "outside.bin"
+    shutil.copyfile(snap, outside)                               # same size, same bytes: it verifies
+    os.utime(outside, (1_000_000_000, 1_000_000_000))
+    snap.unlink()
+    snap.symlink_to(outside)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code, res, _ = generate_cli(capsys, "--prefix-cache", str(d))
+    assert code == 0 and res["token_ids"] == plain["token_ids"]
+    assert outside.stat().st_mtime == 1_000_000_000 and snap.is_symlink()
+
+
+def test_prefix_cache_info_on_an_ordinary_directory_writes_nothing(tmp_path, capsys):
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "notes.txt").write_text("mine")
+    for action in ("info", "verify"):
+        assert main(["prefix-cache", action, str(d), "--model", "tiny-moe", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["dir"] == str(d)
+        assert [p.name for p in d.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("damage", ["deep", "integer entries", "text last_used", "list of ints", "directory"])
+def test_a_damaged_index_is_rebuilt_not_a_crash(tmp_path, capsys, damage):
+    d, plain, snap = _pc_dir_with_one_snapshot(tmp_path, capsys)
+    index = d / "index.json"
+    data = json.loads(index.read_text())
+    rel = str(snap.relative_to(d))
+    if damage == "deep":
+        index.write_text(DEEP)
+    elif damage == "integer entries":
+        index.write_text(json.dumps({**data, "entries": {rel: 7}}))
+    elif damage == "text last_used":
+        index.write_text(json.dumps({**data, "entries": {rel: {**data["entries"][rel], "last_used": "yesterday"}}}))
+    elif damage == "list of ints":
+        index.write_text(json.dumps({**data, "entries": {rel: {**data["entries"][rel], "block_hashes": [1, 2]}}}))
+    else:
+        index.unlink()
+        index.mkdir()
+    from lessonkit.prefix_cache.cache import PrefixCacheWarning
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        code, res, _ = generate_cli(capsys, "--prefix-cache", str(d))
+    assert code == 0 and res["token_ids"] == plain["token_ids"] and res["stats"]["prefix_cache_hits"] > 0
+    msgs = [str(r.message) for r in rec if issubclass(r.category, PrefixCacheWarning)]
+    if damage == "directory":
+        assert msgs and all("cannot write" in m and "index.json" in m for m in msgs) and index.is_dir()
+    else:
+        assert msgs == [] and json.loads(index.read_text())["entries"][rel]["bytes"] == snap.stat().st_size
+
+
+def test_a_full_disk_at_start_up_is_a_warning_and_the_text(tmp_path, capsys, monkeypatch):
+    from lessonkit.engine import atomic
+    from lessonkit.prefix_cache.cache import PrefixCacheWarning
+    code, plain, _ = generate_cli(capsys)
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(atomic, "write_all", full)
+    d = tmp_path / "pc"
+    with pytest.warns(PrefixCacheWarning, match="No space left on device"):
+        code, res, err = generate_cli(capsys, "--prefix-cache", str(d))
+    assert code == 0 and res["token_ids"] == plain["token_ids"] and res["text"] == plain["text"]
+    assert not (d / "index.json").exists() and not list(d.glob(".tmp-*"))

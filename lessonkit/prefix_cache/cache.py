@@ -12,13 +12,17 @@ directory, fsynced, renamed over its final name and the directory fsynced (lesso
 a reader sees a whole file or none. A corrupt, truncated or foreign file is reported in one warning
 naming it, removed and recomputed (with repair=False, as `lessonkit prefix-cache verify` opens it,
 nothing is removed: bad files are only listed). A directory this process cannot write is used
-read-only: snapshots are read and verified, nothing is saved or removed, one warning says so. Saving
-never follows a symlink out of the directory. Stats follow vLLM: prefix_cache_queries and
-prefix_cache_hits are counted in tokens.
+read-only: snapshots are read and verified, nothing is saved or removed, one warning says so. Nothing
+follows a symlink out of the directory: a symlinked `.lock` (opened O_NOFOLLOW) or a `kv/` leading
+outside makes the cache read-only, and the LRU touch skips symlinks. With repair=False (`prefix-cache
+info` and `verify`) nothing is written, not even the lock. A damaged index.json is rebuilt
+(lessonkit.prefix_cache.index). Stats follow vLLM: prefix_cache_queries and prefix_cache_hits are
+counted in tokens.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -31,7 +35,9 @@ import torch
 
 from lessonkit.engine.atomic import TMP_PREFIX, replace, write_temp
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.safe_files import NOFOLLOW, leads_outside
 from lessonkit.prefix_cache.faults import PrefixCacheStats, PrefixCacheWarning, disk_full, pid_alive, read_only_error
+from lessonkit.prefix_cache.index import read_index
 from lessonkit.prefix_cache.snapshot import (DEFAULT_BLOCK_SIZE, DEFAULT_BUDGET_BYTES, FORMAT, FORMAT_VERSION,
                                              BadSnapshot, best_match, block_hashes, cache_key, dtype_name, encode_snapshot,
                                              load_from_file, load_snapshot, longest_prefix_match, read_header,
@@ -69,23 +75,25 @@ class PrefixCache:
         self._lock_path = self.dir / ".lock"
         self._index_path = self.dir / "index.json"
         self._warned: set[str] = set()
+        if self.dir.is_dir() and leads_outside(self.subdir, self.dir):
+            self._go_read_only(f"{self.dir / 'kv'} leads outside it; nothing is created there")
         try:
-            if repair:                      # verify (repair=False) creates no directory
+            if repair and not self.read_only:   # verify and info (repair=False) create no directory
                 self.subdir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            if not (read_only_error(e) and self.dir.is_dir()):
+            if not ((read_only_error(e) or disk_full(e)) and self.dir.is_dir()):
                 raise LessonkitError(f"cannot create prefix cache directory {self.subdir}: {e.strerror}") from None
-            self._go_read_only(e)
+            self._go_read_only(e.strerror)
         with self._locked():
             if repair and not self.read_only:
                 self._remove_stale_temps()
             self._write_index(self._load_index())
 
-    def _go_read_only(self, e: OSError) -> None:
+    def _go_read_only(self, why: str) -> None:
         """Use the cache read-only from now on (one warning): read and verify, never save or remove."""
         if not self.read_only:
             self.read_only = True
-            warnings.warn(f"prefix cache {self.dir} is read-only ({e.strerror}): snapshots are read, "
+            warnings.warn(f"prefix cache {self.dir} is read-only ({why}): snapshots are read, "
                           f"nothing will be saved or removed", PrefixCacheWarning, stacklevel=3)
 
     # -- locking and the index ---------------------------------------------------------------------
@@ -96,22 +104,26 @@ class PrefixCache:
             yield
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH if self.read_only else fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_SH if self.read_only or not self.repair else fcntl.LOCK_EX)
             yield
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
     def _open_lock(self) -> int | None:
-        if not self.read_only:
+        """The lock file's descriptor, never through a symlink (O_NOFOLLOW): a symlinked .lock makes the
+        cache read-only. Only a cache that may write creates the lock (verify and info create nothing)."""
+        if not self.read_only and self.repair:
             try:
-                return os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+                return os.open(self._lock_path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o644)
             except OSError as e:
-                if not read_only_error(e):
+                if e.errno == errno.ELOOP:
+                    self._go_read_only(f"{self._lock_path} is a symlink, not followed")
+                elif not (read_only_error(e) or disk_full(e)):
                     raise LessonkitError(f"prefix cache: cannot open {self._lock_path}: {e.strerror}") from None
-                self._go_read_only(e)
+                self._go_read_only(e.strerror)
         try:
-            return os.open(self._lock_path, os.O_RDONLY)
+            return os.open(self._lock_path, os.O_RDONLY | NOFOLLOW)
         except OSError:
             return None
 
@@ -137,13 +149,7 @@ class PrefixCache:
 
     def _load_index(self) -> dict:
         """The index reconciled with the files on disk (call under the lock)."""
-        entries = {}
-        try:
-            data = json.loads(self._index_path.read_text())
-            if data.get("format_version") == FORMAT_VERSION and isinstance(data.get("entries"), dict):
-                entries = data["entries"]
-        except (OSError, ValueError, AttributeError):
-            pass                                    # missing or damaged index: rebuilt below
+        entries = read_index(self._index_path, FORMAT_VERSION)     # missing or damaged: rebuilt below
         files = self._snapshot_files()
         out = {}
         for rel, st in files.items():
@@ -170,28 +176,28 @@ class PrefixCache:
                                 "tail": [], "bytes": st.st_size, "last_used": st.st_mtime}
         return out
 
-    def _write_index(self, entries: dict, fsync: bool = False) -> None:
+    def _write_index(self, entries: dict, fsync: bool = False, strict: bool = False) -> None:
         if self.read_only or not self.repair:
             return                          # verify and read-only caches change nothing on disk
         data = json.dumps({"format_version": FORMAT_VERSION, "entries": entries}, sort_keys=True).encode()
         try:
             replace(write_temp(self.dir, data, fsync=fsync), self._index_path, fsync=fsync)
         except OSError as e:
-            if not read_only_error(e):
+            if read_only_error(e):
+                self._go_read_only(e.strerror)
+            elif strict and disk_full(e):
                 raise
-            self._go_read_only(e)
+            elif str(self._index_path) not in self._warned:     # an acceleration only: rebuilt next time
+                self._warned.add(str(self._index_path))
+                warnings.warn(f"prefix cache: cannot write {self._index_path} ({e.strerror}); the index is "
+                              f"rebuilt from the snapshot files", PrefixCacheWarning, stacklevel=3)
 
     def _remove(self, path: Path) -> bool:
         """Delete a file of this cache, never anything else: a path that leaves the cache directory
         (a symlinked kv/<key> entry, a `..` in an index entry) or that is itself a symlink is left alone."""
         if self.read_only or not self.repair:
             return False
-        root = self.dir.resolve()
-        try:
-            inside = path.parent.resolve().is_relative_to(root) and not path.is_symlink()
-        except OSError:
-            return False
-        if not inside:
+        if not self._inside(path):
             warnings.warn(f"prefix cache: not removing {path}: it leads outside {self.dir}", PrefixCacheWarning,
                           stacklevel=3)
             return False
@@ -199,6 +205,10 @@ class PrefixCache:
             path.unlink()
             return True
         return False
+
+    def _inside(self, path: Path) -> bool:
+        """A file of this cache: its directory leads inside the cache and it is not itself a symlink."""
+        return not leads_outside(path.parent, self.dir) and not path.is_symlink()
 
     def _reject(self, path: Path, reason: str) -> None:
         """One warning naming the file; the file is removed so it is recomputed, never used (with
@@ -332,8 +342,8 @@ class PrefixCache:
         with self._locked():
             path = self.dir / rel
             with contextlib.suppress(OSError):
-                if ino is None or os.stat(path).st_ino == ino:
-                    os.utime(path)
+                if self._inside(path) and (ino is None or os.stat(path).st_ino == ino):
+                    os.utime(path, follow_symlinks=False)       # never a file outside the cache
             entries = self._load_index()
             if rel in entries:
                 entries[rel]["last_used"] = time.time()
@@ -381,7 +391,8 @@ class PrefixCache:
             if e is not None and e.get("fingerprint") == self.key and e.get("block_size") == self.block_size:
                 e["last_used"] = time.time()
                 with contextlib.suppress(OSError):
-                    os.utime(final)
+                    if self._inside(final):
+                        os.utime(final, follow_symlinks=False)
                     self._write_index(entries)
                 return True
         return False
@@ -404,7 +415,7 @@ class PrefixCache:
     def _write_snapshot(self, final: Path, data: bytes) -> Path | None:
         """The snapshot's bytes in a temporary file next to `final` (None: the directory is read-only,
         or a symlink out of the cache); a full disk is a clear error."""
-        if not self.subdir.resolve().is_relative_to(self.dir.resolve()):
+        if leads_outside(self.subdir, self.dir):
             warnings.warn(f"prefix cache: not saving into {self.subdir}: it leads outside {self.dir}",
                           PrefixCacheWarning, stacklevel=3)
             return None
@@ -412,7 +423,7 @@ class PrefixCache:
             return write_temp(self.subdir, data, fsync=self.fsync)
         except OSError as e:
             if read_only_error(e):
-                self._go_read_only(e)
+                self._go_read_only(e.strerror)
                 return None
             if disk_full(e):
                 raise LessonkitError(
@@ -429,7 +440,7 @@ class PrefixCache:
                 replace(tmp, final, fsync=self.fsync)
                 entries[rel] = {**entry, "last_used": time.time()}
                 try:
-                    self._write_index(entries, fsync=self.fsync)
+                    self._write_index(entries, fsync=self.fsync, strict=True)
                 except OSError as e:        # the snapshot is complete; the index is rebuilt next time
                     if disk_full(e):
                         raise LessonkitError(
