@@ -89,3 +89,11 @@ def test_readme_starts_jupyterlab_at_the_repository_root():
     readme = (ROOT / "README.md").read_text()
     starts = re.findall(r"^jupyter lab.*$", readme, re.MULTILINE)
     assert starts and all("notebooks" not in s.split("#")[0] for s in starts), starts
+
+
+def test_ci_installs_chromium_before_the_test_command():
+    """The browser test must run in CI, not be skipped there."""
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    install = next(i for i, l in enumerate(lines) if "apt-get install" in l and "chromium" in l)
+    assert "-y" in lines[install] and "DEBIAN_FRONTEND=noninteractive" in lines[install]
+    assert install < lines.index("./workbook test")

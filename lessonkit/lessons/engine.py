@@ -148,6 +148,32 @@ def decode_profile(engine, prompt: str, n_new: int = 32) -> dict:
             "expert_hit_rate": r.stats["expert_hit_rate"], "text": r.text}
 
 
+def budget_table(model: str, prompt: str, budget_pct: int = 25, n_new: int = 24) -> pd.DataFrame:
+    """Lesson 0's panel, one run: decode `prompt` with budget_pct % of all experts resident (a fresh,
+    empty expert cache); hit rate, speed and the text as a table with units."""
+    base = load_model(model)
+    n_total = base.config.n_layers * base.config.n_experts
+    n = max(1, round(budget_pct / 100 * n_total))
+    p = decode_profile(load_model(model, expert_budget_mb=n * base.expert_bytes / 2**20), prompt, n_new=n_new)
+    rows = [("expert budget", f"{n} of {n_total}", "experts resident"),
+            ("expert hit rate", f"{100 * p['expert_hit_rate']:.1f}", "% of expert reads"),
+            ("decode speed", f"{p['tokens_per_s']:.1f}", "tokens / s"),
+            ("expert I/O", f"{1e3 * p['io_s_per_token']:.2f}", "ms / token"),
+            ("everything else", f"{1e3 * p['compute_s_per_token']:.2f}", "ms / token"),
+            ("text", p["text"][:120], f"{n_new} new tokens")]
+    return pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
+
+
+def budget_panel(model: str, prompt: str) -> None:
+    """Sliders for the expert budget and the number of new tokens over `budget_table`."""
+    import ipywidgets as w
+
+    from lessonkit.lessons.panel import show_panel
+    show_panel({"budget_pct": w.IntSlider(value=25, min=5, max=100, step=5, description="expert budget (% of all)"),
+                "n_new": w.IntSlider(value=24, min=8, max=64, step=8, description="new tokens")},
+               lambda **kw: budget_table(model, prompt, **kw), title="Expert budget: speed moves, tokens do not")
+
+
 # ---- the shipped models ---------------------------------------------------------------------------
 def loss_curve_figure(log: dict):
     fig, ax = plt.subplots(figsize=(6, 3.6))
