@@ -91,7 +91,8 @@ FIXED_SENTENCES = {
     "02_mtp.ipynb": ["Records (NDJSON) are the most predictable text", "30-60%",
                      "per-row int4 does not fall to the 0-4% of Colibri issue 8",
                      "it falls well below the float head but stays above the controls"],
-    "03_grammar.ipynb": ["which is why sloppy NDJSON drafts far less"],
+    "03_grammar.ipynb": ["which is why sloppy NDJSON drafts far less",
+                         "under a whitespace-tolerant grammar removes most of the forced bytes"],
     "05_semantic_cache.ipynb": ["so the probation audits take back most of what the hits save",
                                 "so a two-sided cache at 0.8 serves wrong answers, some of them hidden alerts",
                                 "Audits are still what stop a bad policy quickly"],
@@ -104,7 +105,7 @@ PRINTED_CELLS = {"00_engine.ipynb": 1, "01_speculative.ipynb": 3, "02_mtp.ipynb"
                  "05_semantic_cache.ipynb": 2, "07_stack.ipynb": 1}
 # What each printed cell must compute, so that an emptied cell fails too (issue 34's cells).
 PRINTED_FROM = {
-    "00_engine.ipynb": ["json.loads(", "word 3-grams"],
+    "00_engine.ipynb": ["advance_bytes(", "word 3-grams"],
     "02_mtp.ipynb": ['by_scheme[m]["int4"]', "shifted control %"],
     "03_grammar.ipynb": ['"record schema, flexible"'],
     "05_semantic_cache.ipynb": ["actionable_losses", "policy_stopped_at"],
