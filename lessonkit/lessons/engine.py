@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from lessonkit.engine.generate import generate
 from lessonkit.engine.registry import load_model
+from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.workloads.corpus import KINDS, load_documents
 
 
@@ -268,3 +269,26 @@ def continuation_samples(engine, n_per_kind: int = 1, max_new_tokens: int = 60) 
 def save_loss_curve(log: dict, path) -> None:
     """loss_curve.png of a shipped model (`lessonkit train` passes this to workloads.train.ship)."""
     loss_curve_figure(log).savefig(path, dpi=80)
+
+
+HEADLINE = Headline(
+    title="The worked engine",
+    sentences=(
+        Sentence("{model} with a quarter of its experts cached: {hit_rate_at_25pct_budget:.0%} of expert loads hit "
+                 "the cache, and decoding ran at {decode_tokens_per_s_25pct_budget:.1f} tokens/s."),
+        Sentence("The generated tokens were {tokens_identical_across_budgets:the same|NOT the same} at every expert "
+                 "budget: the budget moves speed and bytes read, never the output."),
+        Sentence("Batch-union: a forward over 16 positions loaded {expert_loads_per_position_16_rows:.2f} experts per "
+                 "position, each expert its positions share being read once."),
+        Sentence("Routing is uneven but spread: the least-used expert of any layer still took "
+                 "{min_expert_share:.1%} of that layer's routing."),
+    ),
+    columns=(Column("budget_experts", "budget (experts cached)"),
+             Column("budget_fraction", "budget (% of experts)", ".0f", scale=100),
+             Column("hit_rate", "hit rate (%)", ".0f", scale=100),
+             Column("bytes_read_per_token", "expert bytes read per token (MiB)", ".2f", scale=2**-20),
+             Column("tokens_per_s", "decode (tokens/s)", ".1f"),
+             Column("identical_tokens", "tokens as at full budget", "identical|DIFFER")),
+    caption="Decoding against the expert budget",
+    figure="lesson.budget_sweep(",
+)

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 from lessonkit.gap.data import GROUPINGS, MEASURE_LABELS, MEASURES, EpochData, from_months, grouped, to_months
 from lessonkit.gap.growth import compute_frontier, compute_growth
 from lessonkit.gap.lag import estimate_lag, frontier, frontier_records, lag_series, time_reached
+from lessonkit.lessons.headline import Column, Headline, Sentence
 
 COLORS = {"open": "tab:orange", "closed": "tab:blue"}
 
@@ -162,3 +163,31 @@ def widgets(data: EpochData):
     out = w.interactive_output(show, {"window": window, "measure": measure,
                                       "grouping": grouping})
     display(w.VBox([window, w.HBox([measure, grouping]), out]))
+
+
+HEADLINE = Headline(
+    title="The open-vs-closed gap",
+    sentences=(
+        Sentence("In Epoch AI's data (to {data latest date}) open-weight models trail the closed frontier by "
+                 "{lag eci (linear, months):.1f} months on ECI (90% CI {lag eci (linear) 90% CI}), "
+                 "{lag mmlu (linear, months):.1f} on MMLU ({lag mmlu (linear) 90% CI}) and "
+                 "{lag gpqa (linear, months):.1f} on GPQA Diamond ({lag gpqa (linear) 90% CI}; "
+                 "linear estimator)."),
+        Sentence("Counted from record to record instead, the lags are {lag eci (records, months):.1f}, "
+                 "{lag mmlu (records, months):.1f} and {lag gpqa (records, months):.1f} months."),
+        Sentence("On the same dates the open frontier is {vertical gap eci (points):.1f} points behind on ECI, "
+                 "{vertical gap mmlu (points):.1f} on MMLU and {vertical gap gpqa (points):.1f} on GPQA Diamond."),
+        Sentence("At Epoch's own dates: {lag mmlu@2024-11-04 (linear, months):.1f} months on MMLU in November 2024 "
+                 "(Epoch: about 12) and {lag eci@2025-10-30 (linear, months):.1f} on ECI in October 2025 "
+                 "(Epoch: 3.5)."),
+        Sentence("Frontier training compute grows {compute growth open (x/year):.2f}x a year for open models "
+                 "(90% CI {compute growth open 90% CI}) and {compute growth closed (x/year):.2f}x for closed ones "
+                 "({compute growth closed 90% CI})."),
+    ),
+    columns=(Column("measure", "benchmark"), Column("method", "estimator"), Column("window", "window (dates)"),
+             Column("lag (months)", "lag (months)", ".1f"), Column("90% CI", "90% CI (months)"),
+             Column("vertical gap (points)", "vertical gap (points)", ".1f"),
+             Column("open models", "open models"), Column("closed models", "closed models")),
+    caption="The lag, in months and in points",
+    figure="lesson.plot_lag(",
+)

@@ -10,6 +10,7 @@ import torch
 
 from lessonkit.engine.generate import generate
 from lessonkit.engine.quant import fake_quantise
+from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.mtp.evaluate import acceptance_by_kind, pooled_acceptance, text_windows
 from lessonkit.mtp.head import MtpHead, Shared, load_head
@@ -81,6 +82,14 @@ def acceptance_by_scheme(head: MtpHead, sh: Shared, states: dict, schemes=("none
         p = pooled_acceptance(acceptance_by_kind(h, sh, states, depth), depth)
         out[s] = {"acceptance": p["acceptance"], "rank_median": p["rank_median"]}
     return out
+
+
+def scheme_table(by_scheme: dict) -> list[dict]:
+    """One row per model and quantisation scheme: acceptance per drafted position and the median rank of
+    the target's pick among the head's logits (the lesson's main table)."""
+    return [{"model": m, "scheme": s, "rank_median": r["rank_median"],
+             **{f"pos{i + 1}": a for i, a in enumerate(r["acceptance"])}}
+            for m, by in by_scheme.items() for s, r in by.items()]
 
 
 def numeric_path(engine, head: MtpHead, states: dict, depth: int = 1, bf16_target_states: dict | None = None) -> dict:
@@ -213,3 +222,26 @@ def frequent_vocabulary_figure(df: pd.DataFrame):
                  f"identical to plain greedy: {bool(df['identical_to_plain'].all())})")
     fig.tight_layout()
     return fig
+
+
+HEADLINE = Headline(
+    title="Multi-token-prediction heads",
+    sentences=(
+        Sentence("{*}: the float MTP head's first drafted token was accepted {*_float_acceptance_pos1:.0%} of the "
+                 "time; per-row int4 cut that to {*_int4_acceptance_pos1:.0%}, while int8 kept "
+                 "{*_int8_acceptance_pos1:.0%} and int4 in groups of 32 {*_int4_g32_acceptance_pos1:.0%}.",
+                 each="*_float_acceptance_pos1"),
+        Sentence("Per-row int4 rounds {int4_embedding_half_zero_frac:.0%} of the embedding half of eh_proj to zero: "
+                 "the head loads and generates fine, and drafts badly."),
+        Sentence("{*}: MTP drafting ran at best {*_mtp_speedup_median:.2f}x plain greedy (median over kinds of "
+                 "text), output {mtp_output_identical_to_plain:identical to|DIFFERENT from} plain greedy.",
+                 each="*_mtp_speedup_median"),
+    ),
+    columns=(Column("model", "model"), Column("scheme", "head quantisation"),
+             Column("pos1", "accepted at position 1 (%)", ".1f", scale=100),
+             Column("pos2", "at position 2 (%)", ".1f", scale=100),
+             Column("pos3", "at position 3 (%)", ".1f", scale=100),
+             Column("rank_median", "median rank of the target's pick", ".0f")),
+    caption="Acceptance of the head per quantisation scheme (teacher-forced, held-out text)",
+    figure="lesson.scale_picture(",
+)

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from lessonkit.engine.checkpoint import convert_hf_state_dict
 from lessonkit.engine.registry import load_model
 from lessonkit.engine.timing import median_time
+from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.prefix_cache.cache import PrefixCache, PrefixCacheWarning
 from lessonkit.prefix_cache.generate import results_identical, score
 from lessonkit.prefix_cache.snapshot import dtype_name
@@ -251,3 +252,27 @@ def corruption_demo(engine, cache_dir, prefix_ids) -> dict:
         n = PrefixCache(cache_dir, engine).lookup_and_restore(ids, engine.new_cache(len(ids)))
     msgs = [str(w.message) for w in rec if issubclass(w.category, PrefixCacheWarning)]
     return {"restored tokens": n, "warnings": msgs, "file still there": path.exists()}
+
+
+HEADLINE = Headline(
+    title="Persistent prefix-KV cache",
+    sentences=(
+        Sentence("{model}: restoring a {prefix_tokens}-token prefix from disk took {restore_s:.4f} s against "
+                 "{prefill_s:.4f} s to prefill it ({restore_over_prefill:.2f} of the prefill time)."),
+        Sentence("Scoring {batch_items} items behind one system prompt, a warm cache after a restart ran "
+                 "{batch_speedup_warm_vs_off:.2f}x the uncached run, time to first token {ttft_off_s:.4f} s -> "
+                 "{ttft_warm_s:.4f} s, scores {scores_identical:identical to|DIFFERENT from} the uncached run."),
+        Sentence("A snapshot takes {bytes_per_token:,.0f} bytes on disk per cached token."),
+        Sentence("A cache keyed by shapes only {shape_keyed_cache_changes_output:changed the output|left the output "
+                 "unchanged} when handed another model's state; the provenance-keyed cache restored "
+                 "{foreign_tokens_restored} tokens from it."),
+    ),
+    columns=(Column("mode", "cache"), Column("items", "items"), Column("prefix tokens", "prefix (tokens)"),
+             Column("total s", "total (s)", ".4f"), Column("TTFT s", "time to first token (s)", ".4f"),
+             Column("prefill s", "prefill (s)", ".4f"), Column("restore s", "restore (s)", ".4f"),
+             Column("prefix_cache_hits", "prefix-cache hits (tokens)"),
+             Column("speed-up vs off", "speed-up vs off (x)", ".2f"),
+             Column("identical to off", "scores vs off", "identical|DIFFER")),
+    caption="Batch scoring behind one long system prompt: off, cold, warm after a restart",
+    figure="lesson.plot_batch_scoring(",
+)

@@ -1,5 +1,6 @@
 """The main job: execute every lesson notebook headlessly (papermill) into build/, keep every figure as
-a PNG, and write build/summary.md + build/summary.json from the figures each lesson recorded."""
+a PNG, and write build/summary.json (every figure each lesson recorded) with build/report.html and
+build/summary.md (the report: lessonkit.lessons.report)."""
 from __future__ import annotations
 
 import base64
@@ -61,24 +62,22 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def write_summary(build_dir: Path, status: dict[str, dict]) -> None:
+def write_summary(build_dir: Path, status: dict[str, dict], *, smoke: bool = False, total_s: float | None = None) -> None:
+    """build/summary.json (every recorded figure, for `lessonkit compare`), then build/report.html and
+    build/summary.md (lessonkit.lessons.report: the same figures in sentences, tables and pictures)."""
+    from lessonkit.lessons.report import write_report
     results = {}
     for f in sorted((build_dir / "results").glob("*.json")):
         d = json.loads(f.read_text())
-        results[d["lesson"]] = d["figures"]
-    lines = ["# lessonkit report", "",
-             f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} by `lessonkit run`; every figure below was measured "
-             "in this run (see each executed notebook for how).", "",
-             "| lesson | status | headline figures | notebook | figures |", "|---|---|---|---|---|"]
-    for name, st in status.items():
-        figs = results.get(name, {})
-        fig_txt = "<br>".join(f"{k}: {_fmt(v)}" for k, v in figs.items()) or "-"
-        pngs = " ".join(f"[{i + 1}](figures/{p.name})" for i, p in enumerate(st.get("figures", [])))
-        lines.append(f"| {name} | {st['status']} ({st['seconds']:.0f} s) | {fig_txt} | "
-                     f"[{name}.ipynb](notebooks/{name}.ipynb) | {pngs or '-'} |")
-    (build_dir / "summary.md").write_text("\n".join(lines) + "\n")
+        results[d["lesson"]] = d
+    total_s = sum(s["seconds"] for s in status.values()) if total_s is None else total_s
+    report = write_report(build_dir, status, smoke=smoke, total_s=total_s)
+    said = {e["name"]: e["sentences"] for e in report["lessons"]}
     (build_dir / "summary.json").write_text(json.dumps(
-        {"lessons": {n: {"status": s["status"], "seconds": s["seconds"], "figures": results.get(n, {})}
+        {"machine": report["machine"], "smoke": smoke, "seconds": total_s,
+         "lessons": {n: {"status": s["status"], "seconds": s["seconds"],
+                         "figures": results.get(n, {}).get("figures", {}), "headline": said.get(n, []),
+                         "table": results.get(n, {}).get("table")}
                      for n, s in status.items()}}, indent=2))
 
 
@@ -90,6 +89,7 @@ def run_all(build_dir: str | Path = "build", smoke: bool = False, only: list[str
         raise LessonkitError(f"no lesson notebooks found in {NOTEBOOKS}" + (f" matching {only}" if only else ""))
     status: dict[str, dict] = {}
     failed = []
+    start = time.perf_counter()
     for nb in (bar := tqdm(nbs, desc="lessons", unit="notebook", position=0)):
         bar.set_postfix_str(nb.stem)
         out = build_dir / "notebooks" / nb.name
@@ -104,8 +104,9 @@ def run_all(build_dir: str | Path = "build", smoke: bool = False, only: list[str
             print(f"\n{nb.name} failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         figs = extract_figures(out, build_dir / "figures") if out.exists() else []
         status[nb.stem] = {"status": st, "seconds": time.perf_counter() - t0, "figures": figs}
-    write_summary(build_dir, status)
-    print(f"executed {len(nbs) - len(failed)}/{len(nbs)} lessons; report: {build_dir / 'summary.md'}")
+    write_summary(build_dir, status, smoke=smoke, total_s=time.perf_counter() - start)
+    print(f"executed {len(nbs) - len(failed)}/{len(nbs)} lessons; report: {build_dir / 'report.html'} "
+          f"(and {build_dir / 'summary.md'})")
     return 1 if failed else 0
 
 

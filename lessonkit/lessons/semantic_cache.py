@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.semcache.audit import clopper_pearson_upper
 from lessonkit.semcache.policies import embed_stream, load_embedder, make_policy, run_stream
 from lessonkit.semcache.store import CacheStore
@@ -229,3 +230,30 @@ def time_judge(judge, texts, n: int = 15) -> float:
         judge(t)
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+HEADLINE = Headline(
+    title="Semantic caching",
+    sentences=(
+        Sentence("On {items} stream items, a two-sided cache at cosine 0.8 served {two_sided_0.8_hit_rate:.0%} of "
+                 "requests from cache and made {two_sided_0.8_actionable_losses} actionable losses (a served "
+                 "answer that would have changed the action)."),
+        Sentence("The one-sided policy with its guard served {one_sided_guard_hit_rate:.0%} "
+                 "({guard_hit_rate_share_of_two_sided:.0%} of the two-sided hit rate) with "
+                 "{one_sided_guard_actionable_losses} actionable losses; without the guard it made "
+                 "{one_sided_actionable_losses}."),
+        Sentence("The audit bounds the guarded cache's loss rate below {guarded_audit_upper_bound:.1%} (95% "
+                 "Clopper-Pearson upper bound)."),
+        Sentence("Audited the same way, the two-sided cache was stopped at stream item "
+                 "{two_sided_audited_stopped_at}.", when="two_sided_audited_stopped_at"),
+        Sentence("The judge {judge} agreed with the labels on {judge_agreement:.1%} of items (worst perturbation "
+                 "family {judge_min_perturbation_agreement:.1%}; the untrained model {untrained_judge_agreement:.1%}, "
+                 "with which the two-sided cache made {untrained_two_sided_0.8_actionable_losses} actionable losses)."),
+        Sentence("Serving a hit took {hit_ms:.1f} ms, a live judge call {judge_call_ms:.0f} ms.", when="judge_call_ms"),
+    ),
+    columns=(Column("policy", "policy"), Column("threshold", "cosine threshold", ".2f"), Column("hits", "hits"),
+             Column("hit_rate", "hit rate (%)", ".1f", scale=100), Column("judge_calls_saved", "judge calls saved"),
+             Column("losses", "losses"), Column("actionable_losses", "actionable losses")),
+    caption="Four policies on the same stream",
+    figure="lesson.plot_tradeoff(",
+)

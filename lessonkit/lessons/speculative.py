@@ -23,6 +23,7 @@ from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate, probs_from_logits
 from lessonkit.engine.registry import load_model
 from lessonkit.engine.draft_step import why_not
+from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.speculative.drafters import ModelDrafter, OracleDrafter
 from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens_per_pos, leviathan_speedup,
                                         measure_cost_curve, predicted_speedup)
@@ -360,3 +361,29 @@ def sampling_tv(target, draft_engine, prompt: list[int], *, n: int = 20_000, tem
                  "TV(emitted, target)": 0.5 * float((exact / n - p).abs().sum())})
     rows.append({"sampler": "draft q itself", "samples": None, "TV(emitted, target)": 0.5 * float((q - p).abs().sum())})
     return pd.DataFrame(rows)
+
+
+HEADLINE = Headline(
+    title="Speculative decoding",
+    sentences=(
+        Sentence("{models}: speculative decoding ran {measured_speedup_best_k:.2f}x plain greedy at its best draft "
+                 "length k = {best_k}; Leviathan's formula predicted {leviathan_speedup_best_k:.2f}x, the refined "
+                 "model {refined_speedup_best_k:.2f}x."),
+        Sentence("The draft model had {tiny_draft_acceptance_rate:.0%} of its drafted tokens accepted, n-gram lookup "
+                 "{ngram_acceptance_rate:.0%}; every drafter's output was checked against plain greedy (table)."),
+        Sentence("A verify forward at k = 4 cost {verify_cost_ratio_k4:.2f}x a plain one-token step."),
+        Sentence("With experts streamed from disk, speculation lost speed in {break_even_cells_losing} of "
+                 "{break_even_cells} cells of the break-even surface (acceptance x expert budget x depth)."),
+        Sentence("Sampling: the exact speculative sampler's tokens were {tv_correct_sampler:.3f} from the target "
+                 "distribution in total variation (sampling noise), a broken sampler's {tv_broken_sampler:.3f}."),
+    ),
+    columns=(Column("model", "target"), Column("drafter", "drafter"),
+             Column("acceptance_rate", "acceptance (%)", ".0f", scale=100),
+             Column("c", "draft cost c (target steps)", ".3f"),
+             Column("measured_speedup", "measured speed-up (x)", ".2f"),
+             Column("refined_speedup", "predicted speed-up (x)", ".2f"),
+             Column("identical_to_plain", "output vs plain greedy", "identical|DIFFERS")),
+    table="drafters",
+    caption="Drafters side by side",
+    figure="lesson.compare_drafters(",
+)

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.registry import MODELS_DIR, load_model
+from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.mtp.head import head_path
 from lessonkit.stack import (PRESETS, TECHNIQUES, StackConfig, StackPipeline, StackRun, embed_workload,
                              judge_token_grammar, run_stack)
@@ -296,3 +297,25 @@ def run_config(args, smoke: bool) -> StackConfig:
     if getattr(args, "json", False):
         cfg = replace(cfg, progress=False)
     return cfg
+
+
+HEADLINE = Headline(
+    title="The whole stack",
+    sentences=(
+        Sentence("{*}: all techniques together ran {*_all_speedup:.2f}x the plain engine ({*_plain_tokens_per_s:.1f} "
+                 "tokens/s plain), output {*_all_identical:identical to|DIFFERENT from} plain, "
+                 "{*_all_actionable_losses} actionable losses, {*_all_judge_calls} judge calls for {items} items.",
+                 each="*_all_speedup"),
+        Sentence("{*}: every technique below the semantic cache, alone or together, kept the output "
+                 "{*_engine_rows_identical:identical to|DIFFERENT from} plain greedy.", each="*_engine_rows_identical"),
+        Sentence("Timed on {timing_threads} thread(s) with {items} items per row."),
+    ),
+    columns=(Column("model", "model"), Column("row", "row"), Column("techniques", "techniques"),
+             Column("wall_s", "wall time (s)", ".2f"), Column("speedup", "speed-up (x)", ".2f"),
+             Column("tokens_per_s", "tokens/s", ".1f"), Column("forwards", "forwards"),
+             Column("judge_calls", "judge calls"), Column("cache_hits", "cache hits"),
+             Column("actionable_losses", "actionable losses", ".0f"),
+             Column("identical_to_plain", "output vs plain", "identical|DIFFERS")),
+    caption="The ablation: plain engine, each technique alone, all together",
+    figure="lesson.ablation_all(",
+)

@@ -1,0 +1,199 @@
+"""The main job's report: build/report.html (one self-contained page) and build/summary.md (the same in
+Markdown), from what `lessonkit run` left in build/: each lesson's recorded figures and main table
+(results/), its figures as PNG (figures/) and its executed notebook (notebooks/), which this module also
+renders as HTML with nbconvert.
+
+Per lesson: title, status and time, the headline sentences its module declares (lessonkit.lessons.headline),
+its main table and its key figure. At the top: the machine, versions and total time."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import jinja2
+
+from lessonkit.lessons.headline import headline_for, main_table, sentence_texts
+
+TEMPLATES = Path(__file__).parent / "templates"
+VERSIONED = ("lessonkit", "torch", "numpy", "pandas", "matplotlib", "papermill", "nbconvert")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _physical_cores() -> int | None:
+    """Distinct (socket, core) pairs in /proc/cpuinfo; None where it does not say."""
+    try:
+        blocks = Path("/proc/cpuinfo").read_text().split("\n\n")
+    except OSError:
+        return None
+    pairs = set()
+    for b in blocks:
+        kv = dict(line.split(":", 1) for line in b.splitlines() if ":" in line)
+        kv = {k.strip(): v.strip() for k, v in kv.items()}
+        if "core id" in kv:
+            pairs.add((kv.get("physical id"), kv["core id"]))
+    return len(pairs) or None
+
+
+def _kernel_path() -> tuple[str, str | None]:
+    """Which path short forwards take (lessonkit.engine.kernel.backend()) and the weights path, where the
+    engine or LESSONKIT_WEIGHTS says which."""
+    from lessonkit.engine import kernel
+    b = kernel.backend()
+    path = f"{b['backend']} ({b['why']})"
+    weights = b.get("weights") or getattr(kernel, "WEIGHTS", None) or os.environ.get("LESSONKIT_WEIGHTS")
+    return path, weights
+
+
+def _version(pkg: str) -> str:
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parents[2])
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def machine_info() -> dict[str, str]:
+    """The run's machine and software, as label -> text (the report's first table)."""
+    import torch
+    path, weights = _kernel_path()
+    cores = _physical_cores()
+    info = {"CPU": _cpu_model(),
+            "cores": f"{cores} physical, {os.cpu_count()} logical" if cores else f"{os.cpu_count()} logical",
+            "usable by this run": f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} "
+                                  f"CPUs, {torch.get_num_threads()} torch thread{'s' if torch.get_num_threads() > 1 else ''}",
+            "kernel path": path}
+    if weights:
+        info["weights path"] = str(weights)
+    info["system"] = platform.platform()
+    info["python"] = platform.python_version()
+    info["versions"] = ", ".join(f"{p} {_version(p)}" for p in VERSIONED)
+    commit = _git_commit()
+    if commit:
+        info["commit"] = commit
+    return info
+
+
+def duration(seconds: float) -> str:
+    """"42 s", "3 min 5 s", "1 h 2 min"."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def figure_cells(executed: Path) -> list[str]:
+    """The source of the cell that drew each PNG of an executed notebook, in runner.extract_figures' order."""
+    nb = json.loads(executed.read_text())
+    out = []
+    for cell in nb.get("cells", []):
+        src = "".join(cell.get("source", ""))
+        out += [src for o in cell.get("outputs", []) if o.get("data", {}).get("image/png")]
+    return out
+
+
+def key_figure(executed: Path, figures: list[Path], marker: str | None) -> Path | None:
+    """The figure drawn by the first cell whose source contains marker (else the first figure, if any)."""
+    if not figures:
+        return None
+    if marker and executed.exists():
+        for src, path in zip(figure_cells(executed), figures):
+            if marker in src:
+                return path
+    return figures[0]
+
+
+def render_notebooks(build_dir: Path, names: list[str]) -> dict[str, str]:
+    """Each executed notebook as build/notebooks/<name>.html (nbconvert's HTML exporter, the same as
+    `jupyter nbconvert --to html`); name -> its path relative to build_dir, for those that rendered."""
+    import nbformat
+    from nbconvert import HTMLExporter
+    exporter, out = HTMLExporter(), {}
+    for name in names:
+        src = build_dir / "notebooks" / f"{name}.ipynb"
+        if not src.exists():
+            continue
+        try:
+            body, _ = exporter.from_notebook_node(nbformat.read(src, as_version=4))
+        except Exception as e:  # a notebook that does not render still has its .ipynb link in the report
+            print(f"{src.name}: not rendered as HTML ({type(e).__name__}: {e})", file=sys.stderr)
+            continue
+        (build_dir / "notebooks" / f"{name}.html").write_text(body, encoding="utf-8")
+        out[name] = f"notebooks/{name}.html"
+    return out
+
+
+def _recorded(build_dir: Path) -> dict[str, dict]:
+    out = {}
+    for f in sorted((build_dir / "results").glob("*.json")):
+        d = json.loads(f.read_text())
+        out[d["lesson"]] = d
+    return out
+
+
+def lesson_entries(build_dir: Path, status: dict[str, dict]) -> list[dict]:
+    """Everything the report says about each lesson, formatted (the templates only lay it out)."""
+    recorded, html = _recorded(build_dir), render_notebooks(build_dir, list(status))
+    entries = []
+    for name, st in status.items():
+        rec = recorded.get(name, {})
+        figures, h = rec.get("figures", {}), headline_for(name)
+        headers, rows = main_table(h, figures, rec.get("table"))
+        pngs = [Path(p) for p in st.get("figures", [])]
+        key = key_figure(build_dir / "notebooks" / f"{name}.ipynb", pngs, h.figure if h else None)
+        entries.append({
+            "name": name, "number": name.split("_", 1)[0], "title": h.title if h else name,
+            "ok": st["status"] == "ok", "status": st["status"], "time": duration(st["seconds"]),
+            "sentences": sentence_texts(h, figures), "caption": h.caption if h else "",
+            "headers": headers, "rows": rows,
+            "key_figure": f"figures/{key.name}" if key else None,
+            "key_figure_data": base64.b64encode(key.read_bytes()).decode() if key else None,
+            "figures": [f"figures/{p.name}" for p in pngs],
+            "notebook_html": html.get(name), "notebook": f"notebooks/{name}.ipynb"})
+    return entries
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=jinja2.select_autoescape(["html"]),
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined)
+    env.filters["md_cell"] = lambda v: str(v).replace("|", "\\|").replace("\n", " ")
+    return env
+
+
+def write_report(build_dir: Path, status: dict[str, dict], *, smoke: bool, total_s: float) -> dict:
+    """Write build/report.html and build/summary.md; return what they say (machine and lessons)."""
+    build_dir = Path(build_dir)
+    lessons = lesson_entries(build_dir, status)
+    context = {"generated": time.strftime("%Y-%m-%d %H:%M:%S"), "smoke": smoke, "total": duration(total_s),
+               "command": "lessonkit run --smoke" if smoke else "lessonkit run", "machine": machine_info(),
+               "lessons": lessons, "n_ok": sum(e["ok"] for e in lessons)}
+    env = _environment()
+    (build_dir / "report.html").write_text(env.get_template("report.html.j2").render(context), encoding="utf-8")
+    (build_dir / "summary.md").write_text(env.get_template("summary.md.j2").render(context), encoding="utf-8")
+    return context
