@@ -11,6 +11,11 @@ bit, whatever the other rows are. Three backends, chosen once at import:
             MKL's GEMV path, which is row-invariant too but makes one pass over the weights per group.
 
 `LESSONKIT_KERNEL=avx2|portable|mkl` forces a backend (tests use it to compare the paths).
+
+Native blocks (`NativeWeight`): a Q4_1 or Q8_0 matrix kept as llama.cpp's blocks, packed at load into the
+kernel's strip-blocks and dequantised inside the kernel (d * q + m, two roundings, as the float32 loader
+computes it), so a product on native blocks gives the float32 path's bits at a fifth of the bytes. It needs
+the C kernel. `set_threads(n)` splits every product's strips over n threads; the bits do not depend on n.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import platform
 
 import torch
 
-ABI = 2                                 # csrc/rowkernel.c's ABI constant this module calls
+ABI = 3                                 # csrc/rowkernel.c's ABI constant this module calls
 
 try:                                    # built by the README's set-up; optional by design (see `why`)
     from . import _rowkernel
@@ -84,6 +89,40 @@ def using(name: str):
         yield
     finally:
         BACKEND, WHY = old
+
+
+def set_threads(n: int) -> int:
+    """Threads the C kernel splits a product's output strips over (each output is still one chain, computed by
+    one thread, so the bits do not depend on n). Returns the number in use; 1 without the C kernel."""
+    global THREADS
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"threads must be a positive integer, got {n!r}")
+    THREADS = _rowkernel.set_threads(n) if _rowkernel is not None else 1
+    return THREADS
+
+
+THREADS = 1
+
+
+def physical_cores() -> int:
+    """Physical cores of this machine (the default thread count for decode), from /proc/cpuinfo where it says,
+    else os.cpu_count()."""
+    try:
+        seen = set()
+        phys = core = None
+        for line in open("/proc/cpuinfo"):
+            key, _, val = line.partition(":")
+            key = key.strip()
+            if key == "physical id":
+                phys = val.strip()
+            elif key == "core id":
+                core = val.strip()
+                seen.add((phys, core))
+        if seen:
+            return max(1, min(len(seen), len(os.sched_getaffinity(0))))
+    except OSError:
+        pass
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
 def pad_rows(x: torch.Tensor, mult: int = ROW_PAD) -> torch.Tensor:
