@@ -79,7 +79,10 @@ def test_record_results_writes_the_table_and_returns_the_sentences(tmp_path, mon
     assert "tiny-moe: restoring a 64-token prefix" in shown._repr_markdown_()
 
 
-def test_duration_and_machine_info():
+def test_duration_and_machine_info(monkeypatch):
     assert [duration(s) for s in (4.4, 65, 3725)] == ["4 s", "1 min 5 s", "1 h 2 min"]
+    monkeypatch.delenv("LESSONKIT_WEIGHTS", raising=False)
     info = machine_info()
     assert {"CPU", "cores", "kernel path", "versions"} <= set(info) and "torch" in info["versions"]
+    monkeypatch.setenv("LESSONKIT_WEIGHTS", "native")
+    assert machine_info()["weights path"] == "native"

@@ -258,7 +258,7 @@ HEADLINE = Headline(
     title="Persistent prefix-KV cache",
     sentences=(
         Sentence("{model}: restoring a {prefix_tokens}-token prefix from disk took {restore_s:.4f} s against "
-                 "{prefill_s:.4f} s to prefill it ({restore_over_prefill:.2f} of the prefill time)."),
+                 "{prefill_s:.4f} s to prefill it: restore / prefill = {restore_over_prefill:.2f}."),
         Sentence("Scoring {batch_items} items behind one system prompt, a warm cache after a restart ran "
                  "{batch_speedup_warm_vs_off:.2f}x the uncached run, time to first token {ttft_off_s:.4f} s -> "
                  "{ttft_warm_s:.4f} s, scores {scores_identical:identical to|DIFFERENT from} the uncached run."),
