@@ -101,7 +101,8 @@ COMMANDS = {
         arg("--measure-only", action="store_true",
             help="a drafter: measure the shipped one again (acceptance, c) and rewrite its card; no training"), JSON]),
     "export": ("export a model in the streaming layout to Hugging Face format", c.cmd_export, [
-        arg("name", help="model name (tiny-moe, tiny-draft) or a streaming-layout directory"), arg("out_dir")]),
+        arg("name", help="model name (tiny-moe, tiny-draft) or a streaming-layout directory"), arg("out_dir"),
+        arg("--force", action="store_true", help="replace the exported files if out_dir already holds them")]),
     "gap": ("open-vs-closed lag and compute growth from Epoch AI data", c.cmd_gap, [
         arg("--json", action="store_true", help="print the figures as JSON"),
         arg("--data", default=None, help="folder with the Epoch CSVs (default data/epoch/)"),

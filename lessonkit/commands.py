@@ -118,7 +118,7 @@ def cmd_doctor(args) -> int:
 # ---- generate --------------------------------------------------------------------------------------
 def cmd_generate(args) -> int:
     import torch
-    from lessonkit.engine.generate import generate
+    from lessonkit.engine.generate import context_budget, finish_reason, generate
     from lessonkit.engine.registry import load_model
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     if args.prefix_cache and (args.grammar or args.schema or args.draft):
@@ -130,26 +130,30 @@ def cmd_generate(args) -> int:
         from lessonkit.engine.gguf_loader import apply_chat_template
         prompt = apply_chat_template(eng, [{"role": "user", "content": prompt}])
     ids = eng.encode(prompt)
+    max_new, note = context_budget(eng, len(ids), args.max_new_tokens)     # checked before any work
+    if note:
+        print(f"lessonkit: note: {note}", file=sys.stderr)
     stream = None
     if not args.json:
         stream = _Streamer(eng)
     kw = dict(temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop_strings=args.stop or ())
     if args.grammar or args.schema:
         from lessonkit.grammar.drafter import generate_with_grammar
-        res = generate_with_grammar(eng, ids, args.max_new_tokens, grammar=args.grammar, schema=args.schema,
+        res = generate_with_grammar(eng, ids, max_new, grammar=args.grammar, schema=args.schema,
                                     mode=args.mode, draft=args.draft, draft_k=args.draft_k, **kw)
     elif args.draft:
         from lessonkit.speculative.verify import speculative_generate
         from lessonkit.stack import make_drafter
         k = parse_draft_k(args.draft_k)
         drafter = make_drafter(args.draft, eng, seed=args.seed)
-        res = speculative_generate(eng, drafter, ids, args.max_new_tokens, k=k, callback=stream, **kw)
+        res = speculative_generate(eng, drafter, ids, max_new, k=k, callback=stream, **kw)
     elif args.prefix_cache:
         from lessonkit.prefix_cache.generate import generate_with_prefix_cache
-        res = generate_with_prefix_cache(eng, ids, args.prefix_cache, max_new_tokens=args.max_new_tokens,
+        res = generate_with_prefix_cache(eng, ids, args.prefix_cache, max_new_tokens=max_new,
                                          callback=stream, **kw)
     else:
-        res = generate(eng, ids, args.max_new_tokens, callback=stream, **kw)
+        res = generate(eng, ids, max_new, callback=stream, **kw)
+    res.stats["finish_reason"] = finish_reason(eng, res, max_new, capped=note is not None)
     if args.json:
         _print_json({"model": eng.name, "text": res.text, "token_ids": res.token_ids, "stats": res.stats})
     else:
@@ -157,7 +161,7 @@ def cmd_generate(args) -> int:
         s = res.stats
         print(f"[{s['new_tokens']} tokens, {s['forwards']} forwards, {s['tokens_per_s']:.1f} tok/s, "
               f"expert hit rate {s['expert_hit_rate'] if s['expert_hit_rate'] is None else round(s['expert_hit_rate'], 3)}, "
-              f"{s['bytes_read'] / 2**20:.1f} MB read]", file=sys.stderr)
+              f"{s['bytes_read'] / 2**20:.1f} MB read, finish_reason {s['finish_reason']}]", file=sys.stderr)
     return 0
 
 
@@ -313,14 +317,14 @@ def cmd_train_judge(args) -> int:
 def cmd_export(args) -> int:
     from pathlib import Path
 
-    from lessonkit.engine.checkpoint import export_hf
+    from lessonkit.engine.export import export_model
     from lessonkit.engine.registry import MODELS_DIR
     src = Path(args.name)
     if not (src / "config.json").exists():
         src = MODELS_DIR / args.name
     if not (src / "config.json").exists():
         raise LessonkitError(f"no model {args.name!r}: not a streaming-layout dir and not under {MODELS_DIR}")
-    print(export_hf(src, args.out_dir))
+    print(export_model(src, args.out_dir, force=args.force))     # never over the source or a user's files
     return 0
 
 

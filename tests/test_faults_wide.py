@@ -332,3 +332,116 @@ def test_a_full_disk_at_start_up_is_a_warning_and_the_text(tmp_path, capsys, mon
         code, res, err = generate_cli(capsys, "--prefix-cache", str(d))
     assert code == 0 and res["token_ids"] == plain["token_ids"] and res["text"] == plain["text"]
     assert not (d / "index.json").exists() and not list(d.glob(".tmp-*"))
+
+
+# ---- generate past the context: stop there, keep the text, say why -------------------------------------------
+LONG = "The river keeps its own counsel. " * 84          # about 1,000 of tiny-moe's 1,024 positions
+
+
+@pytest.mark.parametrize("extra", [[], ["--draft", "ngram"], ["--prefix-cache", "{tmp}/pc"]])
+def test_max_new_tokens_past_the_context_keeps_the_text(tmp_path, capsys, extra):
+    from lessonkit.engine.registry import load_model
+    eng = load_model("tiny-moe")
+    room = eng.config.max_seq_len - len(eng.encode(LONG))
+    assert 0 < room < 40
+    argv = ["generate", "--model", "tiny-moe", "--prompt", LONG, "--json"]
+    assert main(argv + ["--max-new-tokens", str(room)]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert plain["stats"]["finish_reason"] == "length" and len(plain["token_ids"]) == room
+    extra = [a.replace("{tmp}", str(tmp_path)) for a in extra]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(argv + ["--max-new-tokens", "100000"] + extra) == 0
+    out = capsys.readouterr()
+    res = json.loads(out.out)
+    assert res["token_ids"] == plain["token_ids"] and res["text"] == plain["text"]
+    assert res["stats"]["finish_reason"] == "context"
+    assert f"more than the {room} tokens left in tiny-moe's context of 1024" in out.err
+
+
+def test_generate_stops_at_a_full_kv_cache_and_keeps_what_it_made():
+    from lessonkit.engine.generate import generate
+    from lessonkit.engine.registry import load_model
+    eng = load_model("tiny-moe")
+    ids = eng.encode("The river keeps its own counsel")
+    cache = eng.new_cache(64)
+    res = generate(eng, ids, 1000, cache=cache, use_eos=False)
+    assert res.stats["finish_reason"] == "context" and len(res.token_ids) == cache.max_len - len(ids) + 1
+    assert res.token_ids == generate(eng, ids, len(res.token_ids), use_eos=False).token_ids
+
+
+def test_a_prompt_longer_than_the_context_is_one_clear_line(capsys):
+    assert main(["generate", "--model", "tiny-moe", "--prompt", LONG * 2, "--max-new-tokens", "4"]) == 2
+    one_clear_line(capsys, "context holds 1024", "no room to generate")
+
+
+# ---- export: never over the source, never over a user's files without --force, one line on write errors ------
+def _export(*argv) -> int:
+    return main(["export", *map(str, argv)])
+
+
+def test_export_into_a_directory_holding_config_json_needs_force(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "config.json").write_text('{"mine": true}')
+    (out / "notes.txt").write_text("mine")
+    assert _export("tiny-moe", out) == 2
+    one_clear_line(capsys, str(out), "already holds config.json", "--force")
+    assert (out / "config.json").read_text() == '{"mine": true}' and sorted(p.name for p in out.iterdir()) == [
+        "config.json", "notes.txt"]
+    assert _export("tiny-moe", out, "--force") == 0
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 4096
+    assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").is_file()
+    assert not list(out.glob(".export-*"))
+
+
+@pytest.mark.parametrize("spelling", ["same", "dotdot", "symlink"])
+def test_export_onto_its_own_source_is_refused_even_with_force(tmp_path, capsys, spelling):
+    src = tmp_path / "copy"
+    shutil.copytree(MOE, src)
+    before = tree_digest(src)
+    out = {"same": src, "dotdot": src / ".." / "copy", "symlink": tmp_path / "link"}[spelling]
+    if spelling == "symlink":
+        out.symlink_to(src, target_is_directory=True)
+    for extra in ([], ["--force"]):
+        assert _export(src, out, *extra) == 2
+        one_clear_line(capsys, "is the model directory being exported")
+    assert tree_digest(src) == before
+
+
+def test_export_to_a_file_or_under_one_is_one_clear_line(tmp_path, capsys):
+    f = tmp_path / "file.txt"
+    f.write_text("mine")
+    assert _export("tiny-moe", f) == 2
+    one_clear_line(capsys, str(f), "is a file, not a directory")
+    assert _export("tiny-moe", f / "sub") == 2
+    one_clear_line(capsys, "cannot be created", "is a file")
+    assert f.read_text() == "mine"
+
+
+def test_export_to_a_read_only_directory_is_one_clear_line(tmp_path, capsys, monkeypatch):
+    from test_faults import read_only
+    out = tmp_path / "ro"
+    out.mkdir()
+    read_only(monkeypatch, out)
+    assert _export("tiny-moe", out) == 2
+    one_clear_line(capsys, f"cannot export to {out}", "Permission denied")
+    monkeypatch.undo()
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("exists", [False, True])
+def test_export_on_a_full_disk_is_one_clear_line_and_leaves_nothing(tmp_path, capsys, monkeypatch, exists):
+    from lessonkit.engine import checkpoint
+
+    def full(tensors, path, metadata=None):
+        Path(path).write_bytes(b"\0" * 1000)                    # a part written, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    monkeypatch.setattr(checkpoint, "save_file", full)
+    out = tmp_path / "out"
+    if exists:
+        out.mkdir()
+    assert _export("tiny-moe", out) == 2
+    one_clear_line(capsys, f"cannot export to {out}", "No space left on device")
+    assert (list(out.iterdir()) == []) if exists else not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == (["out"] if exists else [])

@@ -130,7 +130,9 @@ def decode_one_token(engine, token: int, cache: KVCache) -> torch.Tensor:
 def generate(engine, prompt_ids: list[int], max_new_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
              seed: int = 0, stop_token_ids=(), stop_strings=(), callback: Callable[[int], None] | None = None,
              cache: KVCache | None = None, use_eos: bool = True) -> GenerationResult:
-    """Plain autoregressive decoding, one forward per new token."""
+    """Plain autoregressive decoding, one forward per new token. stats["finish_reason"]: "stop" (an eos
+    token or a stop string), "length" (max_new_tokens) or "context" (the KV cache or the model's context
+    is full: generation stops there and keeps every token it made)."""
     params = SamplingParams(temperature, top_p, seed)
     if max_new_tokens < 0:
         raise LessonkitError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -150,12 +152,19 @@ def generate(engine, prompt_ids: list[int], max_new_tokens: int, *, temperature:
     forwards, unique = 1, engine.model.last_forward["unique_experts"]
     prefill_unique = unique
     out: list[int] = []
+    limit, finish = min(cache.max_len, engine.config.max_seq_len), "length"
     while len(out) < max_new_tokens:
         t = sample_token(logits, params, gen)
         out.append(t)
         if callback is not None:
             callback(t)
-        if checker.done(out) or len(out) == max_new_tokens:
+        if checker.done(out):
+            finish = "stop"
+            break
+        if len(out) == max_new_tokens:
+            break
+        if cache.length >= limit:
+            finish = "context"
             break
         logits = decode_one_token(engine, t, cache)
         forwards += 1
@@ -163,5 +172,30 @@ def generate(engine, prompt_ids: list[int], max_new_tokens: int, *, temperature:
     ids, text = checker.trim(out)
     stats = finish_stats(engine, before, new_tokens=len(ids), forwards=forwards, t_start=t0, ttft=ttft,
                          unique_experts=unique - prefill_unique,
-                         extra={"prompt_tokens": len(prompt_ids), "tokens_per_forward": len(ids) / max(forwards, 1)})
+                         extra={"prompt_tokens": len(prompt_ids), "tokens_per_forward": len(ids) / max(forwards, 1),
+                                "finish_reason": finish})
     return GenerationResult(ids, text, stats)
+
+
+def context_budget(engine, n_prompt: int, max_new_tokens: int) -> tuple[int, str | None]:
+    """(max_new_tokens that fit in the model's context after a prompt of n_prompt tokens, a note when
+    fewer than asked): checked before generating, so no technique runs out of KV cache halfway."""
+    limit = engine.config.max_seq_len
+    room = limit - n_prompt
+    if room < 1:
+        raise LessonkitError(f"the prompt has {n_prompt} tokens and {engine.name}'s context holds {limit}: "
+                             f"no room to generate")
+    if max_new_tokens <= room:
+        return max_new_tokens, None
+    return room, (f"--max-new-tokens {max_new_tokens} is more than the {room} tokens left in {engine.name}'s "
+                  f"context of {limit}; generation stops there (finish_reason 'context')")
+
+
+def finish_reason(engine, res: GenerationResult, max_new_tokens: int, capped: bool) -> str:
+    """Why a generation ended: its own stats["finish_reason"], or for techniques that do not say, "stop"
+    (fewer tokens than allowed, or an eos token last) or "length"; "length" becomes "context" when the
+    context capped max_new_tokens (context_budget)."""
+    ids, reason = res.token_ids, (res.stats or {}).get("finish_reason")
+    if reason is None:
+        reason = "stop" if len(ids) < max_new_tokens or (ids and ids[-1] in engine.config.eos_ids) else "length"
+    return "context" if reason == "length" and capped else reason
