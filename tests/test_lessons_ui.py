@@ -97,3 +97,103 @@ def test_ci_installs_chromium_before_the_test_command():
     install = next(i for i, l in enumerate(lines) if "apt-get install" in l and "chromium" in l)
     assert "-y" in lines[install] and "DEBIAN_FRONTEND=noninteractive" in lines[install]
     assert install < lines.index("./workbook test")
+
+
+# ---- lesson figures and panels ---------------------------------------------------------------------
+def _drafter_rows(n: int = 5):
+    import pandas as pd
+    return pd.DataFrame([{"model": "tiny-moe", "drafter": f"d{i}", "k": 4, "acceptance_rate": 0.5, "a1": 0.7,
+                          "a2": 0.6, "a3": 0.5, "a4": 0.4, "c": 0.1, "measured_speedup": 1.2,
+                          "refined_speedup": 1.1, "identical_to_plain": True} for i in range(n)])
+
+
+def _whole(ticks) -> bool:
+    return all(float(t).is_integer() for t in ticks)
+
+
+def test_counting_axes_have_whole_ticks_and_long_legends_sit_beside_the_data():
+    import matplotlib.pyplot as plt
+    from lessonkit.lessons.speculative import plot_drafter_comparison
+    fig = plot_drafter_comparison(_drafter_rows())
+    ax1 = fig.axes[0]
+    lo, hi = ax1.get_xlim()
+    assert _whole(t for t in ax1.get_xticks() if lo <= t <= hi)
+    fig.canvas.draw()
+    legend = ax1.get_legend().get_window_extent()
+    assert not legend.overlaps(ax1.get_window_extent()), "a five-entry legend covers the plot"
+    plt.close(fig)
+
+
+def test_routing_heat_ticks_sit_on_experts_and_layers():
+    import matplotlib.pyplot as plt
+    from lessonkit.engine.registry import load_model
+    from lessonkit.lessons.engine import routing_heat
+    _, fig = routing_heat(load_model("tiny-moe"), ["def f(x):\n    return x\n"])
+    ax = fig.axes[0]
+    for ticks, (lo, hi) in ((ax.get_xticks(), ax.get_xlim()), (ax.get_yticks(), sorted(ax.get_ylim()))):
+        shown = [t for t in ticks if lo <= t <= hi]
+        assert shown and _whole(shown), shown
+    plt.close("all")
+
+
+def test_compare_drafters_leaves_exactly_one_open_figure():
+    import matplotlib.pyplot as plt
+    from lessonkit.lessons.speculative import compare_drafters
+    plt.close("all")
+    _, fig, _ = compare_drafters(("tiny-moe",), k=2, n_prompts=1, max_new_tokens=4, repeats=1, only=("n-gram lookup",))
+    assert plt.get_fignums() == [fig.number]
+    plt.close("all")
+
+
+def test_lesson_1_panel_gives_a_table_with_units():
+    from lessonkit.lessons.speculative import PANEL_BUDGETS, lesson_models, try_it_table
+    from lessonkit.workloads.corpus import prompts_by_kind
+    target, draft, _ = lesson_models("tiny-moe", "tiny-draft")
+    prompt = prompts_by_kind(target, n=1, max_tokens=24, seed=0)["code"][0]
+    assert all(isinstance(label, str) and label for label in PANEL_BUDGETS)   # a dropdown shows its labels
+    table = try_it_table(target, draft, prompt, k=2, drafter="tiny-draft", budget="2 experts", n_new=6)
+    assert list(table.columns) == ["value", "unit"] and table.loc["identical to plain", "value"] == "yes"
+    assert table.loc["speculative speed", "unit"] == "tokens / s"
+    for v in table["value"]:
+        assert not re.search(r"\d\.\d{3,}", v), f"unformatted number {v!r}"
+
+
+def test_a_panel_shows_full_labels_and_recomputes_when_a_control_moves(monkeypatch):
+    import ipywidgets as w
+    import IPython.display
+    from lessonkit.lessons import panel
+    shown, calls = [], []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    slider = w.IntSlider(value=1, min=0, max=5, description="temperature and more")
+    panel.show_panel({"n": slider}, lambda n: calls.append(n) or f"table for {n}")
+    assert calls == [1] and isinstance(shown[0], w.VBox)
+    assert slider.style.description_width == "initial" and slider.continuous_update is False
+    slider.value = 3
+    assert calls == [1, 3] and shown[-1] == "table for 3"
+
+
+def test_a_schema_valid_answer_is_reported_valid_though_the_model_stopped_on_its_end_token():
+    from lessonkit.engine.generate import GenerationResult
+    from lessonkit.engine.registry import load_model
+    from lessonkit.lessons.grammar import schema_answer
+    eng = load_model("tiny-moe")
+    person = {"type": "object", "required": ["name", "age", "city"],
+              "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}}}
+    ids = eng.encode('{"name": "John Smith", "age": 45, "city": "New York"}') + [eng.config.eos_ids[0]]
+    result = GenerationResult(ids, eng.decode(ids))
+    assert result.text.endswith(eng.decode([eng.config.eos_ids[0]]))       # what json.loads used to fail on
+    assert schema_answer(eng, result, person) == ('{"name": "John Smith", "age": 45, "city": "New York"}', True)
+    bad = eng.encode('{"name": "John Smith", "age": "old"}')
+    assert schema_answer(eng, GenerationResult(bad, eng.decode(bad)), person)[1] is False
+
+
+def test_lesson_3_panel_gives_forced_bytes_and_the_drafting_ceiling():
+    from lessonkit.engine.registry import load_model
+    from lessonkit.lessons.grammar import corpus_records, forcing_table
+    eng, records = load_model("tiny-moe"), corpus_records(12)
+    compact = forcing_table(eng, records)
+    sloppy = forcing_table(eng, records, writing="sloppy")
+    assert list(compact.columns) == ["value", "unit"]
+    forced = [float(t.loc["bytes forced by the grammar", "value"]) for t in (compact, sloppy)]
+    assert forced[0] > forced[1] > 0, forced          # whitespace freedom takes forced bytes away
+

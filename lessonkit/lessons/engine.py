@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from lessonkit.engine.generate import generate
 from lessonkit.engine.registry import load_model
+from lessonkit.lessons.figures import integer_axis
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.workloads.corpus import KINDS, load_documents
 
@@ -64,6 +65,7 @@ def routing_heat(engine, texts: list[str]):
     share = counts / counts.sum(1, keepdims=True)
     fig, ax = plt.subplots(figsize=(7, 3))
     im = ax.imshow(share, aspect="auto", cmap="viridis")
+    integer_axis(ax, "xy")                   # ticks on the cells (expert 0, 1, ...), never between them
     ax.set_xlabel("expert")
     ax.set_ylabel("layer")
     ax.set_title(f"Routing load per expert ({engine.name}): no expert is starved (min share {share.min():.1%})")

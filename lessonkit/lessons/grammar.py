@@ -5,6 +5,7 @@ import json
 import time
 from pathlib import Path
 
+import jsonschema
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Patch, Rectangle
@@ -13,7 +14,7 @@ from lessonkit.engine.generate import generate
 from lessonkit.grammar.automaton import load_grammar
 from lessonkit.grammar.drafter import GrammarDrafter, verify_k
 from lessonkit.grammar.json_schema import schema_grammar
-from lessonkit.grammar.measure import forced_byte_fraction
+from lessonkit.grammar.measure import drafting_ceiling, forced_byte_fraction
 from lessonkit.grammar.records import monitoring_grammar
 from lessonkit.grammar.tokens import TokenGrammar
 from lessonkit.lessons.headline import Column, Headline, Sentence
@@ -23,6 +24,20 @@ from lessonkit.workloads.corpus import load_documents
 
 def _test_schema_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "tests" / "schemas"
+
+
+def schema_answer(engine, result, schema: dict) -> tuple[str, bool]:
+    """(the answer's text, whether it meets `schema`). The answer is the generated text without the
+    end-of-turn token the model stopped on: json.loads fails on '{...}<|im_end|>', which would report a
+    schema-valid answer as invalid."""
+    ids, stop = list(result.token_ids), set(engine.config.eos_ids)
+    while ids and ids[-1] in stop:
+        ids.pop()
+    text = engine.decode(ids).strip()
+    try:
+        return text, jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+    except ValueError:                      # not JSON at all
+        return text, False
 
 
 def schema_compile_times(repeats: int = 3) -> dict[str, float]:
@@ -126,6 +141,46 @@ def forced_fraction_table(records: list[dict]):
             rows.append({"text": text_name, "grammar": gname, "bytes": len(data),
                          "forced fraction": forced_byte_fraction(g, data)})
     return pd.DataFrame(rows)
+
+
+def _record_grammar(grammar: str, writing: str):
+    compact = writing == "compact"
+    if grammar == "record schema":
+        return monitoring_grammar(whitespace="compact" if compact else "flexible")
+    return load_grammar("ndjson-compact" if compact else "ndjson")
+
+
+def forcing_table(engine, records: list[dict], *, record_type: str = "all", writing: str = "compact",
+                  grammar: str = "record schema") -> pd.DataFrame:
+    """Lesson 3's panel, one choice: the records of one type written compactly or sloppily, under the record
+    schema or a generic NDJSON grammar: forced bytes, and what the grammar drafter would reach if the model
+    wrote exactly these records (drafting_ceiling). A table with units."""
+    picked = [r for r in records if record_type in ("all", r.get("type"))]
+    lines = [(json.dumps(r, separators=(",", ":")) if writing == "compact" else json.dumps(r)) + "\n" for r in picked]
+    g = _record_grammar(grammar, writing)
+    forced = forced_byte_fraction(g, "".join(lines).encode())
+    c = drafting_ceiling(TokenGrammar(g, engine.tokenizer, eos_ids=engine.config.eos_ids),
+                         [engine.encode(line) for line in lines])
+    pct = lambda x, none: none if x is None else f"{100 * x:.1f}"   # noqa: E731
+    rows = [("records", f"{len(picked)}", f"{record_type} records, {writing}"),
+            ("bytes forced by the grammar", pct(forced, "n/a (the text leaves the grammar)"), "% of bytes"),
+            ("tokens drafted and accepted", pct(c["forced_fraction"], ""), f"% of {c['tokens']} tokens"),
+            ("tokens per forward (ceiling)", f"{c['tokens_per_forward']:.2f}", "tokens / forward"),
+            ("grammar acceptance", pct(c["grammar_acceptance"], "n/a (nothing drafted)"), "% of drafted tokens")]
+    return pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
+
+
+def forcing_panel(engine, records: list[dict]) -> None:
+    """Record type, writing style and grammar over `forcing_table`."""
+    import ipywidgets as w
+
+    from lessonkit.lessons.panel import show_panel
+    kinds = ["all", *sorted({r.get("type", "?") for r in records})]
+    show_panel({"record_type": w.Dropdown(options=kinds, description="record type"),
+                "writing": w.Dropdown(options=["compact", "sloppy"], description="written"),
+                "grammar": w.Dropdown(options=["record schema", "generic NDJSON"], description="grammar")},
+               lambda **kw: forcing_table(engine, records, **kw),
+               title="What a grammar forces, and what drafting could gain from it")
 
 
 def plot_forced_fractions(df):

@@ -18,6 +18,7 @@ from lessonkit.engine import kernel
 from lessonkit.engine.registry import load_model
 from lessonkit.engine.roofline import roofline as measure_roofline
 from lessonkit.speculative.gate import measure_cost_curve
+from lessonkit.lessons.figures import integer_axis, legend_beside
 
 
 def rounding_demo(k: int = 576, n: int = 1536, rows=(1, 2, 3, 4, 8, 16), seed: int = 0) -> pd.DataFrame:
@@ -98,7 +99,8 @@ def cost_curves(models=("tiny-moe", "smollm2-135m"), *, k_max: int = 7,
         ax.set_xlabel("drafts verified, k (rows = k + 1)")
         ax.set_ylabel("verify cost / decode step")
         ax.set_title(name)
-        ax.legend(fontsize=8)
+        integer_axis(ax)
+        legend_beside(ax, fontsize=8)
     fig.suptitle("Verify cost: weights read once (kernel) or per row group (MKL)", fontsize=10)
     fig.tight_layout()
     return df, fig

@@ -23,6 +23,7 @@ from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate, probs_from_logits
 from lessonkit.engine.registry import load_model
 from lessonkit.engine.draft_step import why_not
+from lessonkit.lessons.figures import integer_axis, legend_beside
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.speculative.drafters import ModelDrafter, OracleDrafter
 from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens_per_pos, leviathan_speedup,
@@ -58,7 +59,8 @@ def acceptance_by_kind(target, drafters: dict, prompts: dict[str, list[list[int]
     ax2.set_xlabel("draft position i")
     ax2.set_ylabel("P(accept i | 1..i-1 accepted)")
     ax2.set_ylim(0, 1.05)
-    ax2.legend(fontsize=7)
+    integer_axis(ax2)
+    legend_beside(ax2)
     fig.suptitle(f"Acceptance depends on the drafter and the kind of text (k={k}, greedy, {target.name})")
     fig.tight_layout()
     return df, fig
@@ -116,11 +118,14 @@ def speedup_vs_k(target, drafter, prompts: list[list[int]], *, ks=(1, 2, 3, 4, 6
     ax1.axhline(1.0, color="grey", lw=0.8)
     ax1.set_xlabel("draft length k (tokens)")
     ax1.set_ylabel("speed-up over plain greedy (x)")
-    ax1.legend(fontsize=8)
+    legend_beside(ax1, fontsize=8)
     ax2.plot(range(1, len(cond) + 1), cond, "o-", label="P(accept i | previous accepted)")
     ax2.plot(range(1, kmax + 2), [x / cost[0] for x in cost[:kmax + 1]], "s-", label="verify cost T(k+1)/T(1)")
     ax2.set_xlabel("draft position i (acceptance) / verify rows k+1 (cost)")
-    ax2.legend(fontsize=8)
+    ax2.set_ylabel("acceptance probability / cost ratio (x)")
+    legend_beside(ax2, fontsize=8)
+    for ax in (ax1, ax2):
+        integer_axis(ax)
     fig.suptitle(f"Speed-up vs k with {getattr(drafter, 'name', 'drafter')} on {target.name}: "
                  "the formula misses decaying acceptance and rising verify cost")
     fig.tight_layout()
@@ -144,6 +149,13 @@ def drafter_comparison(target, drafters: dict, prompts: list[list[int]], *, k: i
     round, so drift lands on all alike) and the refined prediction from the same run's numbers.
 
     drafters: {label: Drafter}. Returns (DataFrame, Figure); identical_to_plain checks every run's tokens."""
+    df = drafter_table(target, drafters, prompts, k=k, max_new_tokens=max_new_tokens, repeats=repeats, cost=cost)
+    return df, plot_drafter_comparison(df)
+
+
+def drafter_table(target, drafters: dict, prompts: list[list[int]], *, k: int = 4, max_new_tokens: int = 32,
+                  repeats: int = 2, cost: list[float] | None = None) -> pd.DataFrame:
+    """drafter_comparison's table, without its figure."""
     cost = cost if cost is not None else measure_cost_curve(target, k)
     ref = {i: generate(target, p, max_new_tokens).token_ids for i, p in enumerate(prompts)}
     best, same = {}, {name: True for name in drafters}
@@ -169,8 +181,7 @@ def drafter_comparison(target, drafters: dict, prompts: list[list[int]], *, k: i
                      "measured_speedup": plain["wall_s"] / r["wall_s"],
                      "refined_speedup": predicted_speedup(plain, r, k, cost),
                      "identical_to_plain": same[name]})
-    df = pd.DataFrame(rows)
-    return df, plot_drafter_comparison(df)
+    return pd.DataFrame(rows)
 
 
 def plot_drafter_comparison(df: pd.DataFrame):
@@ -183,7 +194,8 @@ def plot_drafter_comparison(df: pd.DataFrame):
     ax1.set_xlabel("draft position i")
     ax1.set_ylabel("P(accept i | 1..i-1 accepted)")
     ax1.set_ylim(0, 1.05)
-    ax1.legend(fontsize=7)
+    integer_axis(ax1)
+    legend_beside(ax1)
     labels = [f"{r.model}\n{r.drafter}" for r in df.itertuples()]
     x = np.arange(len(df))
     ax2.bar(x - 0.2, df["measured_speedup"], 0.4, label="measured")
@@ -191,7 +203,7 @@ def plot_drafter_comparison(df: pd.DataFrame):
     ax2.axhline(1.0, color="grey", lw=0.8)
     ax2.set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
     ax2.set_ylabel("speed-up over plain greedy (x)")
-    ax2.legend(fontsize=8)
+    legend_beside(ax2, fontsize=8)
     fig.suptitle(f"Drafters side by side (k={int(df['k'].iloc[0])}, greedy): what a drafter's agreement with "
                  "its target buys, and what its cost takes back")
     fig.tight_layout()
@@ -215,8 +227,7 @@ def compare_drafters(models=("tiny-moe", "smollm2-135m"), *, k: int = 4, n_promp
                     if spec.startswith("oracle") else make_drafter(spec, target)
             except LessonkitError as e:
                 notes.append(f"{m}: {label} left out ({e})")
-        frames.append(drafter_comparison(target, drafters, prompts, k=k, max_new_tokens=max_new_tokens,
-                                         repeats=repeats)[0])
+        frames.append(drafter_table(target, drafters, prompts, k=k, max_new_tokens=max_new_tokens, repeats=repeats))
     df = pd.concat(frames, ignore_index=True)
     return df, plot_drafter_comparison(df), notes
 
@@ -331,6 +342,49 @@ def plot_break_even(df: pd.DataFrame, disk_mb_s: float | None = None):
 def lesson_models(model: str = "tiny-moe", draft: str = "tiny-draft", *, expert_budget_mb=None):
     """(target, draft engine, a note naming them)."""
     return load_model(model, expert_budget_mb=expert_budget_mb), load_model(draft), f"{model} + {draft}"
+
+
+# lesson 1's panel: expert budgets by label (None: every expert resident) and the drafters besides the model
+PANEL_BUDGETS = {"all resident": None, "2 experts": 2, "6 experts": 6}
+PANEL_DRAFTERS = ("ngram", "oracle:0.0", "oracle:0.3", "oracle:0.7")
+
+
+def try_it_table(target, draft_engine, prompt: list[int], *, k: int = 4, drafter: str = "tiny-draft",
+                 budget: str = "all resident", temperature: float = 0.0, seed: int = 0,
+                 n_new: int = 32) -> pd.DataFrame:
+    """Lesson 1's panel, one run: speculative decoding of `prompt` (drafter = draft_engine's name or one of
+    PANEL_DRAFTERS) next to plain decoding at the same expert budget; a table with units."""
+    nb = PANEL_BUDGETS[budget]
+    eng = target if nb is None else Engine(target.model_dir, expert_budget_mb=nb * target.expert_bytes / 2**20)
+    d = ModelDrafter(draft_engine, name=drafter) if drafter == draft_engine.name else \
+        make_drafter(drafter, eng, seed=seed, horizon=n_new + k + 2)
+    r = speculative_generate(eng, d, prompt, n_new, k=k, temperature=temperature, seed=seed)
+    ref = generate(eng, prompt, n_new, temperature=temperature, seed=seed)
+    st = r.stats
+    same = ("yes" if r.token_ids == ref.token_ids else "NO") if temperature == 0 else \
+        "not compared (sampling: same distribution, not the same tokens)"
+    rows = [("acceptance rate", f"{100 * st['acceptance_rate']:.0f}", "% of drafted tokens"),
+            ("mean acceptance length", f"{st['mean_acceptance_length']:.2f}", "tokens per draft"),
+            ("tokens per forward", f"{st['tokens_per_forward']:.2f}", "tokens"),
+            ("speculative speed", f"{st['tokens_per_s']:.1f}", "tokens / s"),
+            ("plain speed", f"{ref.stats['tokens_per_s']:.1f}", "tokens / s"),
+            ("unique experts", f"{st['unique_experts_per_token']:.1f}", "per emitted token"),
+            ("bytes read", f"{st['bytes_read_per_token'] / 2**20:.2f}", "MiB per emitted token"),
+            ("identical to plain", same, "")]
+    return pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
+
+
+def try_it(target, draft_engine, prompt: list[int], *, k: int = 4, seed: int = 0) -> None:
+    """Draft length, drafter, expert budget and temperature over `try_it_table`."""
+    import ipywidgets as w
+
+    from lessonkit.lessons.panel import show_panel
+    show_panel({"k": w.IntSlider(value=k, min=0, max=8, description="draft length k"),
+                "drafter": w.Dropdown(options=[draft_engine.name, *PANEL_DRAFTERS], description="drafter"),
+                "budget": w.Dropdown(options=list(PANEL_BUDGETS), value="all resident", description="expert budget"),
+                "temperature": w.FloatSlider(value=0.0, min=0.0, max=1.5, step=0.1, description="temperature")},
+               lambda **kw: try_it_table(target, draft_engine, prompt, seed=seed, **kw),
+               title="Speculative decoding against plain decoding, same prompt, same budget")
 
 
 def sampling_tv(target, draft_engine, prompt: list[int], *, n: int = 20_000, temperature: float = 1.0, seed: int = 0):
