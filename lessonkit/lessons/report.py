@@ -148,7 +148,8 @@ def render_notebooks(build_dir: Path, names: list[str]) -> dict[str, str]:
     return out
 
 
-def _recorded(build_dir: Path) -> dict[str, dict]:
+def recorded_results(build_dir: Path) -> dict[str, dict]:
+    """lesson -> what its notebook recorded in build/results/ (figures and main table)."""
     out = {}
     for f in sorted((build_dir / "results").glob("*.json")):
         d = json.loads(f.read_text())
@@ -158,7 +159,7 @@ def _recorded(build_dir: Path) -> dict[str, dict]:
 
 def lesson_entries(build_dir: Path, status: dict[str, dict]) -> list[dict]:
     """Everything the report says about each lesson, formatted (the templates only lay it out)."""
-    recorded, html = _recorded(build_dir), render_notebooks(build_dir, list(status))
+    recorded, html = recorded_results(build_dir), render_notebooks(build_dir, list(status))
     entries = []
     for name, st in status.items():
         rec = recorded.get(name, {})

@@ -65,11 +65,8 @@ def _fmt(v) -> str:
 def write_summary(build_dir: Path, status: dict[str, dict], *, smoke: bool = False, total_s: float | None = None) -> None:
     """build/summary.json (every recorded figure, for `lessonkit compare`), then build/report.html and
     build/summary.md (lessonkit.lessons.report: the same figures in sentences, tables and pictures)."""
-    from lessonkit.lessons.report import write_report
-    results = {}
-    for f in sorted((build_dir / "results").glob("*.json")):
-        d = json.loads(f.read_text())
-        results[d["lesson"]] = d
+    from lessonkit.lessons.report import recorded_results, write_report
+    results = recorded_results(build_dir)
     total_s = sum(s["seconds"] for s in status.values()) if total_s is None else total_s
     report = write_report(build_dir, status, smoke=smoke, total_s=total_s)
     said = {e["name"]: e["sentences"] for e in report["lessons"]}
