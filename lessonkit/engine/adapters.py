@@ -20,7 +20,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lessonkit.engine.atomic import publish_dir
-from lessonkit.engine.checkpoint import sha256_file, write_manifest
+from lessonkit.engine.checkpoint import load_dense, load_experts, sha256_file, write_manifest
+from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
 
 ADAPTER_FILES = ("adapter.json", "adapter.safetensors")
@@ -79,8 +80,8 @@ def merged_model_dir(base_dir: Path, adapter_dir: Path, out_root: Path, name: st
     if (out / "config.json").exists():
         return out
     meta, tensors = read_adapter(adapter_dir)
-    dense = load_file(base_dir / "dense.safetensors")
-    experts = load_file(base_dir / "experts.safetensors")
+    c = ModelConfig.load(base_dir / "config.json")
+    dense, experts = load_dense(base_dir, c), load_experts(base_dir, c)     # float32 (native blocks dequantised)
     merge_into(dense, experts, meta, tensors, str(adapter_dir))
     with publish_dir(out, prefix=".merge-") as tmp:
         save_file({k: v.float().contiguous() for k, v in dense.items()}, tmp / "dense.safetensors")

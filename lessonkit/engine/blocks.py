@@ -17,6 +17,8 @@ Shape legend: N output rows, K inputs (a multiple of 32), B = K / 32 blocks per 
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from lessonkit.engine import kernel
@@ -26,6 +28,22 @@ QK = 32                                            # weights per block
 BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}             # bytes per block of 32 weights
 KIND_CODE = {"q4_1": 0, "q8_0": 1}                 # csrc/rowkernel.c's block kinds
 STRIP = kernel.STRIP
+
+
+def choose_weights(requested: str | None = None) -> tuple[str, str]:
+    """("native" or "f32", why): how a model with quantised blocks is multiplied. `requested` (an engine
+    argument) wins over LESSONKIT_WEIGHTS; the default is native where the C kernel runs, else f32."""
+    req = (requested or os.environ.get("LESSONKIT_WEIGHTS", "") or "auto").strip().lower()
+    if req not in ("auto", "native", "f32"):
+        raise LessonkitError(f"weights {req!r} (LESSONKIT_WEIGHTS or --weights): expected native, f32 or auto")
+    ready = kernel._rowkernel is not None and kernel.BACKEND != "mkl"
+    if req == "f32":
+        return "f32", "asked for (LESSONKIT_WEIGHTS=f32 or weights='f32')"
+    if req == "native" and not ready:
+        raise LessonkitError(f"native weights need the C kernel ({kernel.WHY}); use LESSONKIT_WEIGHTS=f32")
+    if ready:
+        return "native", "asked for" if req == "native" else f"default: the C kernel runs ({kernel.BACKEND})"
+    return "f32", f"default without the C kernel ({kernel.WHY})"
 
 
 def block_kind(shape: tuple, want: tuple, name: str = "tensor") -> str:
@@ -143,3 +161,31 @@ class BlockRows:
     @property
     def nbytes(self) -> int:
         return self.raw.numel()
+
+
+# ---- a dense MLP's three matrices as one expert record (the streaming layout's experts.safetensors) ----
+def expert_blob(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, inter: int, dim: int,
+                name: str) -> torch.Tensor:
+    """gate [I, D], up [I, D], down [D, I] as blocks -> one flat uint8 record (gate, up, down rows), one pread."""
+    kinds = {block_kind(gate.shape, (inter, dim), name + ".gate"), block_kind(up.shape, (inter, dim), name + ".up"),
+             block_kind(down.shape, (dim, inter), name + ".down")}
+    if len(kinds) != 1:
+        raise LessonkitError(f"{name}: gate, up and down use different block kinds {sorted(kinds)}; "
+                             "only one kind per MLP is supported natively")
+    return torch.cat([gate.reshape(-1), up.reshape(-1), down.reshape(-1)])
+
+
+def expert_parts(blob: torch.Tensor, inter: int, dim: int, name: str) -> tuple[str, torch.Tensor, torch.Tensor]:
+    """(kind, gate|up blocks [2I, D/32 * bytes], down blocks [D, I/32 * bytes]) of one expert record."""
+    for kind, nb in BLOCK_BYTES.items():
+        if blob.numel() == 3 * inter * dim // QK * nb and dim % QK == 0 and inter % QK == 0:
+            gu = blob[:2 * inter * dim // QK * nb].view(2 * inter, -1)
+            return kind, gu, blob[2 * inter * dim // QK * nb:].view(dim, -1)
+    raise LessonkitError(f"{name}: {blob.numel()} bytes are not Q4_1 or Q8_0 blocks of a [3, {inter}, {dim}] MLP")
+
+
+def dequantise_expert(blob: torch.Tensor, inter: int, dim: int, name: str) -> torch.Tensor:
+    """An expert record as the float32 layout's [3, I, D] tensor (gate, up, down^T)."""
+    kind, gu, down = expert_parts(blob, inter, dim, name)
+    g_u = dequantise_rows(gu, kind)
+    return torch.stack([g_u[:inter], g_u[inter:], dequantise_rows(down, kind).T])

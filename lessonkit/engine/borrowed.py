@@ -20,7 +20,7 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from lessonkit.engine.atomic import publish_dir
-from lessonkit.engine.checkpoint import FORMAT_VERSION, _dense_shapes, sha256_file, write_manifest
+from lessonkit.engine.checkpoint import FORMAT_VERSION, _dense_shapes, load_dense, sha256_file, write_manifest
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
 
@@ -55,7 +55,7 @@ def assembled_dir(model_dir: Path, base_dir: Path, out_root: Path, name: str) ->
         return out
     c = ModelConfig.load(model_dir / "config.json")
     dense = load_file(model_dir / "dense.safetensors")
-    base = load_file(base_dir / "dense.safetensors")
+    base = load_dense(base_dir, ModelConfig.load(base_dir / "config.json"))   # float32 (native blocks dequantised)
     want = _dense_shapes(c)
     for t in meta["tensors"]:
         if t in dense:

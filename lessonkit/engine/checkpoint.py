@@ -7,6 +7,11 @@ A model directory holds:
   tokenizer.json       a `tokenizers` tokenizer
   manifest.json        SHA-256 of every file (checked by `lessonkit doctor`)
 A dense model's MLP is stored as expert 0 of each layer (the one-expert case).
+
+Native blocks: a model converted from Q4_1 / Q8_0 GGUF tensors (SmolLM2) keeps them as uint8 tensors of
+their own blocks (dense matrices [rows, bytes per row]; an expert as one flat record of its gate, up and
+down rows), never as a float32 copy. `load_dense` / `load_experts` give float32 (dequantised exactly) to
+code that wants float weights; the engine asks for the blocks (lessonkit.engine.blocks).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
+from lessonkit.engine import blocks as qb
 from lessonkit.engine.atomic import atomic_write
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
@@ -106,6 +112,9 @@ def _layer_tensors(c: ModelConfig, t: _Tensors, l: int, dense: dict, experts: di
         dense[q + "k_norm"] = t.take(p + "self_attn.k_norm.weight")
     if not c.is_moe:
         g, u, d = (t.take(p + f"mlp.{n}.weight") for n in ("gate_proj", "up_proj", "down_proj"))
+        if g.dtype == torch.uint8:                       # native blocks: one record, no transpose
+            experts[q + "experts.0"] = qb.expert_blob(g, u, d, c.intermediate_size, c.dim, t.source + ": " + q + "mlp")
+            return
         experts[q + "experts.0"] = torch.stack([g, u, d.T])
         return
     moe = "block_sparse_moe." if t.has(p + "block_sparse_moe.gate.weight") else "mlp."
@@ -125,11 +134,15 @@ def _layer_tensors(c: ModelConfig, t: _Tensors, l: int, dense: dict, experts: di
 def _check_shapes(c: ModelConfig, dense: dict, experts: dict, source: str) -> None:
     want = _dense_shapes(c)
     for k, v in dense.items():
-        if tuple(v.shape) != want[k]:
+        if v.dtype == torch.uint8:
+            qb.block_kind(v.shape, want[k], f"{source}: {k}")
+        elif tuple(v.shape) != want[k]:
             raise LessonkitError(f"{source}: tensor for {k} has shape {tuple(v.shape)}, config needs {want[k]}")
     eshape = (3, c.intermediate_size, c.dim)
     for k, v in experts.items():
-        if tuple(v.shape) != eshape:
+        if v.dtype == torch.uint8:
+            qb.expert_parts(v, c.intermediate_size, c.dim, f"{source}: {k}")
+        elif tuple(v.shape) != eshape:
             raise LessonkitError(f"{source}: expert {k} has shape {tuple(v.shape)}, config needs {eshape}")
 
 
@@ -155,8 +168,9 @@ def convert_hf_state_dict(hf_config: dict, state_dict: dict[str, torch.Tensor], 
     # one metadata key: safetensors writes metadata from a hash map, so with several keys their order (and
     # the file's bytes, and the SHA-256 fingerprint over them) would change from one conversion to the next
     meta = {"format": f"lessonkit-stream-v{FORMAT_VERSION}"}
-    _atomic_save({k: v.to(dtype) for k, v in dense.items()}, out / "dense.safetensors", meta)
-    _atomic_save({k: v.to(dtype) for k, v in experts.items()}, out / "experts.safetensors", meta)
+    cast = lambda v: v if v.dtype == torch.uint8 else v.to(dtype)      # native blocks stay blocks
+    _atomic_save({k: cast(v) for k, v in dense.items()}, out / "dense.safetensors", meta)
+    _atomic_save({k: cast(v) for k, v in experts.items()}, out / "experts.safetensors", meta)
     c.save(out / "config.json")
     if tokenizer_json is not None:
         (out / "tokenizer.json").write_text(tokenizer_json)
@@ -192,7 +206,7 @@ def export_hf(stream_dir: str | Path, hf_dir: str | Path, dtype=torch.float32) -
     c = ModelConfig.load(stream_dir / "config.json")
     c.to_hf()                       # refuses what transformers cannot hold, before any file is written
     dense = load_dense(stream_dir, c)
-    experts = load_file(stream_dir / "experts.safetensors")
+    experts = load_experts(stream_dir, c)
     sd = {"model.embed_tokens.weight": dense["embed"], "model.norm.weight": dense["norm"]}
     sd["lm_head.weight"] = dense["embed"] if c.tie_embeddings else dense["lm_head"]
     for l in range(c.n_layers):
@@ -241,7 +255,9 @@ def _special_tokens(tok_path: Path, c: ModelConfig) -> dict:
 
 
 # ---- loading & integrity ----------------------------------------------------------------------
-def load_dense(model_dir: Path, c: ModelConfig) -> dict[str, torch.Tensor]:
+def load_dense(model_dir: Path, c: ModelConfig, *, blocks: bool = False) -> dict[str, torch.Tensor]:
+    """The dense tensors, checked against the config; native blocks dequantised to float32 unless blocks=True
+    (then they stay uint8 blocks, each checked to be Q4_1 or Q8_0 rows of its matrix)."""
     path = Path(model_dir) / "dense.safetensors"
     if not path.exists():
         raise LessonkitError(f"{path}: file not found")
@@ -254,7 +270,11 @@ def load_dense(model_dir: Path, c: ModelConfig) -> dict[str, torch.Tensor]:
     if missing:
         raise LessonkitError(f"{path}: missing tensors {missing[:5]}")
     for k, shape in want.items():
-        if tuple(dense[k].shape) != shape:
+        if dense[k].dtype == torch.uint8 and k != "lm_head_ids":
+            kind = qb.block_kind(dense[k].shape, shape, f"{path}: {k}")
+            if not blocks:
+                dense[k] = qb.dequantise_rows(dense[k], kind)
+        elif tuple(dense[k].shape) != shape:
             raise LessonkitError(f"{path}: tensor {k} has shape {tuple(dense[k].shape)}, config.json needs {shape}")
     if c.head_rows is not None:
         ids = dense["lm_head_ids"]
@@ -263,6 +283,18 @@ def load_dense(model_dir: Path, c: ModelConfig) -> dict[str, torch.Tensor]:
             raise LessonkitError(f"{path}: lm_head_ids must be {c.head_rows} distinct int64 token ids below "
                                  f"vocab_size={c.vocab_size}")
     return dense
+
+
+def load_experts(model_dir: Path, c: ModelConfig) -> dict[str, torch.Tensor]:
+    """Every expert as float32 [3, I, D] (gate, up, down^T), native records dequantised: for code that trains,
+    merges or exports (the engine streams experts itself, lessonkit.engine.expert_store)."""
+    path = Path(model_dir) / "experts.safetensors"
+    try:
+        experts = load_file(path)
+    except (SafetensorError, OSError, Exception) as e:  # safetensors raises several types for corrupt files
+        raise LessonkitError(f"{path}: corrupt or truncated safetensors ({e})") from None
+    return {k: qb.dequantise_expert(v, c.intermediate_size, c.dim, f"{path}: {k}") if v.dtype == torch.uint8 else v
+            for k, v in experts.items()}
 
 
 def write_manifest(model_dir: str | Path, files: list[str] | None = None) -> dict:

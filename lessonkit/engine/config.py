@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from lessonkit.engine.atomic import atomic_write
 from lessonkit.engine.errors import LessonkitError
 
 
@@ -163,7 +164,7 @@ class ModelConfig:
             raise LessonkitError(f"{path}: not valid JSON (nests too deeply)") from None
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        atomic_write(path, (json.dumps(self.to_dict(), indent=2) + "\n").encode())     # temp sibling + rename
 
     @classmethod
     def from_hf(cls, hf: dict, *, source: str = "config.json") -> "ModelConfig":

@@ -41,6 +41,8 @@ def why_not(model) -> str | None:
         return "the C kernel is not built"
     if c.is_moe or c.qk_norm or c.clip_qkv is not None:
         return "only dense Llama-style models (no experts, no qk-norm, no clipping)"
+    if getattr(model, "native", False):
+        return "native quantised blocks (the C draft step runs on float32 strips)"
     if model.dtype != torch.float32 or not model.wt["lm_head"].packed:
         return f"weights are not packed for the C kernel (backend {kernel.BACKEND}, dtype {model.dtype})"
     return None

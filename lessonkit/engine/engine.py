@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, pre_tokenizers
 
+from lessonkit.engine.blocks import choose_weights
 from lessonkit.engine.checkpoint import load_dense, sha256_file
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
@@ -38,7 +39,7 @@ _BYTE_DECODER: dict[str, int] | None = None
 
 class Engine:
     def __init__(self, model_dir: str | Path, *, name: str | None = None, expert_budget_mb: float | None = None,
-                 dtype=torch.float32, prefetch: bool = False, quantisation: str = "none"):
+                 dtype=torch.float32, prefetch: bool = False, quantisation: str = "none", weights: str | None = None):
         self.model_dir = Path(model_dir)
         if not self.model_dir.is_dir():
             raise LessonkitError(f"{self.model_dir}: model directory not found")
@@ -46,12 +47,20 @@ class Engine:
         self.config = ModelConfig.load(self.model_dir / "config.json")
         self.dtype, self.quantisation = dtype, quantisation
         c = self.config
-        budget = None if expert_budget_mb is None else int(expert_budget_mb * 2**20)
-        if budget is not None and budget <= 0:
+        if expert_budget_mb is not None and not expert_budget_mb > 0:
             raise LessonkitError(f"--expert-budget-mb must be positive, got {expert_budget_mb}")
+        # past 2**40 MB every expert fits anyway (1e308 would overflow int); below one expert the store says so
+        budget = None if expert_budget_mb is None else int(min(expert_budget_mb, 2**40) * 2**20)
+        # native Q4_1 / Q8_0 blocks (a converted GGUF) are multiplied as blocks or dequantised: same bits
+        mode, why = choose_weights(weights)
+        native = mode == "native" and dtype == torch.float32
         self.store = ExpertStore(self.model_dir / "experts.safetensors", c.n_layers, c.n_experts,
-                                 (3, c.intermediate_size, c.dim), dtype=dtype, budget_bytes=budget, prefetch=prefetch)
-        self.model = Transformer(c, load_dense(self.model_dir, c), self.store, dtype=dtype)
+                                 (3, c.intermediate_size, c.dim), dtype=dtype, budget_bytes=budget, prefetch=prefetch,
+                                 native=native)
+        self.model = Transformer(c, load_dense(self.model_dir, c, blocks=native), self.store, dtype=dtype)
+        has_blocks = self.model.native or self.store.blocks
+        self.weights = "native" if native and has_blocks else "f32"
+        self.weights_why = why if has_blocks else "the model has no quantised blocks: float32 weights"
         tok = self.model_dir / "tokenizer.json"
         self.tokenizer = None
         if tok.exists():

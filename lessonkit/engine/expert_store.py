@@ -8,6 +8,10 @@ routing history) is never evicted; an optional background thread prefetches the 
 layer's router is predicted to pick. Placement changes speed only:
 the bytes that reach the matmul are the bytes on disk, whatever the budget.
 
+A record may also hold native Q4_1 / Q8_0 blocks (a converted GGUF: one uint8 record of the gate, up and
+down rows, lessonkit.engine.blocks): with native=True it is multiplied as blocks (a fifth of the bytes),
+otherwise dequantised to the float32 layout on read; either way the same float32 values reach the chains.
+
 Shapes: E experts per layer, I intermediate size, D hidden size.
 """
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from lessonkit.engine import blocks as qb
 from lessonkit.engine.checkpoint import parse_safetensors_header
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.kernel import RowWeight
@@ -62,8 +67,9 @@ class ExpertStore:
     """
 
     def __init__(self, path: str | Path, n_layers: int, n_experts: int, shape: tuple[int, int, int],
-                 *, dtype=torch.float32, budget_bytes: int | None = None, prefetch: bool = False):
-        self.path = Path(path)
+                 *, dtype=torch.float32, budget_bytes: int | None = None, prefetch: bool = False,
+                 native: bool = False):
+        self.path, self.native = Path(path), native
         self.n_layers, self.n_experts, self.shape, self.dtype = n_layers, n_experts, tuple(shape), dtype
         header, self._data_start = read_safetensors_header(self.path)
         self._entries = {}
@@ -73,13 +79,21 @@ class ExpertStore:
                 if name not in header:
                     raise LessonkitError(f"{self.path}: missing tensor {name}")
                 h = header[name]
+                if h["dtype"] == "U8" and len(h["shape"]) == 1:        # native blocks: checked when read
+                    a, b = h["data_offsets"]
+                    self._entries[(l, e)] = (self._data_start + a, b - a, "U8")
+                    continue
                 if tuple(h["shape"]) != self.shape:
                     raise LessonkitError(f"{self.path}: tensor {name} has shape {h['shape']}, config needs {list(self.shape)}")
                 if h["dtype"] not in _ST_DTYPES:
                     raise LessonkitError(f"{self.path}: tensor {name} has unsupported dtype {h['dtype']}")
                 a, b = h["data_offsets"]
                 self._entries[(l, e)] = (self._data_start + a, b - a, h["dtype"])
-        self.expert_bytes = int(np.prod(self.shape)) * torch.tensor([], dtype=dtype).element_size()
+        self.blocks = any(v[2] == "U8" for v in self._entries.values())
+        if self.blocks and native:                  # resident bytes: the records themselves
+            self.expert_bytes = max(v[1] for v in self._entries.values())
+        else:
+            self.expert_bytes = int(np.prod(self.shape)) * torch.tensor([], dtype=dtype).element_size()
         if budget_bytes is not None and budget_bytes < self.expert_bytes:
             raise LessonkitError(
                 f"expert budget of {budget_bytes} bytes ({budget_bytes / 2**20:.3f} MB) is smaller than one expert "
@@ -116,6 +130,11 @@ class ExpertStore:
         got = os.preadv(self._fd, [buf], off)
         if got != n:
             raise LessonkitError(f"{self.path}: short read for expert {key} ({got} of {n} bytes): file truncated?")
+        if st_dtype == "U8":
+            ex = self._native_expert(torch.from_numpy(buf), key)
+            self.io_s += time.perf_counter() - t0
+            self.bytes_read += n
+            return ex
         np_dtype, t_dtype = _ST_DTYPES[st_dtype]
         t = torch.from_numpy(buf.view(np_dtype))
         if st_dtype == "BF16":
@@ -128,6 +147,16 @@ class ExpertStore:
         self.io_s += time.perf_counter() - t0
         self.bytes_read += n
         return ex
+
+    def _native_expert(self, blob: torch.Tensor, key) -> Expert:
+        """A native record: packed as blocks for the kernel, or dequantised to the float32 layout."""
+        _, inter, dim = self.shape
+        name = f"{self.path}: layers.{key[0]}.experts.{key[1]}"
+        if not self.native:
+            t = qb.dequantise_expert(blob, inter, dim, name)
+            return Expert(RowWeight(t[:2].reshape(2 * inter, dim).T.contiguous()), RowWeight(t[2].clone()))
+        kind, gu, down = qb.expert_parts(blob, inter, dim, name)
+        return Expert(qb.NativeWeight(gu, dim, kind), qb.NativeWeight(down, inter, kind))
 
     def _insert(self, key, t) -> None:
         # caller holds the lock

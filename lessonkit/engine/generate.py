@@ -38,7 +38,8 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1
     if top_p < 1.0:
         sp, idx = torch.sort(p, descending=True, stable=True)
         keep = torch.cumsum(sp, -1) - sp < top_p          # smallest set whose mass reaches top_p
-        sp = torch.where(keep, sp, torch.zeros_like(sp))
+        keep[..., 0] = True                               # the top token always (a top_p below float32's
+        sp = torch.where(keep, sp, torch.zeros_like(sp))  # smallest number, 1e-300, rounds to 0 and kept none)
         p = torch.zeros_like(p).scatter(-1, idx, sp)
         p = p / p.sum(-1, keepdim=True)
     return p

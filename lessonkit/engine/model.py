@@ -33,6 +33,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from lessonkit.engine import blocks as qb
 from lessonkit.engine.attention import attend
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
@@ -84,7 +85,7 @@ class Transformer:
         dense = dict(dense)
         ids = dense.pop("lm_head_ids", None)          # token ids of the output rows (config.head_rows)
         self.head_ids = None if config.head_rows is None else ids.to(torch.long)
-        self.w = {k: v.to(dtype) for k, v in dense.items()}
+        self.w = {k: v if v.dtype == torch.uint8 else v.to(dtype) for k, v in dense.items()}
         for l in range(config.n_layers):   # fused q|k|v projection; wq, wk, wv stay as views into it
             p = f"layers.{l}."
             qkv = torch.cat([self.w[p + "wq"], self.w[p + "wk"], self.w[p + "wv"]])
@@ -93,9 +94,14 @@ class Transformer:
             self.w[p + "wq"], self.w[p + "wk"], self.w[p + "wv"] = qkv[:nq], qkv[nq:nq + nk], qkv[nq + nk:]
         if config.tie_embeddings:
             self.w["lm_head"] = self.w["embed"]
-        # GEMV-form copies ([in, out]) of every matrix a decode / verify forward multiplies by (rule 1)
-        self.wt = {k: RowWeight(v.T.contiguous()) for k, v in self.w.items()
+        # GEMV-form copies ([in, out]) of every matrix a decode / verify forward multiplies by (rule 1); native
+        # Q4_1 / Q8_0 blocks (uint8) stay blocks, packed for the kernel (lessonkit.engine.blocks)
+        self.wt = {k: self._row_weight(k, v) for k, v in self.w.items()
                    if k == "lm_head" or k.endswith((".wqkv", ".wo", ".router"))}
+        self.native = any(v.dtype == torch.uint8 for v in self.w.values() if isinstance(v, torch.Tensor))
+        if self.w["embed"].dtype == torch.uint8:         # a decode step dequantises the rows it looks up
+            self.w["embed"] = qb.BlockRows(self.w["embed"], qb.block_kind(self.w["embed"].shape,
+                                                                         (config.vocab_size, config.dim), "embed"))
         self._probe_row_group()
         # rows that take the exact short-forward path: all of them when the C kernel holds the weights
         self.exact_rows = 1 << 30 if self.wt["lm_head"].packed else ROWWISE_MAX
@@ -103,6 +109,23 @@ class Transformer:
         self.cos, self.sin = rope_tables(config, self.alloc_len)
         self.last_forward: dict = {}
         self.routing_log: list | None = None   # set to [] to record (layer, expert ids [T, A]) per forward
+
+    def _row_weight(self, name: str, v: torch.Tensor):
+        if v.dtype != torch.uint8:
+            return RowWeight(v.T.contiguous())
+        c = self.config
+        k_in = c.n_heads * c.head_dim if name.endswith(".wo") else c.dim
+        return qb.NativeWeight(v, k_in, qb.block_kind(v.shape, (v.shape[0], k_in), name))
+
+    def float_weight(self, name: str) -> torch.Tensor:
+        """A dense weight in float32 [out, in], dequantised when the engine holds it as blocks (MTP heads and
+        lessons that need the float matrix; the forward never does)."""
+        v = self.w[name]
+        if isinstance(v, qb.BlockRows):
+            return v.float()
+        if v.dtype == torch.uint8:
+            return self.wt[name].unpacked().T.contiguous()
+        return v
 
     def full_logits(self, rows: torch.Tensor) -> torch.Tensor:
         """Logits [.., V] from the output layer's [.., head_rows]: -inf for tokens without a row."""

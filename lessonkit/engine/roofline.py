@@ -14,7 +14,7 @@ def weight_bytes_per_token(eng) -> int:
     """Bytes of weights one decode step reads: every dense matrix, the top-k experts of every layer."""
     m = eng.model
     c = m.config
-    return sum(rw.k * rw.n * rw.data.element_size() for rw in m.wt.values()) + c.n_layers * c.top_k * eng.expert_bytes
+    return sum(rw.nbytes for rw in m.wt.values()) + c.n_layers * c.top_k * eng.expert_bytes
 
 
 def copy_bandwidth(mb: int = 256, repeats: int = 3) -> float:

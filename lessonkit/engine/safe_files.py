@@ -70,3 +70,15 @@ def leads_outside(path: str | Path, root: str | Path) -> bool:
 
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def refuse_overwrite(out: str | Path, force: bool) -> None:
+    """A user's --out that already exists (a file, or a directory holding anything) is kept: one
+    LessonkitError naming it unless force. The commands' own default outputs are not checked."""
+    p = Path(out)
+    if force or not (p.exists() or p.is_symlink()):
+        return
+    if p.is_dir() and not any(p.iterdir()):
+        return
+    raise LessonkitError(f"{p}: already exists{' and is not empty' if p.is_dir() else ''}; "
+                         f"use --force to write over it")

@@ -96,9 +96,11 @@ class Shared:
     @classmethod
     def from_engine(cls, engine) -> "Shared":
         m = engine.model
-        f = lambda t: t.float()
-        rows = m.wt["lm_head"] if m.wt["lm_head"].dtype == torch.float32 else None
-        return cls(f(m.w["embed"]), f(m.w["norm"]), f(m.w["lm_head"]), m.cos, m.sin, engine.config.norm_eps, rows)
+        f = lambda name: m.float_weight(name).float()       # native blocks: dequantised, the same values
+        rows = m.wt["lm_head"] if m.wt["lm_head"].dtype in (torch.float32, torch.uint8) else None
+        embed = f("embed")
+        lm_head = embed if m.config.tie_embeddings else f("lm_head")
+        return cls(embed, f("norm"), lm_head, m.cos, m.sin, engine.config.norm_eps, rows)
 
 
 # ----------------------------------------------------------------------------- the forward

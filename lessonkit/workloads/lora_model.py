@@ -18,9 +18,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
-
-from lessonkit.engine.checkpoint import load_dense
+from lessonkit.engine.checkpoint import load_dense, load_experts
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.model import rms_norm, rope_tables
 
@@ -44,7 +42,7 @@ class LoraModel(torch.nn.Module):
         self.w = {k: v.float() for k, v in load_dense(model_dir, c).items()}
         if c.tie_embeddings:
             self.w["lm_head"] = self.w["embed"]
-        ex = load_file(model_dir / "experts.safetensors")
+        ex = load_experts(model_dir, c)                          # float32 (native blocks dequantised)
         self.experts = {k: v.float() for k, v in ex.items()}       # [3, I, D]: gate, up, down^T
         self.n_top, self.first_top = n_top, c.n_layers - n_top
         self.scale = alpha / rank
