@@ -40,10 +40,30 @@ def number(lo: float | None = None, hi: float | None = None, *, zero_or_from: fl
     return parse
 
 
-def nonempty(text: str) -> str:
-    if not text:
-        raise argparse.ArgumentTypeError("an empty stop string would stop before the first token")
-    return text
+def text(value: str) -> str:
+    """A text argument: valid UTF-8 (argv bytes that are not arrive as lone surrogates and would fail
+    later, in the tokenizer or at print)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = ord(value[e.start])                  # surrogateescape: byte b arrives as U+DC00 + b
+        byte = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"lone surrogate U+{bad:04X}"
+        raise argparse.ArgumentTypeError(f"{value!r} is not valid UTF-8 ({byte} at character {e.start})") from None
+    return value
+
+
+def nonempty(why: str):
+    """A text argument that may not be empty (why: what an empty one would do)."""
+    def parse(value: str) -> str:
+        if not value:
+            raise argparse.ArgumentTypeError(why)
+        return text(value)
+    return parse
+
+
+STOP = nonempty("an empty stop string would stop before the first token")
+SEED = number(0, 2**63 - 1, integer=True)          # torch, numpy and random all take 0 .. 2**63 - 1
+MAX_BOOT = 100_000                                 # gap: 1,000 resamples take about 1 s, this about 90 s
 
 
 def one_of(*args, required: bool = False):
@@ -60,21 +80,24 @@ COMMANDS = {
     "models": ("list the available models", c.cmd_models, [JSON]),
     "doctor": ("versions, paths, and every model file checked against its SHA-256", c.cmd_doctor, []),
     "generate": ("generate text with the engine (and any technique)", c.cmd_generate, [
-        MODEL, arg("--prompt", required=True), arg("--max-new-tokens", type=number(0, integer=True), default=64),
+        MODEL, arg("--prompt", required=True, type=text), arg("--max-new-tokens", type=number(0, integer=True), default=64),
         arg("--temperature", type=number(0, 100, zero_or_from=0.01), default=0.0,
             help="0 = greedy (default), else 0.01 .. 100"),
         arg("--top-p", type=number(0, 1, open_lo=True), default=1.0),
-        arg("--seed", type=int, default=0), arg("--stop", action="append", type=nonempty, help="stop string (repeatable)"),
+        arg("--seed", type=SEED, default=0), arg("--stop", action="append", type=STOP, help="stop string (repeatable)"),
         arg("--expert-budget-mb", type=number(0, open_lo=True), default=None),
         arg("--prefetch", action="store_true", help="one-layer-ahead expert prefetch thread"),
         arg("--dtype", choices=["float32", "bfloat16"], default="float32"),
         arg("--chat", action="store_true", help="wrap the prompt in the model's chat template"),
-        arg("--draft", default=None, help="tiny-draft, model:DIR, ngram[:N], oracle:P, mtp[:SCHEME], grammar[:G]"),
-        arg("--draft-k", default="auto", help="draft length K or 'auto' (depth gate)"),
-        arg("--grammar", default=None, help="json, ndjson or PATH.gbnf"),
-        arg("--schema", default=None, help="PATH.json (JSON Schema)"),
+        arg("--draft", default=None, type=nonempty("an empty --draft names no drafter"),
+            help="tiny-draft, model:DIR, ngram[:N], oracle:P, mtp[:SCHEME], grammar[:G]"),
+        arg("--draft-k", default="auto", type=text, help="draft length K or 'auto' (depth gate)"),
+        arg("--grammar", default=None, type=nonempty("an empty --grammar names no grammar"),
+            help="json, ndjson or PATH.gbnf"),
+        arg("--schema", default=None, type=nonempty("an empty --schema names no file"), help="PATH.json (JSON Schema)"),
         arg("--mode", choices=["draft", "constrain"], default="draft"),
-        arg("--prefix-cache", default=None, help="directory of the persistent prefix-KV cache"), JSON]),
+        arg("--prefix-cache", default=None, type=nonempty("an empty --prefix-cache names no directory"),
+            help="directory of the persistent prefix-KV cache"), JSON]),
     "run": ("the main job: execute every lesson headlessly into build/", c.cmd_run, [
         arg("--build-dir", default="build"),
         arg("--smoke", action="store_true", help="small sizes (as the tests run them)"),
@@ -106,8 +129,9 @@ COMMANDS = {
     "gap": ("open-vs-closed lag and compute growth from Epoch AI data", c.cmd_gap, [
         arg("--json", action="store_true", help="print the figures as JSON"),
         arg("--data", default=None, help="folder with the Epoch CSVs (default data/epoch/)"),
-        arg("--boot", type=number(1, integer=True), default=1000, help="bootstrap resamples (default 1000)"),
-        arg("--seed", type=int, default=0)]),
+        arg("--boot", type=number(1, MAX_BOOT, integer=True), default=1000,
+            help=f"bootstrap resamples (default 1000, at most {MAX_BOOT:,})"),
+        arg("--seed", type=SEED, default=0)]),
     "grammar": ("compile JSON Schemas to grammars; check files against them", {
         "compile": ("print the grammar compiled from a JSON Schema (or the error)", c.cmd_grammar_compile, [
             arg("schema", help="JSON Schema file (draft 2020-12 subset, see docs/grammar.md)"), WHITESPACE,
@@ -129,7 +153,7 @@ COMMANDS = {
             arg("--limit", type=number(1, integer=True), default=None, help="use only the first N items of the stream"),
             arg("--judge", default="recorded", choices=("recorded", "real", "rule")),
             arg("--store", default=":memory:", help="SQLite file for the cache (default: in memory)"),
-            arg("--seed", type=int, default=0), JSON]),
+            arg("--seed", type=SEED, default=0), JSON]),
         "record": ("recompute the judge ground-truth file with the real judge", c.cmd_semcache_record, [
             arg("--model", default="smollm2-135m", help="the judge: smollm2-135m (untrained) or a trained judge"),
             arg("--batched", action="store_true", help="score in transformers batches, check on the engine"),

@@ -132,6 +132,8 @@ def read_records(path: Path, required: list[str], report: LoadReport) -> list[tu
             rows = list(csv.reader(f))
     except UnicodeDecodeError as e:
         raise LessonkitError(f"{path}: not UTF-8 text ({e})") from None
+    except csv.Error as e:           # a field over csv.field_size_limit() (131,072 characters), a NUL byte
+        raise LessonkitError(f"{path}: not a readable CSV file ({e})") from None
     if not rows:
         raise LessonkitError(f"{path}: empty file")
     header = [h.strip() for h in rows[0]]
@@ -312,6 +314,9 @@ def load_epoch(data_dir: str | Path | None = None, hand_labels: bool = True) -> 
         tables[key] = _benchmark(d / FILES[key], key, by_version, hand_labels, rep)
         rep.rows_kept = len(tables[key])
         reports[key] = rep
+    for key, t in tables.items():    # a truncated or header-only file: say so, not fail later on an empty table
+        if t.empty:
+            raise LessonkitError(f"{d / FILES.get(key, FILES['eci'])}: no usable rows for {key} ({reports[key]})")
     return EpochData(tables, reports, d)
 
 

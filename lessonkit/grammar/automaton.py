@@ -27,6 +27,12 @@ from lessonkit.grammar.gbnf import AnyChar, Cls, Group, Lit, Ref, Rep, parse_rul
 END, CHAR, RULE = 0, 1, 2
 GRAMMAR_DIR = Path(__file__).with_name("grammars")
 BUILTIN_GRAMMARS = ("json", "json-compact", "ndjson", "ndjson-compact")
+# Limits that turn hostile input into one clear error long before memory runs out (issue 35):
+MAX_LITERAL = 100_000           # bytes in one literal
+MAX_POSITIONS = 2_000_000       # element positions in a compiled grammar (an enum of 200,000 integers: 1.3 M)
+MAX_STACK_DEPTH = 50_000        # stack frames of one parse (JSON takes 2 per nesting level; ~4 KiB each)
+MAX_STATES = 200_000            # memoised automaton states kept; past this, or past
+MAX_MEMO_STACKS = 2_000_000     # this many stacks in them all, the memo starts again
 
 # UTF-8 encoded scalar values (no overlongs, no surrogates), as byte-class sequences.
 _UTF8_SEQS = [
@@ -40,6 +46,10 @@ _UTF8_SEQS = [
     [(0xF1, 0xF3), (0x80, 0xBF), (0x80, 0xBF), (0x80, 0xBF)],
     [(0xF4, 0xF4), (0x80, 0x8F), (0x80, 0xBF), (0x80, 0xBF)],
 ]
+
+
+class NestingTooDeep(LessonkitError):
+    """A parse stack past MAX_STACK_DEPTH frames."""
 
 
 def mask_bytes(mask: int) -> bytes:
@@ -65,13 +75,14 @@ class Grammar:
             raise LessonkitError(f"{source}: the grammar nests too deeply to compile") from None
         self._check_left_recursion()
         self._interned: dict[frozenset, GrammarState] = {}
-        self._top, self._below = [-1], [0]          # node table: stack id -> (top position, stack below)
+        self._memo_stacks = 0
+        self._top, self._below, self._depth = [-1], [0], [0]   # node table: stack id -> (top, below, depth)
         self._node: dict[tuple[int, int], int] = {}
         self._initial = self._state(self._closure([self._push(self._root_ref, 0)]))
 
     # -- construction
     def _lower(self, ast: dict[str, list]) -> None:
-        low = _Lowering(ast)
+        low = _Lowering(ast, self.source)
         kind, arg, alts_start = _flatten(low.rules)
         # synthetic start: [RULE root, END]
         self._root_ref = len(kind)
@@ -125,9 +136,14 @@ class Grammar:
         key = (pos, below)
         i = self._node.get(key)
         if i is None:
+            depth = self._depth[below] + 1
+            if depth > MAX_STACK_DEPTH:
+                raise NestingTooDeep(f"{self.source}: the input nests deeper than the matcher's limit of "
+                                     f"{MAX_STACK_DEPTH:,} grammar stack frames (JSON takes 2 per level)")
             i = self._node[key] = len(self._top)
             self._top.append(pos)
             self._below.append(below)
+            self._depth.append(depth)
         return i
 
     def _closure(self, stacks) -> frozenset:
@@ -158,8 +174,13 @@ class Grammar:
     def _state(self, stacks: frozenset) -> GrammarState:
         s = self._interned.get(stacks)
         if s is None:
-            if len(self._interned) > 200_000:
+            self._memo_stacks += len(stacks)
+            if len(self._interned) > MAX_STATES or self._memo_stacks > MAX_MEMO_STACKS:
+                for old in self._interned.values():  # unlink the memo too, or the states stay reachable
+                    old._next.clear()                # from each other (a 5 MB walk kept 770 B per byte)
+                    old._forced = None
                 self._interned.clear()
+                self._memo_stacks = len(stacks)
             s = self._interned[stacks] = GrammarState(self, stacks)
         return s
 
@@ -185,13 +206,17 @@ class Grammar:
         s = self._initial.advance_bytes(data)
         return s is not None and s.is_complete
 
-    def first_error(self, data: bytes) -> int | None:
-        """Offset of the first byte that cannot be accepted, len(data) if it stops early, None if ok."""
-        s = self._initial
-        for i, b in enumerate(data):
-            s = s.advance(b)
-            if s is None:
-                return i
+    def first_error(self, data: bytes, name: str = "input") -> int | None:
+        """Offset of the first byte that cannot be accepted, len(data) if it stops early, None if ok.
+        Input nested past MAX_STACK_DEPTH is a LessonkitError naming `name` and the byte."""
+        s, i = self._initial, 0
+        try:
+            for i, b in enumerate(data):
+                s = s.advance(b)
+                if s is None:
+                    return i
+        except NestingTooDeep as e:
+            raise LessonkitError(f"{name}: byte {i}: {e}") from None
         return None if s.is_complete else len(data)
 
     def __repr__(self) -> str:
@@ -202,14 +227,22 @@ class _Lowering:
     """Rules as alternatives of (kind, arg) elements: literals become byte classes, groups and
     repetitions become helper rules (star: R ::= body R | ""; optional chain: R_k ::= body R_{k-1} | "")."""
 
-    def __init__(self, ast: dict[str, list]):
+    def __init__(self, ast: dict[str, list], source: str = "<grammar>"):
         names = list(ast)
+        self.source, self.size = source, 0
         self.ids = {n: i for i, n in enumerate(names)}
         self.rules: list[list[list[tuple[int, int]]]] = [[] for _ in names]
         self.rule_names = list(names)
         self._any_char: int | None = None
         for n in names:
             self.rules[self.ids[n]] = [self.seq(a, n) for a in ast[n]]
+
+    def grow(self, n: int) -> None:
+        """Count n more element positions; past MAX_POSITIONS the grammar is refused before it is built."""
+        self.size += n
+        if self.size > MAX_POSITIONS:
+            raise LessonkitError(f"{self.source}: the grammar is too large to compile (over {MAX_POSITIONS:,} "
+                                 "positions: long literals, or a long item under a large repetition count)")
 
     def new_rule(self, tag: str) -> int:
         self.rules.append([])
@@ -230,6 +263,10 @@ class _Lowering:
 
     def item(self, it, owner: str) -> list[tuple[int, int]]:
         if isinstance(it, Lit):
+            if len(it.data) > MAX_LITERAL:
+                raise LessonkitError(f"{self.source}: a literal of {len(it.data):,} bytes in rule {owner!r} "
+                                     f"(the limit is {MAX_LITERAL:,})")
+            self.grow(len(it.data))
             return [(CHAR, 1 << b) for b in it.data]
         if isinstance(it, Cls):
             return [(CHAR, it.mask)]
@@ -251,6 +288,7 @@ class _Lowering:
 
     def repeat(self, it: Rep, owner: str) -> list[tuple[int, int]]:
         body = self.item(it.item, owner)
+        self.grow(len(body) * (it.lo + (1 if it.hi is None else it.hi - it.lo)))
         out = body * it.lo
         if it.hi is None:               # star: R ::= body R | ""
             rid = self.new_rule(f"{owner}_star")

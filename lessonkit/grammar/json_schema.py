@@ -29,7 +29,7 @@ from pathlib import Path
 import jsonschema
 
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.grammar.automaton import Grammar
+from lessonkit.grammar.automaton import MAX_LITERAL, Grammar
 from lessonkit.grammar.json_containers import ContainerRules
 from lessonkit.grammar.gbnf import literal
 from lessonkit.grammar.json_refs import resolve_references
@@ -344,6 +344,7 @@ def _compile(schema, whitespace: str, ndjson: bool, source: str) -> tuple[str, G
     """(grammar text, Grammar). A $ref cycle that consumes no input ({"$ref": "#"} alone, a -> b -> a)
     is named as such, not as a left-recursive rule of the generated grammar; nesting deeper than
     Python's recursion allows is one clear error, never a RecursionError."""
+    check_strings(schema, source)
     c = SchemaCompiler(schema, whitespace=whitespace, ndjson=ndjson, source=source)
     try:
         text = c.compile()
@@ -357,6 +358,37 @@ def _compile(schema, whitespace: str, ndjson: bool, source: str) -> tuple[str, G
             raise
         raise LessonkitError(f"{source}: $ref {refs[0]!r} is left-recursive: it refers back to itself before "
                              f"matching any input (a cycle such as {{\"$ref\": \"#\"}} alone has no instances)") from None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_strings(schema, source: str) -> None:
+    """Every string in the schema, keys included, is text a UTF-8 document can hold (a lone surrogate
+    escape such as "\\ud800" is not: no instance could match it) and at most MAX_LITERAL characters
+    long (grammar memory grows with each literal byte). Iterative: any nesting depth is walked."""
+    work = [(schema, "")]
+    while work:
+        v, where = work.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if isinstance(k, str):
+                    _check_string(k, where, source)
+                work.append((x, _ptr(where, k)))
+        elif isinstance(v, list):
+            work += [(x, _ptr(where, i)) for i, x in enumerate(v)]
+        elif isinstance(v, str):
+            _check_string(v, where, source)
+
+
+def _check_string(s: str, where: str, source: str) -> None:
+    if len(s) > MAX_LITERAL:
+        raise LessonkitError(f"{source}: {where or '/'}: a string of {len(s):,} characters "
+                             f"(strings in a schema are limited to {MAX_LITERAL:,})")
+    m = _SURROGATE.search(s)
+    if m:
+        raise LessonkitError(f"{source}: {where or '/'}: {ascii(s[:40])} holds a lone surrogate escape "
+                             f"({ascii(m.group())}), which is not a Unicode character: no UTF-8 text can match it")
 
 
 def load_schema(path: str | Path):
