@@ -197,3 +197,79 @@ def test_lesson_3_panel_gives_forced_bytes_and_the_drafting_ceiling():
     forced = [float(t.loc["bytes forced by the grammar", "value"]) for t in (compact, sloppy)]
     assert forced[0] > forced[1] > 0, forced          # whitespace freedom takes forced bytes away
 
+
+
+@pytest.fixture
+def shown(monkeypatch):
+    """What a panel displays, headless: [the widget box, the first table or figure]."""
+    import IPython.display
+    out: list = []
+    monkeypatch.setattr(IPython.display, "display", out.append)
+    return out
+
+
+def test_lesson_2_panel_shows_acceptance_per_position_and_kind(shown):
+    import pandas as pd
+    from lessonkit.engine.registry import load_model
+    from lessonkit.lessons.mtp import quant_panel
+    from lessonkit.mtp.evaluate import eval_windows
+    from lessonkit.mtp.head import Shared, load_head
+    eng = load_model("tiny-moe")
+    quant_panel({"tiny-moe": load_head(eng)}, {"tiny-moe": Shared.from_engine(eng)},
+                {"tiny-moe": eval_windows(eng, 1, 32, spread=True)})
+    table = shown[-1]
+    assert isinstance(table, pd.DataFrame) and list(table.index) == ["position 1 (% accepted)", "position 2 (% accepted)"]
+
+
+def test_lesson_4_and_7_panels_show_a_table_and_one_figure(shown):
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from lessonkit.lessons.prefix_cache import restore_panel
+    from lessonkit.lessons.stack import ablation_panel
+    restore_panel(pd.DataFrame([{"prefix tokens": n, "prefill s": 0.01 * n, "restore s": 0.001 * n,
+                                 "restore / prefill": 0.1, "bytes on disk": 1000 * n} for n in (64, 128)]))
+    assert shown[-1].loc["restore / prefill", "value"] == "10.0" and shown[-1].loc["prefill", "unit"] == "ms"
+    plt.close("all")
+    ablation_panel(pd.DataFrame([{"model": m, "row": r, "speedup": 1.5, "identical_to_plain": True}
+                                 for m in ("tiny-moe", "smollm2-135m") for r in ("plain", "all together")]))
+    assert hasattr(shown[-1], "savefig") and plt.get_fignums() == [], "the panel's figure stays open: shown twice"
+
+
+def test_lesson_5_panel_shows_hits_losses_and_the_audit(shown):
+    from lessonkit.lessons.semantic_cache import LessonData, policy_panel
+    policy_panel(LessonData(smoke=True, live=False))
+    table = shown[-1]
+    assert {"hits", "losses", "audits", "audit upper bound", "stopped serving at"} <= set(table.index)
+    assert table.loc["audit upper bound", "unit"] == "% loss rate (95%)"
+
+@pytest.mark.parametrize("nb", sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem)
+def test_every_lesson_has_a_panel_and_its_logic_lives_in_lessonkit(nb):
+    """README: every notebook has controls; a panel is one call into lessonkit/lessons/, not code in a cell."""
+    panels = [s for s in _cells(nb, "code") if s.startswith("if INTERACTIVE")]
+    assert len(panels) == 1, "no `if INTERACTIVE:` panel cell"
+    body = [l for l in panels[0].splitlines()[1:] if l.strip() and not l.strip().startswith("#")]
+    assert len(body) <= 2 and "import" not in panels[0] and "lesson" in panels[0], panels[0]
+
+
+def _audited(policy, trajectory, stopped_at=None):
+    from types import SimpleNamespace as NS
+    return NS(policy=policy, auditor=NS(trajectory=trajectory, stopped_at=stopped_at), audit=NS(limit=0.1))
+
+
+def test_an_audit_plot_shows_what_its_title_claims():
+    import matplotlib.pyplot as plt
+    from lessonkit.lessons.semantic_cache import plot_audit
+    stopped = plot_audit(_audited("two-sided", [(7, 1, 1, 0.95)], stopped_at=7))   # stopped after one audit
+    ax = stopped.axes[0]
+    title = ax.get_title()
+    assert "1 loss in 1 audit" in title and "stopped serving at query 7" in title and "Zero losses" not in title
+    own = [l for l in ax.get_lines() if "its audits" in l.get_label()]
+    assert own and own[0].get_marker() not in (None, "None", "")          # one audit is a visible point
+    assert ax.get_xlim()[1] >= 50                                          # the references are not cut to 1..2
+    cp, three = (next(l for l in ax.get_lines() if key in l.get_label()) for key in ("Clopper", "rule of three"))
+    assert cp.get_linewidth() > three.get_linewidth(), "the Clopper-Pearson line hides under the 3/n line"
+    clean = plot_audit(_audited("one-sided+guard", [(i, i, 0, 3.0 / i) for i in range(1, 40)]))
+    assert "0 losses in 39 audits" in clean.axes[0].get_title()
+    none = plot_audit(_audited("one-sided", []))
+    assert "no audits" in none.axes[0].get_title() and none.axes[0].texts
+    plt.close("all")

@@ -224,6 +224,34 @@ def frequent_vocabulary_figure(df: pd.DataFrame):
     return fig
 
 
+# lesson 2's panel: the head's weights as trained or quantised
+QUANT_SCHEMES = ("none", "int8", "int4", "int4 group-wise")
+
+
+def quant_acceptance_table(heads: dict, shared: dict, states: dict, *, model: str, scheme: str = "none",
+                           group: int = 32, depth: int = 2) -> pd.DataFrame:
+    """Lesson 2's panel, one choice: the MTP head of `model` quantised with `scheme` (group size `group` for
+    int4 group-wise), its teacher-forced acceptance per draft position and kind of text, in %."""
+    s = f"int4-g{group}" if scheme == "int4 group-wise" else scheme
+    head = heads[model] if s == "none" else heads[model].quantised(s)
+    r = acceptance_by_kind(head, shared[model], states[model], depth)
+    return pd.DataFrame({kind: [round(100 * a, 1) for a in v["acceptance"]] for kind, v in r.items()},
+                        index=[f"position {i + 1} (% accepted)" for i in range(depth)])
+
+
+def quant_panel(heads: dict, shared: dict, states: dict) -> None:
+    """Model, quantisation scheme, group size and depth over `quant_acceptance_table`."""
+    import ipywidgets as w
+
+    from lessonkit.lessons.panel import show_panel
+    show_panel({"model": w.Dropdown(options=list(heads), description="model"),
+                "scheme": w.Dropdown(options=QUANT_SCHEMES, description="head weights"),
+                "group": w.Dropdown(options=[16, 32, 64, 128], value=32, description="int4 group size"),
+                "depth": w.IntSlider(value=2, min=1, max=4, description="draft positions")},
+               lambda **kw: quant_acceptance_table(heads, shared, states, **kw),
+               title="How quantising the MTP head moves its acceptance")
+
+
 HEADLINE = Headline(
     title="Multi-token-prediction heads",
     sentences=(

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 
 def show_panel(controls: dict, table, *, title: str = "") -> None:
-    """Display `controls` ({parameter name: ipywidget}) above table(**values) and keep them in step.
+    """Display `controls` ({parameter name: ipywidget}) above table(**values) (a table, or a Figure) and keep
+    them in step.
 
     Every label is shown in full (no "temperat..."); what `table` raises shows as a traceback in the panel."""
     import ipywidgets as w
@@ -17,7 +18,11 @@ def show_panel(controls: dict, table, *, title: str = "") -> None:
     def show(*_):
         with out:
             out.clear_output(wait=True)
-            display(table(**{name: c.value for name, c in controls.items()}))
+            shown = table(**{name: c.value for name, c in controls.items()})
+            display(shown)
+            if hasattr(shown, "savefig"):            # a matplotlib Figure: shown once, not again by the backend
+                import matplotlib.pyplot as plt
+                plt.close(shown)
 
     for c in controls.values():
         c.style.description_width = "initial"

@@ -254,6 +254,24 @@ def corruption_demo(engine, cache_dir, prefix_ids) -> dict:
     return {"restored tokens": n, "warnings": msgs, "file still there": path.exists()}
 
 
+def restore_table(df_rvp: pd.DataFrame, n: int) -> pd.DataFrame:
+    """Lesson 4's panel, one prefix length: prefill against restore from restore_vs_prefill's table, with units."""
+    r = df_rvp[df_rvp["prefix tokens"] == n].iloc[0]
+    rows = [("prefill", f"{1e3 * r['prefill s']:.1f}", "ms"), ("restore", f"{1e3 * r['restore s']:.1f}", "ms"),
+            ("restore / prefill", f"{100 * r['restore / prefill']:.1f}", "%"),
+            ("on disk", f"{int(r['bytes on disk']):,}", "bytes")]
+    return pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
+
+
+def restore_panel(df_rvp: pd.DataFrame) -> None:
+    """A prefix-length slider over `restore_table`."""
+    import ipywidgets as w
+
+    from lessonkit.lessons.panel import show_panel
+    show_panel({"n": w.SelectionSlider(options=list(df_rvp["prefix tokens"]), description="prefix tokens")},
+               lambda n: restore_table(df_rvp, n), title="Restoring a cached prefix against computing it again")
+
+
 HEADLINE = Headline(
     title="Persistent prefix-KV cache",
     sentences=(

@@ -15,8 +15,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from lessonkit.lessons.headline import Column, Headline, Sentence
-from lessonkit.semcache.audit import clopper_pearson_upper
-from lessonkit.semcache.policies import embed_stream, load_embedder, make_policy, run_stream
+from lessonkit.semcache.audit import AuditConfig, clopper_pearson_upper
+from lessonkit.semcache.policies import POLICY_NAMES, embed_stream, load_embedder, make_policy, run_stream
 from lessonkit.semcache.store import CacheStore
 from lessonkit.workloads.judge import (DEFAULT_JUDGE, UNTRAINED_JUDGE, RecordedJudge, agreement, answers_path,
                                        ground_truth_judge)
@@ -180,24 +180,46 @@ def plot_similarity(groups: dict[str, np.ndarray], threshold: float = 0.8):
 
 
 def plot_audit(result, confidence: float = 0.95):
-    """The audit's upper bound on the loss rate as audits accumulate, against the rule of three."""
-    traj = result.auditor.trajectory
+    """The audit's upper bound on the loss rate as audits accumulate, against the zero-loss references
+    (Clopper-Pearson and the rule of three). The title says what this run's audits showed; with no audit
+    at all the figure says so instead of drawing an empty chart."""
+    traj = result.auditor.trajectory if result.auditor else []
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    n = np.arange(1, max(len(traj), 2) + 1)
-    ax.plot(n, [clopper_pearson_upper(0, int(k), confidence) for k in n], "k:",
-            label="0 losses in n audits (Clopper-Pearson)")
-    ax.plot(n, np.minimum(3.0 / n, 1.0), color="grey", linestyle="--", label="3/n (rule of three)")
+    n = np.arange(1, max(len(traj), 50) + 1)              # the references over a readable range, always
+    ax.plot(n, [clopper_pearson_upper(0, int(k), confidence) for k in n], color="0.75", linewidth=6,
+            label="0 losses in n audits (Clopper-Pearson)", zorder=1)
+    ax.plot(n, np.minimum(3.0 / n, 1.0), color="k", linestyle="--", linewidth=1, label="3/n (rule of three)",
+            zorder=2)
+    if result.audit is not None:
+        ax.axhline(result.audit.limit, color="tab:red", linewidth=1, label=f"stop limit {result.audit.limit:g}")
     if traj:
-        ax.plot([t[1] for t in traj], [t[3] for t in traj], "-", linewidth=2,
-                label=f"{result.policy} audits (losses so far: {traj[-1][2]})")
-    ax.axhline(result.audit.limit, color="tab:red", linewidth=1, label=f"stop limit {result.audit.limit:g}")
+        ax.plot([t[1] for t in traj], [t[3] for t in traj], "o-", color="tab:blue", markersize=4, linewidth=1.5,
+                label=f"{result.policy}: its audits", zorder=3)
+    else:
+        ax.text(0.5, 0.5, f"{result.policy}: no hit was audited in this run", transform=ax.transAxes,
+                ha="center", va="center")
     ax.set_xscale("log")
+    ax.set_ylim(0, 1.05)
     ax.set_xlabel("audited hits n")
     ax.set_ylabel(f"{int(confidence * 100)}% upper bound on the loss rate")
-    ax.set_title("Zero losses in n audits bounds the loss rate by about 3/n, not by zero")
-    ax.legend(fontsize=8)
+    ax.set_title(_audit_title(result, traj), fontsize=9)
+    ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     return fig
+
+
+def _audit_title(result, traj) -> str:
+    """What the run's audits showed, in one line."""
+    if not traj:
+        return f"{result.policy}: no audits, so no bound on its loss rate"
+    _, audits, losses, upper = traj[-1]
+    if losses == 0:
+        return (f"{result.policy}: 0 losses in {audits} audits bounds the loss rate by {upper:.3f} "
+                "(about 3/n), not by zero")
+    stopped = result.auditor.stopped_at
+    return (f"{result.policy}: {losses} loss{'es' if losses != 1 else ''} in {audits} audit{'s' if audits != 1 else ''}, "
+            f"upper bound {upper:.2f}" + (f" > limit {result.audit.limit:g}: stopped serving at query {stopped}"
+                                          if stopped is not None else ""))
 
 
 def time_hits(texts, policy, judge, embeddings, n: int = 40) -> dict:
@@ -230,6 +252,31 @@ def time_judge(judge, texts, n: int = 15) -> float:
         judge(t)
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def policy_table(data, *, policy: str, threshold: float, audit_rate: float, seed: int = 0) -> pd.DataFrame:
+    """Lesson 5's panel, one setting: the stream served by `policy` at `threshold`, audited at `audit_rate`."""
+    r = run_stream(data.texts, make_policy(policy, threshold), data.judge, embeddings=data.embeddings,
+                   audit=AuditConfig(rate=audit_rate, seed=seed)).summary()
+    bound = f"{100 * r['audit_upper_bound']:.1f}" + (" (no audits: nothing is known)" if not r["audits"] else "")
+    rows = [("hits", f"{r['hits']} ({100 * r['hit_rate']:.1f}%)", "queries served from the cache"),
+            ("losses", f"{r['losses']}", "hits whose answer differs from the judge's"),
+            ("actionable losses", f"{r['actionable_losses']}", "served 'no' hiding a fresh 'yes'"),
+            ("audits", f"{r['audits']}", "hits checked against the judge"),
+            ("audit upper bound", bound, "% loss rate (95%)"),
+            ("stopped serving at", "never" if r["policy_stopped_at"] is None else f"query {r['policy_stopped_at']}", "")]
+    return pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
+
+
+def policy_panel(data, seed: int = 0) -> None:
+    """Policy, similarity threshold and audit rate over `policy_table`."""
+    import ipywidgets as w
+
+    from lessonkit.lessons.panel import show_panel
+    show_panel({"policy": w.Dropdown(options=POLICY_NAMES, value="one-sided+guard", description="policy"),
+                "threshold": w.FloatSlider(value=0.85, min=0.6, max=1.0, step=0.01, description="threshold"),
+                "audit_rate": w.FloatSlider(value=0.05, min=0.0, max=1.0, step=0.01, description="audit rate")},
+               lambda **kw: policy_table(data, seed=seed, **kw), title="Serving from the cache, and what the audit sees")
 
 
 HEADLINE = Headline(

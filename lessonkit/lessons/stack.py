@@ -299,6 +299,15 @@ def run_config(args, smoke: bool) -> StackConfig:
     return cfg
 
 
+def ablation_panel(df) -> None:
+    """A model picker over plot_ablation: the ablation of one model at a time."""
+    import ipywidgets as w
+
+    from lessonkit.lessons.panel import show_panel
+    show_panel({"model": w.Dropdown(options=list(dict.fromkeys(df["model"])), description="model")},
+               lambda model: plot_ablation(df[df["model"] == model]), title="The stack's ablation, per model")
+
+
 HEADLINE = Headline(
     title="The whole stack",
     sentences=(
