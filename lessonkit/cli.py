@@ -66,6 +66,9 @@ SEED = number(0, 2**63 - 1, integer=True)          # torch, numpy and random all
 MAX_BOOT = 100_000                                 # gap: 1,000 resamples take about 1 s, this about 90 s
 
 
+FORCE = arg("--force", action="store_true", help="write over an --out that already exists")
+
+
 def one_of(*args, required: bool = False):
     """Mutually exclusive arguments."""
     return "one of", args, required
@@ -111,7 +114,7 @@ COMMANDS = {
         arg("--noise", type=number(0), default=0.1, help="relative change treated as noise (default 0.1)")]),
     "corpus": ("build the training corpus and tokenizer under data/corpus/", {
         "build": ("rebuild data/corpus/*.txt.gz and tokenizer.json (deterministic)", c.cmd_corpus_build, [
-            arg("--out", default=None, help="output folder (default data/corpus/)"),
+            arg("--out", default=None, help="output folder (default data/corpus/)"), FORCE,
             arg("--preset", default="default", choices=["default", "small"]), JSON])}),
     "train": ("train tiny-moe, distil tiny-draft from tiny-moe, cut smollm2-draft from smollm2-135m, or a monitoring judge (deterministic)", c.cmd_train, [
         arg("name", choices=["tiny-draft", "tiny-draft-corpus", "tiny-moe", "smollm2-draft", "judge"]),
@@ -119,7 +122,7 @@ COMMANDS = {
         arg("--steps", type=number(1, integer=True), default=None, help="override the preset's step count (quick checks)"),
         arg("--threads", type=number(1, integer=True), default=None, help="torch threads (default: the preset's, 1)"),
         arg("--out", default=None,
-            help="streaming-layout output dir (default data/models/NAME; with --steps build/models/NAME-stepsN)"),
+            help="streaming-layout output dir (default data/models/NAME; with --steps build/models/NAME-stepsN)"), FORCE,
         arg("--no-ship", action="store_true", help="ship nothing to data/models (tiny models: the HF checkpoint under build/hf/ only)"),
         arg("--measure-only", action="store_true",
             help="a drafter: measure the shipped one again (acceptance, c) and rewrite its card; no training"), JSON]),
@@ -162,7 +165,7 @@ COMMANDS = {
         arg("--model", required=True),
         arg("--preset", default=None, help="training preset (tiny-moe, smollm2-135m, test); default: the model's"),
         arg("--steps", type=number(1, integer=True), default=None),
-        arg("--out", default=None, help="output .safetensors (default data/models/mtp/<model>.safetensors)"),
+        arg("--out", default=None, help="output .safetensors (default data/models/mtp/<model>.safetensors)"), FORCE,
         arg("--threads", type=number(1, integer=True), default=2)]),
     "mtp-doctor": ("diagnose an MTP head (acceptance, controls, quantisation)", c.cmd_mtp_doctor, [
         arg("--model", required=True),
@@ -212,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "out", None) and not getattr(args, "measure_only", False):
+            from lessonkit.engine.safe_files import refuse_overwrite
+            refuse_overwrite(args.out, args.force)          # a user's --out is kept unless --force
         return int(args.func(args) or 0)
     except LessonkitError as e:
         print(f"lessonkit: error: {e}", file=sys.stderr)

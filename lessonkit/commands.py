@@ -423,6 +423,7 @@ def cmd_train_mtp(args) -> int:
 
     import torch
 
+    from lessonkit.engine.atomic import atomic_write
     from lessonkit.engine.registry import load_model
     from lessonkit.mtp.head import head_path, save_head
     from lessonkit.mtp.train import PRESETS, TrainMtpConfig, train_head, write_card
@@ -436,7 +437,7 @@ def cmd_train_mtp(args) -> int:
     head, log = train_head(eng, tc)
     out = Path(args.out) if args.out else head_path(eng.name)
     save_head(head, out)
-    (out.with_suffix(".train_log.json")).write_text(json.dumps(log))
+    atomic_write(out.with_suffix(".train_log.json"), json.dumps(log).encode())
     write_card(head, log, out.with_name(out.stem + ".card.md"))
     if (out.parent / "manifest.json").exists():     # the shipped heads' manifest (lessonkit doctor checks it)
         from lessonkit.engine.checkpoint import write_manifest

@@ -445,3 +445,68 @@ def test_export_on_a_full_disk_is_one_clear_line_and_leaves_nothing(tmp_path, ca
     one_clear_line(capsys, f"cannot export to {out}", "No space left on device")
     assert (list(out.iterdir()) == []) if exists else not out.exists()
     assert [p.name for p in tmp_path.iterdir()] == (["out"] if exists else [])
+
+
+# ---- rule 2: a user's --out is kept, inspection commands write nothing, writes never go through a symlink -----
+@pytest.mark.parametrize("argv", [["train-mtp", "--model", "tiny-moe", "--steps", "1"], ["corpus", "build"],
+                                  ["train", "tiny-draft", "--steps", "1"]])
+def test_an_existing_out_is_kept_without_force(tmp_path, capsys, monkeypatch, argv):
+    from lessonkit import commands
+    for name in ("cmd_train_mtp", "cmd_corpus_build", "cmd_train"):   # the refusal comes before any work
+        monkeypatch.setattr(commands, name, lambda args: pytest.fail("the command ran"))
+    for out in (tmp_path / "file.safetensors", tmp_path / "dir"):
+        if out.suffix:
+            out.write_bytes(b"mine")
+        else:
+            out.mkdir()
+            (out / "mine.txt").write_text("mine")
+        before = tree_digest(tmp_path)
+        assert main(argv + ["--out", str(out)]) == 2
+        one_clear_line(capsys, str(out), "already exists", "--force")
+        assert tree_digest(tmp_path) == before
+
+
+def test_refuse_overwrite_allows_a_new_or_empty_out_and_force(tmp_path):
+    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.engine.safe_files import refuse_overwrite
+    (tmp_path / "empty").mkdir()
+    refuse_overwrite(tmp_path / "new", False)
+    refuse_overwrite(tmp_path / "empty", False)
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(LessonkitError, match="already exists"):
+        refuse_overwrite(tmp_path / "link", False)
+    refuse_overwrite(tmp_path / "link", True)
+
+
+def test_inspection_commands_write_nothing(tmp_path, capsys, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("LESSONKIT_HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.json").write_text('{"type": "integer"}')
+    (tmp_path / "x.json").write_text("12")
+    summary = _summary(tmp_path, "summary.json", {"x": 1.0})
+    pc = tmp_path / "pc"
+    pc.mkdir()
+    before, data_before = tree_digest(tmp_path), tree_digest(MOE)
+    for argv in (["grammar", "check", "--schema", "s.json", "x.json"],
+                 ["grammar", "compile", "s.json"], ["compare", summary, summary],
+                 ["prefix-cache", "info", str(pc), "--model", "tiny-moe"],
+                 ["prefix-cache", "verify", str(pc), "--model", "tiny-moe"]):
+        assert main(argv) == 0, argv
+    capsys.readouterr()
+    mine = {k: v for k, v in tree_digest(tmp_path).items() if not k.startswith("home/")}   # the tool's own cache
+    assert mine == before and sorted(p.name for p in tmp_path.iterdir() if p != home) == [
+        "pc", "s.json", "summary.json", "x.json"] and list(pc.iterdir()) == []
+    assert tree_digest(MOE) == data_before
+
+
+def test_a_config_saved_over_a_symlink_replaces_the_link_not_its_target(tmp_path):
+    from lessonkit.engine.config import ModelConfig
+    outside = tmp_path / "outside.json"
+    outside.write_text("mine")
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").symlink_to(outside)
+    ModelConfig.load(MOE / "config.json").save(d / "config.json")
+    assert outside.read_text() == "mine" and not (d / "config.json").is_symlink()
+    assert ModelConfig.load(d / "config.json").vocab_size == 4096

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from lessonkit.engine.atomic import atomic_write
 from lessonkit.engine.model import rms_norm
 from lessonkit.mtp.evaluate import (HELDOUT_SAMPLE, TargetStates, acceptance_by_kind, cached_states, eval_windows,
                                     heldout_sample)
@@ -222,4 +223,4 @@ def write_card(head: MtpHead, log: dict, path: Path) -> None:
              "1 / rescale_factor)` undoes it.", "",
              "Reproduce: `lessonkit train-mtp --model " + m["target"] + f" --threads {m['torch_threads']}` "
              "(deterministic for a given torch version and thread count).", ""]
-    path.write_text("\n".join(lines))
+    atomic_write(path, "\n".join(lines).encode())

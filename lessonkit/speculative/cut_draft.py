@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from lessonkit.engine.atomic import atomic_write
 from lessonkit.engine.borrowed import BORROW_FILE
 from lessonkit.engine.checkpoint import (FORMAT_VERSION, _atomic_save, _check_shapes, _layer_tensors, _Tensors,
                                          write_manifest)
@@ -211,6 +212,6 @@ def write_cut(model, head_ids: torch.Tensor, cfg: CutConfig, out: Path, dtype=to
                  out / "dense.safetensors", meta)
     _atomic_save({k: v.to(dtype) for k, v in experts.items()}, out / "experts.safetensors", meta)
     c.save(out / "config.json")
-    (out / BORROW_FILE).write_text(json.dumps({"base": cfg.target, "tensors": ["embed"]}, indent=1) + "\n")
+    atomic_write(out / BORROW_FILE, (json.dumps({"base": cfg.target, "tensors": ["embed"]}, indent=1) + "\n").encode())
     shutil.copyfile(target_dir / "tokenizer.json", out / "tokenizer.json")
     write_manifest(out)

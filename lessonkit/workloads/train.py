@@ -360,7 +360,7 @@ def train(cfg: TrainConfig, *, corpus_dir: str | Path = CORPUS_DIR, hf_out: str 
     _final_log(log, cfg, model, windows, held, tokenizer, corpus_dir)
     out = Path(hf_out) if hf_out else HF_DIR / cfg.name
     _save_hf(model, tok_path, out)
-    (out / "train_log.json").write_text(json.dumps(log, indent=1))
+    atomic_write(out / "train_log.json", json.dumps(log, indent=1).encode())
     return log
 
 
