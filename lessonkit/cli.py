@@ -66,7 +66,13 @@ SEED = number(0, 2**63 - 1, integer=True)          # torch, numpy and random all
 MAX_BOOT = 100_000                                 # gap: 1,000 resamples take about 1 s, this about 90 s
 
 
-FORCE = arg("--force", action="store_true", help="write over an --out that already exists")
+def thread_counts(text: str) -> list[int]:
+    """A comma-separated list of thread counts, each at least 1 ("1,2")."""
+    one = number(1, 4096, integer=True)
+    counts = [one(part.strip()) for part in text.split(",")]
+    if not counts:
+        raise argparse.ArgumentTypeError("name at least one thread count")
+    return counts
 
 
 def one_of(*args, required: bool = False):
@@ -75,9 +81,15 @@ def one_of(*args, required: bool = False):
 
 
 JSON = arg("--json", action="store_true", help="print JSON")
+FORCE = arg("--force", action="store_true", help="write over an --out that already exists")
 MODEL = arg("--model", required=True, help="registered name or checkpoint directory")
 WHITESPACE = arg("--whitespace", choices=["compact", "flexible"], default="flexible",
                  help="compact: no whitespace (best for drafting); flexible: any JSON whitespace")
+
+THREADS = arg("--threads", type=number(1, 64, integer=True), default=None,
+              help="C kernel threads (default: this machine's physical cores); results do not depend on it")
+WEIGHTS = arg("--weights", choices=["native", "f32"], default=None,
+              help="quantised models: multiply the Q4_1/Q8_0 blocks (native, default with the C kernel) or float32")
 
 COMMANDS = {
     "models": ("list the available models", c.cmd_models, [JSON]),
@@ -100,15 +112,20 @@ COMMANDS = {
         arg("--schema", default=None, type=nonempty("an empty --schema names no file"), help="PATH.json (JSON Schema)"),
         arg("--mode", choices=["draft", "constrain"], default="draft"),
         arg("--prefix-cache", default=None, type=nonempty("an empty --prefix-cache names no directory"),
-            help="directory of the persistent prefix-KV cache"), JSON]),
+            help="directory of the persistent prefix-KV cache"), THREADS, WEIGHTS, JSON]),
     "run": ("the main job: execute every lesson headlessly into build/", c.cmd_run, [
         arg("--build-dir", default="build"),
         arg("--smoke", action="store_true", help="small sizes (as the tests run them)"),
-        arg("--only", action="append", help="run only notebooks whose name contains this")]),
+        arg("--only", action="append", help="run only notebooks whose name contains this"), THREADS]),
     "bench": ("benchmarks: baseline and contenders side by side", c.cmd_bench, [
         arg("name", choices=sorted(BENCHES)), JSON,
         arg("--smoke", action="store_true", help="tiny sizes, just checks that it runs"),
-        arg("--model", default=None), arg("--repeats", type=number(1, integer=True), default=3)]),
+        arg("--model", default=None), arg("--repeats", type=number(1, integer=True), default=3),
+        arg("--threads", type=thread_counts, default=None, help="C kernel thread counts, e.g. 1,2: llamacpp measures each (default 1,2), other benches use the first (default: physical cores)"),
+        arg("--engines", default=None,
+            help="llamacpp: which to measure, from llamacpp,lessonkit,transformers (default all)"),
+        arg("--build", action="store_true",
+            help="llamacpp: download the llama-cpp-python sdist and build llama-bench into the cache first (minutes)")]),
     "compare": ("what moved beyond noise between two build/summary.json files", c.cmd_compare, [
         arg("old"), arg("new"),
         arg("--noise", type=number(0), default=0.1, help="relative change treated as noise (default 0.1)")]),

@@ -99,6 +99,14 @@ def cmd_doctor(args) -> int:
 
     from lessonkit.engine.kernel import backend, check_row_invariance
     kb = backend()
+    from lessonkit.engine.blocks import choose_weights
+    try:
+        mode, why_w = choose_weights()
+        print(f"  INFO smollm2-135m weights: {mode} ({why_w}); LESSONKIT_WEIGHTS=native|f32 chooses; "
+              f"kernel threads {kb['threads']} (generate, bench and run default to {_physical()})")
+    except LessonkitError as e:
+        ok = False
+        print(f"  FAIL weights: {e}")
     good = check_row_invariance([(256, 768), (576, 960), (1536, 576)])
     ok &= good
     path = {"avx2": "C kernel, AVX2 + FMA", "portable": "C kernel, portable path",
@@ -115,6 +123,11 @@ def cmd_doctor(args) -> int:
 
 
 
+def _physical() -> int:
+    from lessonkit.engine.kernel import physical_cores
+    return physical_cores()
+
+
 # ---- generate --------------------------------------------------------------------------------------
 def cmd_generate(args) -> int:
     import torch
@@ -124,7 +137,9 @@ def cmd_generate(args) -> int:
     if args.prefix_cache and (args.grammar or args.schema or args.draft):
         raise LessonkitError("--prefix-cache cannot be combined with --grammar, --schema or --draft yet "
                              "(it would be ignored); the capstone `lessonkit stack run` combines them")
-    eng = load_model(args.model, expert_budget_mb=args.expert_budget_mb, dtype=dtype, prefetch=args.prefetch)
+    threads = use_threads(args.threads)
+    eng = load_model(args.model, expert_budget_mb=args.expert_budget_mb, dtype=dtype, prefetch=args.prefetch,
+                     weights=args.weights)
     prompt = args.prompt
     if args.chat:
         from lessonkit.engine.gguf_loader import apply_chat_template
@@ -155,7 +170,8 @@ def cmd_generate(args) -> int:
         res = generate(eng, ids, max_new, callback=stream, **kw)
     res.stats["finish_reason"] = finish_reason(eng, res, max_new, capped=note is not None)
     if args.json:
-        _print_json({"model": eng.name, "text": res.text, "token_ids": res.token_ids, "stats": res.stats})
+        _print_json({"model": eng.name, "text": res.text, "token_ids": res.token_ids, "stats": res.stats,
+                     "weights": eng.weights, "threads": threads, "kernel": kernel_path()})
     else:
         print()
         s = res.stats
@@ -163,6 +179,17 @@ def cmd_generate(args) -> int:
               f"expert hit rate {s['expert_hit_rate'] if s['expert_hit_rate'] is None else round(s['expert_hit_rate'], 3)}, "
               f"{s['bytes_read'] / 2**20:.1f} MB read, finish_reason {s['finish_reason']}]", file=sys.stderr)
     return 0
+
+
+def use_threads(n: int | None) -> int:
+    """Set the C kernel's thread count for this command (default: the machine's physical cores); returns it."""
+    from lessonkit.engine import kernel
+    return kernel.set_threads(n or kernel.physical_cores())
+
+
+def kernel_path() -> str:
+    from lessonkit.engine import kernel
+    return kernel.BACKEND
 
 
 def parse_draft_k(value) -> int | str:
@@ -197,12 +224,18 @@ class _Streamer:
 
 # ---- the main job and benchmarks -------------------------------------------------------------------
 def cmd_run(args) -> int:
+    import os
+
+    from lessonkit.engine import kernel
     from lessonkit.lessons.runner import run_all
+    # the notebooks' kernels read it at import: every lesson runs with this many kernel threads
+    os.environ["LESSONKIT_THREADS"] = str(args.threads or kernel.physical_cores())
     return run_all(build_dir=args.build_dir, smoke=args.smoke, only=args.only)
 
 
 def cmd_bench(args) -> int:
     from lessonkit.bench.common import format_table
+    use_threads(args.threads[0] if args.threads else None)    # llamacpp measures each count itself
     result = importlib.import_module(BENCHES[args.name]).bench(args)
     if args.json:
         _print_json(result)

@@ -10,13 +10,18 @@ import numpy as np
 import pandas as pd
 import torch
 
+from lessonkit.engine.generate import generate
 from lessonkit.engine.timing import median_time
 
 
 def machine_info() -> dict:
+    """What ran: versions, cores, and the engine's paths (kernel backend and threads, weights path)."""
+    from lessonkit.engine import kernel
+    from lessonkit.engine.blocks import choose_weights
     return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine()}
+            "physical_cores": kernel.physical_cores(), "torch_threads": torch.get_num_threads(),
+            "kernel": kernel.BACKEND, "kernel_threads": kernel.THREADS, "weights": choose_weights()[0],
+            "platform": platform.platform(), "processor": platform.processor() or platform.machine()}
 
 
 def median_times(fns: dict, repeats: int = 3, warmup: int = 1) -> dict:
@@ -32,6 +37,21 @@ def median_times(fns: dict, repeats: int = 3, warmup: int = 1) -> dict:
             fn()
             ts[name].append(time.perf_counter() - t0)
     return {name: statistics.median(v) for name, v in ts.items()}
+
+
+def decode_rate(eng, prompt_ids: list[int], n: int) -> float:
+    """Greedy decode tokens/s of a lessonkit engine over its KV cache: n new tokens after the prompt, the
+    first one (the prefill's) left out."""
+    r = generate(eng, prompt_ids, n, use_eos=False)
+    decode_s = r.stats["wall_s"] - r.stats["ttft_s"]
+    return (r.stats["new_tokens"] - 1) / decode_s if decode_s > 0 else float("nan")
+
+
+def prefill_rate(eng, ids: list[int]) -> float:
+    """Prefill tokens/s of a lessonkit engine: one forward over ids into a fresh cache, last logits only."""
+    t0 = time.perf_counter()
+    eng.forward(ids, eng.new_cache(len(ids)), last_only=True)
+    return len(ids) / (time.perf_counter() - t0)
 
 
 def memcpy_bandwidth(mb: int = 256, repeats: int = 3) -> float:

@@ -76,9 +76,20 @@ def dequantise_rows(raw: torch.Tensor, kind: str) -> torch.Tensor:
     return w.reshape(raw.shape[0], -1)
 
 
-def pack_blocks(raw: torch.Tensor, kind: str) -> torch.Tensor:
+def pack_blocks(raw: torch.Tensor, kind: str, chunk: int = 2048) -> torch.Tensor:
     """Blocks raw [N, B * bytes] -> the kernel's strip-blocks (1-D uint8): per strip of 16 rows, per block,
-    d[16] (m[16]) as f16 bytes, then the codes input by input (Q4_1: two inputs to a byte, see rowkernel.c)."""
+    d[16] (m[16]) as f16 bytes, then the codes input by input (Q4_1: two inputs to a byte, see rowkernel.c).
+    Packed `chunk` rows (whole strips) at a time into one buffer, so loading needs little more than the result."""
+    n = raw.shape[0]
+    per_row = raw.shape[1]                       # a strip-block holds exactly 16 rows' bytes of one block
+    out = torch.empty(-(-n // STRIP) * STRIP * per_row, dtype=torch.uint8)
+    for r0 in range(0, n, chunk):
+        part = _pack_strips(raw[r0:r0 + chunk], kind)
+        out[r0 * per_row:r0 * per_row + part.numel()] = part
+    return out
+
+
+def _pack_strips(raw: torch.Tensor, kind: str) -> torch.Tensor:
     d, m, q = _parts(raw, kind)
     n, b = d.shape
     n_pad = -(-n // STRIP) * STRIP
@@ -141,26 +152,44 @@ class NativeWeight:
     def nbytes(self) -> int:
         return self.data.numel()
 
+    def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Float32 rows W[ids] [T, K], read from the packed strip-blocks (a tied embedding looks its tokens up
+        here, so the model keeps one copy of the table): d * q (+ m), as dequantise_rows computes them."""
+        b, nb = self.k // QK, {"q4_1": 320, "q8_0": 544}[self.kind]
+        blk = self.data.view(-1, b, nb)[ids // STRIP]                       # [T, B, bytes of a strip-block]
+        col = (ids % STRIP).view(-1, 1, 1)
+        half = lambda off: blk[..., off:off + 2 * STRIP].contiguous().view(torch.float16)   # [T, B, 16]
+        d = half(0).gather(2, col.expand(-1, b, 1))[..., 0]                 # [T, B]
+        codes = blk[..., 2 * STRIP * (2 if self.kind == "q4_1" else 1):].reshape(len(ids), b, -1, STRIP)
+        q = codes.gather(3, col[..., None].expand(-1, b, codes.shape[2], 1))[..., 0]   # [T, B, 16 or 32]
+        if self.kind == "q8_0":
+            return (d.float()[..., None] * q.view(torch.int8).float()).reshape(len(ids), -1)
+        m = half(2 * STRIP).gather(2, col.expand(-1, b, 1))[..., 0]
+        q = torch.stack([q & 15, q >> 4], dim=-1).reshape(len(ids), b, QK)     # pair j: inputs 2j, 2j + 1
+        return (d.float()[..., None] * q.float() + m.float()[..., None]).reshape(len(ids), -1)
+
 
 class BlockRows:
-    """An embedding table kept as blocks: `table[ids]` dequantises just those rows (a decode step reads one)."""
+    """An embedding table kept as blocks: `table[ids]` dequantises just those rows (a decode step reads one).
+    Either its own blocks (raw [V, B * bytes]) or, for an embedding tied to the output layer, that layer's
+    packed NativeWeight (then the model holds the table once)."""
 
-    def __init__(self, raw: torch.Tensor, kind: str):
-        self.raw, self.kind = raw, kind
-        self.shape = (raw.shape[0], raw.shape[1] // BLOCK_BYTES[kind] * QK)
+    def __init__(self, raw: torch.Tensor | None, kind: str, head: NativeWeight | None = None):
+        self.raw, self.kind, self.head = raw, kind, head
+        self.shape = (head.n, head.k) if head is not None else (raw.shape[0], raw.shape[1] // BLOCK_BYTES[kind] * QK)
         self.dtype = torch.float32
 
     def __getitem__(self, ids) -> torch.Tensor:
         ids = torch.as_tensor(ids, dtype=torch.long)
-        return dequantise_rows(self.raw[ids.reshape(-1)], self.kind).reshape(*ids.shape, self.shape[1])
+        flat = ids.reshape(-1)
+        rows = self.head.output_rows(flat) if self.head is not None else dequantise_rows(self.raw[flat], self.kind)
+        return rows.reshape(*ids.shape, self.shape[1])
 
     def float(self) -> torch.Tensor:
         """The whole table in float32 (what the float32 path holds)."""
+        if self.head is not None:
+            return self.head.unpacked().T.contiguous()
         return dequantise_rows(self.raw, self.kind)
-
-    @property
-    def nbytes(self) -> int:
-        return self.raw.numel()
 
 
 # ---- a dense MLP's three matrices as one expert record (the streaming layout's experts.safetensors) ----

@@ -69,7 +69,7 @@ BACKEND, WHY = _choose()
 def backend() -> dict:
     """Which path short forwards take, and why (for `lessonkit doctor`)."""
     return {"backend": BACKEND, "why": WHY, "built": _rowkernel is not None,
-            "row_group": ROW_GROUP if BACKEND == "mkl" else None}
+            "row_group": ROW_GROUP if BACKEND == "mkl" else None, "threads": THREADS}
 
 
 @contextlib.contextmanager
@@ -102,6 +102,17 @@ def set_threads(n: int) -> int:
 
 
 THREADS = 1
+
+
+def _threads_from_env() -> None:
+    """LESSONKIT_THREADS=N: the thread count a process starts with (the CLI sets it for the notebooks it runs);
+    unset, one thread (tests and notebooks share cores)."""
+    raw = os.environ.get("LESSONKIT_THREADS", "").strip()
+    if not raw:
+        return
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"LESSONKIT_THREADS={raw!r}: expected a positive integer")
+    set_threads(int(raw))
 
 
 def physical_cores() -> int:
@@ -261,3 +272,6 @@ def check_row_invariance(shapes, max_rows: int = ROWWISE_MAX, seed: int = 0) -> 
             if not torch.equal(rw.rows(x[:m]), ones[:m]):
                 return False
     return True
+
+
+_threads_from_env()

@@ -48,8 +48,9 @@ def _pad_rows(x: torch.Tensor) -> torch.Tensor:
     return pad_rows(x, ROW_PAD)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, w_t: RowWeight) -> torch.Tensor:
-    """Row-invariant x @ w.T for x [M, in], w [out, in]; w_t = RowWeight(w.T) (see the module docstring)."""
+def linear(x: torch.Tensor, w: torch.Tensor | None, w_t: RowWeight) -> torch.Tensor:
+    """Row-invariant x @ w.T for x [M, in], w [out, in]; w_t = RowWeight(w.T) (see the module docstring), or
+    native blocks (w None: only the packed copy is kept)."""
     m = x.shape[0]
     if m <= ROWWISE_MAX or w_t.packed:      # the C kernel is row-invariant at any row count
         return w_t.rows(x)
@@ -99,9 +100,13 @@ class Transformer:
         self.wt = {k: self._row_weight(k, v) for k, v in self.w.items()
                    if k == "lm_head" or k.endswith((".wqkv", ".wo", ".router"))}
         self.native = any(v.dtype == torch.uint8 for v in self.w.values() if isinstance(v, torch.Tensor))
+        for k in [k for k, v in self.w.items() if v.dtype == torch.uint8 and k != "embed"]:
+            del self.w[k]            # the packed copy in self.wt is what products read; keep no second copy
         if self.w["embed"].dtype == torch.uint8:         # a decode step dequantises the rows it looks up
-            self.w["embed"] = qb.BlockRows(self.w["embed"], qb.block_kind(self.w["embed"].shape,
-                                                                         (config.vocab_size, config.dim), "embed"))
+            kind = qb.block_kind(self.w["embed"].shape, (config.vocab_size, config.dim), "embed")
+            tied = config.tie_embeddings and isinstance(self.wt["lm_head"], qb.NativeWeight)
+            self.w["embed"] = qb.BlockRows(None if tied else self.w["embed"], kind,
+                                           self.wt["lm_head"] if tied else None)
         self._probe_row_group()
         # rows that take the exact short-forward path: all of them when the C kernel holds the weights
         self.exact_rows = 1 << 30 if self.wt["lm_head"].packed else ROWWISE_MAX
@@ -120,12 +125,10 @@ class Transformer:
     def float_weight(self, name: str) -> torch.Tensor:
         """A dense weight in float32 [out, in], dequantised when the engine holds it as blocks (MTP heads and
         lessons that need the float matrix; the forward never does)."""
-        v = self.w[name]
-        if isinstance(v, qb.BlockRows):
-            return v.float()
-        if v.dtype == torch.uint8:
+        if name not in self.w and isinstance(self.wt.get(name), qb.NativeWeight):
             return self.wt[name].unpacked().T.contiguous()
-        return v
+        v = self.w[name]
+        return v.float() if isinstance(v, qb.BlockRows) else v
 
     def full_logits(self, rows: torch.Tensor) -> torch.Tensor:
         """Logits [.., V] from the output layer's [.., head_rows]: -inf for tokens without a row."""
@@ -165,7 +168,7 @@ class Transformer:
     def _attention(self, l: int, x: torch.Tensor, cache: KVCache, start: int, T: int, plan: dict) -> torch.Tensor:
         c, w, p = self.config, self.w, f"layers.{l}."
         nq, nkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-        q, k, v = linear(x, w[p + "wqkv"], self.wt[p + "wqkv"]).split([nq, nkv, nkv], dim=-1)
+        q, k, v = linear(x, w.get(p + "wqkv"), self.wt[p + "wqkv"]).split([nq, nkv, nkv], dim=-1)
         if c.clip_qkv is not None:
             q, k, v = (t.clamp(-c.clip_qkv, c.clip_qkv) for t in (q, k, v))
         if c.qk_norm:
@@ -190,7 +193,7 @@ class Transformer:
             qb = qb.view(mp, c.n_kv_heads, rep, c.head_dim).permute(1, 2, 0, 3).reshape(c.n_kv_heads, rep * mp, c.head_dim)
             o = attend(qb, keys, vals, scale, mask)                        # [G, rep*m_pad, hd]
             out[r0:r1] = o.view(c.n_kv_heads, rep, mp, c.head_dim).permute(2, 0, 1, 3).reshape(mp, c.n_heads, c.head_dim)[:m]
-        return linear(out.reshape(T, c.n_heads * c.head_dim), w[p + "wo"], self.wt[p + "wo"])
+        return linear(out.reshape(T, c.n_heads * c.head_dim), w.get(p + "wo"), self.wt[p + "wo"])
 
     @staticmethod
     def _expert(x: torch.Tensor, ew) -> torch.Tensor:
@@ -302,7 +305,7 @@ class Transformer:
             x = x + self._moe(l, rms_norm(x, self.w[p + "mlp_norm"], c.norm_eps), stats, T)
         cache.length = start + T
         h = rms_norm(x, self.w["norm"], c.norm_eps)
-        logits = self.full_logits(linear(h[T - 1:T] if last_only else h, self.w["lm_head"], self.wt["lm_head"]).float())
+        logits = self.full_logits(linear(h[T - 1:T] if last_only else h, self.w.get("lm_head"), self.wt["lm_head"]).float())
         wall = time.perf_counter() - t0
         self.last_forward = {"rows": T, "unique_experts": stats["unique_experts"], "wall_s": wall,
                              "io_s": self.store.io_s - io0}
