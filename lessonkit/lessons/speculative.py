@@ -53,6 +53,7 @@ def acceptance_by_kind(target, drafters: dict, prompts: dict[str, list[list[int]
     ax1.set_ylabel("acceptance rate (accepted / drafted)")
     ax1.set_xlabel("kind of text")
     ax1.set_ylim(0, 1)
+    legend_beside(ax1, max_inside=0)          # bars reach 1.0 in every group: no free corner inside
     for _, r in df.iterrows():
         ys = [r[f"a{i + 1}"] for i in range(k) if f"a{i + 1}" in r and pd.notna(r[f"a{i + 1}"])]
         ax2.plot(range(1, len(ys) + 1), ys, marker="o", label=f"{r['drafter']} / {r['kind']}")
