@@ -10,6 +10,7 @@ import torch
 
 from lessonkit.engine.generate import generate
 from lessonkit.engine.quant import fake_quantise
+from lessonkit.lessons.figures import legend_beside
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.mtp.evaluate import acceptance_by_kind, pooled_acceptance, text_windows
@@ -29,7 +30,7 @@ def train_loss_figure(log: dict, title: str = ""):
         a2.plot(log["eval_step"], [100 * e[kind] for e in log["eval_acceptance"]], marker="o", label=kind)
     a2.set_xlabel("step")
     a2.set_ylabel("held-out acceptance, position 1 (%)")
-    a2.legend()
+    legend_beside(a2, fontsize=8, max_inside=0)      # a few evaluation points: "best" still lands on one
     fig.suptitle(title or "the MTP head learns the token after next")
     fig.tight_layout()
     return fig
