@@ -13,7 +13,8 @@ The conventions every check follows:
   that it passed (e.g. "passed all N cases"), and returns True or False. It never prints the expected
   answer, only what the student's function returned and why that is wrong.
 * A stub that raises NotImplementedError gets "<check>: not implemented yet".
-* No check raises: an exception from the student's function is reported in that one line.
+* No check raises: an exception from the student's function is reported in that one line, with the
+  student's own line where it was raised ("line 3 of your cell: ..."), not the checker's traceback.
 * The student's function gets a deep copy of each case's arguments, so it cannot change a case the
   judge then reads (objects of the types given as `shared`, e.g. one torch.Generator that a whole
   check draws from, are passed as they are).
