@@ -48,7 +48,8 @@ def _free_port() -> int:
 
 
 def _smoke_copy(dest: Path) -> Path:
-    """notebooks/00_engine.ipynb copied to dest/notebooks/ with SMOKE = True in its parameters cell."""
+    """notebooks/00_engine.ipynb copied to dest/notebooks/ with SMOKE = True in its parameters cell, and
+    docs/ beside it: the layout of the repository, served from its root as README says."""
     nb = json.loads((ROOT / "notebooks" / "00_engine.ipynb").read_text())
     params = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
     src = "".join(params["source"])
@@ -57,6 +58,7 @@ def _smoke_copy(dest: Path) -> Path:
     out = dest / "notebooks" / "00_engine.ipynb"
     out.parent.mkdir(parents=True)
     out.write_text(json.dumps(nb, indent=1))
+    shutil.copytree(ROOT / "docs", dest / "docs")         # what its ../docs links open, as in the repository
     return out
 
 
@@ -155,6 +157,14 @@ def _errors(saved: dict) -> list[str]:
                   if c["cell_type"] == "code" and not c.get("execution_count")]
 
 
+def _open_docs_link(page) -> None:
+    """Click the notebook's first link to ../docs/sources.md: JupyterLab opens it (no 404, no error dialog)."""
+    page.locator(".jp-RenderedMarkdown a[href*='/files/docs/sources.md']").first.click()
+    page.locator(".lm-TabBar-tab", has_text="sources.md").wait_for(timeout=20_000)
+    page.locator(".jp-RenderedMarkdown h1").filter(has_text=re.compile("[Ss]ources")).first.wait_for(timeout=20_000)
+    assert page.locator(".jp-Dialog").count() == 0, page.locator(".jp-Dialog").all_inner_texts()
+
+
 def _panel_text(page) -> str:
     return page.locator(".widget-output").last.inner_text()
 
@@ -185,6 +195,7 @@ def test_notebook_00_runs_in_jupyterlab_and_its_slider_responds(lab, tmp_path):
             after = _panel_text(page)
             page.screenshot(path=str(ARTEFACTS / "00_engine_slider_moved.png"), full_page=True)
             assert page.get_by_text("Error displaying widget").count() == 0
+            _open_docs_link(page)
         finally:
             browser.close()
     assert after != before and "expert budget" in after
