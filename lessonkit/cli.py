@@ -239,5 +239,16 @@ def main(argv=None) -> int:
     except LessonkitError as e:
         print(f"lessonkit: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:      # the last resort for a path the handler did not expect (a name too long, ...)
+        print(f"lessonkit: error: {os_error(e)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
+
+
+def os_error(e: OSError) -> str:
+    """'PATH: reason' on one line, a very long path cut in the middle."""
+    name = str(e.filename) if e.filename is not None else ""
+    if len(name) > 200:
+        name = f"{name[:100]}...({len(name):,} characters)...{name[-60:]}"
+    return f"{name}: {e.strerror or e}" if name else str(e.strerror or e)

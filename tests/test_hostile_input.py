@@ -159,3 +159,12 @@ def test_lone_surrogate_in_a_schema_is_one_clear_error(tmp_path, capsys, name, c
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "lone surrogate" in err and str(s) in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["export", "x" * 100_000, "{tmp}/out"],
+                                  ["grammar", "check", "--grammar", "json", "{tmp}/" + "y" * 5000]])
+def test_a_path_the_os_refuses_is_one_short_line(tmp_path, capsys, argv):
+    """A name too long for the file system (ENAMETOOLONG) escaped Path.exists() as a traceback."""
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert "File name too long" in err and "characters)..." in err and len(err) < 400 and "Traceback" not in err

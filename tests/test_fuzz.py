@@ -1,0 +1,115 @@
+"""The fuzz layer (issue 35; the strategies and runners are in tests/fuzz_cli.py, docs/faults.md says what
+it found). Hostile arguments for every command of lessonkit.cli.COMMANDS and hostile files for every
+file the workbook reads; each case must end with exit code 0, 1 or 2, no traceback, no hang, no file
+changed outside its own directories (a victim tree and the shipped data/ are hashed around every case)
+and peak memory under fuzz_cli.RSS_BOUND_MB, under an address-space limit of fuzz_cli.MEM_LIMIT_MB.
+
+The short version (the suite, about a minute on one core) parses a few hundred argument lists for every
+command in-process, runs a few dozen cases of the executed commands in one worker process (torch is
+imported once) and a few real `python -m lessonkit` processes with argv as bytes. LESSONKIT_FUZZ=long
+runs many more, with fresh random seeds, and writes build/fuzz/report.json (counts per command and
+per outcome).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import fuzz_cli as fz
+from lessonkit.cli import build_parser
+
+LONG = os.environ.get("LESSONKIT_FUZZ") == "long"
+# short: derandomised (the same cases every run); long: random, many
+PARSE_EXAMPLES, WORKER_CASES, SUBPROCESS_CASES = (3000, 400, 40) if LONG else (300, 24, 3)
+FAST = settings(max_examples=PARSE_EXAMPLES, derandomize=not LONG, deadline=None, database=None,
+                suppress_health_check=list(HealthCheck))
+ONCE = settings(max_examples=1, derandomize=not LONG, deadline=None, database=None, phases=[Phase.generate],
+                suppress_health_check=list(HealthCheck))
+REPORT: dict = {}
+
+
+def test_the_table_reaches_every_command():
+    paths = [p for p, _ in fz.commands()]
+    assert ("generate",) in paths and ("grammar", "check") in paths and ("stack", "run") in paths
+    assert fz.EXECUTED <= set(paths)
+    numbers = [d for _, args in fz.commands() for f, kw, _ in args if fz.bounds(kw.get("type")) is not None
+               for d in [fz.dest(f, kw)]]
+    assert {"max_new_tokens", "temperature", "top_p", "seed", "boot", "audit_rate"} <= set(numbers)
+
+
+@FAST
+@given(argv=fz.any_command_argv())
+def test_every_command_parses_hostile_arguments(argv):
+    """Parse level, every command: argparse's types refuse what they must with exit 2 (one line), and
+    anything they accept is a value the handler was written for."""
+    argv = [a if isinstance(a, str) else f"/nonexistent/{a['file']}" for a in argv]
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            ns = build_parser().parse_args(argv)
+    except SystemExit as e:
+        assert e.code in (0, 2) and "Traceback" not in err.getvalue()
+        _count("parse", argv, "refused" if e.code else "help")
+        return
+    assert isinstance(ns, argparse.Namespace) and callable(ns.func)
+    _count("parse", argv, "accepted")
+
+
+def _count(stage: str, argv: list, outcome: str) -> None:
+    words = [a for a in argv[:2] if isinstance(a, str) and not a.startswith("-")]
+    REPORT.setdefault(stage, Counter())[" ".join(words[:2]) + ": " + outcome] += 1
+
+
+@ONCE
+@given(cases=st.lists(fz.any_command_argv(executed_only=True), min_size=WORKER_CASES, max_size=WORKER_CASES))
+def test_executed_commands_on_hostile_arguments_and_files(cases, tmp_path_factory):
+    box = tmp_path_factory.mktemp("fuzz")
+    t0 = time.time()
+    results = fz.run_worker([{"argv": c} for c in cases], box, timeout_s=600 if not LONG else 3600)
+    _record("worker", results, time.time() - t0)
+    bad = fz.defects(results)
+    assert not bad, "\n".join(bad)
+
+
+@ONCE
+@given(cases=st.lists(fz.any_command_argv(executed_only=True), min_size=SUBPROCESS_CASES,
+                      max_size=SUBPROCESS_CASES))
+def test_real_processes_with_argv_as_bytes(cases, tmp_path_factory):
+    box = tmp_path_factory.mktemp("fuzz-sub")
+    t0 = time.time()
+    results = [fz.run_subprocess({"argv": c}, box / str(i)) for i, c in enumerate(cases)]
+    _record("subprocess", results, time.time() - t0)
+    bad = fz.defects(results)
+    assert not bad, "\n".join(bad)
+
+
+def _record(stage: str, results: list[dict], seconds: float) -> None:
+    for r in results:
+        outcome = "defect" if fz.defects([r]) else f"exit {r['code']}"
+        _count(stage, [a for a in r["argv"] if isinstance(a, str)], outcome)
+        for a in r["argv"]:
+            if isinstance(a, dict):
+                REPORT.setdefault(stage + " files", Counter())[f"{a['file']}:{a['variant']}: {outcome}"] += 1
+    REPORT.setdefault("seconds", {})[stage] = round(seconds, 1)
+    REPORT.setdefault("peak_rss_mb", {})[stage] = max([r["rss_mb"] for r in results] or [0])
+    REPORT.setdefault("defects", []).extend(fz.defects(results))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def write_report():
+    yield
+    if LONG:
+        out = fz.ROOT / "build" / "fuzz" / "report.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({k: dict(v) if isinstance(v, Counter) else v for k, v in REPORT.items()},
+                                  indent=1, sort_keys=True))
