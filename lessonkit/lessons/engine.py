@@ -15,6 +15,7 @@ from lessonkit.engine.generate import generate
 from lessonkit.engine.registry import load_model
 from lessonkit.lessons.figures import integer_axis
 from lessonkit.lessons.headline import Column, Headline, Sentence
+from lessonkit.lessons.panel import quantity_table, show_panel
 from lessonkit.workloads.corpus import KINDS, load_documents
 
 
@@ -164,14 +165,12 @@ def budget_table(model: str, prompt: str, budget_pct: int = 25, n_new: int = 24)
             ("expert I/O", f"{1e3 * p['io_s_per_token']:.2f}", "ms / token"),
             ("everything else", f"{1e3 * p['compute_s_per_token']:.2f}", "ms / token"),
             ("text", p["text"][:120], f"{n_new} new tokens")]
-    return pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
+    return quantity_table(rows)
 
 
 def budget_panel(model: str, prompt: str) -> None:
     """Sliders for the expert budget and the number of new tokens over `budget_table`."""
     import ipywidgets as w
-
-    from lessonkit.lessons.panel import show_panel
     show_panel({"budget_pct": w.IntSlider(value=25, min=5, max=100, step=5, description="expert budget (% of all)"),
                 "n_new": w.IntSlider(value=24, min=8, max=64, step=8, description="new tokens")},
                lambda **kw: budget_table(model, prompt, **kw), title="Expert budget: speed moves, tokens do not")

@@ -18,6 +18,7 @@ from lessonkit.grammar.measure import drafting_ceiling, forced_byte_fraction
 from lessonkit.grammar.records import monitoring_grammar
 from lessonkit.grammar.tokens import TokenGrammar
 from lessonkit.lessons.headline import Column, Headline, Sentence
+from lessonkit.lessons.panel import quantity_table, show_panel
 from lessonkit.speculative.verify import speculative_generate
 from lessonkit.workloads.corpus import load_documents
 
@@ -167,14 +168,12 @@ def forcing_table(engine, records: list[dict], *, record_type: str = "all", writ
             ("tokens drafted and accepted", pct(c["forced_fraction"], ""), f"% of {c['tokens']} tokens"),
             ("tokens per forward (ceiling)", f"{c['tokens_per_forward']:.2f}", "tokens / forward"),
             ("grammar acceptance", pct(c["grammar_acceptance"], "n/a (nothing drafted)"), "% of drafted tokens")]
-    return pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
+    return quantity_table(rows)
 
 
 def forcing_panel(engine, records: list[dict]) -> None:
     """Record type, writing style and grammar over `forcing_table`."""
     import ipywidgets as w
-
-    from lessonkit.lessons.panel import show_panel
     kinds = ["all", *sorted({r.get("type", "?") for r in records})]
     show_panel({"record_type": w.Dropdown(options=kinds, description="record type"),
                 "writing": w.Dropdown(options=["compact", "sloppy"], description="written"),

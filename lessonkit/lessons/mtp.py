@@ -12,6 +12,7 @@ from lessonkit.engine.generate import generate
 from lessonkit.engine.quant import fake_quantise
 from lessonkit.lessons.figures import legend_beside
 from lessonkit.lessons.headline import Column, Headline, Sentence
+from lessonkit.lessons.panel import show_panel
 from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.mtp.evaluate import acceptance_by_kind, pooled_acceptance, text_windows
 from lessonkit.mtp.head import MtpHead, Shared, load_head
@@ -243,8 +244,6 @@ def quant_acceptance_table(heads: dict, shared: dict, states: dict, *, model: st
 def quant_panel(heads: dict, shared: dict, states: dict) -> None:
     """Model, quantisation scheme, group size and depth over `quant_acceptance_table`."""
     import ipywidgets as w
-
-    from lessonkit.lessons.panel import show_panel
     show_panel({"model": w.Dropdown(options=list(heads), description="model"),
                 "scheme": w.Dropdown(options=QUANT_SCHEMES, description="head weights"),
                 "group": w.Dropdown(options=[16, 32, 64, 128], value=32, description="int4 group size"),

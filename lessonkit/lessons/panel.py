@@ -4,6 +4,13 @@ like every lesson function); a panel only shows it. Sliders report on release (c
 so one move runs one computation."""
 from __future__ import annotations
 
+import pandas as pd
+
+
+def quantity_table(rows: list[tuple[str, str, str]]) -> pd.DataFrame:
+    """A panel's answer: (quantity, value as formatted text, unit) rows, indexed by quantity."""
+    return pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity").rename_axis(None)
+
 
 def show_panel(controls: dict, table, *, title: str = "") -> None:
     """Display `controls` ({parameter name: ipywidget}) above table(**values) (a table, or a Figure) and keep

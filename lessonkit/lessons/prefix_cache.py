@@ -19,6 +19,7 @@ from lessonkit.engine.checkpoint import convert_hf_state_dict
 from lessonkit.engine.registry import load_model
 from lessonkit.engine.timing import median_time
 from lessonkit.lessons.headline import Column, Headline, Sentence
+from lessonkit.lessons.panel import quantity_table, show_panel
 from lessonkit.prefix_cache.cache import PrefixCache, PrefixCacheWarning
 from lessonkit.prefix_cache.generate import results_identical, score
 from lessonkit.prefix_cache.snapshot import dtype_name
@@ -260,14 +261,12 @@ def restore_table(df_rvp: pd.DataFrame, n: int) -> pd.DataFrame:
     rows = [("prefill", f"{1e3 * r['prefill s']:.1f}", "ms"), ("restore", f"{1e3 * r['restore s']:.1f}", "ms"),
             ("restore / prefill", f"{100 * r['restore / prefill']:.1f}", "%"),
             ("on disk", f"{int(r['bytes on disk']):,}", "bytes")]
-    return pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
+    return quantity_table(rows)
 
 
 def restore_panel(df_rvp: pd.DataFrame) -> None:
     """A prefix-length slider over `restore_table`."""
     import ipywidgets as w
-
-    from lessonkit.lessons.panel import show_panel
     show_panel({"n": w.SelectionSlider(options=list(df_rvp["prefix tokens"]), description="prefix tokens")},
                lambda n: restore_table(df_rvp, n), title="Restoring a cached prefix against computing it again")
 

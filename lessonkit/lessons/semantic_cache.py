@@ -15,6 +15,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from lessonkit.lessons.headline import Column, Headline, Sentence
+from lessonkit.lessons.panel import quantity_table, show_panel
 from lessonkit.semcache.audit import AuditConfig, clopper_pearson_upper
 from lessonkit.semcache.policies import POLICY_NAMES, embed_stream, load_embedder, make_policy, run_stream
 from lessonkit.semcache.store import CacheStore
@@ -265,14 +266,12 @@ def policy_table(data, *, policy: str, threshold: float, audit_rate: float, seed
             ("audits", f"{r['audits']}", "hits checked against the judge"),
             ("audit upper bound", bound, "% loss rate (95%)"),
             ("stopped serving at", "never" if r["policy_stopped_at"] is None else f"query {r['policy_stopped_at']}", "")]
-    return pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
+    return quantity_table(rows)
 
 
 def policy_panel(data, seed: int = 0) -> None:
     """Policy, similarity threshold and audit rate over `policy_table`."""
     import ipywidgets as w
-
-    from lessonkit.lessons.panel import show_panel
     show_panel({"policy": w.Dropdown(options=POLICY_NAMES, value="one-sided+guard", description="policy"),
                 "threshold": w.FloatSlider(value=0.85, min=0.6, max=1.0, step=0.01, description="threshold"),
                 "audit_rate": w.FloatSlider(value=0.05, min=0.0, max=1.0, step=0.01, description="audit rate")},

@@ -25,6 +25,7 @@ from lessonkit.engine.registry import load_model
 from lessonkit.engine.draft_step import why_not
 from lessonkit.lessons.figures import integer_axis, legend_beside
 from lessonkit.lessons.headline import Column, Headline, Sentence
+from lessonkit.lessons.panel import quantity_table, show_panel
 from lessonkit.speculative.drafters import ModelDrafter, OracleDrafter
 from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens_per_pos, leviathan_speedup,
                                         measure_cost_curve, predicted_speedup)
@@ -372,14 +373,12 @@ def try_it_table(target, draft_engine, prompt: list[int], *, k: int = 4, drafter
             ("unique experts", f"{st['unique_experts_per_token']:.1f}", "per emitted token"),
             ("bytes read", f"{st['bytes_read_per_token'] / 2**20:.2f}", "MiB per emitted token"),
             ("identical to plain", same, "")]
-    return pd.DataFrame(rows, columns=["quantity", "value", "unit"]).set_index("quantity")
+    return quantity_table(rows)
 
 
 def try_it(target, draft_engine, prompt: list[int], *, k: int = 4, seed: int = 0) -> None:
     """Draft length, drafter, expert budget and temperature over `try_it_table`."""
     import ipywidgets as w
-
-    from lessonkit.lessons.panel import show_panel
     show_panel({"k": w.IntSlider(value=k, min=0, max=8, description="draft length k"),
                 "drafter": w.Dropdown(options=[draft_engine.name, *PANEL_DRAFTERS], description="drafter"),
                 "budget": w.Dropdown(options=list(PANEL_BUDGETS), value="all resident", description="expert budget"),

@@ -20,6 +20,7 @@ from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.registry import MODELS_DIR, load_model
 from lessonkit.lessons.headline import Column, Headline, Sentence
+from lessonkit.lessons.panel import show_panel
 from lessonkit.mtp.head import head_path
 from lessonkit.stack import (PRESETS, TECHNIQUES, StackConfig, StackPipeline, StackRun, embed_workload,
                              judge_token_grammar, run_stack)
@@ -302,8 +303,6 @@ def run_config(args, smoke: bool) -> StackConfig:
 def ablation_panel(df) -> None:
     """A model picker over plot_ablation: the ablation of one model at a time."""
     import ipywidgets as w
-
-    from lessonkit.lessons.panel import show_panel
     show_panel({"model": w.Dropdown(options=list(dict.fromkeys(df["model"])), description="model")},
                lambda model: plot_ablation(df[df["model"] == model]), title="The stack's ablation, per model")
 
