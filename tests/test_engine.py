@@ -213,6 +213,11 @@ def test_row_grouping_changes_no_bit(pair, group, monkeypatch):
     assert K.probe_row_group([(64, 96), (96, 300)]) in (1, 2, 3)
     eng = Engine(stream)
     assert not eng.model.wt["lm_head"].packed
+    c = eng.config
+    shapes = {(v.k, v.n) for v in eng.model.wt.values()} | {(c.dim, 2 * c.intermediate_size), (c.intermediate_size, c.dim)}
+    picked = K.probe_row_group(shapes)
+    if group > picked:      # e.g. MKL on an AVX-512 CPU: 2-row GEMV-form products round like a GEMM
+        pytest.skip(f"the probe picks {picked} row(s) per MKL call on this CPU for these shapes, not {group}")
     toks = _tokens(70, seed=7)
     cache = eng.new_cache()
     eng.forward(toks[:64], cache)

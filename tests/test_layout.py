@@ -1,5 +1,5 @@
 """The shape of the house: dependencies point one way,
-engine <- workloads <- techniques <- stack <- lessons <- bench <- commands <- cli,
+engine <- workloads <- techniques <- stack <- lessons <- bench <- commands (doctor) <- cli,
 with no import cycles, short modules and short functions. Imports are read with `ast` (every import
 counts, also one inside a function), so nothing here imports the package."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "lessonkit"
 TECHNIQUES = ("speculative", "mtp", "grammar", "prefix_cache", "semcache", "gap")
 LAYER = {"__init__": 0, "engine": 0, "workloads": 1, **{t: 2 for t in TECHNIQUES}, "stack": 3,
-         "lessons": 4, "exercises": 4, "bench": 5, "commands": 6, "cli": 7, "__main__": 8}
+         "lessons": 4, "exercises": 4, "bench": 5, "commands": 6, "doctor": 6, "cli": 7, "__main__": 8}
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 DRAWING = ("matplotlib", "ipywidgets")

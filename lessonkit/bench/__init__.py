@@ -12,6 +12,8 @@ BENCHES = {
     "grammar": "lessonkit.bench.grammar",
     "grammar-masks": "lessonkit.bench.grammar_masks",
     "kernel": "lessonkit.bench.kernel",
+    "llamacpp": "lessonkit.bench.llamacpp",
+    "native": "lessonkit.bench.native",
     "prefix": "lessonkit.bench.prefix",
     "semcache": "lessonkit.bench.semcache",
     "stack": "lessonkit.bench.stack",

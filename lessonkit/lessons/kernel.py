@@ -55,44 +55,67 @@ def summation_orders(k: int = 576, seed: int = 0) -> pd.DataFrame:
                           "error_vs_float64": float(v) - exact} for o, v in rows])
 
 
+def engines_to_compare(models) -> list[tuple[str, str, dict]]:
+    """(model, label, load_model kwargs): a quantised model on both of its paths (native blocks, float32)."""
+    out = []
+    for name in models:
+        if name == "smollm2-135m" and kernel.BACKEND != "mkl":
+            out += [(name, "native Q4_1", {"weights": "native"}), (name, "float32", {"weights": "f32"})]
+        else:
+            out.append((name, "float32", {}))
+    return out
+
+
 def roofline(models=("tiny-moe", "smollm2-135m"), *, tokens: int = 16, repeats: int = 3,
              copy_mb: int = 256) -> tuple[pd.DataFrame, plt.Figure]:
-    """Decode time per token against the time to stream its weights once at copy bandwidth."""
+    """Decode time per token against the memory line (weights once at copy bandwidth) and the compute line
+    (multiply-adds at the kernel's in-cache rate), for each model on each of its weight paths."""
     rows = []
-    for name in tqdm(models, desc="roofline", leave=False):
-        rows.append({"model": name} | measure_roofline(load_model(name), tokens=tokens, repeats=repeats,
-                                                       copy_mb=copy_mb))
+    for name, label, kw in tqdm(engines_to_compare(models), desc="roofline", leave=False):
+        rows.append({"model": name, "weights": label} | measure_roofline(load_model(name, **kw), tokens=tokens,
+                                                                         repeats=repeats, copy_mb=copy_mb))
     df = pd.DataFrame(rows)
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = plt.subplots(figsize=(7, 0.9 + 0.8 * len(df)))
     y = np.arange(len(df))
-    ax.barh(y + 0.2, df.decode_ms, height=0.4, label="measured decode step")
-    ax.barh(y - 0.2, df.roofline_ms, height=0.4, label="weights once at copy bandwidth")
-    ax.set_yticks(y, df.model)
+    ax.barh(y + 0.27, df.decode_ms, height=0.27, label="measured decode step")
+    ax.barh(y, df.roofline_ms, height=0.27, label="memory line: weights once at copy bandwidth")
+    ax.barh(y - 0.27, df.compute_ms.fillna(0), height=0.27, label="compute line: multiply-adds at the in-cache rate")
+    ax.set_yticks(y, [f"{m}\n{w}" for m, w in zip(df.model, df.weights)])
     ax.set_xscale("log")
     ax.set_xlabel("milliseconds per token (log)")
-    ax.set_title("Decode against the memory roofline")
-    ax.legend(fontsize=8)
+    ax.set_title("Decode against the memory and compute lines")
+    legend_beside(ax, fontsize=8)
     fig.tight_layout()
     return df, fig
 
 
+def cost_paths(models) -> list[tuple[str, str, dict]]:
+    """(model, label, {"backend": ..., load_model kwargs}) for every path a verify forward can take."""
+    out = []
+    for name, label, kw in engines_to_compare(models):
+        if kernel.BACKEND != "mkl":
+            out.append((name, f"kernel, {label}" if name == "smollm2-135m" else kernel.BACKEND,
+                        {"backend": kernel.BACKEND, **kw}))
+    return out + [(name, "mkl", {"backend": "mkl", "weights": "f32"} if name == "smollm2-135m" else {"backend": "mkl"})
+                  for name in models]
+
+
 def cost_curves(models=("tiny-moe", "smollm2-135m"), *, k_max: int = 7,
                 repeats: int = 3) -> tuple[pd.DataFrame, plt.Figure]:
-    """Verify cost T(k+1)/T(1) for k = 0..k_max per model, on the kernel and on MKL row groups."""
-    paths = [kernel.BACKEND, "mkl"] if kernel.BACKEND != "mkl" else ["mkl"]
+    """Verify cost T(k+1)/T(1) for k = 0..k_max per model: on the kernel (a quantised model on its native
+    blocks and on float32) and on MKL row groups."""
     rows = []
-    for name in tqdm(models, desc="verify cost", leave=False):
-        for path in paths:
-            with kernel.using(path):
-                eng = load_model(name)
-            c = measure_cost_curve(eng, k_max, repeats=repeats)
-            rows += [{"model": name, "path": path, "k": k, "rows": k + 1, "T_ms": t * 1e3, "T/T1": t / c[0]}
-                     for k, t in enumerate(c)]
-            del eng
+    for name, label, kw in tqdm(cost_paths(models), desc="verify cost", leave=False):
+        with kernel.using(kw.pop("backend")):
+            eng = load_model(name, **kw)
+        c = measure_cost_curve(eng, k_max, repeats=repeats)
+        rows += [{"model": name, "path": label, "k": k, "rows": k + 1, "T_ms": t * 1e3, "T/T1": t / c[0]}
+                 for k, t in enumerate(c)]
+        del eng
     df = pd.DataFrame(rows)
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.4), squeeze=False)
     for ax, name in zip(axes[0], models):
-        for path in paths:
+        for path in df[df.model == name].path.unique():
             d = df[(df.model == name) & (df.path == path)]
             ax.plot(d.k, d["T/T1"], "o-", label=f"{path} (T1 {d.T_ms.iloc[0]:.1f} ms)")
         ax.plot(df.k.unique(), df.k.unique() + 1, ":", color="gray", label="a pass per row")
@@ -101,6 +124,7 @@ def cost_curves(models=("tiny-moe", "smollm2-135m"), *, k_max: int = 7,
         ax.set_title(name)
         integer_axis(ax)
         legend_beside(ax, fontsize=8)
-    fig.suptitle("Verify cost: weights read once (kernel) or per row group (MKL)", fontsize=10)
+    fig.suptitle("Verify cost: weights read once (kernel; native blocks dequantise per call) or per row group (MKL)",
+                 fontsize=10)
     fig.tight_layout()
     return df, fig

@@ -1,0 +1,123 @@
+"""`lessonkit bench native`: smollm2-135m on its own Q4_1 / Q8_0 blocks against the float32 path.
+
+Both engines load in one process and run in turn within every repeat (medians): decode tokens/s and a
+512-token prefill at each thread count, the share of a decode step spent outside the C kernel (Python and
+PyTorch glue), and the identity checks the speed must not cost: native logits equal float32 logits, and
+2 or 3 threads equal 1 thread, bit for bit. The llama.cpp anchor is `lessonkit bench llamacpp`."""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from lessonkit.bench.common import goal, machine_info, median_times
+from lessonkit.engine import blocks, kernel
+from lessonkit.engine.generate import generate
+from lessonkit.engine.registry import load_model
+
+PROMPT = "The expert cache keeps the most recently used experts in memory, and"
+
+
+def decode_step_s(eng, n: int, prompt_ids: list[int]) -> float:
+    """Seconds per decode token (n tokens after the prompt, the prefill left out)."""
+    r = generate(eng, prompt_ids, n + 1, use_eos=False)
+    return (r.stats["wall_s"] - r.stats["ttft_s"]) / n
+
+
+def prefill_s(eng, ids: list[int]) -> float:
+    cache = eng.new_cache(len(ids))
+    t0 = time.perf_counter()
+    eng.forward(ids, cache, last_only=True)
+    return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def kernel_timer():
+    """Seconds spent inside row products (both weight kinds) while the block runs: {"s": total}."""
+    spent = {"s": 0.0}
+    originals = {cls: cls.rows for cls in (kernel.RowWeight, blocks.NativeWeight)}
+
+    def timed(orig):
+        def rows(self, x):
+            t0 = time.perf_counter()
+            try:
+                return orig(self, x)
+            finally:
+                spent["s"] += time.perf_counter() - t0
+        return rows
+    for cls, orig in originals.items():
+        cls.rows = timed(orig)
+    try:
+        yield spent
+    finally:
+        for cls, orig in originals.items():
+            cls.rows = orig
+
+
+def outside_kernel_share(eng, prompt_ids: list[int], n: int) -> float:
+    """Fraction of a decode step's wall time spent outside the kernel's products."""
+    with kernel_timer() as spent:
+        step = decode_step_s(eng, n, prompt_ids) * n
+    return max(0.0, 1 - spent["s"] / step)
+
+
+def identical_bits(native, f32, ids: list[int], threads: list[int]) -> dict:
+    """Native vs float32 logits over a prefill and three decode steps, and each thread count vs one thread."""
+    def logits(eng):
+        cache = eng.new_cache(len(ids) + 3)
+        out = [eng.forward(ids, cache)]
+        out += [eng.forward([t], cache) for t in (11, 2000, 49000)]
+        return out
+    base = logits(native)
+    same_f32 = all(torch.equal(a, b) for a, b in zip(base, logits(f32)))
+    same_threads = True
+    for n in threads:
+        kernel.set_threads(n)
+        same_threads &= all(torch.equal(a, b) for a, b in zip(base, logits(native)))
+    kernel.set_threads(1)
+    return {"native_equals_f32": same_f32, "threads_equal_one_thread": same_threads}
+
+
+def bench(args) -> dict:
+    smoke = getattr(args, "smoke", False)
+    threads = list(getattr(args, "threads", None) or [1, 2])
+    repeats = 1 if smoke else max(3, getattr(args, "repeats", 5))
+    n_dec, n_pre = (8, 64) if smoke else (64, 512)
+    native, f32 = load_model("smollm2-135m", weights="native"), load_model("smollm2-135m", weights="f32")
+    ids = native.encode(PROMPT)
+    pre_ids = (ids * (n_pre // len(ids) + 1))[:n_pre]
+    checks = identical_bits(native, f32, pre_ids[:96], sorted(set(threads) | {2, 3}))
+    rows, rate = [], {}
+    for n in threads:
+        kernel.set_threads(n)
+        t = median_times({"native": lambda: decode_step_s(native, n_dec, ids),
+                          "f32": lambda: decode_step_s(f32, n_dec, ids)}, repeats, warmup=1)
+        p = median_times({"native": lambda: prefill_s(native, pre_ids), "f32": lambda: prefill_s(f32, pre_ids)},
+                         max(1, repeats // 2), warmup=0 if smoke else 1)
+        for w in ("native", "f32"):
+            rate[w, n] = 1 / t[w]
+            rows.append({"weights": w, "threads": n, "decode_tok_s": 1 / t[w], "decode_ms": t[w] * 1e3,
+                         f"prefill_{n_pre}_tok_s": n_pre / p[w]})
+    kernel.set_threads(threads[0])
+    share = {w: outside_kernel_share(e, ids, n_dec) for w, e in (("native", native), ("f32", f32))}
+    kernel.set_threads(1)
+    return {"bench": "native", "model": "smollm2-135m", "machine": machine_info(), "threads": threads,
+            "repeats": repeats, "rows": rows, "outside_kernel_share": share, **checks,
+            "targets": _targets(rows, rate, checks, threads, n_pre)}
+
+
+def _targets(rows, rate, checks, threads, n_pre) -> list[dict]:
+    pre = {(r["weights"], r["threads"]): r[f"prefill_{n_pre}_tok_s"] for r in rows}
+    one = threads[0]
+    out = [goal("native logits == float32 logits", checks["native_equals_f32"], "true", checks["native_equals_f32"]),
+           goal("bits independent of threads", checks["threads_equal_one_thread"], "true",
+                checks["threads_equal_one_thread"])]
+    d = rate["native", one] / rate["f32", one]
+    out.append(goal(f"decode native / f32, {one} thread(s)", round(d, 3), ">= 2.5", d >= 2.5))
+    p = pre["native", one] / pre["f32", one]
+    out.append(goal(f"prefill {n_pre} native / f32, {one} thread(s)", round(p, 3), ">= 0.8", p >= 0.8))
+    if 2 in threads and one == 1:
+        s = rate["native", 2] / rate["native", 1]
+        out.append(goal("native decode, 2 threads / 1 thread", round(s, 3), ">= 1.6", s >= 1.6))
+    return out
