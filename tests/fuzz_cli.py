@@ -150,13 +150,11 @@ def choose_file(rnd, kind: str, hostile: bool):
             "member_variant": rnd.choice(FILE_VARIANTS[1:]), "at": rnd.random()}
 
 
-@st.composite
-def argv_strategy(draw, path: tuple, args: list, executed: bool = False):
-    """An argument list for one command: required arguments always, each optional one half the time (a third when executed),
-    one member of an exclusive group (always if it is required), flags as given. Executed cases get
-    0, 1 or 2 hostile values (so that the rest of the command runs), parse-level ones any number.
-    The choices come from one seeded Random a case, drawn by hypothesis."""
-    rnd = draw(st.randoms(use_true_random=True))
+def build_argv(rnd, path: tuple, args: list, executed: bool = False) -> list:
+    """An argument list for one command: required arguments always, each optional one half the time (a
+    third when executed), one member of an exclusive group (always if it is required), flags as given.
+    Executed cases get 0, 1 or 2 hostile values (so that the rest of the command runs), parse-level ones
+    any number."""
     chosen, groups = [], {}
     for flags, kw, group in args:
         if group is not None:
@@ -191,10 +189,23 @@ def arg_words(rnd, flags, kw, hostile: bool, executed: bool) -> list:
     return [f"{flags[0]}={v}"] if isinstance(v, str) and v.startswith("-") else [flags[0], v]
 
 
-def any_command_argv(executed_only: bool = False):
+def random_argv(rnd, executed_only: bool = False) -> list:
     """An argv for any command of the table (parse level), or for an executed one."""
     table = [(p, a) for p, a in commands() if not executed_only or p in EXECUTED]
-    return st.sampled_from(table).flatmap(lambda pa: argv_strategy(pa[0], pa[1], executed_only))
+    return build_argv(rnd, *rnd.choice(table), executed_only)
+
+
+def any_command_argv(executed_only: bool = False):
+    """The hypothesis strategy: hypothesis draws the seed of a random.Random (fixed in the short run,
+    derandomised), the choices are made with it, so every command, value and file variant is as likely
+    as listed (a long list drawn element by element ran out of hypothesis's buffer and repeated its
+    simplest element)."""
+    return st.randoms(use_true_random=True).map(lambda rnd: random_argv(rnd, executed_only))
+
+
+def case_lists(n: int):
+    """n executed cases from one drawn seed."""
+    return st.randoms(use_true_random=True).map(lambda rnd: [random_argv(rnd, True) for _ in range(n)])
 
 
 # ---- hostile files -------------------------------------------------------------------------------------------------
