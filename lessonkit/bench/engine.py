@@ -7,7 +7,8 @@ import tempfile
 import torch
 import transformers
 
-from lessonkit.bench.common import goal, machine_info, median_times, memcpy_bandwidth
+from lessonkit.bench.common import decode_rate, goal, machine_info, median_times, memcpy_bandwidth
+from lessonkit.bench.native import outside_kernel_share
 from lessonkit.engine.checkpoint import export_hf
 from lessonkit.engine.generate import generate
 from lessonkit.engine.registry import load_model, resolve_model_dir
@@ -22,12 +23,6 @@ def _hf_generate(hf, prompt_ids, n):
         out = hf.generate(torch.tensor([prompt_ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                           eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt_ids):].tolist()
-
-
-def _decode_rate(eng, prompt_ids, n):
-    r = generate(eng, prompt_ids, n, use_eos=False)
-    decode_s = r.stats["wall_s"] - r.stats["ttft_s"]
-    return r, (r.stats["new_tokens"] - 1) / decode_s if decode_s > 0 else float("nan")
 
 
 def bench(args) -> dict:
@@ -69,14 +64,15 @@ def bench(args) -> dict:
         targets.append(goal("25% budget: identical tokens", same, "true", same))
     else:
         # dense: achieved weight bandwidth vs this machine's memory-copy bandwidth
-        _, rate = _decode_rate(eng, ids[0], n_new)
+        rate = decode_rate(eng, ids[0], n_new)
         weight_bytes = sum(v.numel() * v.element_size() for k, v in eng.model.w.items() if k != "embed") \
             + c.n_layers * eng.expert_bytes
         bw = memcpy_bandwidth(64 if smoke else 256)
         frac = weight_bytes * rate / bw
         rows.append({"name": "lessonkit decode (weights streamed per token)", "tokens_per_s": rate,
                      "identical_to_plain": True, "weight_gb_per_s": weight_bytes * rate / 1e9,
-                     "memcpy_gb_per_s": bw / 1e9})
+                     "memcpy_gb_per_s": bw / 1e9, "weights": eng.weights,
+                     "share_outside_kernel": outside_kernel_share(eng, ids[0], n_new)})
         targets.append(goal("weight bandwidth / memcpy bandwidth", round(frac, 3), ">= 0.5", frac >= 0.5))
     return {"bench": "engine", "model": name, "machine": machine_info(), "new_tokens_per_prompt": n_new,
             "repeats": repeats, "rows": rows, "targets": targets}

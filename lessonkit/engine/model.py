@@ -168,16 +168,21 @@ class Transformer:
     def _attention(self, l: int, x: torch.Tensor, cache: KVCache, start: int, T: int, plan: dict) -> torch.Tensor:
         c, w, p = self.config, self.w, f"layers.{l}."
         nq, nkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-        q, k, v = linear(x, w.get(p + "wqkv"), self.wt[p + "wqkv"]).split([nq, nkv, nkv], dim=-1)
-        if c.clip_qkv is not None:
-            q, k, v = (t.clamp(-c.clip_qkv, c.clip_qkv) for t in (q, k, v))
-        if c.qk_norm:
-            q, k = rms_norm(q, w[p + "q_norm"], c.norm_eps), rms_norm(k, w[p + "k_norm"], c.norm_eps)
-        q = q.view(T, c.n_heads, c.head_dim)
-        k = k.view(T, c.n_kv_heads, c.head_dim)
-        v = v.view(T, c.n_kv_heads, c.head_dim)
+        qkv = linear(x, w.get(p + "wqkv"), self.wt[p + "wqkv"])
         cos, sin = plan["cos"], plan["sin"]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if c.clip_qkv is None and not c.qk_norm:     # q and k rotated in one pass (elementwise: same bits)
+            qk = apply_rope(qkv[:, :nq + nkv].view(T, c.n_heads + c.n_kv_heads, c.head_dim), cos, sin)
+            q, k = qk[:, :c.n_heads], qk[:, c.n_heads:]
+            v = qkv[:, nq + nkv:].view(T, c.n_kv_heads, c.head_dim)
+        else:
+            q, k, v = qkv.split([nq, nkv, nkv], dim=-1)
+            if c.clip_qkv is not None:
+                q, k, v = (t.clamp(-c.clip_qkv, c.clip_qkv) for t in (q, k, v))
+            if c.qk_norm:
+                q, k = rms_norm(q, w[p + "q_norm"], c.norm_eps), rms_norm(k, w[p + "k_norm"], c.norm_eps)
+            q = apply_rope(q.reshape(T, c.n_heads, c.head_dim), cos, sin)
+            k = apply_rope(k.reshape(T, c.n_kv_heads, c.head_dim), cos, sin)
+            v = v.reshape(T, c.n_kv_heads, c.head_dim)
         cache.k[l, start:start + T] = k
         cache.v[l, start:start + T] = v
         rep = c.n_heads // c.n_kv_heads
