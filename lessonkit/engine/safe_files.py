@@ -5,6 +5,7 @@
   recursion allows is one clear error, never a RecursionError.
 * A file the workbook writes inside one of its directories never follows a symlink out of it:
   `leads_outside` is checked before touching, and `os.open` gets O_NOFOLLOW.
+* A user's output (`--out`) that already exists is kept unless --force (`refuse_overwrite`).
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import stat
 from pathlib import Path
 
 from lessonkit.engine.errors import LessonkitError
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)      # os.open flag: fail (ELOOP) rather than follow a final symlink
 
 
 def special_file(path: str | Path) -> str | None:
@@ -67,9 +70,6 @@ def leads_outside(path: str | Path, root: str | Path) -> bool:
         return not Path(path).resolve().is_relative_to(Path(root).resolve())
     except (OSError, RuntimeError):
         return True
-
-
-NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def refuse_overwrite(out: str | Path, force: bool) -> None:
