@@ -61,6 +61,11 @@ def nonempty(why: str):
     return parse
 
 
+def draft_k(value: str):
+    """--draft-k: 'auto' (the depth gate) or a draft length 0 .. 256."""
+    return "auto" if value == "auto" else number(0, 256, integer=True)(value)
+
+
 STOP = nonempty("an empty stop string would stop before the first token")
 SEED = number(0, 2**63 - 1, integer=True)          # torch, numpy and random all take 0 .. 2**63 - 1
 MAX_BOOT = 100_000                                 # gap: 1,000 resamples take about 1 s, this about 90 s
@@ -106,7 +111,7 @@ COMMANDS = {
         arg("--chat", action="store_true", help="wrap the prompt in the model's chat template"),
         arg("--draft", default=None, type=nonempty("an empty --draft names no drafter"),
             help="tiny-draft, model:DIR, ngram[:N], oracle:P, mtp[:SCHEME], grammar[:G]"),
-        arg("--draft-k", default="auto", type=text, help="draft length K or 'auto' (depth gate)"),
+        arg("--draft-k", default="auto", type=draft_k, help="draft length K (0 .. 256) or 'auto' (depth gate)"),
         arg("--grammar", default=None, type=nonempty("an empty --grammar names no grammar"),
             help="json, ndjson or PATH.gbnf"),
         arg("--schema", default=None, type=nonempty("an empty --schema names no file"), help="PATH.json (JSON Schema)"),
@@ -230,7 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    for a in argv:      # argparse drops a value '--' and hands the handler an empty list
+        if a.startswith("--") and a.endswith("=--"):
+            ap.error(f"{a}: '--' cannot be a value (it marks the end of the options)")
+    args = ap.parse_args(argv)
     try:
         if getattr(args, "out", None) and not getattr(args, "measure_only", False):
             from lessonkit.engine.safe_files import refuse_overwrite

@@ -34,6 +34,11 @@ PARSE_CASES = [
     (["generate", "--model", "tiny-moe", "--prompt", BAD_UTF8], "--prompt", "not valid UTF-8 (byte 0xe9 at character 3)"),
     (GEN + ["--stop", BAD_UTF8], "--stop", "not valid UTF-8"),
     (GEN + ["--draft", BAD_UTF8], "--draft", "not valid UTF-8"),
+    # found by the fuzz layer's long run (tests/test_fuzz.py)
+    (GEN + ["--draft-k", "\u202e", "--schema", "s.json"], "--draft-k", "is not an integer"),
+    (GEN + ["--draft-k", "100000"], "--draft-k", "at most 256"),
+    (GEN + ["--prompt=--"], "--prompt=--", "'--' cannot be a value"),
+    (GEN + ["--dtype=--"], "--dtype=--", "'--' cannot be a value"),
 ]
 
 
