@@ -2,21 +2,17 @@
 table lessonkit.cli.COMMANDS, and hostile files for every file the workbook reads, run under a memory
 limit and a timeout with a victim tree hashed around each case.
 
-Three pieces:
-* `argv_strategy(path, args)`: a hypothesis strategy of argument lists for one command of the table.
-  Numbers come from each option's own `number(...)` bounds (lo, hi, one past them, 0, -0, NaN, inf,
-  1e308, 1e-300, 2**63, 2**64, 2**70, 5,000 digits, Arabic-Indic digits, ...), text from a list of
-  hostile strings (empty, 100,000 characters, invalid UTF-8 as argv delivers it: lone surrogates via
-  os.fsdecode / surrogateescape, leading dashes, newlines), and every path argument names a file that
-  `materialise` builds: valid, missing, empty, truncated, bit-flipped, the wrong JSON type, nested
-  100,000 deep, invalid UTF-8, 8 MB, a directory, a FIFO, a symlink to the victim tree, a dangling
-  symlink into it, a symlink loop; for a directory argument (a model, a prefix cache, Epoch's data)
-  one member file gets the damage, or the directory itself is replaced.
-* `run_worker(cases)`: one fresh interpreter (torch is imported once) under RLIMIT_AS runs each case
-  through lessonkit.cli.main with SIGALRM as the timeout and a strict UTF-8 stdout like a real
-  terminal's, and reports per case: exit code, traceback (an exception that escaped main), the
-  victim tree and the shipped data/ before and after, and the peak resident memory.
-* `run_subprocess(case)`: the same case as a real `python -m lessonkit` with argv as bytes.
+Two pieces here (tests/fuzz_run.py runs them and checks the rules):
+* `any_command_argv()` / `case_lists(n)`: hypothesis strategies of argument lists for the commands of
+  the table. Numbers come from each option's own `number(...)` bounds (lo, hi, one past them, 0, -0,
+  NaN, inf, 1e308, 1e-300, 2**63, 2**64, 2**70, 5,000 digits, Arabic-Indic digits, ...), text from a
+  list of hostile strings (empty, 100,000 characters, invalid UTF-8 as argv delivers it: lone
+  surrogates via os.fsdecode / surrogateescape, leading dashes, newlines).
+* `materialise(spec)`: every path argument names a file built for the case: valid, missing, empty,
+  truncated, bit-flipped, the wrong JSON type, nested 100,000 deep, invalid UTF-8, 8 MB, a directory,
+  a FIFO, a symlink to the victim tree, a dangling symlink into it, a symlink loop; for a directory
+  argument (a model, a prefix cache, Epoch's data) one member file gets the damage, or the directory
+  itself is replaced. A quarter of the executed cases also damage $LESSONKIT_HOME/verified.json.
 """
 from __future__ import annotations
 
@@ -24,9 +20,7 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,9 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from lessonkit.cli import COMMANDS  # noqa: E402
 
-MEM_LIMIT_MB = 3072          # RLIMIT_AS of every worker and subprocess (address space, not resident)
-RSS_BOUND_MB = 1536          # peak resident memory a case may reach
-CASE_TIMEOUT_S = 90          # a case running longer is a hang
 # commands the fuzz executes; the others (training, the main job, benchmarks, ...) take minutes a case
 # and are fuzzed at the parsing level only (every value reaches its argparse type)
 EXECUTED = {("models",), ("generate",), ("compare",), ("export",), ("gap",), ("grammar", "compile"),
@@ -204,8 +195,12 @@ def any_command_argv(executed_only: bool = False):
 
 
 def case_lists(n: int):
-    """n executed cases from one drawn seed."""
-    return st.randoms(use_true_random=True).map(lambda rnd: [random_argv(rnd, True) for _ in range(n)])
+    """n executed cases from one drawn seed; a quarter of them also damage $LESSONKIT_HOME/verified.json,
+    the hash memo every model load reads."""
+    def cases(rnd):
+        return [{"argv": random_argv(rnd, True),
+                 "home": choose_file(rnd, "memo", True) if rnd.random() < 0.25 else None} for _ in range(n)]
+    return st.randoms(use_true_random=True).map(cases)
 
 
 # ---- hostile files -------------------------------------------------------------------------------------------------
@@ -224,7 +219,7 @@ def _template(kind: str) -> bytes | Path:
         return ROOT / "data" / "epoch"
     if kind == "safetensors":
         return (ROOT / "data" / "models" / "tiny-draft" / "dense.safetensors").read_bytes()[:4096]
-    return b"SQLite format 3\x00" + bytes(100) if kind == "sqlite" else b"{}"
+    return b"SQLite format 3\x00" + bytes(100) if kind == "sqlite" else b"{}"       # memo: verified.json
 
 
 def damage(data: bytes, variant: str, at: float) -> bytes:
@@ -345,148 +340,3 @@ def tree_digest(d: Path, content: bool = True) -> dict:
         else:
             out[key] = "dir"
     return out
-
-
-# ---- running the cases ---------------------------------------------------------------------------------------------
-def limit_memory() -> None:
-    """preexec_fn / worker start: cap the address space at MEM_LIMIT_MB."""
-    import resource
-    resource.setrlimit(resource.RLIMIT_AS, (MEM_LIMIT_MB << 20, MEM_LIMIT_MB << 20))
-
-
-def fuzz_env(sandbox: Path) -> dict:
-    home = sandbox / "home"
-    home.mkdir(parents=True, exist_ok=True)
-    return {**os.environ, "HOME": str(home), "LESSONKIT_HOME": str(home / "lessonkit"), "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore::DeprecationWarning"}
-
-
-def run_one(case: dict, where: Path, victim: Path) -> dict:
-    """One case in this process through lessonkit.cli.main (the worker's loop body)."""
-    import contextlib
-    import io
-    import resource
-    import signal
-    import traceback
-
-    from lessonkit.cli import main
-    where.mkdir(parents=True)
-    argv = [materialise(a, where, victim) for a in case["argv"]]
-    before, data_before = tree_digest(victim), tree_digest(ROOT / "data", content=False)
-    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True)  # a terminal's
-    err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="backslashreplace", write_through=True)
-    res = {"argv": case["argv"], "code": None, "traceback": None}
-
-    def alarm(*_):
-        raise TimeoutError(f"case ran past {CASE_TIMEOUT_S} s")
-    signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(CASE_TIMEOUT_S)
-    cwd = os.getcwd()
-    try:
-        os.chdir(where)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            res["code"] = main(argv)
-    except SystemExit as e:
-        res["code"] = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:          # noqa: B902 -- anything escaping main is a traceback for the user
-        res["traceback"] = re.sub(r"(.)\1{40,}", r"\1\1\1...", traceback.format_exc())[-3000:]
-    finally:
-        signal.alarm(0)
-        os.chdir(cwd)
-    res["stderr"] = err.buffer.getvalue().decode("utf-8", "replace")[-2000:]
-    res["victim_changed"] = tree_digest(victim) != before
-    res["data_changed"] = tree_digest(ROOT / "data", content=False) != data_before
-    res["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
-    shutil.rmtree(where, ignore_errors=True)
-    return res
-
-
-def worker_main(cases_file: str, out_file: str, sandbox: str) -> None:
-    """`python tests/fuzz_cli.py CASES OUT SANDBOX`: run every case, one JSON line each."""
-    limit_memory()
-    sandbox_p = Path(sandbox)
-    victim = make_victim(sandbox_p)
-    cases = json.loads(Path(cases_file).read_text())
-    with open(out_file, "w") as out:
-        for i, case in enumerate(cases):
-            res = run_one(case, sandbox_p / f"case{i}", victim)
-            out.write(json.dumps(res, default=repr) + "\n")
-            out.flush()
-
-
-def run_worker(cases: list, sandbox: Path, timeout_s: float) -> list[dict]:
-    """Run the cases in fresh interpreters under the memory limit, one after another in each; a case
-    whose worker died (killed, out of memory in C, a crash, past the time) is reported as such and
-    the next worker goes on after it."""
-    done: list[dict] = []
-    while len(done) < len(cases):
-        box = sandbox / f"worker{len(done)}"
-        box.mkdir(parents=True, exist_ok=True)
-        (box / "cases.json").write_text(json.dumps(cases[len(done):]))
-        out = box / "results.jsonl"
-        try:
-            r = subprocess.run([sys.executable, __file__, str(box / "cases.json"), str(out), str(box)],
-                               cwd=box, env=fuzz_env(box), capture_output=True, timeout=timeout_s)
-            tail = r.stderr.decode("utf-8", "replace")[-2000:]
-        except subprocess.TimeoutExpired:
-            tail = f"worker ran past {timeout_s} s"
-        done += [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
-        if len(done) < len(cases):
-            done.append({"argv": cases[len(done)]["argv"], "code": None, "traceback": f"worker died here: {tail}",
-                         "stderr": "", "victim_changed": False, "data_changed": False, "rss_mb": 0})
-    return done
-
-
-def run_subprocess(case: dict, sandbox: Path) -> dict:
-    """The case as a user runs it: `python -m lessonkit` with argv as bytes (invalid UTF-8 as given)."""
-    import resource
-    where = sandbox / "sub"
-    shutil.rmtree(where, ignore_errors=True)
-    where.mkdir(parents=True)
-    victim = make_victim(sandbox)
-    argv = [os.fsencode(materialise(a, where, victim)) for a in case["argv"]]
-    before, data_before = tree_digest(victim), tree_digest(ROOT / "data", content=False)
-    try:
-        r = subprocess.run([sys.executable, "-m", "lessonkit", *argv], cwd=where, env=fuzz_env(sandbox),
-                           capture_output=True, timeout=CASE_TIMEOUT_S, preexec_fn=limit_memory)
-        code, err = r.returncode, r.stderr.decode("utf-8", "replace")
-    except subprocess.TimeoutExpired:
-        code, err = None, f"ran past {CASE_TIMEOUT_S} s"
-    return {"argv": case["argv"], "code": code, "stderr": err[-2000:],
-            "traceback": err[-3000:] if "Traceback" in err or code is None else None,
-            "victim_changed": tree_digest(victim) != before,
-            "data_changed": tree_digest(ROOT / "data", content=False) != data_before,
-            "rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss >> 10}
-
-
-def defects(results: list[dict]) -> list[str]:
-    """One line per broken rule: exit code outside {0, 1, 2}, a traceback or hang, a file outside the
-    expected directories changed, memory past RSS_BOUND_MB."""
-    out = []
-    for r in results:
-        why = []
-        if r["traceback"]:
-            why.append("traceback/hang: " + r["traceback"].strip().splitlines()[-1][:300])
-        elif r["code"] not in (0, 1, 2):
-            why.append(f"exit code {r['code']!r}")
-        if r["victim_changed"] or r["data_changed"]:
-            why.append("changed a file outside the expected directories")
-        if r["rss_mb"] > RSS_BOUND_MB:
-            why.append(f"peak memory {r['rss_mb']} MB")
-        if why:
-            out.append(f"{short(r['argv'])}: {'; '.join(why)}")
-    return out
-
-
-def short(argv) -> str:
-    """An argv for a report line: placeholders as kind:variant, long strings cut."""
-    parts = []
-    for a in argv:
-        if isinstance(a, dict):
-            a = f"<{a['file']}:{a['variant']}" + (f":{a['member']}:{a['member_variant']}>" if a["variant"] == "member" else ">")
-        parts.append(ascii(a)[1:-1][:40])
-    return " ".join(parts)
-
-
-if __name__ == "__main__":
-    worker_main(*sys.argv[1:4])
