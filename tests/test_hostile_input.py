@@ -173,3 +173,15 @@ def test_a_path_the_os_refuses_is_one_short_line(tmp_path, capsys, argv):
     assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
     err = capsys.readouterr().err
     assert "File name too long" in err and "characters)..." in err and len(err) < 400 and "Traceback" not in err
+
+
+def test_export_of_a_model_with_a_truncated_tokenizer_is_one_clear_error(tmp_path, capsys):
+    """Found by the fuzz layer's long run: the tokenizers library's bare Exception escaped export."""
+    d = tmp_path / "m"
+    shutil.copytree(ROOT / "data" / "models" / "tiny-moe", d)
+    tok = d / "tokenizer.json"
+    tok.write_bytes(tok.read_bytes()[: tok.stat().st_size // 2])
+    assert main(["export", str(d), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tok}: cannot load tokenizer" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

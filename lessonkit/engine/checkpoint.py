@@ -245,7 +245,10 @@ def export_hf(stream_dir: str | Path, hf_dir: str | Path, dtype=torch.float32) -
 
 
 def _special_tokens(tok_path: Path, c: ModelConfig) -> dict:
-    t = Tokenizer.from_file(str(tok_path))
+    try:
+        t = Tokenizer.from_file(str(tok_path))
+    except Exception as e:          # the tokenizers library raises a bare Exception on damaged JSON
+        raise LessonkitError(f"{tok_path}: cannot load tokenizer ({e})") from None
     out = {}
     if c.bos_token_id is not None:
         out["bos_token"] = t.id_to_token(c.bos_token_id)
