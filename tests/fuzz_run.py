@@ -34,18 +34,22 @@ def fuzz_env(sandbox: Path) -> dict:
 
 
 def damage_home(spec, victim: Path) -> None:
-    """Put the damaged memo in place of $LESSONKIT_HOME/verified.json (whatever is there goes)."""
+    """Put the damaged memo in place of $LESSONKIT_HOME/verified.json, and take the last case's damage
+    away before a case without (a memo the workbook wrote itself stays: no hashing the model again)."""
     home = Path(os.environ["LESSONKIT_HOME"])
     home.mkdir(parents=True, exist_ok=True)
-    memo = home / "verified.json"
-    if memo.is_dir() and not memo.is_symlink():
-        shutil.rmtree(memo)
-    elif memo.exists() or memo.is_symlink():
-        memo.unlink()
+    memo, marker = home / "verified.json", home / "memo-damaged"
+    if spec or marker.exists():
+        if memo.is_dir() and not memo.is_symlink():
+            shutil.rmtree(memo)
+        elif memo.exists() or memo.is_symlink():
+            memo.unlink()
+        marker.unlink(missing_ok=True)
     if spec:
         built = Path(materialise(spec, home, victim))
         if built.exists() or built.is_symlink():
             built.rename(memo)
+        marker.touch()
 
 
 def run_one(case: dict, where: Path, victim: Path) -> dict:

@@ -30,7 +30,7 @@ from lessonkit.cli import build_parser
 
 LONG = os.environ.get("LESSONKIT_FUZZ") == "long"
 # short: derandomised (the same cases every run); long: random, many
-PARSE_EXAMPLES, WORKER_CASES, SUBPROCESS_CASES = (10000, 2000, 40) if LONG else (300, 24, 3)
+PARSE_EXAMPLES, WORKER_CASES, SUBPROCESS_CASES = (10000, 1200, 20) if LONG else (300, 24, 3)
 FAST = settings(max_examples=PARSE_EXAMPLES, derandomize=not LONG, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))
 ONCE = settings(max_examples=1, derandomize=not LONG, deadline=None, database=None, phases=[Phase.generate],
