@@ -1,0 +1,327 @@
+"""`lessonkit bench llamacpp`: the llama.cpp anchor. llama.cpp on the GGUF as shipped (Q4_1 + Q8_0) and on
+its F32 requantisation, lessonkit on native blocks and on float32, and transformers float32, side by side:
+decode tokens/s (128 tokens) and prefill tokens/s (512 tokens) at the same thread counts, interleaved over
+the repeats, medians.
+
+llama.cpp is the one vendored in the llama-cpp-python 0.3.36 sdist, built CPU-only (cmake + ninja,
+GGML_NATIVE) into lessonkit_home()/llamacpp-0.3.36 only when asked (`--build`): never by the README
+commands or the tests. `llama-bench -p 512 -n 128 -r 1 -o json` runs its prefill and decode tests one
+after the other (each with its own warm-up), the same as `-p 512 -n 0` and `-p 0 -n 128`, loading the
+model once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import torch
+
+from lessonkit.bench.common import decode_rate, goal, machine_info, prefill_rate
+from lessonkit.engine import kernel
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.gguf_loader import load_smollm2, smollm2_gguf_path, to_transformers
+from lessonkit.engine.integrity import lessonkit_home
+from lessonkit.engine.registry import load_model
+
+VERSION = "0.3.36"
+MODEL = "smollm2-135m"
+ENGINES = ("llamacpp", "lessonkit", "transformers")
+TOOLS = ("llama-bench", "llama-quantize")
+CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF",
+               "-DGGML_BLAS=OFF", "-DGGML_VULKAN=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
+               "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+               "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=ON")
+# x86: no AMX tile kernels. Machines (VMs) that report AMX without enabling its tile state crash in them
+# (llama-bench SIGSEGV in ggml_backend_amx_mul_mat on the machine of docs/kernel.md); the anchor is the
+# AVX2 / AVX-512 path that every x86 machine runs.
+if platform.machine().lower() in ("x86_64", "amd64"):
+    CMAKE_FLAGS += ("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+                    "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+NEEDED = {"a C compiler": ("cc", "gcc", "clang"), "a C++ compiler": ("c++", "g++", "clang++"),
+          "cmake": ("cmake",), "ninja": ("ninja",)}
+SIZES = {"full": (128, 512), "smoke": (8, 32)}      # (decoded tokens, prefill tokens)
+
+
+# ---- building llama.cpp ------------------------------------------------------------------------------
+def home() -> Path:
+    return lessonkit_home() / f"llamacpp-{VERSION}"
+
+
+def binary(name: str) -> Path:
+    return home() / "build" / "bin" / name
+
+
+def _build_record() -> dict:
+    path = home() / "build.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def is_built() -> bool:
+    """Both tools are there, built with today's flags."""
+    return all(binary(t).is_file() for t in TOOLS) and _build_record().get("flags") == list(CMAKE_FLAGS)
+
+
+def _which(name: str) -> str | None:
+    """On PATH, or beside this Python (cmake and ninja pip-installed into a venv that is not activated)."""
+    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), str(Path(sys.executable).parent)]))
+
+
+def require_tools() -> dict[str, str]:
+    """{what: path} of the compilers, cmake and ninja; one LessonkitError naming all that are missing."""
+    found = {what: next((p for n in names if (p := _which(n))), None) for what, names in NEEDED.items()}
+    missing = [what for what, p in found.items() if p is None]
+    if missing:
+        raise LessonkitError(
+            f"building llama.cpp for `bench llamacpp` needs a C and C++ compiler, cmake and ninja; missing: "
+            f"{', '.join(missing)}. Install cmake and ninja with `pip install cmake ninja` (into .venv) and a "
+            "compiler with the system's packages (e.g. `apt-get install build-essential`), then run again")
+    return found
+
+
+def _run_logged(cmd: list[str], log: Path, what: str) -> None:
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise LessonkitError(f"{what} failed (exit {rc}); its output is in {log}")
+
+
+def fetch_sources(root: Path, log: Path) -> Path:
+    """root/llama.cpp: vendor/llama.cpp of the llama-cpp-python sdist, downloaded with pip once."""
+    src = root / "llama.cpp"
+    if (src / "CMakeLists.txt").is_file():
+        return src
+    sdists = root / "sdist"
+    _run_logged([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+                 f"llama-cpp-python=={VERSION}", "-d", str(sdists)], log,
+                "pip download of the llama-cpp-python sdist")
+    sdist = next(sdists.glob(f"llama_cpp_python-{VERSION}.tar.gz"))
+    prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
+    partial = root / "llama.cpp.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    with tarfile.open(sdist) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.name != prefix + ".git"]
+        for m in members:
+            m.name = m.name[len(prefix):]
+        tar.extractall(partial, members=members, filter="data")
+    partial.rename(src)
+    shutil.rmtree(sdists)           # 74 MB, of which only vendor/llama.cpp is needed
+    return src
+
+
+def build() -> dict:
+    """Download, unpack and build llama-bench and llama-quantize (CPU only) unless they are there."""
+    root = home()
+    if is_built():
+        return _build_record()
+    tools = require_tools()
+    root.mkdir(parents=True, exist_ok=True)
+    log = root / "build.log"
+    print(f"building llama.cpp {VERSION} (llama-cpp-python sdist) into {root}; log: {log}", file=sys.stderr)
+    t0 = time.perf_counter()
+    src = fetch_sources(root, log)
+    _run_logged([tools["cmake"], "-S", str(src), "-B", str(root / "build"), "-G", "Ninja",
+                 f"-DCMAKE_MAKE_PROGRAM={tools['ninja']}", *CMAKE_FLAGS], log, "cmake configure")
+    _run_logged([tools["cmake"], "--build", str(root / "build"), "--target", *TOOLS], log, "cmake build")
+    info = {"version": VERSION, "flags": list(CMAKE_FLAGS), "build_s": round(time.perf_counter() - t0, 1),
+            "cpu_count": os.cpu_count()}
+    (root / "build.json").write_text(json.dumps(info, indent=1))
+    print(f"built in {info['build_s']:.0f} s", file=sys.stderr)
+    return info
+
+
+def f32_gguf(q4: Path) -> Path:
+    """The F32 GGUF that `llama-quantize --allow-requantize IN OUT F32` makes from the shipped file, once."""
+    out = home() / (q4.name.replace("Q4_1", "F32") if "Q4_1" in q4.name else q4.stem + ".F32.gguf")
+    if not out.is_file():
+        tmp = out.with_suffix(".partial")
+        _run_logged([str(binary("llama-quantize")), "--allow-requantize", str(q4), str(tmp), "F32"],
+                    home() / "quantize.log", "llama-quantize to F32")
+        tmp.rename(out)
+    return out
+
+
+# ---- measuring -----------------------------------------------------------------------------------------
+def parse_bench_json(text: str) -> dict:
+    """llama-bench `-o json` output -> {decode_tok_s, prefill_tok_s (those present), build_commit, ...}."""
+    try:
+        tests = json.loads(text)
+    except ValueError as e:
+        raise LessonkitError(f"llama-bench printed no JSON list ({e}): {text[:200]!r}") from None
+    out = {}
+    for t in tests:
+        key = "decode_tok_s" if t["n_gen"] > 0 and t["n_prompt"] == 0 else \
+            "prefill_tok_s" if t["n_prompt"] > 0 and t["n_gen"] == 0 else None
+        if key is None:
+            continue
+        out[key] = float(t["avg_ts"])
+        out |= {"build_commit": t.get("build_commit"), "n_threads": t["n_threads"], "model_type": t.get("model_type")}
+    if not {"decode_tok_s", "prefill_tok_s"} & set(out):
+        raise LessonkitError(f"llama-bench JSON holds no prefill-only or decode-only test: {text[:200]!r}")
+    return out
+
+
+def llama_bench(model: Path, threads: int, n_gen: int, n_prompt: int) -> dict:
+    cmd = [str(binary("llama-bench")), "-m", str(model), "-t", str(threads), "-p", str(n_prompt),
+           "-n", str(n_gen), "-r", "1", "-o", "json"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise LessonkitError(f"{' '.join(cmd)} failed (exit {r.returncode}): {r.stderr.strip()[-400:]}")
+    return parse_bench_json(r.stdout)
+
+
+def _llamacpp_contenders(q4: Path) -> dict:
+    if not is_built():
+        raise LessonkitError(f"llama.cpp is not built in {home()}: run `lessonkit bench llamacpp --build` once "
+                             "(downloads the llama-cpp-python sdist and compiles llama-bench; minutes), "
+                             "or leave llamacpp out with --engines lessonkit,transformers")
+    f32 = f32_gguf(q4)
+    return {("llama.cpp", "Q4_1 + Q8_0 (as shipped)", str(q4)): lambda n, g, p: llama_bench(q4, n, g, p),
+            ("llama.cpp", "F32 (llama-quantize)", str(f32)): lambda n, g, p: llama_bench(f32, n, g, p)}
+
+
+def _lessonkit_contenders(prompt: list[int], prefill: list[int]) -> dict:
+    """lessonkit on native blocks and on float32; `engine.weights` names what ran (f32 without the C kernel)."""
+    out = {}
+    for weights in ("native", "f32"):
+        eng = load_model(MODEL, weights=weights)
+
+        def run(n, g, p, eng=eng):
+            torch.set_num_threads(n)
+            kernel.set_threads(n)
+            return {"decode_tok_s": decode_rate(eng, prompt, g), "prefill_tok_s": prefill_rate(eng, prefill[:p])}
+        out[("lessonkit", eng.weights, str(eng.model_dir))] = run
+    return out
+
+
+def _transformers_contender(gguf, q4: Path, prompt: list[int], prefill: list[int]) -> dict:
+    hf = to_transformers(gguf)
+
+    def run(n, g, p):
+        torch.set_num_threads(n)
+        return {"decode_tok_s": hf_decode_rate(hf, prompt, g), "prefill_tok_s": hf_prefill_rate(hf, prefill[:p])}
+    return {("transformers", "float32", str(q4)): run}
+
+
+def hf_decode_rate(hf, prompt: list[int], n: int) -> float:
+    """Greedy decode tokens/s of a transformers model over its KV cache (model(ids, cache), use_cache)."""
+    with torch.no_grad():
+        out = hf(torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            tok = out.logits[:, -1:].argmax(-1)
+            out = hf(tok, cache=out.cache, use_cache=True)
+        return n / (time.perf_counter() - t0)
+
+
+def hf_prefill_rate(hf, ids: list[int]) -> float:
+    """Prefill tokens/s of a transformers model (last position's logits only, as llama-bench and lessonkit)."""
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        hf(torch.tensor([ids]), use_cache=True, logits_to_keep=1)
+        return len(ids) / (time.perf_counter() - t0)
+
+
+# ---- the benchmark -------------------------------------------------------------------------------------
+def _inputs(gguf, n_prefill: int) -> tuple[list[int], list[int]]:
+    """A short prompt for decode, and n_prefill fixed pseudo-random ids (llama-bench prefills random ids)."""
+    prompt = gguf.tokenizer.encode("The row-invariant kernel").ids
+    ids = torch.randint(100, gguf.hf_config["vocab_size"], (n_prefill,), generator=torch.Generator().manual_seed(0))
+    return prompt, ids.tolist()
+
+
+def contenders(engines: list[str], n_prefill: int) -> dict:
+    """{(engine, weights, weights path): run(threads, n_gen, n_prompt) -> {decode_tok_s, prefill_tok_s}}."""
+    q4 = smollm2_gguf_path()
+    out = _llamacpp_contenders(q4) if "llamacpp" in engines else {}
+    if {"lessonkit", "transformers"} & set(engines):
+        gguf = load_smollm2(progress=False)
+        prompt, prefill = _inputs(gguf, n_prefill)
+        if "lessonkit" in engines:
+            out |= _lessonkit_contenders(prompt, prefill)
+        if "transformers" in engines:
+            out |= _transformers_contender(gguf, q4, prompt, prefill)
+    return out
+
+
+def measure(fns: dict, threads: list[int], repeats: int, n_gen: int, n_prompt: int) -> list[dict]:
+    """Every contender at every thread count, in turn within each repeat; one row per (threads, contender)."""
+    samples = {(n, key): [] for n in threads for key in fns}
+    for r in range(repeats):
+        for n in threads:
+            for key, fn in fns.items():
+                samples[n, key].append(fn(n, n_gen, n_prompt))
+        print(f"repeat {r + 1}/{repeats} done", file=sys.stderr)
+    rows = []
+    for (n, (engine, weights, path)), ss in samples.items():
+        med = {k: statistics.median([s[k] for s in ss if k in s] or [float("nan")])
+               for k in ("decode_tok_s", "prefill_tok_s")}
+        rows.append({"threads": n, "engine": engine, "weights": weights, **med, "weights_path": path})
+    return rows
+
+
+def _rate(rows, n, engine, weights_start, key="decode_tok_s"):
+    return next((r[key] for r in rows if r["threads"] == n and r["engine"] == engine
+                 and r["weights"].lower().startswith(weights_start)), None)
+
+
+def ratios_and_targets(rows: list[dict], threads: list[int]) -> tuple[list[dict], list[dict]]:
+    """Ratios lessonkit native / llama.cpp Q4_1 and native / lessonkit float32 per thread count, and the
+    issue's figures as goals (only those whose both sides were measured)."""
+    ratios, targets = [], []
+    for n in threads:
+        for key in ("decode_tok_s", "prefill_tok_s"):
+            nat, q4 = _rate(rows, n, "lessonkit", "native", key), _rate(rows, n, "llama.cpp", "q4_1", key)
+            f32 = _rate(rows, n, "lessonkit", "f32", key)
+            ratios.append({"threads": n, "figure": key, "native / llama.cpp Q4_1": nat / q4 if nat and q4 else None,
+                           "native / lessonkit f32": nat / f32 if nat and f32 else None})
+    for r in ratios:
+        vs_q4, vs_f32 = r["native / llama.cpp Q4_1"], r["native / lessonkit f32"]
+        if r["figure"] == "decode_tok_s" and vs_q4 is not None:
+            targets.append(goal(f"decode, {r['threads']} thread(s): native / llama.cpp Q4_1", round(vs_q4, 3),
+                                ">= 0.75", vs_q4 >= 0.75))
+        if r["figure"] == "decode_tok_s" and r["threads"] == 1 and vs_f32 is not None:
+            targets.append(goal("decode, 1 thread: native / lessonkit float32", round(vs_f32, 3), ">= 2.5",
+                                vs_f32 >= 2.5))
+        if r["figure"] == "prefill_tok_s" and vs_f32 is not None:
+            targets.append(goal(f"prefill, {r['threads']} thread(s): native / lessonkit float32", round(vs_f32, 3),
+                                ">= 0.8", vs_f32 >= 0.8))
+    return ratios, targets
+
+
+def parse_engines(text: str | None) -> list[str]:
+    names = [e.strip() for e in (text or ",".join(ENGINES)).split(",") if e.strip()]
+    bad = [e for e in names if e not in ENGINES]
+    if bad or not names:
+        raise LessonkitError(f"--engines: unknown {', '.join(bad) or '(none given)'}; "
+                             f"choose from {', '.join(ENGINES)}")
+    return names
+
+
+def bench(args) -> dict:
+    engines = parse_engines(getattr(args, "engines", None))
+    threads = list(getattr(args, "threads", None) or [1, 2])
+    smoke = bool(getattr(args, "smoke", False))
+    repeats = 1 if smoke else max(1, getattr(args, "repeats", None) or 5)
+    n_gen, n_prompt = SIZES["smoke" if smoke else "full"]
+    build_info = build() if getattr(args, "build", False) else None
+    fns = contenders(engines, n_prompt)
+    rows = measure(fns, threads, repeats, n_gen, n_prompt)
+    ratios, targets = ratios_and_targets(rows, threads)
+    notes = ["smoke sizes (8 decoded, 32 prefilled, 1 repeat): not the issue's figures"] if smoke else []
+    notes += [f"{r['figure']}, {r['threads']} thread(s): " + ", ".join(
+        f"{k} {v:.2f}x" for k, v in r.items() if k not in ("threads", "figure") and v is not None)
+        for r in ratios if any(v is not None for k, v in r.items() if k not in ("threads", "figure"))]
+    return {"bench": "llamacpp", "model": MODEL, "machine": machine_info(), "kernel": kernel.backend(),
+            "llamacpp": {"version": VERSION, "dir": str(home()), "built": is_built(), "build": build_info},
+            "engines": engines, "threads": threads, "repeats": repeats, "decode_tokens": n_gen,
+            "prefill_tokens": n_prompt, "rows": rows, "ratios": ratios, "targets": targets, "notes": notes}
