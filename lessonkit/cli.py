@@ -241,6 +241,7 @@ def main(argv=None) -> int:
         if a.startswith("--") and a.endswith("=--"):
             ap.error(f"{a}: '--' cannot be a value (it marks the end of the options)")
     args = ap.parse_args(argv)
+    names_as_bytes(sys.stdout)
     try:
         if getattr(args, "out", None) and not getattr(args, "measure_only", False):
             from lessonkit.engine.safe_files import refuse_overwrite
@@ -254,6 +255,14 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def names_as_bytes(stream) -> None:
+    """A file name that is not UTF-8 reaches Python as lone surrogates; printed to a strict UTF-8
+    stdout (any UTF-8 locale but C.UTF-8) it was a UnicodeEncodeError. surrogateescape writes the
+    name's own bytes back, as ls and cat do; all other text is unchanged."""
+    if (getattr(stream, "encoding", None) or "").lower().replace("-", "") == "utf8" and hasattr(stream, "reconfigure"):
+        stream.reconfigure(errors="surrogateescape")
 
 
 def os_error(e: OSError) -> str:

@@ -137,7 +137,7 @@ def choose_file(rnd, kind: str, hostile: bool):
     if kind == "gbnf" and not hostile and rnd.random() < 0.5:
         return rnd.choice(["json", "ndjson-compact"])
     variant = rnd.choice(variants) if hostile else "missing" if kind == "outdir" else "valid"
-    return {"file": kind, "variant": variant, "member": rnd.randrange(8),
+    return {"file": kind, "variant": variant, "member": rnd.randrange(8), "odd_name": rnd.random() < 0.15,
             "member_variant": rnd.choice(FILE_VARIANTS[1:]), "at": rnd.random()}
 
 
@@ -248,6 +248,8 @@ def materialise(spec, where: Path, victim: Path) -> str:
         return spec
     kind, variant, at = spec["file"], spec["variant"], spec["at"]
     p = where / f"{kind}-{variant}-{len(os.listdir(where))}"
+    if spec.get("odd_name"):                  # a name that is not UTF-8 (bytes 0xff 0xfe), as argv gives it
+        p = p.with_name(p.name + os.fsdecode(b"-\xff\xfe"))
     tmpl = _template(kind)
     if kind == "pcdir" and variant in ("valid", "member"):
         tmpl = prefix_cache_template(where.parent)

@@ -185,3 +185,14 @@ def test_export_of_a_model_with_a_truncated_tokenizer_is_one_clear_error(tmp_pat
     err = capsys.readouterr().err
     assert f"{tok}: cannot load tokenizer" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_file_name_that_is_not_utf8_is_printed_as_its_bytes(tmp_path):
+    """Found while writing the fuzz layer: on a strict UTF-8 stdout (any UTF-8 locale but C.UTF-8) the
+    name reached print() as lone surrogates and was a UnicodeEncodeError."""
+    name = os.fsencode(tmp_path) + b"/caf\xe9\xff.json"
+    with open(name, "wb") as f:
+        f.write(b"[1]")
+    r = subprocess.run([os.fsencode(sys.executable), b"-m", b"lessonkit", b"grammar", b"check", b"--grammar", b"json",
+                        name], cwd=ROOT, capture_output=True, env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"})
+    assert r.returncode == 0 and r.stdout == name + b": ok\n" and b"Traceback" not in r.stderr
