@@ -12,7 +12,8 @@ Two pieces here (tests/fuzz_run.py runs them and checks the rules):
   truncated, bit-flipped, the wrong JSON type, nested 100,000 deep, invalid UTF-8, 8 MB, a directory,
   a FIFO, a symlink to the victim tree, a dangling symlink into it, a symlink loop; for a directory
   argument (a model, a prefix cache, Epoch's data) one member file gets the damage, or the directory
-  itself is replaced. A quarter of the executed cases also damage $LESSONKIT_HOME/verified.json.
+  itself is replaced; 15% of the files get a name that is not UTF-8. A quarter of the executed cases
+  also damage $LESSONKIT_HOME/verified.json.
 """
 from __future__ import annotations
 

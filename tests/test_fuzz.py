@@ -19,7 +19,6 @@ import json
 import os
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
