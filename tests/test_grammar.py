@@ -257,6 +257,8 @@ def tok():
 
 
 class FakeCache:
+    max_len = 1 << 20            # the KVCache interface: room for any test sequence
+
     def __init__(self):
         self.tokens = []
 
@@ -272,7 +274,7 @@ class FakeTarget:
     def __init__(self, tok, text):
         self.name, self.tokenizer = "fake", tok
         self.eos = tok.token_to_id("<eos>")
-        self.config = SimpleNamespace(eos_ids=[self.eos])
+        self.config = SimpleNamespace(eos_ids=[self.eos], max_seq_len=1 << 20)
         self.model = SimpleNamespace(last_forward={"unique_experts": 0})
         self.store = SimpleNamespace(counters=lambda: {"expert_hits": 0, "expert_misses": 0, "bytes_read": 0, "io_s": 0.0},
                                      clear=lambda: None)
