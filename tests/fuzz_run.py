@@ -87,9 +87,30 @@ def run_one(case: dict, where: Path, victim: Path) -> dict:
     res["stderr"] = err.buffer.getvalue().decode("utf-8", "replace")[-2000:]
     res["victim_changed"] = tree_digest(victim) != before
     res["data_changed"] = tree_digest(ROOT / "data", content=False) != data_before
-    res["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+    res["rss_mb"] = peak_rss_mb()
     shutil.rmtree(where, ignore_errors=True)
     return res
+
+
+def peak_rss_mb() -> int:
+    """This process's peak resident set (VmHWM). Not ru_maxrss: Linux keeps that across fork + exec, so a
+    process started from a large pytest worker would report the worker's size, not its own."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) >> 10
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+
+
+# `python -c HWM_MAIN HWM_FILE ARGS...`: lessonkit's main, then its VmHWM written to HWM_FILE at exit
+HWM_MAIN = ("import atexit, runpy, sys\n"
+            "out = sys.argv.pop(1)\n"
+            "def hwm():\n"
+            "    line = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
+            "    open(out, 'w').write(line.split()[1])\n"
+            "atexit.register(hwm)\n"
+            "sys.argv[0] = 'lessonkit'\n"
+            "runpy.run_module('lessonkit', run_name='__main__', alter_sys=True)\n")
 
 
 def worker_main(cases_file: str, out_file: str, sandbox: str) -> None:
@@ -129,16 +150,18 @@ def run_worker(cases: list, sandbox: Path, timeout_s: float) -> list[dict]:
 
 
 def run_subprocess(case: dict, sandbox: Path) -> dict:
-    """The case as a user runs it: `python -m lessonkit` with argv as bytes (invalid UTF-8 as given)."""
-    import resource
+    """The case as a user runs it: lessonkit's main in a fresh interpreter with argv as bytes (invalid UTF-8 as
+    given), its peak memory read by the process itself (HWM_MAIN)."""
     where = sandbox / "sub"
     shutil.rmtree(where, ignore_errors=True)
     where.mkdir(parents=True)
     victim = make_victim(sandbox)
     argv = [os.fsencode(materialise(a, where, victim)) for a in case["argv"]]
     before, data_before = tree_digest(victim), tree_digest(ROOT / "data", content=False)
+    hwm = sandbox / "hwm.txt"
+    hwm.unlink(missing_ok=True)
     try:
-        r = subprocess.run([sys.executable, "-m", "lessonkit", *argv], cwd=where, env=fuzz_env(sandbox),
+        r = subprocess.run([sys.executable, "-c", HWM_MAIN, str(hwm), *argv], cwd=where, env=fuzz_env(sandbox),
                            capture_output=True, timeout=CASE_TIMEOUT_S, preexec_fn=limit_memory)
         code, err = r.returncode, r.stderr.decode("utf-8", "replace")
     except subprocess.TimeoutExpired:
@@ -147,7 +170,7 @@ def run_subprocess(case: dict, sandbox: Path) -> dict:
             "traceback": err[-3000:] if "Traceback" in err or code is None else None,
             "victim_changed": tree_digest(victim) != before,
             "data_changed": tree_digest(ROOT / "data", content=False) != data_before,
-            "rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss >> 10}
+            "rss_mb": int(hwm.read_text()) >> 10 if hwm.exists() else 0}
 
 
 def defects(results: list[dict]) -> list[str]:

@@ -1,6 +1,7 @@
 """The lessons as a student meets them (issue 36): notebooks that run wherever they are opened, checks
 that point at the student's own line, exercise intros that count their exercises, links that resolve."""
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -57,10 +58,16 @@ def test_an_exercise_intro_counts_its_exercises(nb):
         assert NUMBERS[said.group(1).lower()] == stubs, f"intro says {said.group(0)!r}, the notebook has {stubs}"
 
 
+def _cell_file(folder: str, name: str) -> str:
+    """A file name as IPython gives a cell's code (under the temporary directory)."""
+    import tempfile
+    return os.path.join(tempfile.gettempdir(), folder, name)
+
+
 def test_a_check_shows_the_students_line_not_the_checkers():
     src = "def pick(xs):\n    first = xs[0]\n    return xs[first + 5]\n"
     ns: dict = {}
-    exec(compile(src, "/tmp/ipykernel_4242/1234567.py", "exec"), ns)   # how IPython names a cell's code
+    exec(compile(src, _cell_file("ipykernel_4242", "1234567.py"), "exec"), ns)   # how IPython names a cell's code
     _, error = call(ns["pick"], ([0, 1],))
     assert error.startswith("your function raised IndexError: list index out of range")
     assert "(line 3 of your cell" in error and "exercises" not in error
@@ -69,7 +76,7 @@ def test_a_check_shows_the_students_line_not_the_checkers():
 def test_a_check_names_the_students_line_below_a_library_call():
     import torch
     ns: dict = {}
-    exec(compile("import torch\ndef f(x):\n    return torch.cat([x, x[None]])\n", "/tmp/ipykernel_1/2.py", "exec"), ns)
+    exec(compile("import torch\ndef f(x):\n    return torch.cat([x, x[None]])\n", _cell_file("ipykernel_1", "2.py"), "exec"), ns)
     _, error = call(ns["f"], (torch.zeros(3),))
     assert "RuntimeError" in error and "(line 3 of your cell" in error
 
