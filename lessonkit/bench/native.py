@@ -7,6 +7,7 @@ PyTorch glue), and the identity checks the speed must not cost: native logits eq
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 
 import torch
@@ -30,6 +31,17 @@ def prefill_s(eng, ids: list[int]) -> float:
     t0 = time.perf_counter()
     eng.forward(ids, cache, last_only=True)
     return time.perf_counter() - t0
+
+
+def median_steps(engines: dict, n: int, ids: list[int], repeats: int) -> dict:
+    """Median seconds per decode token of each engine, run in turn within every repeat (after a warm-up)."""
+    for eng in engines.values():
+        decode_step_s(eng, 4, ids)
+    runs = {name: [] for name in engines}
+    for _ in range(repeats):
+        for name, eng in engines.items():
+            runs[name].append(decode_step_s(eng, n, ids))
+    return {name: statistics.median(v) for name, v in runs.items()}
 
 
 @contextlib.contextmanager
@@ -91,8 +103,7 @@ def bench(args) -> dict:
     rows, rate = [], {}
     for n in threads:
         kernel.set_threads(n)
-        t = median_times({"native": lambda: decode_step_s(native, n_dec, ids),
-                          "f32": lambda: decode_step_s(f32, n_dec, ids)}, repeats, warmup=1)
+        t = median_steps({"native": native, "f32": f32}, n_dec, ids, repeats)
         p = median_times({"native": lambda: prefill_s(native, pre_ids), "f32": lambda: prefill_s(f32, pre_ids)},
                          max(1, repeats // 2), warmup=0 if smoke else 1)
         for w in ("native", "f32"):
