@@ -423,6 +423,8 @@ the pool busy (another Python thread) runs its product alone. After fork the chi
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER, wake_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake_cv = PTHREAD_COND_INITIALIZER;
 static int pool_size = 1, pool_started = 0;
+static atomic_int pool_active;          /* workers 1..pool_active take parts; the others are parked */
+static pthread_cond_t park_cv = PTHREAD_COND_INITIALIZER;
 static atomic_uint job_gen;
 static atomic_int job_left;
 static void (*job_fn)(void *, int, int);
@@ -460,15 +462,27 @@ static void *pool_worker(void *arg)
         unsigned g;
         const double until = now_s() + SPIN_S;
         for (int spins = 0; (g = atomic_load_explicit(&job_gen, memory_order_acquire)) == seen; spins++) {
-            if ((spins & 63) || now_s() < until) { cpu_relax(); continue; }
+            if ((spins & 63) || now_s() < until) {
+                if ((spins & 63) == 63) sched_yield();   /* more threads than cores: let the others run */
+                else cpu_relax();
+                continue;
+            }
             pthread_mutex_lock(&wake_mu);
             while ((g = atomic_load(&job_gen)) == seen) pthread_cond_wait(&wake_cv, &wake_mu);
             pthread_mutex_unlock(&wake_mu);
             break;
         }
         seen = g;
-        if (id < job_parts) job_fn(job_ctx, id, job_parts);
-        atomic_fetch_sub_explicit(&job_left, 1, memory_order_acq_rel);
+        if (id < job_parts) {
+            job_fn(job_ctx, id, job_parts);
+            atomic_fetch_sub_explicit(&job_left, 1, memory_order_acq_rel);
+        }
+        if (id > atomic_load(&pool_active)) {      /* fewer threads asked for: sleep until needed again */
+            pthread_mutex_lock(&wake_mu);
+            while (id > atomic_load(&pool_active)) pthread_cond_wait(&park_cv, &wake_mu);
+            seen = atomic_load(&job_gen);           /* set_threads holds pool_lock: no job is running */
+            pthread_mutex_unlock(&wake_mu);
+        }
     }
     return NULL;
 }
@@ -477,7 +491,7 @@ static void run_parts(void (*fn)(void *, int, int), void *ctx, int parts)
 {
     if (parts <= 1 || pool_started == 0) { fn(ctx, 0, 1); return; }
     job_fn = fn, job_ctx = ctx, job_parts = parts;
-    atomic_store(&job_left, pool_started);
+    atomic_store(&job_left, parts - 1);      /* parts <= pool_size: workers 1 .. parts - 1 are active */
     pthread_mutex_lock(&wake_mu);
     atomic_fetch_add_explicit(&job_gen, 1, memory_order_release);
     pthread_cond_broadcast(&wake_cv);
@@ -494,7 +508,9 @@ static void pool_after_fork(void)
     pthread_mutex_init(&pool_lock, NULL);
     pthread_mutex_init(&wake_mu, NULL);
     pthread_cond_init(&wake_cv, NULL);
+    pthread_cond_init(&park_cv, NULL);
     pool_started = 0, pool_size = 1;
+    atomic_store(&pool_active, 0);
 }
 
 /* grow part p's scratch to at least `need` floats; 0 on success */
@@ -649,6 +665,10 @@ static PyObject *rk_set_threads(PyObject *self, PyObject *args)
         pool_started++;
     }
     pool_size = pool_started + 1 < n ? pool_started + 1 : n;
+    pthread_mutex_lock(&wake_mu);
+    atomic_store(&pool_active, pool_size - 1);
+    pthread_cond_broadcast(&park_cv);
+    pthread_mutex_unlock(&wake_mu);
     pthread_mutex_unlock(&pool_lock);
     return PyLong_FromLong(pool_size);
 }
