@@ -85,6 +85,16 @@ static void matmul_portable(const float *x, Py_ssize_t ldx, Py_ssize_t m, Py_ssi
 #define LANES _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
 #define UNROLL _Pragma("GCC unroll 16")
 
+/* the accumulators of an MB x P register block: zeroed, then stored with the tail columns masked */
+#define ZERO_ACC(MB, P)                                                                                 \
+    UNROLL for (int r = 0; r < MB; r++)                                                                  \
+        UNROLL for (int v = 0; v < 2 * P; v++) acc[r][v] = _mm256_setzero_ps();
+#define STORE_ACC(MB, P)                                                                                \
+    UNROLL for (int v = 0; v < 2 * P; v++) {                                                             \
+        const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(ncols - 8 * v)), LANES);         \
+        UNROLL for (int r = 0; r < MB; r++) _mm256_maskstore_ps(y + r * ldy + 8 * v, keep, acc[r][v]);   \
+    }
+
 /* MB rows x P strips (2 vectors of 8 columns each); strip s of the group starts at wp + s * 16 * k */
 #define DEFINE_BLOCK(MB, P)                                                                         \
 AVX2 static void block_##MB##x##P(const float *x, Py_ssize_t ldx, Py_ssize_t k, const float *wp,   \
@@ -263,8 +273,7 @@ AVX2H static void q41_##MB##x##P(const float *x, Py_ssize_t ldx, Py_ssize_t k, c
 {                                                                                                        \
     __m256 acc[MB][2 * P];                                                                               \
     const __m256i low = _mm256_set1_epi32(15);                                                           \
-    UNROLL for (int r = 0; r < MB; r++)                                                                  \
-        UNROLL for (int v = 0; v < 2 * P; v++) acc[r][v] = _mm256_setzero_ps();                          \
+    ZERO_ACC(MB, P)                                                                                      \
     for (Py_ssize_t b = 0; b < k / QK; b++) {                                                            \
         __m256 d[2 * P], mn[2 * P];                                                                      \
         UNROLL for (int v = 0; v < 2 * P; v++) {                                                         \
@@ -286,10 +295,7 @@ AVX2H static void q41_##MB##x##P(const float *x, Py_ssize_t ldx, Py_ssize_t k, c
             }                                                                                            \
         }                                                                                                \
     }                                                                                                    \
-    UNROLL for (int v = 0; v < 2 * P; v++) {                                                             \
-        const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(ncols - 8 * v)), LANES);         \
-        UNROLL for (int r = 0; r < MB; r++) _mm256_maskstore_ps(y + r * ldy + 8 * v, keep, acc[r][v]);   \
-    }                                                                                                    \
+    STORE_ACC(MB, P)                                                                                     \
 }
 
 /* the same for Q8_0 blocks: w = d * q, one input at a time */
@@ -298,8 +304,7 @@ AVX2H static void q80_##MB##x##P(const float *x, Py_ssize_t ldx, Py_ssize_t k, c
                                  size_t sb, float *y, Py_ssize_t ldy, Py_ssize_t ncols)                 \
 {                                                                                                        \
     __m256 acc[MB][2 * P];                                                                               \
-    UNROLL for (int r = 0; r < MB; r++)                                                                  \
-        UNROLL for (int v = 0; v < 2 * P; v++) acc[r][v] = _mm256_setzero_ps();                          \
+    ZERO_ACC(MB, P)                                                                                      \
     for (Py_ssize_t b = 0; b < k / QK; b++) {                                                            \
         __m256 d[2 * P];                                                                                 \
         UNROLL for (int v = 0; v < 2 * P; v++)                                                           \
@@ -314,10 +319,7 @@ AVX2H static void q80_##MB##x##P(const float *x, Py_ssize_t ldx, Py_ssize_t k, c
             }                                                                                            \
         }                                                                                                \
     }                                                                                                    \
-    UNROLL for (int v = 0; v < 2 * P; v++) {                                                             \
-        const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(ncols - 8 * v)), LANES);         \
-        UNROLL for (int r = 0; r < MB; r++) _mm256_maskstore_ps(y + r * ldy + 8 * v, keep, acc[r][v]);   \
-    }                                                                                                    \
+    STORE_ACC(MB, P)                                                                                     \
 }
 
 #define DEFINE_NATIVE(MB, P) DEFINE_Q41(MB, P) DEFINE_Q80(MB, P)
