@@ -1,6 +1,7 @@
 """Every notebook executes headlessly (papermill, SMOKE=True, INTERACTIVE=False): lessons, exercises
 (with their stubs) and solutions. New notebooks are covered automatically."""
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from lessonkit.lessons.runner import execute_notebook, extract_figures
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "notebooks" / "exercises").glob("*.ipynb")) \
     + sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb"))
+REPOSITORY = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["urls"]["Repository"]
 
 
 def _rel(p):
@@ -18,10 +20,15 @@ def _rel(p):
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=_rel)
 def test_notebook_conventions(nb):
-    d = json.loads(nb.read_text())
+    d = json.loads(nb.read_text(encoding="utf-8"))
     assert d["metadata"]["kernelspec"]["name"] == "python3"
     code = [c for c in d["cells"] if c["cell_type"] == "code"]
-    assert code and "parameters" in code[0].get("metadata", {}).get("tags", []), "first code cell must be tagged parameters"
+    # first the Colab install cell (does nothing elsewhere), then the parameters cell papermill injects after
+    assert code and "colab-setup" in code[0].get("metadata", {}).get("tags", []), "first code cell must be the Colab cell"
+    colab = "".join(code[0]["source"])
+    assert f'%pip install -q "lessonkit @ git+{REPOSITORY}"' in colab and '"google.colab" in sys.modules' in colab
+    code = code[1:]
+    assert code and "parameters" in code[0].get("metadata", {}).get("tags", []), "second code cell must be tagged parameters"
     src = "".join(code[0]["source"])
     for name in ("SMOKE", "INTERACTIVE", "SEED"):
         assert name in src, f"parameters cell lacks {name}"
