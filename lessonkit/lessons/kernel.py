@@ -1,7 +1,8 @@
 """The row-invariant kernel in lessons 0 and 1: why a batched product rounds differently, what the
 kernel does instead, the roofline, and the verify cost curve it buys.
 
-  rounding_demo     one row inside an M-row MKL product vs the same row alone: which bits move
+  rounding_demo     one row inside an M-row BLAS product vs the same row alone: which bits move
+  rounding_sentence that table in words, for this machine's BLAS
   summation_orders  the same dot product summed in the orders a GEMV and a GEMM tile use
   roofline          bytes of weights per token against measured copy bandwidth, per model
   cost_curves       T(k+1)/T(1) of a verify forward per model, with the kernel and with MKL row groups
@@ -21,21 +22,48 @@ from lessonkit.speculative.gate import measure_cost_curve
 from lessonkit.lessons.figures import integer_axis, legend_beside
 
 
+def blas_name() -> str:
+    """The BLAS this PyTorch build multiplies with (from its build settings): 'mkl', 'openblas', ... or
+    'unknown'. Which row counts share a summation order depends on it: MKL keeps 1-3 rows on its GEMV path,
+    OpenBLAS (Linux arm64 wheels, conda-forge's macOS builds) already differs at 2 rows."""
+    import re
+    m = re.search(r"BLAS_INFO=([A-Za-z0-9_]+)", torch.__config__.show())
+    return m.group(1).lower() if m else "unknown"
+
+
 def rounding_demo(k: int = 576, n: int = 1536, rows=(1, 2, 3, 4, 8, 16), seed: int = 0) -> pd.DataFrame:
-    """Row 0 of an M-row product against the same row alone, with MKL's plain matmul and with the kernel:
-    how many of the n outputs differ in any bit, and by how much at most."""
+    """Row 0 of an M-row product against the same row alone, with the BLAS's plain matmul (torch's `@`) and
+    with the engine's short-forward path (`kernel.BACKEND`: the row kernel, or the BLAS in row groups):
+    how many of the n outputs differ in any bit, and by how much at most. The two columns have their own
+    names whatever the backend, so neither overwrites the other."""
     gen = torch.Generator().manual_seed(seed)
     w_t = torch.randn(k, n, generator=gen)
     rw = kernel.RowWeight(w_t)
     x = torch.randn(max(rows), k, generator=gen)
-    alone_mkl, alone_kernel = x[:1] @ w_t, rw.rows(x[:1])
+    alone_blas, alone_engine = x[:1] @ w_t, rw.rows(x[:1])
     out = []
     for m in rows:
-        in_mkl, in_kernel = (x[:m] @ w_t)[:1], rw.rows(x[:m])[:1]
-        out.append({"rows": m, "mkl_outputs_differing": int((in_mkl != alone_mkl).sum()),
-                    "mkl_max_abs_diff": float((in_mkl - alone_mkl).abs().max()),
-                    f"{kernel.BACKEND}_outputs_differing": int((in_kernel != alone_kernel).sum())})
-    return pd.DataFrame(out)
+        in_blas, in_engine = (x[:m] @ w_t)[:1], rw.rows(x[:m])[:1]
+        out.append({"rows": m, "blas_outputs_differing": int((in_blas != alone_blas).sum()),
+                    "blas_max_abs_diff": float((in_blas - alone_blas).abs().max()),
+                    "engine_outputs_differing": int((in_engine != alone_engine).sum())})
+    df = pd.DataFrame(out)
+    df.attrs.update(blas=blas_name(), engine_path=kernel.BACKEND)
+    return df
+
+
+def rounding_sentence(df: pd.DataFrame) -> str:
+    """rounding_demo's table in words, from its numbers: where this BLAS first moves row 0's bits, and whether
+    the engine's path kept them (a BLAS-dependent fact, so it is computed, never typed)."""
+    blas, path = df.attrs.get("blas", blas_name()), df.attrs.get("engine_path", kernel.BACKEND)
+    moved = df[df.blas_outputs_differing > 0]
+    first = (f"from {int(moved.rows.min())} rows on (max difference {moved.blas_max_abs_diff.max():.1e})"
+             if len(moved) else "at none of these row counts")
+    same = df[df.rows < moved.rows.min()].rows.tolist() if len(moved) else df.rows.tolist()
+    kept = df.engine_outputs_differing.eq(0).all()
+    return (f"This PyTorch's BLAS ({blas}) changed row 0's bits {first}; row counts {same} kept one summation "
+            f"order. The engine's path ({path}) " + ("kept every bit at every row count."
+                                                     if kept else "changed bits too: it is not row-invariant here."))
 
 
 def summation_orders(k: int = 576, seed: int = 0) -> pd.DataFrame:
