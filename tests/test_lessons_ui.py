@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import lessonkit
+import lessonkit.engine.resources
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.exercises import call
 from lessonkit.lessons.runner import execute_notebook
@@ -30,8 +31,8 @@ def test_no_notebook_locates_the_workbook_through_its_working_directory(nb):
 
 def test_data_dir_is_found_through_the_package(monkeypatch, tmp_path):
     assert lessonkit.data_dir() == ROOT / "data"
-    monkeypatch.setattr(lessonkit, "REPO_ROOT", tmp_path)
-    with pytest.raises(LessonkitError, match="pip install -e"):
+    monkeypatch.setattr(lessonkit.engine.resources, "workbook_root", lambda: tmp_path)
+    with pytest.raises(LessonkitError, match="reinstall the wheel"):
         lessonkit.data_dir()
 
 

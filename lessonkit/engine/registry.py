@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from lessonkit.engine.resources import workbook_path
 from lessonkit.engine.adapters import merged_model_dir
 from lessonkit.engine.atomic import publish_dir
 from lessonkit.engine.borrowed import BORROW_FILE, assembled_dir, read_borrow
@@ -17,8 +18,7 @@ from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.integrity import check_model_files, lessonkit_home
 from lessonkit.engine.gguf_loader import SMOLLM2_SHA256, load_gguf, smollm2_gguf_path
 
-ROOT = Path(__file__).resolve().parents[2]
-MODELS_DIR = ROOT / "data" / "models"
+MODELS_DIR = workbook_path("data", "models")
 SHIPPED = {
     "tiny-moe": "the workbook's trained OLMoE-style target (8 experts, top-2)",
     "tiny-draft": "the workbook's dense drafter for tiny-moe, distilled from tiny-moe's predictions",

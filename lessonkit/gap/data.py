@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from lessonkit.engine.resources import workbook_path
 from lessonkit.engine.errors import LessonkitError
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "epoch"
+DATA_DIR = workbook_path("data", "epoch")
 
 FILES = {
     "eci": "epoch_capabilities_index.csv",

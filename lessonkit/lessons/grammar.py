@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Patch, Rectangle
 
+from lessonkit.engine.resources import workbook_path
 from lessonkit.engine.generate import generate
 from lessonkit.grammar.automaton import load_grammar
 from lessonkit.grammar.drafter import GrammarDrafter, verify_k
@@ -24,7 +25,7 @@ from lessonkit.workloads.corpus import load_documents
 
 
 def _test_schema_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "tests" / "schemas"
+    return workbook_path("tests", "schemas")
 
 
 def schema_answer(engine, result, schema: dict) -> tuple[str, bool]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import jinja2
 
+from lessonkit.engine.resources import workbook_root
 from lessonkit.lessons.headline import headline_for, main_table, sentence_texts
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -70,7 +71,7 @@ def _version(pkg: str) -> str:
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parents[2])
+                             cwd=workbook_root())
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from lessonkit.engine.resources import workbook_path
 from lessonkit.engine.errors import LessonkitError
 
-ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = ROOT / "notebooks"
+NOTEBOOKS = workbook_path("notebooks")
 
 
 def lesson_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:

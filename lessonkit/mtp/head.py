@@ -29,15 +29,15 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from lessonkit.engine.resources import workbook_path
 from lessonkit.engine.atomic import atomic_write
 from lessonkit.engine.attention import attend
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.model import apply_rope, rms_norm
 from lessonkit.engine.quant import fake_quantise, get_scheme
 
-ROOT = Path(__file__).resolve().parents[2]
 
-MTP_DIR = ROOT / "data" / "models" / "mtp"
+MTP_DIR = workbook_path("data", "models", "mtp")
 
 NORMS = ("hnorm", "enorm", "attn_norm", "mlp_norm")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from lessonkit.engine.resources import PACKAGE_DIR
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.registry import load_model
 from lessonkit.prefix_cache.cache import PrefixCache
@@ -34,7 +35,7 @@ def score_in_new_process(model, cache_dir, prefix_ids, items, *, block_size: int
         job.write_text(json.dumps({"model": str(model), "cache_dir": str(cache_dir), "prefix_ids": list(prefix_ids),
                                    "items": [list(i) for i in items], "block_size": block_size,
                                    "budget_bytes": budget_bytes, "out": str(Path(tmp) / "out.safetensors")}))
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(PACKAGE_DIR.parent)      # where this lessonkit is imported from
         env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
         r = subprocess.run([sys.executable, "-m", "lessonkit.prefix_cache.worker", str(job)], capture_output=True,
                            text=True, timeout=timeout, env=env)

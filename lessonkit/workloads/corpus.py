@@ -25,6 +25,7 @@ import hashlib
 import inspect
 import io
 import json
+import platform
 import random
 import sysconfig
 import uuid
@@ -35,13 +36,13 @@ from pydoc_data.topics import topics
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from lessonkit.engine.resources import workbook_path
 from lessonkit.engine.errors import LessonkitError
 
 EOT = "<|endoftext|>"
 KINDS = ("prose", "code", "records")
 SPLITS = ("train", "heldout")
-ROOT = Path(__file__).resolve().parents[2]
-CORPUS_DIR = ROOT / "data" / "corpus"
+CORPUS_DIR = workbook_path("data", "corpus")
 
 # Stdlib folders that are tests, vendored third-party code or generated tables.
 _SKIP_PARTS = {"test", "tests", "idle_test", "site-packages", "ensurepip", "__pycache__",
@@ -362,8 +363,24 @@ def split_documents(docs: list[str], heldout_every: int) -> dict[str, list[str]]
     return out
 
 
+REFERENCE_PYTHON = "3.11.7"     # the CPython whose standard library the shipped corpus was built from
+
+
+def check_reference_python(out_dir: str | Path) -> None:
+    """Prose and code come from the running interpreter's standard library, so another Python version builds
+    another corpus (and the models trained on it change). Rebuilding the shipped corpus is refused on any
+    other version; a build into another folder is allowed (its stats name the version)."""
+    running = platform.python_version()
+    if running != REFERENCE_PYTHON and Path(out_dir).resolve() == CORPUS_DIR.resolve():
+        raise LessonkitError(f"the shipped corpus ({CORPUS_DIR}) was built from CPython {REFERENCE_PYTHON}'s standard "
+                             f"library; this is {running}, whose library differs: rebuild it with {REFERENCE_PYTHON}, "
+                             "or build into another folder with --out")
+
+
 def build_corpus(out_dir: str | Path = CORPUS_DIR, cfg: CorpusConfig = CorpusConfig()) -> dict:
-    """Build the corpus files into out_dir; returns per kind/split document and byte counts."""
+    """Build the corpus files into out_dir; returns per kind/split document and byte counts, and the Python
+    version whose standard library they came from (check_reference_python says why that matters)."""
+    check_reference_python(out_dir)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     makers = {"prose": prose_documents, "code": code_documents, "records": record_documents}
@@ -374,6 +391,7 @@ def build_corpus(out_dir: str | Path = CORPUS_DIR, cfg: CorpusConfig = CorpusCon
             text = EOT.join(parts[split])
             _write_gz(out_dir / f"{kind}.{split}.txt.gz", text)
             stats[f"{kind}.{split}"] = {"documents": len(parts[split]), "bytes": len(text.encode("utf-8"))}
+    stats["python"] = platform.python_version()
     return stats
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from lessonkit.engine.resources import workbook_path
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.gguf_loader import apply_chat_template, load_smollm2, to_transformers
 from lessonkit.engine.registry import MODELS_DIR, load_model
@@ -37,7 +38,7 @@ INSTRUCTION = (
 YES_SPELLINGS = ("yes", "Yes")
 NO_SPELLINGS = ("no", "No")
 JUDGE_BIAS = 0.0    # decision boundary on the log-odds: yes when P(yes) > P(no)
-GROUND_TRUTH_PATH = Path(__file__).resolve().parents[2] / "data" / "semcache" / "judge_answers.json"
+GROUND_TRUTH_PATH = workbook_path("data", "semcache", "judge_answers.json")
 
 
 def instruction_fingerprint(instruction: str = INSTRUCTION) -> str:

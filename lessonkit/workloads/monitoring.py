@@ -21,6 +21,7 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lessonkit.engine.resources import workbook_path
 from lessonkit.engine.errors import LessonkitError
 
 HOSTS = [f"web-{i:02d}" for i in range(1, 13)] + [f"db-{i:02d}" for i in range(1, 7)] + \
@@ -323,7 +324,7 @@ def read_jsonl(path: str | Path) -> list[MonitoringItem]:
     return items
 
 
-STREAM_PATH = Path(__file__).resolve().parents[2] / "data" / "semcache" / "stream.jsonl"
+STREAM_PATH = workbook_path("data", "semcache", "stream.jsonl")
 
 
 def load_stream(path: str | Path | None = None, limit: int | None = None) -> list[MonitoringItem]:

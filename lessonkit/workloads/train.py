@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, OlmoeConfig, OlmoeForCausalLM,
                           PreTrainedTokenizerFast)
 
+from lessonkit.engine.resources import workbook_path, workbook_root
 from lessonkit.engine.atomic import atomic_write
 from lessonkit.engine.checkpoint import convert_hf_checkpoint, export_hf, write_manifest
 from lessonkit.engine.errors import LessonkitError
@@ -45,8 +46,8 @@ from lessonkit.workloads.model_card import model_card
 from lessonkit.workloads.distill import (DistillData, distill_data, distill_loss, heldout, student_agreement,
                                         teacher_model)
 
-ROOT = Path(__file__).resolve().parents[2]
-MODELS_DIR = ROOT / "data" / "models"
+ROOT = workbook_root()
+MODELS_DIR = workbook_path("data", "models")
 HF_DIR = ROOT / "build" / "hf"
 
 
