@@ -47,3 +47,10 @@ def read_index(path: Path, format_version: int) -> dict:
     if not isinstance(entries, dict):
         return {}
     return {rel: e for rel, e in entries.items() if valid_entry(e)}
+
+
+def holds_a_cache(directory: Path) -> bool:
+    """True when directory has a prefix cache's own files (kv/, index.json or .lock, even damaged ones):
+    `prefix-cache clear` writes only into such a directory, never into an ordinary one of the user's."""
+    d = Path(directory)
+    return any(p.exists() or p.is_symlink() for p in (d / "kv", d / "index.json", d / ".lock"))
