@@ -31,6 +31,9 @@ from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.integrity import model_integrity, sha256_file  # noqa: F401 (sha256_file: re-exported)
 
 FORMAT_VERSION = 1
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)     # weights a config expects (besides uint8 blocks)
+_ST_NAMES = {torch.int8: "I8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64", torch.float64: "F64",
+             torch.bool: "BOOL", torch.uint8: "U8"}
 LAYOUT_FILES = ("config.json", "dense.safetensors", "experts.safetensors", "tokenizer.json", "borrow.json")
 
 
@@ -270,9 +273,15 @@ def load_dense(model_dir: Path, c: ModelConfig, *, blocks: bool = False) -> dict
         raise LessonkitError(f"{path}: corrupt or truncated safetensors ({e})") from None
     want = _dense_shapes(c)
     missing = sorted(set(want) - set(dense))
-    if missing:
+    if missing and not any(k.startswith("layers.") for k in missing):
         raise LessonkitError(f"{path}: missing tensors {missing[:5]}")
+    missing = [k for k in want if k.startswith("layers.") and k not in dense]
+    if missing:
+        raise LessonkitError(layers_error(path, c.n_layers, layers_held(dense), missing[0]))
     for k, shape in want.items():
+        if k != "lm_head_ids" and dense[k].dtype not in FLOAT_DTYPES and dense[k].dtype != torch.uint8:
+            raise LessonkitError(f"{path}: tensor {k} has dtype {_ST_NAMES.get(dense[k].dtype, dense[k].dtype)}; "
+                                 f"config.json expects float weights (F32, BF16 or F16) or uint8 Q4_1 / Q8_0 blocks")
         if dense[k].dtype == torch.uint8 and k != "lm_head_ids":
             kind = qb.block_kind(dense[k].shape, shape, f"{path}: {k}")
             if not blocks:
@@ -286,6 +295,23 @@ def load_dense(model_dir: Path, c: ModelConfig, *, blocks: bool = False) -> dict
             raise LessonkitError(f"{path}: lm_head_ids must be {c.head_rows} distinct int64 token ids below "
                                  f"vocab_size={c.vocab_size}")
     return dense
+
+
+def layers_held(tensors) -> int:
+    """How many layers (0..n-1, every one present) the tensor names `layers.{l}.*` cover."""
+    held = {int(k.split(".")[1]) for k in tensors if k.startswith("layers.") and k.split(".")[1].isdigit()}
+    n = 0
+    while n in held:
+        n += 1
+    return n
+
+
+def layers_error(path, n_layers: int, held: int, missing: str) -> str:
+    """The error for weights that stop before config.json's last layer: what to fix is n_layers (or the files)."""
+    if held < n_layers:
+        return (f"{path}: holds {held} layers, but config.json says n_layers={n_layers} (missing tensor {missing}); "
+                f"set n_layers to {held} in config.json or use the weight files of this config")
+    return f"{path}: missing tensor {missing}"
 
 
 def load_experts(model_dir: Path, c: ModelConfig) -> dict[str, torch.Tensor]:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from lessonkit.engine import blocks as qb
-from lessonkit.engine.checkpoint import parse_safetensors_header
+from lessonkit.engine.checkpoint import layers_error, layers_held, parse_safetensors_header
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.kernel import RowWeight
 
@@ -77,7 +77,7 @@ class ExpertStore:
             for e in range(n_experts):
                 name = f"layers.{l}.experts.{e}"
                 if name not in header:
-                    raise LessonkitError(f"{self.path}: missing tensor {name}")
+                    raise LessonkitError(layers_error(self.path, n_layers, layers_held(header), name))
                 h = header[name]
                 if h["dtype"] == "U8" and len(h["shape"]) == 1:        # native blocks: checked when read
                     a, b = h["data_offsets"]

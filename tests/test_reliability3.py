@@ -1,0 +1,93 @@
+"""Reliability 3 (issue 45, items 1, 2, 3, 5 and 6): each test failed on the code before its fix.
+
+The CLI cases run lessonkit.cli.main in-process: a LessonkitError is one line and exit 2."""
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from lessonkit.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+MOE = ROOT / "data" / "models" / "tiny-moe"
+
+
+def one_error_line(capsys, *needles) -> str:
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if ln.startswith("lessonkit: error:")]
+    assert "Traceback" not in err and len(errors) == 1, err[-2000:]
+    for n in needles:
+        assert n in errors[0], errors[0]
+    return errors[0]
+
+
+def tree(d: Path) -> dict:
+    return {str(p.relative_to(d)): (p.read_bytes() if p.is_file() else "dir") for p in sorted(d.rglob("*"))}
+
+
+# ---- item 1: `prefix-cache clear` on a directory that holds no cache writes nothing there -------------------------
+@pytest.mark.parametrize("content", ["empty", "a user's files"])
+def test_clear_on_a_directory_without_a_cache_writes_nothing(tmp_path, capsys, content):
+    d = tmp_path / "mine"
+    d.mkdir()
+    if content != "empty":
+        (d / "notes.txt").write_text("my own notes\n", encoding="utf-8")
+        (d / "sub").mkdir()
+    before = tree(d)
+    assert main(["prefix-cache", "clear", str(d), "--model", "tiny-moe"]) == 2
+    one_error_line(capsys, str(d), "holds no prefix cache")
+    assert tree(d) == before
+
+
+def test_clear_on_a_real_cache_still_clears_it(tmp_path, capsys):
+    pc = tmp_path / "pc"
+    assert main(["generate", "--model", "tiny-moe", "--prompt", "The river keeps", "--max-new-tokens", "2",
+                 "--json", "--prefix-cache", str(pc)]) == 0
+    assert list((pc / "kv").rglob("*.safetensors"))
+    capsys.readouterr()
+    assert main(["prefix-cache", "clear", str(pc), "--model", "tiny-moe", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["entries"] == 0
+    assert not list((pc / "kv").rglob("*.safetensors"))
+
+
+# ---- items 2 and 3: a model directory without a manifest whose weights are not what config.json says ---------------
+def _copy_without_manifest(tmp_path) -> Path:
+    d = tmp_path / "model"
+    shutil.copytree(MOE, d)
+    (d / "manifest.json").unlink()
+    return d
+
+
+def _relabel(path: Path, tensor: str, dtype) -> None:
+    """Store one tensor's float32 bits under another dtype's label (I32: the header says int32, the bytes are
+    the float32 weights), the rest as they are."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    t = load_file(path)
+    t[tensor] = t[tensor].float().view(dtype)
+    save_file(t, path)
+
+
+@pytest.mark.parametrize("tensor,dtype,label", [("layers.0.wq", "int32", "I32"), ("embed", "int32", "I32"),
+                                               ("layers.3.router", "int32", "I32")])
+def test_a_dense_tensor_of_a_dtype_the_config_does_not_expect_is_refused(tmp_path, capsys, tensor, dtype, label):
+    import torch
+    d = _copy_without_manifest(tmp_path)
+    _relabel(d / "dense.safetensors", tensor, getattr(torch, dtype))
+    code = main(["generate", "--model", str(d), "--prompt", "The river keeps", "--max-new-tokens", "2"])
+    assert code == 2
+    one_error_line(capsys, "dense.safetensors", tensor, label)
+
+
+def test_more_layers_in_config_than_in_the_weights_names_n_layers_and_config_json(tmp_path, capsys):
+    d = _copy_without_manifest(tmp_path)
+    cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    cfg["n_layers"] += 2
+    (d / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    assert main(["generate", "--model", str(d), "--prompt", "The river keeps", "--max-new-tokens", "2"]) == 2
+    one_error_line(capsys, "n_layers", "config.json", f"{cfg['n_layers'] - 2} layers")
