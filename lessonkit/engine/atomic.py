@@ -15,6 +15,8 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from lessonkit.engine.portable_io import BINARY
+
 TMP_PREFIX = ".tmp-"
 CHUNK = 1 << 20                    # write in 1 MiB chunks
 
@@ -34,7 +36,7 @@ def write_all(fd: int, data) -> None:
 def fsync_path(path: str | Path) -> None:
     """fsync a file or a directory (a directory's fsync makes a rename inside it durable)."""
     with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | BINARY)
         try:
             os.fsync(fd)
         finally:
@@ -44,7 +46,7 @@ def fsync_path(path: str | Path) -> None:
 def write_temp(directory: str | Path, data, *, fsync: bool = True) -> Path:
     """Write data to a new temporary file in directory (fsynced); removes it on any error."""
     tmp = temp_path(directory)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | BINARY, 0o644)
     try:
         write_all(fd, data)
         if fsync:

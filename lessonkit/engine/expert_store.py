@@ -1,7 +1,7 @@
 """The disk-streaming expert store, modelled on Colibri's route -> union -> place -> overlap -> learn.
 
 Each expert's three matrices (gate, up, down^T) are one [3, I, D] tensor in `experts.safetensors`, so
-one expert is one contiguous `os.pread`. In memory an expert is kept in the layout the matmuls want
+one expert is one contiguous positioned read (`portable_io.read_at`). In memory an expert is kept in the layout the matmuls want
 (`Expert`: gate|up transposed to [D, 2I], down^T [I, D]), built in the copy that leaves the read
 buffer. Experts live in an LRU cache with a byte budget; an optional pinned hot set (from recorded
 routing history) is never evicted; an optional background thread prefetches the experts the next
@@ -31,6 +31,7 @@ from lessonkit.engine import blocks as qb
 from lessonkit.engine.checkpoint import layers_error, layers_held, parse_safetensors_header
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.kernel import RowWeight
+from lessonkit.engine.portable_io import BINARY, read_at
 
 _ST_DTYPES = {"F32": (np.float32, torch.float32), "BF16": (np.uint16, torch.bfloat16),
               "F16": (np.float16, torch.float16)}
@@ -99,7 +100,7 @@ class ExpertStore:
                 f"expert budget of {budget_bytes} bytes ({budget_bytes / 2**20:.3f} MB) is smaller than one expert "
                 f"({self.expert_bytes} bytes = {self.expert_bytes / 2**20:.3f} MB)")
         self.budget_bytes = budget_bytes
-        self._fd = os.open(self.path, os.O_RDONLY)
+        self._fd = os.open(self.path, os.O_RDONLY | BINARY)
         self._cache: OrderedDict[tuple[int, int], Expert] = OrderedDict()
         self._pinned: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
@@ -127,7 +128,7 @@ class ExpertStore:
         if self._fd is None:
             raise LessonkitError(f"{self.path}: expert store is closed")
         buf = np.empty(n, dtype=np.uint8)
-        got = os.preadv(self._fd, [buf], off)
+        got = read_at(self._fd, buf, off)
         if got != n:
             raise LessonkitError(f"{self.path}: short read for expert {key} ({got} of {n} bytes): file truncated?")
         if st_dtype == "U8":

@@ -4,19 +4,52 @@
   device is refused naming the path. JSON is read as strict UTF-8, and nesting deeper than Python's
   recursion allows is one clear error, never a RecursionError.
 * A file the workbook writes inside one of its directories never follows a symlink out of it:
-  `leads_outside` is checked before touching, and `os.open` gets O_NOFOLLOW.
+  `leads_outside` is checked before touching, and files are opened with `open_nofollow`: O_NOFOLLOW
+  where the platform has it; where it is 0 (Windows) the same refusal another way, `lstat` before the
+  open (a symlink is refused) and `fstat` after it (the file opened must be the one looked at: same
+  st_dev and st_ino), so a symlink swapped in between is refused too.
 * A user's output (`--out`) that already exists is kept unless --force (`refuse_overwrite`).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
 from pathlib import Path
 
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.portable_io import BINARY
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)      # os.open flag: fail (ELOOP) rather than follow a final symlink
+
+
+def open_nofollow(path: str | Path, flags: int, mode: int = 0o644) -> int:
+    """os.open(path, flags) that never opens through a final symlink: OSError(ELOOP) instead, as
+    O_NOFOLLOW gives. Where NOFOLLOW is 0: refuse a symlink seen by lstat before the open, and a file
+    whose fstat after the open differs (st_dev, st_ino) from what lstat saw (swapped meanwhile)."""
+    if NOFOLLOW:
+        return os.open(path, flags | NOFOLLOW | BINARY, mode)
+    before = _lstat_or_none(path)
+    if before is not None and stat.S_ISLNK(before.st_mode):
+        raise OSError(errno.ELOOP, "is a symlink, not followed", str(path))
+    fd = os.open(path, flags | BINARY, mode)
+    try:
+        opened = os.fstat(fd)
+        seen = before if before is not None else _lstat_or_none(path)   # created now: the name must be it
+        if seen is None or stat.S_ISLNK(seen.st_mode) or (seen.st_dev, seen.st_ino) != (opened.st_dev, opened.st_ino):
+            raise OSError(errno.ELOOP, "changed or became a symlink while being opened, not followed", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _lstat_or_none(path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
 
 
 def special_file(path: str | Path) -> str | None:

@@ -2,7 +2,7 @@
 
 Layout of a cache directory DIR (one snapshot format: lessonkit.prefix_cache.snapshot):
 
-    DIR/.lock                          fcntl.flock: one writer of the index at a time
+    DIR/.lock                          file lock (lessonkit.engine.portable_io): one writer of the index at a time
     DIR/index.json                     an acceleration only: rebuilt from the files when stale
     DIR/kv/<fingerprint[:32]>/<token ids sha256[:40]>.safetensors
 
@@ -13,8 +13,9 @@ a reader sees a whole file or none. A corrupt, truncated or foreign file is repo
 naming it, removed and recomputed (with repair=False, as `lessonkit prefix-cache verify` opens it,
 nothing is removed: bad files are only listed). A directory this process cannot write is used
 read-only: snapshots are read and verified, nothing is saved or removed, one warning says so. Nothing
-follows a symlink out of the directory: a symlinked `.lock` (opened O_NOFOLLOW) or a `kv/` leading
-outside makes the cache read-only, and the LRU touch skips symlinks. With repair=False (`prefix-cache
+follows a symlink out of the directory: a symlinked `.lock` (opened with safe_files.open_nofollow) or a
+`kv/` leading outside makes the cache read-only, and the LRU touch skips symlinks. Readers take a shared
+lock and writers an exclusive one; on Windows every lock is exclusive (readers take turns). With repair=False (`prefix-cache
 info` and `verify`) nothing is written, not even the lock. A damaged index.json is rebuilt
 (lessonkit.prefix_cache.index). Stats follow vLLM: prefix_cache_queries and prefix_cache_hits are
 counted in tokens.
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import time
@@ -35,7 +35,8 @@ import torch
 
 from lessonkit.engine.atomic import TMP_PREFIX, replace, write_temp
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.safe_files import NOFOLLOW, leads_outside
+from lessonkit.engine.portable_io import lock, touch_nofollow, unlock
+from lessonkit.engine.safe_files import leads_outside, open_nofollow
 from lessonkit.prefix_cache.faults import PrefixCacheStats, PrefixCacheWarning, disk_full, pid_alive, read_only_error
 from lessonkit.prefix_cache.index import read_index
 from lessonkit.prefix_cache.snapshot import (DEFAULT_BLOCK_SIZE, DEFAULT_BUDGET_BYTES, FORMAT, FORMAT_VERSION,
@@ -104,18 +105,18 @@ class PrefixCache:
             yield
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH if self.read_only or not self.repair else fcntl.LOCK_EX)
+            lock(fd, shared=self.read_only or not self.repair)
             yield
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            unlock(fd)
             os.close(fd)
 
     def _open_lock(self) -> int | None:
-        """The lock file's descriptor, never through a symlink (O_NOFOLLOW): a symlinked .lock makes the
+        """The lock file's descriptor, never through a symlink (open_nofollow): a symlinked .lock makes the
         cache read-only. Only a cache that may write creates the lock (verify and info create nothing)."""
         if not self.read_only and self.repair:
             try:
-                return os.open(self._lock_path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o644)
+                return open_nofollow(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as e:
                 if e.errno == errno.ELOOP:
                     self._go_read_only(f"{self._lock_path} is a symlink, not followed")
@@ -123,7 +124,7 @@ class PrefixCache:
                     raise LessonkitError(f"prefix cache: cannot open {self._lock_path}: {e.strerror}") from None
                 self._go_read_only(e.strerror)
         try:
-            return os.open(self._lock_path, os.O_RDONLY | NOFOLLOW)
+            return open_nofollow(self._lock_path, os.O_RDONLY)
         except OSError:
             return None
 
@@ -343,7 +344,7 @@ class PrefixCache:
             path = self.dir / rel
             with contextlib.suppress(OSError):
                 if self._inside(path) and (ino is None or os.stat(path).st_ino == ino):
-                    os.utime(path, follow_symlinks=False)       # never a file outside the cache
+                    touch_nofollow(path)                        # never a file outside the cache
             entries = self._load_index()
             if rel in entries:
                 entries[rel]["last_used"] = time.time()
@@ -392,7 +393,7 @@ class PrefixCache:
                 e["last_used"] = time.time()
                 with contextlib.suppress(OSError):
                     if self._inside(final):
-                        os.utime(final, follow_symlinks=False)
+                        touch_nofollow(final)
                     self._write_index(entries)
                 return True
         return False

@@ -3,8 +3,9 @@ a read-only directory), dead writers, the warning it gives and the counters it k
 from __future__ import annotations
 
 import errno
-import os
 from dataclasses import dataclass
+
+import psutil
 
 
 class PrefixCacheWarning(UserWarning):
@@ -21,13 +22,9 @@ def read_only_error(e: OSError) -> bool:
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Whether a process with this id exists (psutil: on Windows `os.kill(pid, 0)` is no probe, it
+    sends CTRL_C_EVENT)."""
+    return psutil.pid_exists(pid)
 
 
 @dataclass

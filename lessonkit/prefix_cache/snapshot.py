@@ -6,7 +6,7 @@ holds a JSON header (format version, provenance fingerprint, token ids hash, n t
 chained block hashes, a SHA-256 of the payload, and a SHA-256 of the header itself so an edited
 fingerprint is caught). Layout of a cache directory DIR:
 
-    DIR/.lock                          fcntl.flock: one writer of the index at a time
+    DIR/.lock                          file lock (lessonkit.engine.portable_io): one writer of the index at a time
     DIR/index.json                     an acceleration only: rebuilt from the files when stale
     DIR/kv/<fingerprint[:32]>/<token ids sha256[:40]>.safetensors
 
