@@ -91,3 +91,88 @@ def test_more_layers_in_config_than_in_the_weights_names_n_layers_and_config_jso
     (d / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
     assert main(["generate", "--model", str(d), "--prompt", "The river keeps", "--max-new-tokens", "2"]) == 2
     one_error_line(capsys, "n_layers", "config.json", f"{cfg['n_layers'] - 2} layers")
+
+
+# ---- item 5: the judge's adapter, config and logs are written crash-safely ----------------------------------------
+class _Lora:
+    """What save_adapter needs of a LoraModel: its adapter tensors."""
+
+    def __init__(self, seed: int):
+        import torch
+        g = torch.Generator().manual_seed(seed)
+        self.tensors = {"layers.3.wq.lora_A": torch.randn(2, 256, generator=g),
+                        "layers.3.wq.lora_B": torch.randn(256, 2, generator=g)}
+
+    def adapter_tensors(self):
+        return dict(self.tensors)
+
+
+def _torn_writes(monkeypatch, crash_at: str):
+    """Every way a file reaches the disk writes half its bytes and then the process 'dies' (raises) while
+    writing crash_at: save_file, Path.write_text/write_bytes and the atomic helper's write_all."""
+    import lessonkit.engine.atomic as atomic
+    import lessonkit.workloads.judge_train as jt
+
+    class Died(BaseException):
+        pass
+
+    _writing = [None]
+    real_save, real_write_text, real_write_all = jt.save_file, Path.write_text, atomic.write_all
+
+    def save_file(tensors, path, metadata=None):
+        tmp = Path(str(path) + ".whole")
+        real_save(tensors, tmp, metadata=metadata)
+        data = tmp.read_bytes()
+        tmp.unlink()
+        if Path(path).name == crash_at or _writing[0] == crash_at:
+            Path(path).write_bytes(data[: len(data) // 2])
+            raise Died(crash_at)
+        Path(path).write_bytes(data)
+
+    def write_text(self, text, *a, **kw):
+        if self.name == crash_at:
+            real_write_text(self, text[: len(text) // 2], *a, **kw)
+            raise Died(crash_at)
+        return real_write_text(self, text, *a, **kw)
+
+    def write_all(fd, data):
+        if _writing[0] == crash_at:
+            real_write_all(fd, bytes(data)[: len(data) // 2])
+            raise Died(crash_at)
+        real_write_all(fd, data)
+
+    real_atomic = atomic.atomic_write
+
+    def atomic_write(path, data, **kw):
+        _writing[0] = Path(path).name
+        try:
+            return real_atomic(path, data, **kw)
+        finally:
+            _writing[0] = None
+
+    monkeypatch.setattr(jt, "save_file", save_file)
+    monkeypatch.setattr(Path, "write_text", write_text)
+    monkeypatch.setattr(atomic, "write_all", write_all)
+    monkeypatch.setattr(atomic, "atomic_write", atomic_write)
+    if hasattr(jt, "atomic_write"):
+        monkeypatch.setattr(jt, "atomic_write", atomic_write)
+    return Died
+
+
+@pytest.mark.parametrize("crash_at", ["adapter.safetensors", "adapter.json", "judge.json", "train_log.json"])
+def test_a_crash_while_saving_the_judge_leaves_every_file_whole(tmp_path, monkeypatch, crash_at):
+    from lessonkit.workloads.judge_train import PRESETS, save_adapter
+    cfg = PRESETS["tiny-moe"]
+    out = tmp_path / "tiny-moe-judge"
+    save_adapter(_Lora(1), cfg, {"losses": [1.0]}, out)
+    old = tree(out)
+    died = _torn_writes(monkeypatch, crash_at)
+    with pytest.raises(died):
+        save_adapter(_Lora(2), cfg, {"losses": [2.0] * 1000}, out)
+    monkeypatch.undo()
+    save_adapter(_Lora(2), cfg, {"losses": [2.0] * 1000}, tmp_path / "new")
+    new = tree(tmp_path / "new")
+    now = tree(out)
+    assert set(now) == set(old), "a temporary file was left behind"
+    for name, data in now.items():
+        assert data in (old[name], new[name]), f"{name} is torn ({len(data)} bytes)"

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from lessonkit.engine.atomic import atomic_write
 from lessonkit.engine.checkpoint import write_manifest
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.registry import MODELS_DIR, load_model, resolve_model_dir
@@ -182,7 +183,7 @@ def train_adapter(cfg: JudgeTrainConfig, progress: bool = True, resume: Path | N
 def _resume(model: LoraModel, adapter_dir: Path, cfg: JudgeTrainConfig, rng: random.Random, n: int):
     """Load a partly trained adapter; replay the shuffles of its cycles. Returns (cycles done, losses, times)."""
     from safetensors.torch import load_file
-    log = json.loads((adapter_dir / "train_log.json").read_text())
+    log = json.loads((adapter_dir / "train_log.json").read_text(encoding="utf-8"))
     if {k: v for k, v in log["config"].items() if k != "cycles"} != \
             {k: v for k, v in json.loads(json.dumps(asdict(cfg))).items() if k != "cycles"}:
         raise LessonkitError(f"{adapter_dir}: trained with another configuration, cannot resume")
@@ -229,13 +230,18 @@ def save_adapter(model: LoraModel, cfg: JudgeTrainConfig, log: dict, out_dir: Pa
     out.mkdir(parents=True, exist_ok=True)
     tensors = model.adapter_tensors()
     targets = sorted({k.rpartition(".lora_")[0] for k in tensors})
-    save_file(tensors, out / "adapter.safetensors", metadata={"base": cfg.model})
-    (out / "adapter.json").write_text(json.dumps({"base": cfg.model, "rank": cfg.rank, "alpha": cfg.alpha,
+    atomic_write(out / "adapter.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"base": cfg.model}))
+    _write_text(out / "adapter.json", json.dumps({"base": cfg.model, "rank": cfg.rank, "alpha": cfg.alpha,
                                                   "targets": targets}, indent=1) + "\n")
-    (out / "judge.json").write_text(json.dumps({"prefix": judge_prefix(cfg.n_shots), "n_shots": cfg.n_shots,
+    _write_text(out / "judge.json", json.dumps({"prefix": judge_prefix(cfg.n_shots), "n_shots": cfg.n_shots,
                                                 "item_template": ITEM_TEMPLATE}, indent=1) + "\n")
-    (out / "train_log.json").write_text(json.dumps(log) + "\n")
+    _write_text(out / "train_log.json", json.dumps(log) + "\n")
     return out
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Every file of a judge is written crash-safely (a reader sees the old file or the whole new one)."""
+    atomic_write(path, text.encode("utf-8"))
 
 
 def evaluate(name: str, items=None, progress: bool = True) -> dict:
@@ -252,8 +258,7 @@ def evaluate(name: str, items=None, progress: bool = True) -> dict:
 
 def record_evaluation(name: str, ev: dict) -> None:
     """eval.json next to the adapter, and the scores as lesson 5's recorded ground truth of this judge."""
-    (MODELS_DIR / name / "eval.json").write_text(
-        json.dumps({k: v for k, v in ev.items() if k not in ("scores", "judge")}) + "\n")
+    _write_text(MODELS_DIR / name / "eval.json", json.dumps({k: v for k, v in ev.items() if k not in ("scores", "judge")}) + "\n")
     write_ground_truth(ev["judge"], ev["scores"], answers_path(name), {"computed_with": "engine (lessonkit train judge)"})
 
 
@@ -315,7 +320,7 @@ NDJSON: {nd}.
 |---|---|---|
 {_rows(a['family'])}
 """
-    (out / "card.md").write_text(text, encoding="utf-8")
+    _write_text(out / "card.md", text)
     write_manifest(out, sorted(f.name for f in out.iterdir() if f.is_file() and f.name != "manifest.json"))
     return out / "card.md"
 
