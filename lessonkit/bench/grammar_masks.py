@@ -87,7 +87,7 @@ def _llguidance_row(schema: dict, lltok, texts: list[list[int]], repeats: int) -
 
 
 def schema_row(path, tok, lltok, *, n_texts: int, repeats: int, reference: bool) -> dict:
-    schema = json.loads(path.read_text())
+    schema = json.loads(path.read_text(encoding="utf-8"))
     g = schema_grammar(schema, whitespace="compact", source=path.name)
     texts = [tok.encode(sample_text(g, seed).decode("utf-8")).ids for seed in range(n_texts)]
     row = {"schema": path.stem, "tokens": sum(len(t) + 1 for t in texts),

@@ -36,7 +36,7 @@ def adapter_key(adapter_dir: Path) -> str:
 def read_adapter(adapter_dir: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     d = Path(adapter_dir)
     try:
-        meta = json.loads((d / "adapter.json").read_text())
+        meta = json.loads((d / "adapter.json").read_text(encoding="utf-8"))
         tensors = load_file(d / "adapter.safetensors")
     except FileNotFoundError as e:
         raise LessonkitError(f"adapter {d}: missing {Path(e.filename).name}") from None

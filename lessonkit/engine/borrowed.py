@@ -33,7 +33,7 @@ def read_borrow(model_dir: Path) -> dict:
     """borrow.json of model_dir: {"base": str, "tensors": [str, ...]}, checked."""
     f = Path(model_dir) / BORROW_FILE
     try:
-        meta = json.loads(f.read_text())
+        meta = json.loads(f.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise LessonkitError(f"{f}: file not found") from None
     except json.JSONDecodeError as e:

@@ -176,7 +176,7 @@ def convert_hf_state_dict(hf_config: dict, state_dict: dict[str, torch.Tensor], 
     _atomic_save({k: cast(v) for k, v in experts.items()}, out / "experts.safetensors", meta)
     c.save(out / "config.json")
     if tokenizer_json is not None:
-        (out / "tokenizer.json").write_text(tokenizer_json)
+        (out / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
     write_manifest(out)
     return c
 
@@ -187,7 +187,7 @@ def convert_hf_checkpoint(hf_dir: str | Path, out_dir: str | Path, dtype=torch.f
     cfg_path = hf_dir / "config.json"
     if not cfg_path.exists():
         raise LessonkitError(f"{cfg_path}: not found (is {hf_dir} a Hugging Face checkpoint directory?)")
-    hf_config = json.loads(cfg_path.read_text())
+    hf_config = json.loads(cfg_path.read_text(encoding="utf-8"))
     files = sorted(hf_dir.glob("*.safetensors"))
     if not files:
         raise LessonkitError(f"{hf_dir}: no *.safetensors weight files")
@@ -198,7 +198,7 @@ def convert_hf_checkpoint(hf_dir: str | Path, out_dir: str | Path, dtype=torch.f
         except (SafetensorError, OSError) as e:
             raise LessonkitError(f"{f}: cannot read safetensors ({e})") from None
     tok = hf_dir / "tokenizer.json"
-    return convert_hf_state_dict(hf_config, sd, out_dir, tok.read_text() if tok.exists() else None, dtype,
+    return convert_hf_state_dict(hf_config, sd, out_dir, tok.read_text(encoding="utf-8") if tok.exists() else None, dtype,
                                  source=str(hf_dir))
 
 
@@ -237,13 +237,13 @@ def export_hf(stream_dir: str | Path, hf_dir: str | Path, dtype=torch.float32) -
     hf_dir.mkdir(parents=True, exist_ok=True)
     save_file({k: v.to(dtype).contiguous() for k, v in sd.items()}, hf_dir / "model.safetensors",
               metadata={"format": "pt"})
-    (hf_dir / "config.json").write_text(json.dumps({**c.to_hf(), "torch_dtype": str(dtype).split(".")[-1]}, indent=2))
+    (hf_dir / "config.json").write_text(json.dumps({**c.to_hf(), "torch_dtype": str(dtype).split(".")[-1]}, indent=2), encoding="utf-8")
     tok = stream_dir / "tokenizer.json"
     if tok.exists():
-        (hf_dir / "tokenizer.json").write_text(tok.read_text())
+        (hf_dir / "tokenizer.json").write_text(tok.read_text(encoding="utf-8"), encoding="utf-8")
         special = _special_tokens(tok, c)
         (hf_dir / "tokenizer_config.json").write_text(json.dumps(
-            {"tokenizer_class": "PreTrainedTokenizerFast", **special}, indent=2))
+            {"tokenizer_class": "PreTrainedTokenizerFast", **special}, indent=2), encoding="utf-8")
     return hf_dir
 
 

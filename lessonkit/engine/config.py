@@ -155,7 +155,7 @@ class ModelConfig:
     def load(cls, path: str | Path) -> "ModelConfig":
         path = Path(path)
         try:
-            return cls.from_dict(json.loads(path.read_text()), source=str(path))
+            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")), source=str(path))
         except FileNotFoundError:
             raise LessonkitError(f"{path}: config file not found") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

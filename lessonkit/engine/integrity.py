@@ -51,7 +51,7 @@ def read_manifest(model_dir: Path) -> dict[str, str]:
     unreadable or lists no file."""
     mpath = Path(model_dir) / "manifest.json"
     try:
-        m = json.loads(require_regular(mpath).read_text())
+        m = json.loads(require_regular(mpath).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise LessonkitError(f"{mpath}: missing (no SHA-256 manifest to check the weights against)") from None
     except LessonkitError as e:                 # not a regular file (a FIFO would block)

@@ -121,7 +121,7 @@ def physical_cores() -> int:
     try:
         seen = set()
         phys = core = None
-        for line in open("/proc/cpuinfo"):
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
             key, _, val = line.partition(":")
             key = key.strip()
             if key == "physical id":

@@ -52,7 +52,7 @@ def _smollm2_dir() -> Path:
     with publish_dir(out, prefix=".convert-") as tmp:
         convert_hf_state_dict(m.hf_config, m.state_dict, tmp, m.tokenizer.to_str(), torch.float32, source=str(gguf))
         if m.chat_template:
-            (tmp / "chat_template.jinja").write_text(m.chat_template)
+            (tmp / "chat_template.jinja").write_text(m.chat_template, encoding="utf-8")
         write_manifest(tmp, [*LAYOUT_FILES, "chat_template.jinja"])   # checked at every load
     return out
 
@@ -63,7 +63,7 @@ def _adapted_dir(name: str) -> Path:
     if not (a / "adapter.json").exists():
         raise LessonkitError(f"model {name!r}: {a} has no adapter.json (train it with "
                              f"`lessonkit train judge --model {name.removesuffix('-judge')}`)")
-    base = json.loads((a / "adapter.json").read_text())["base"]
+    base = json.loads((a / "adapter.json").read_text(encoding="utf-8"))["base"]
     return merged_model_dir(resolve_model_dir(base)[1], a, lessonkit_home() / "models", name)
 
 
@@ -113,7 +113,7 @@ def load_model(name_or_path: str, *, expert_budget_mb: float | None = None, dtyp
     eng_verified = check_model_files(d, required=not (Path(name_or_path).is_dir() and d == Path(name_or_path)))
     eng = Engine(d, name=name, expert_budget_mb=expert_budget_mb, dtype=dtype, prefetch=prefetch, weights=weights)
     tpl = d / "chat_template.jinja"
-    eng.chat_template = tpl.read_text() if tpl.exists() else None
+    eng.chat_template = tpl.read_text(encoding="utf-8") if tpl.exists() else None
     eng.weights_verified = eng_verified
     return eng
 

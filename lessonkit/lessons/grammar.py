@@ -46,7 +46,7 @@ def schema_compile_times(repeats: int = 3) -> dict[str, float]:
     """Best-of-`repeats` compile time (schema -> grammar text -> automaton) per test schema, in seconds."""
     out = {}
     for p in sorted(_test_schema_dir().glob("*.json")):
-        schema = json.loads(p.read_text())
+        schema = json.loads(p.read_text(encoding="utf-8"))
         best = float("inf")
         for _ in range(repeats):
             t = time.perf_counter()

@@ -28,7 +28,7 @@ VERSIONED = ("lessonkit", "torch", "numpy", "pandas", "matplotlib", "papermill",
 
 def _cpu_model() -> str:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
@@ -39,7 +39,7 @@ def _cpu_model() -> str:
 def _physical_cores() -> int | None:
     """Distinct (socket, core) pairs in /proc/cpuinfo; None where it does not say."""
     try:
-        blocks = Path("/proc/cpuinfo").read_text().split("\n\n")
+        blocks = Path("/proc/cpuinfo").read_text(encoding="utf-8").split("\n\n")
     except OSError:
         return None
     pairs = set()
@@ -71,7 +71,7 @@ def _version(pkg: str) -> str:
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=workbook_root())
+                             cwd=workbook_root(), encoding="utf-8")
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
@@ -110,7 +110,7 @@ def duration(seconds: float) -> str:
 
 def figure_cells(executed: Path) -> list[str]:
     """The source of the cell that drew each PNG of an executed notebook, in runner.extract_figures' order."""
-    nb = json.loads(executed.read_text())
+    nb = json.loads(executed.read_text(encoding="utf-8"))
     out = []
     for cell in nb.get("cells", []):
         src = "".join(cell.get("source", ""))
@@ -153,7 +153,7 @@ def recorded_results(build_dir: Path) -> dict[str, dict]:
     """lesson -> what its notebook recorded in build/results/ (figures and main table)."""
     out = {}
     for f in sorted((build_dir / "results").glob("*.json")):
-        d = json.loads(f.read_text())
+        d = json.loads(f.read_text(encoding="utf-8"))
         out[d["lesson"]] = d
     return out
 

@@ -57,5 +57,5 @@ def record_results(lesson: str, figures: dict, table=None) -> HeadlineSentences:
         out = Path(build) / "results"
         out.mkdir(parents=True, exist_ok=True)
         record = {"lesson": lesson, "figures": clean, "table": table_records(table)}
-        (out / f"{lesson}.json").write_text(json.dumps(record, indent=2, default=str))
+        (out / f"{lesson}.json").write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
     return HeadlineSentences(lesson, sentence_texts(headline_for(lesson), clean))

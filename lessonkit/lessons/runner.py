@@ -42,7 +42,7 @@ def execute_notebook(nb: Path, out: Path, *, smoke: bool, build_dir: Path, kerne
 
 
 def extract_figures(executed: Path, fig_dir: Path) -> list[Path]:
-    nb = json.loads(executed.read_text())
+    nb = json.loads(executed.read_text(encoding="utf-8"))
     fig_dir.mkdir(parents=True, exist_ok=True)
     paths, n = [], 0
     for cell in nb.get("cells", []):
@@ -75,7 +75,7 @@ def write_summary(build_dir: Path, status: dict[str, dict], *, smoke: bool = Fal
          "lessons": {n: {"status": s["status"], "seconds": s["seconds"],
                          "figures": results.get(n, {}).get("figures", {}), "headline": said.get(n, []),
                          "table": results.get(n, {}).get("table")}
-                     for n, s in status.items()}}, indent=2))
+                     for n, s in status.items()}}, indent=2), encoding="utf-8")
 
 
 def run_all(build_dir: str | Path = "build", smoke: bool = False, only: list[str] | None = None) -> int:

@@ -34,15 +34,15 @@ def score_in_new_process(model, cache_dir, prefix_ids, items, *, block_size: int
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"model": str(model), "cache_dir": str(cache_dir), "prefix_ids": list(prefix_ids),
                                    "items": [list(i) for i in items], "block_size": block_size,
-                                   "budget_bytes": budget_bytes, "out": str(Path(tmp) / "out.safetensors")}))
+                                   "budget_bytes": budget_bytes, "out": str(Path(tmp) / "out.safetensors")}), encoding="utf-8")
         root = str(PACKAGE_DIR.parent)      # where this lessonkit is imported from
         env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
         r = subprocess.run([sys.executable, "-m", "lessonkit.prefix_cache.worker", str(job)], capture_output=True,
-                           text=True, timeout=timeout, env=env)
+                           text=True, timeout=timeout, env=env, encoding="utf-8")
         if r.returncode != 0:
             raise LessonkitError(f"prefix cache worker failed: {r.stderr.strip().splitlines()[-1:] or r.returncode}")
         out = load_file(Path(tmp) / "out.safetensors")
-        stats = json.loads((Path(tmp) / "out.json").read_text())
+        stats = json.loads((Path(tmp) / "out.json").read_text(encoding="utf-8"))
     lengths = [len(i) for i in items]
     toks = list(torch.split(out["token_logprobs"], lengths)) if lengths else []
     return ScoreResult([float(t.sum()) for t in toks], [t.clone() for t in toks], out["last_logits"], stats)
@@ -50,7 +50,7 @@ def score_in_new_process(model, cache_dir, prefix_ids, items, *, block_size: int
 
 def main(job_path: str) -> int:
     """The child: score the job and write its results next to the job file's `out`."""
-    job = json.loads(Path(job_path).read_text())
+    job = json.loads(Path(job_path).read_text(encoding="utf-8"))
     t0 = time.perf_counter()
     eng = load_model(job["model"])
     pc = PrefixCache(job["cache_dir"], eng, budget_bytes=job["budget_bytes"], block_size=job["block_size"])
@@ -58,7 +58,7 @@ def main(job_path: str) -> int:
     res = score(eng, job["prefix_ids"], job["items"], prefix_cache=pc)
     save_file({"token_logprobs": torch.cat(res.token_logprobs) if res.token_logprobs else torch.zeros(0),
                "last_logits": res.last_logits.contiguous()}, job["out"])
-    Path(job["out"]).with_suffix(".json").write_text(json.dumps({**res.stats, "load_s": load_s, "pid": os.getpid()}))
+    Path(job["out"]).with_suffix(".json").write_text(json.dumps({**res.stats, "load_s": load_s, "pid": os.getpid()}), encoding="utf-8")
     return 0
 
 

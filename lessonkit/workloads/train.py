@@ -385,7 +385,7 @@ def remeasure(name: str, measure: Callable[[Path], dict], model_dir: str | Path 
     out = Path(model_dir) if model_dir else MODELS_DIR / name
     if not (out / "train_log.json").exists():
         raise LessonkitError(f"{out} has no train_log.json: not a drafter shipped by `lessonkit train`")
-    log = json.loads((out / "train_log.json").read_text())
+    log = json.loads((out / "train_log.json").read_text(encoding="utf-8"))
     log["speculative"] = measure(out)
     _write_log_and_card(out, log)
     return log["speculative"]
@@ -412,7 +412,7 @@ def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | N
     out = Path(out_dir) if out_dir else MODELS_DIR / name
     if not (hf / "train_log.json").exists():
         raise LessonkitError(f"{hf} has no train_log.json; run `lessonkit train {name}` first")
-    log = json.loads((hf / "train_log.json").read_text())
+    log = json.loads((hf / "train_log.json").read_text(encoding="utf-8"))
     convert_hf_checkpoint(hf, out, dtype=torch.bfloat16)
     if measure is not None:
         log["speculative"] = measure(out)
