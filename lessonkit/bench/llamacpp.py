@@ -61,7 +61,7 @@ def binary(name: str) -> Path:
 
 def _build_record() -> dict:
     path = home() / "build.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def is_built() -> bool:
@@ -87,7 +87,7 @@ def require_tools() -> dict[str, str]:
 
 
 def _run_logged(cmd: list[str], log: Path, what: str) -> None:
-    with open(log, "a") as f:
+    with open(log, "a", encoding="utf-8") as f:
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
@@ -134,7 +134,7 @@ def build() -> dict:
     _run_logged([tools["cmake"], "--build", str(root / "build"), "--target", *TOOLS], log, "cmake build")
     info = {"version": VERSION, "flags": list(CMAKE_FLAGS), "build_s": round(time.perf_counter() - t0, 1),
             "cpu_count": os.cpu_count()}
-    (root / "build.json").write_text(json.dumps(info, indent=1))
+    (root / "build.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
     print(f"built in {info['build_s']:.0f} s", file=sys.stderr)
     return info
 
@@ -173,7 +173,7 @@ def parse_bench_json(text: str) -> dict:
 def llama_bench(model: Path, threads: int, n_gen: int, n_prompt: int) -> dict:
     cmd = [str(binary("llama-bench")), "-m", str(model), "-t", str(threads), "-p", str(n_prompt),
            "-n", str(n_gen), "-r", "1", "-o", "json"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8")
     if r.returncode != 0:
         raise LessonkitError(f"{' '.join(cmd)} failed (exit {r.returncode}): {r.stderr.strip()[-400:]}")
     return parse_bench_json(r.stdout)
