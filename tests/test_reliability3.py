@@ -176,3 +176,90 @@ def test_a_crash_while_saving_the_judge_leaves_every_file_whole(tmp_path, monkey
     assert set(now) == set(old), "a temporary file was left behind"
     for name, data in now.items():
         assert data in (old[name], new[name]), f"{name} is torn ({len(data)} bytes)"
+
+
+# ---- item 6: unpacking llama.cpp's sources is safe on every Python 3.11 (tarfile's filter= came in 3.11.4) ---------
+def _sdist(tmp_path, evil: str | None) -> Path:
+    """A stand-in for the llama-cpp-python sdist: vendor/llama.cpp with a CMakeLists.txt, plus one hostile member."""
+    import io
+    from lessonkit.bench.llamacpp import VERSION
+    prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
+    out = tmp_path / "made" / f"llama_cpp_python-{VERSION}.tar.gz"
+    out.parent.mkdir()
+
+    def add(tar, name, data=b"", **kw):
+        info = tarfile.TarInfo(prefix + name)
+        for k, v in kw.items():
+            setattr(info, k, v)
+        info.size = len(data) if info.type == tarfile.REGTYPE else 0
+        tar.addfile(info, io.BytesIO(data) if info.type == tarfile.REGTYPE else None)
+
+    with tarfile.open(out, "w:gz") as tar:
+        add(tar, "CMakeLists.txt", b"project(llama)\n")
+        add(tar, "src", type=tarfile.DIRTYPE, mode=0o755)
+        add(tar, "src/llama.cpp", b"int main() {}\n", mode=0o644)
+        add(tar, "src/link.cpp", type=tarfile.SYMTYPE, linkname="llama.cpp")
+        if evil == "dotdot":
+            add(tar, "../../../escaped.txt", b"outside\n")
+        elif evil == "symlink out":
+            add(tar, "src/out", type=tarfile.SYMTYPE, linkname="../../../../victim")
+        elif evil == "absolute symlink":
+            add(tar, "src/abs", type=tarfile.SYMTYPE, linkname=str(tmp_path / "victim"))
+        elif evil == "hard link out":
+            add(tar, "src/hard", type=tarfile.LNKTYPE, linkname="/etc/hostname")
+        elif evil == "fifo":
+            add(tar, "src/pipe", type=tarfile.FIFOTYPE)
+        elif evil == "setuid":
+            add(tar, "src/tool", b"#!/bin/sh\n", mode=0o4777)
+    return out
+
+
+def _fetch(tmp_path, monkeypatch, evil, old_python: bool):
+    import lessonkit.bench.llamacpp as lc
+    made = _sdist(tmp_path, evil)
+
+    def pip_download(cmd, log, what):                   # stands in for `pip download`: puts the sdist in place
+        d = Path(cmd[cmd.index("-d") + 1])
+        d.mkdir(parents=True, exist_ok=True)
+        shutil.copy(made, d / made.name)
+    monkeypatch.setattr(lc, "_run_logged", pip_download)
+    if old_python:                                      # Python 3.11.0-3.11.3: no filter= and no data_filter
+        real = tarfile.TarFile.extractall
+
+        def extractall(self, path=".", members=None, *, numeric_owner=False, **kw):
+            if kw:
+                raise TypeError(f"extractall() got an unexpected keyword argument {next(iter(kw))!r}")
+            return real(self, path, members, numeric_owner=numeric_owner)
+        monkeypatch.setattr(tarfile.TarFile, "extractall", extractall)
+        for name in ("data_filter", "tar_filter"):     # (tarfile itself still uses the rest)
+            monkeypatch.delattr(tarfile, name)
+    root = tmp_path / "home"
+    root.mkdir()
+    return lc.fetch_sources(root, root / "build.log"), root
+
+
+@pytest.mark.parametrize("old_python", [False, True], ids=["3.11.4+", "3.11.0-3"])
+def test_the_sources_unpack_on_every_python_3_11(tmp_path, monkeypatch, old_python):
+    src, root = _fetch(tmp_path, monkeypatch, None, old_python)
+    assert (src / "CMakeLists.txt").read_bytes() == b"project(llama)\n"
+    assert (src / "src" / "link.cpp").read_bytes() == b"int main() {}\n"
+    assert sorted(p.name for p in root.iterdir()) == ["llama.cpp"]          # no partial or sdist left
+
+
+@pytest.mark.parametrize("old_python", [False, True], ids=["3.11.4+", "3.11.0-3"])
+@pytest.mark.parametrize("evil", ["dotdot", "symlink out", "absolute symlink", "hard link out", "fifo"])
+def test_a_hostile_member_is_refused_on_every_python_3_11(tmp_path, monkeypatch, evil, old_python):
+    from lessonkit.engine.errors import LessonkitError
+    (tmp_path / "victim").mkdir()
+    with pytest.raises(LessonkitError, match="refusing to unpack member"):
+        _fetch(tmp_path, monkeypatch, evil, old_python)
+    assert not (tmp_path / "home" / "llama.cpp").exists() and not (tmp_path / "home" / "llama.cpp.partial").exists()
+    assert not list(tmp_path.rglob("escaped.txt")) and list((tmp_path / "victim").iterdir()) == []
+
+
+@pytest.mark.parametrize("old_python", [False, True], ids=["3.11.4+", "3.11.0-3"])
+def test_setuid_bits_are_dropped_on_every_python_3_11(tmp_path, monkeypatch, old_python):
+    import stat
+    src, _ = _fetch(tmp_path, monkeypatch, "setuid", old_python)
+    mode = (src / "src" / "tool").stat().st_mode
+    assert not mode & (stat.S_ISUID | stat.S_IWGRP | stat.S_IWOTH)

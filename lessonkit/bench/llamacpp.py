@@ -95,6 +95,46 @@ def _run_logged(cmd: list[str], log: Path, what: str) -> None:
         raise LessonkitError(f"{what} failed (exit {rc}); its output is in {log}")
 
 
+def safe_extract(tar: tarfile.TarFile, dest: Path, members: list, source) -> None:
+    """Extract members under dest and nowhere else, on every Python 3.11: tarfile's "data" filter where it
+    exists (3.11.4 on), before that the same rules checked here (no absolute name or `..`, links only to
+    inside dest, only files, directories and links, no setuid bits, owned by this user). A member that
+    breaks them is one LessonkitError naming it and the archive; dest is then removed."""
+    try:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, members=members, filter="data")
+        else:
+            tar.extractall(dest, members=[_checked_member(m, Path(dest).resolve()) for m in members])
+    except _RefusedMember as e:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise LessonkitError(f"{source}: refusing to unpack member {e.args[0]!r} ({e.args[1]})") from None
+    except getattr(tarfile, "FilterError", _RefusedMember) as e:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise LessonkitError(f"{source}: refusing to unpack member {e.tarinfo.name!r} ({e})") from None
+
+
+class _RefusedMember(Exception):
+    """A member the hand-made data filter refuses (Python 3.11.0 to 3.11.3)."""
+
+
+def _checked_member(m: tarfile.TarInfo, root: Path) -> tarfile.TarInfo:
+    """tarfile's data filter by hand: the member (changed in place) or _RefusedMember(name, why)."""
+    def inside(p: str) -> bool:
+        return os.path.normpath(os.path.join(root, p)).startswith(str(root) + os.sep)
+    name = m.name.replace("\\", "/")
+    if name.startswith("/") or ".." in name.split("/") or not inside(name):
+        raise _RefusedMember(m.name, "an absolute name or one leading outside the destination")
+    if m.issym() and (m.linkname.startswith("/") or not inside(os.path.join(os.path.dirname(name), m.linkname))):
+        raise _RefusedMember(m.name, f"a symbolic link to {m.linkname!r}, outside the destination")
+    if m.islnk() and (m.linkname.startswith("/") or not inside(m.linkname)):
+        raise _RefusedMember(m.name, f"a hard link to {m.linkname!r}, outside the destination")
+    if not (m.isreg() or m.isdir() or m.issym() or m.islnk()):
+        raise _RefusedMember(m.name, "a device, FIFO or other special file")
+    m.mode &= 0o755                                   # no setuid / setgid / sticky bits, no group or other write
+    m.uid, m.gid, m.uname, m.gname = os.getuid(), os.getgid(), "", ""
+    return m
+
+
 def fetch_sources(root: Path, log: Path) -> Path:
     """root/llama.cpp: vendor/llama.cpp of the llama-cpp-python sdist, downloaded with pip once."""
     src = root / "llama.cpp"
@@ -112,7 +152,9 @@ def fetch_sources(root: Path, log: Path) -> Path:
         members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.name != prefix + ".git"]
         for m in members:
             m.name = m.name[len(prefix):]
-        tar.extractall(partial, members=members, filter="data")
+            if m.islnk() and m.linkname.startswith(prefix):      # a hard link names a member of the archive
+                m.linkname = m.linkname[len(prefix):]
+        safe_extract(tar, partial, members, sdist)
     partial.rename(src)
     shutil.rmtree(sdists)           # 74 MB, of which only vendor/llama.cpp is needed
     return src
