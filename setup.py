@@ -111,7 +111,6 @@ class BdistWheel(bdist_wheel):
     def finalize_options(self):
         BuildPy.plat_name = self.plat_name
         super().finalize_options()
-        self.root_is_pure = False
 
     def get_tag(self):
         return "py3", "none", wheel_platform(self.plat_name if self.plat_name_supplied else None)

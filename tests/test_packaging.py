@@ -34,3 +34,33 @@ def test_ci_runs_the_readme_test_command_verbatim():
     cmds = re.findall(r"^\s*(\./workbook \w+)\s*$", readme, flags=re.M)
     assert "./workbook test" in cmds and "./workbook run" in cmds
     assert "./workbook test" in ci.splitlines()
+
+
+def test_workbook_py_sets_up_what_workbook_does():
+    """Windows' `py workbook.py run|test` installs the same things as ./workbook, and runs the same jobs."""
+    import subprocess
+    import sys
+    bash = (ROOT / "workbook").read_text(encoding="utf-8")
+    shown = subprocess.run([sys.executable, str(ROOT / "workbook.py"), "test", "--print"], capture_output=True,
+                           text=True, encoding="utf-8", check=True).stdout
+    for step in ('"torch==2.13.0"', '-e ".[dev]"', "lessonkit setup", "ipykernel install --sys-prefix --name python3",
+                 '-n 2 --dist worksteal -m "not serial"', "-m serial"):
+        assert step in bash, step
+        assert step.replace('"', "") in shown.replace("-m lessonkit setup", "lessonkit setup"), step
+    run = subprocess.run([sys.executable, str(ROOT / "workbook.py"), "run", "--smoke", "--print"], capture_output=True,
+                         text=True, encoding="utf-8", check=True).stdout
+    assert run.splitlines()[-1].endswith("-m lessonkit run --smoke")
+
+
+def test_the_sdist_manifest_holds_what_the_wheel_copies():
+    """setup.py copies WORKBOOK_PARTS into the wheel: the sdist (MANIFEST.in) must carry each of them, and
+    setup.py's list must be the resolver's."""
+    from lessonkit.engine.resources import WORKBOOK_PARTS
+    manifest = (ROOT / "MANIFEST.in").read_text(encoding="utf-8")
+    setup_py = (ROOT / "setup.py").read_text(encoding="utf-8")
+    import ast
+    assigned = [n.value for n in ast.parse(setup_py).body if isinstance(n, ast.Assign)
+                and getattr(n.targets[0], "id", "") == "WORKBOOK_PARTS"]
+    assert assigned and ast.literal_eval(assigned[0]) == WORKBOOK_PARTS
+    for part in WORKBOOK_PARTS:
+        assert f"graft {part}\n" in manifest, part

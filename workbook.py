@@ -1,0 +1,83 @@
+"""The two README commands on every OS, through Python (Windows PowerShell has no bash):
+
+    py workbook.py run      (Windows)      python3 workbook.py run     (Linux, macOS: same as ./workbook run)
+    py workbook.py test                    python3 workbook.py test
+
+Each sets up .venv/ beside this file (PyTorch's CPU build, lessonkit with its dev extras, SmolLM2's weights
+through `lessonkit setup`) when it is missing or older than the set-up files, then runs the main job (every
+lesson headlessly into build/) or the test suite. `--print` shows the commands without running them.
+./workbook does the same in bash; a test checks that the two install the same things."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+STAMP = VENV / ".lessonkit-installed"
+SETUP_FILES = ("pyproject.toml", "setup.py")
+TORCH = "torch==2.13.0"      # PyPI's torch is a CPU build on Windows and macOS; on Linux use ./workbook (README)
+
+
+def venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def setup_commands() -> list[list[str]]:
+    """The set-up, as ./workbook runs it: pip, torch, lessonkit with dev extras, SmolLM2, the kernel spec."""
+    py = str(venv_python())
+    pip = [py, "-m", "pip", "install", "--quiet"]
+    return [pip + ["--upgrade", "pip"], pip + [TORCH], pip + ["-e", ".[dev]"],
+            [py, "-m", "lessonkit", "setup"], [py, "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3"]]
+
+
+def stale() -> bool:
+    if not STAMP.exists():
+        return True
+    newest = max((ROOT / f).stat().st_mtime for f in SETUP_FILES)
+    return newest > STAMP.stat().st_mtime
+
+
+def job_commands(job: str, args: list[str]) -> list[list[str]]:
+    py = str(venv_python())
+    if job == "run":
+        return [[py, "-m", "lessonkit", "run", *args]]
+    if args:
+        return [[py, "-m", "pytest", "-q", *args]]
+    return [[py, "-m", "pytest", "-q", "-n", "2", "--dist", "worksteal", "-m", "not serial"],
+            [py, "-m", "pytest", "-q", "-m", "serial"]]
+
+
+def main(argv: list[str]) -> int:
+    show = "--print" in argv
+    argv = [a for a in argv if a != "--print"]
+    if not argv or argv[0] not in ("run", "test"):
+        print("usage: workbook.py run|test [args] [--print]", file=sys.stderr)
+        return 64
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.setdefault("OMP_NUM_THREADS", "1")          # batch-1 decoding is latency-bound (README)
+    cmds = []
+    if show or stale():
+        cmds += [[sys.executable, "-m", "venv", str(VENV)]] if not venv_python().exists() or show else []
+        cmds += setup_commands()
+    cmds += job_commands(argv[0], argv[1:])
+    rc = 0
+    for i, cmd in enumerate(cmds):
+        if show:
+            print(" ".join(cmd))
+            continue
+        r = subprocess.run(cmd, cwd=ROOT, env=env)
+        if r.returncode and cmd[2:4] == ["pytest", "-q"] and i + 1 < len(cmds):
+            rc = rc or r.returncode                  # the serial tests still run after a failure, as in ./workbook
+            continue
+        if r.returncode:
+            return r.returncode
+        if cmd[-3:] == ["--sys-prefix", "--name", "python3"]:
+            STAMP.touch()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
