@@ -20,3 +20,5 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     config.addinivalue_line("markers", "serial: measures wall time; `./workbook test` runs it alone, after the "
                             "parallel part, so that no other test shares the machine")
+    config.addinivalue_line("markers", "platforms: stands for a platform CI cannot run (other OSes, CPUs, Pythons, an "
+                            "installed wheel); skips with its reason where a tool is missing, never in CI")
