@@ -64,3 +64,12 @@ def test_the_sdist_manifest_holds_what_the_wheel_copies():
     assert assigned and ast.literal_eval(assigned[0]) == WORKBOOK_PARTS
     for part in WORKBOOK_PARTS:
         assert f"graft {part}\n" in manifest, part
+
+
+def test_readme_has_a_colab_link_per_lesson_on_the_published_repository():
+    repo = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["urls"]["Repository"]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    slug = repo.split("github.com/")[1]
+    linked = set(re.findall(rf"colab\.research\.google\.com/github/{re.escape(slug)}/blob/main/notebooks/([^)\s]+)", readme))
+    lessons = {p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    assert linked == lessons, f"links without a notebook: {linked - lessons}; notebooks without a link: {lessons - linked}"
