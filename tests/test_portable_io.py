@@ -3,6 +3,7 @@ the POSIX path gives, and every text file lessonkit opens names its encoding (a 
 command line under EncodingWarning-as-error is in tests/test_windows_pieces.py)."""
 import ast
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -275,4 +276,24 @@ def test_the_static_check_finds_what_it_looks_for():
 def test_every_text_file_lessonkit_opens_names_its_encoding():
     found = [f"{p.relative_to(ROOT)}:{line}: {what}" for p in sorted((ROOT / "lessonkit").rglob("*.py"))
              for line, what in unnamed_encodings(p.read_text(encoding="utf-8"))]
+    assert not found, "\n".join(found)
+
+
+def _notebook_code(nb: Path) -> list[tuple[int, str]]:
+    """(cell index, source) of each code cell, IPython's % and ! lines made `pass` (same indentation)."""
+    cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+    out = []
+    for i, c in enumerate(cells):
+        if c["cell_type"] == "code":
+            lines = "".join(c["source"]).splitlines()
+            out.append((i, "\n".join(l[:len(l) - len(l.lstrip())] + "pass" if l.lstrip().startswith(("%", "!")) else l
+                                     for l in lines)))
+    return out
+
+
+def test_every_text_file_the_notebooks_open_names_its_encoding():
+    """A notebook cell runs on the student's Windows too (lesson 03 read the corpus tokenizer as cp1252)."""
+    found = [f"{nb.relative_to(ROOT)} cell {i} line {line}: {what}"
+             for nb in sorted((ROOT / "notebooks").rglob("*.ipynb")) for i, src in _notebook_code(nb)
+             for line, what in unnamed_encodings(src)]
     assert not found, "\n".join(found)
