@@ -18,11 +18,14 @@ def run(check_fn, fn):
 
 def notebook_functions(notebook: str, sub: str = "solutions") -> dict:
     """The namespace of notebooks/<sub>/<notebook>.ipynb after its setup and `def` cells: every code
-    cell that defines or imports something, except the cells that run a check (`check.`)."""
+    cell that defines or imports something, except the cells that run a check (`check.`) and the Colab
+    install cell."""
     nb = json.loads((ROOT / "notebooks" / sub / f"{notebook}.ipynb").read_text())
     ns: dict = {}
     for cell in nb["cells"]:
         src = "".join(cell["source"])
+        if "colab-setup" in cell.get("metadata", {}).get("tags", []):     # IPython magics, and Colab only
+            continue
         if cell["cell_type"] == "code" and (src.startswith("def ") or "import" in src) and "check." not in src:
             exec(compile(src, f"{notebook}.ipynb", "exec"), ns)
     return ns
