@@ -38,52 +38,148 @@ Packed layout, per strip of 16 output columns, per block of 32 inputs (strips in
 Up to 6 rows dequantise in registers; more rows (verify blocks, prefill) dequantise a group of strips into
 an L2-sized float32 scratch in the float layout above, then run the float blocks on it: same values, same
 chains, same bits, and the dequantisation is shared by all the rows. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "portable.h"
+
 #include <math.h>
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define STRIP 16   /* columns per packed strip */
 #define PREFETCH 24   /* strip rows (cache lines) to prefetch ahead */
 #define GROUP_BYTES (128 * 1024)   /* strips per L2-resident group, when several row blocks share it */
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define HAVE_X86 1
-#else
-#define HAVE_X86 0
+#define HAVE_X86 RK_X86
+#if RK_ARM64
+#include <arm_neon.h>
 #endif
 
-/* ---- portable path ---------------------------------------------------------------------------- */
+/* ---- fma: one rounding of a * b + c, never the platform's fmaf on trust ----------------------------
+Every output is a chain of fmas, so every path must round a * b + c exactly once, as IEEE 754 says. A C
+library's fmaf need not (MinGW-w64's is not correctly rounded: a checksum over 2 million random triples
+differed from glibc's under wine64). So: the FMA instruction where the CPU has one (x86 FMA3 intrinsics,
+chosen at run time; arm64 always has it, NEON vfmaq_f32), and elsewhere soft_fmaf below.
 
-static void matmul_portable(const float *x, Py_ssize_t ldx, Py_ssize_t m, Py_ssize_t k,
-                            const float *w, float *y, Py_ssize_t ldy, Py_ssize_t n)
+soft_fmaf, and why it is correctly rounded. The product p = (double)a * (double)b is exact (24 + 24 = 48
+significant bits <= 53, and |p| <= 2^256, far from double's overflow and underflow). Rounding p + c to double
+and then to float would round twice: it is wrong when the double sum lands exactly halfway between two
+floats while the exact sum is not (e.g. a = 1 + 2^-23, b = (1 - 2^-23) 2^-24, c = 1 + 2^-23). So the sum is
+rounded to double *to odd*: s = RN(p + c); its exact error e = p + c - s comes from Knuth's TwoSum (six
+operations, exact in round-to-nearest); if e != 0 and s's last significand bit is even, s moves one ulp
+towards e, onto the odd neighbour (a change of the bit pattern by one: right across powers of two too).
+Boldo and Melquiond (IEEE Trans. Computers 57(4), 2008, "Emulation of FMA and correctly rounded sums:
+proved algorithms using rounding to odd") prove that a value rounded to odd with p + 2 or more bits,
+then rounded to nearest with p bits, is the correctly rounded exact value: 53 >= 24 + 2, and it holds for
+subnormal float results (fewer bits kept) and at the overflow threshold. Inf and NaN pass through the
+double sum unchanged. Needs IEEE double arithmetic without contraction or extended precision
+(portable.h refuses FLT_EVAL_METHOD 2; the build passes -ffp-contract=off). Tests: rk_fma_many below,
+against the FMA instruction on 2 million random and the known double-rounding triples. */
+static float soft_fmaf(float a, float b, float c)
 {
-    float acc[STRIP];
-    for (Py_ssize_t s = 0; s * STRIP < n; s++) {
-        const float *ws = w + s * STRIP * k;
-        const Py_ssize_t nc = n - s * STRIP < STRIP ? n - s * STRIP : STRIP;
-        for (Py_ssize_t r = 0; r < m; r++) {
-            const float *xr = x + r * ldx;
-            for (int c = 0; c < STRIP; c++) acc[c] = 0.0f;
-            for (Py_ssize_t i = 0; i < k; i++)
-                for (int c = 0; c < STRIP; c++) acc[c] = fmaf(xr[i], ws[STRIP * i + c], acc[c]);
-            memcpy(y + r * ldy + s * STRIP, acc, (size_t)nc * sizeof(float));
+    const double p = (double)a * (double)b, cd = (double)c;
+    double s = p + cd;
+    if (!(s - s == 0.0)) return (float)s;              /* inf or nan */
+    const double bb = s - p, err = (p - (s - bb)) + (cd - bb);
+    if (err != 0.0) {
+        uint64_t u;
+        memcpy(&u, &s, sizeof u);
+        if (!(u & 1)) {
+            u = ((err > 0.0) == (s > 0.0)) ? u + 1 : u - 1;   /* away from zero if err has s's sign */
+            memcpy(&s, &u, sizeof u);
         }
     }
+    return (float)s;
+}
+
+/* ---- portable path: plain C loops, one fma per weight, 16 columns at a time ----------------------- */
+#define PORTABLE_BODY(FMA)                                                                              \
+    float acc[STRIP];                                                                                   \
+    for (int64_t s = 0; s * STRIP < n; s++) {                                                           \
+        const float *ws = w + s * STRIP * k;                                                            \
+        const int64_t nc = n - s * STRIP < STRIP ? n - s * STRIP : STRIP;                               \
+        for (int64_t r = 0; r < m; r++) {                                                               \
+            const float *xr = x + r * ldx;                                                              \
+            for (int c = 0; c < STRIP; c++) acc[c] = 0.0f;                                              \
+            for (int64_t i = 0; i < k; i++)                                                             \
+                for (int c = 0; c < STRIP; c++) acc[c] = FMA(xr[i], ws[STRIP * i + c], acc[c]);         \
+            memcpy(y + r * ldy + s * STRIP, acc, (size_t)nc * sizeof(float));                           \
+        }                                                                                               \
+    }
+
+static void matmul_soft(const float *x, int64_t ldx, int64_t m, int64_t k, const float *w, float *y, int64_t ldy,
+                        int64_t n)
+{
+    PORTABLE_BODY(soft_fmaf)
+}
+
+#if RK_X86
+/* the FMA3 instruction on one float (vfmadd..ss): the portable path on CPUs with FMA, no AVX2 vectors */
+RK_TARGET("fma") static inline float hw_fmaf(float a, float b, float c)
+{
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+RK_TARGET("fma") static void matmul_hw(const float *x, int64_t ldx, int64_t m, int64_t k, const float *w, float *y,
+                                       int64_t ldy, int64_t n)
+{
+    PORTABLE_BODY(hw_fmaf)
+}
+#elif RK_ARM64
+/* arm64 always has FMA: NEON fmla on 4 columns at a time, the same one rounding per element */
+static inline float hw_fmaf(float a, float b, float c)
+{
+    return vgetq_lane_f32(vfmaq_f32(vdupq_n_f32(c), vdupq_n_f32(a), vdupq_n_f32(b)), 0);
+}
+static void matmul_hw(const float *x, int64_t ldx, int64_t m, int64_t k, const float *w, float *y, int64_t ldy,
+                      int64_t n)
+{
+    for (int64_t s = 0; s * STRIP < n; s++) {
+        const float *ws = w + s * STRIP * k;
+        const int64_t nc = n - s * STRIP < STRIP ? n - s * STRIP : STRIP;
+        for (int64_t r = 0; r < m; r++) {
+            const float *xr = x + r * ldx;
+            float32x4_t acc[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+            for (int64_t i = 0; i < k; i++) {
+                const float32x4_t xb = vdupq_n_f32(xr[i]);
+                for (int v = 0; v < 4; v++) acc[v] = vfmaq_f32(acc[v], xb, vld1q_f32(ws + STRIP * i + 4 * v));
+            }
+            float out[STRIP];
+            for (int v = 0; v < 4; v++) vst1q_f32(out + 4 * v, acc[v]);
+            memcpy(y + r * ldy + s * STRIP, out, (size_t)nc * sizeof(float));
+        }
+    }
+}
+#endif
+
+typedef void (*matmul_fn)(const float *, int64_t, int64_t, int64_t, const float *, float *, int64_t, int64_t);
+
+/* the portable path's fma: the instruction when this CPU has it (arm64: always), else soft_fmaf */
+static int hw_fma(void)
+{
+#if RK_ARM64
+    return 1;
+#elif RK_X86
+    static int hw = -1;                    /* a benign race: every thread computes the same value */
+    if (hw < 0) hw = rk_cpu_fma();
+    return hw;
+#else
+    return 0;
+#endif
+}
+
+static void matmul_portable(const float *x, int64_t ldx, int64_t m, int64_t k, const float *w, float *y,
+                            int64_t ldy, int64_t n)
+{
+#if RK_X86 || RK_ARM64
+    if (hw_fma()) { matmul_hw(x, ldx, m, k, w, y, ldy, n); return; }
+#endif
+    matmul_soft(x, ldx, m, k, w, y, ldy, n);
 }
 
 /* ---- AVX2 + FMA path -------------------------------------------------------------------------- */
 #if HAVE_X86
-#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX2 RK_TARGET("avx2,fma")
 #define LANES _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
-#define UNROLL _Pragma("GCC unroll 16")
+#define UNROLL RK_UNROLL
 
 /* the accumulators of an MB x P register block: zeroed, then stored with the tail columns masked */
 #define ZERO_ACC(MB, P)                                                                                 \
@@ -97,13 +193,13 @@ static void matmul_portable(const float *x, Py_ssize_t ldx, Py_ssize_t m, Py_ssi
 
 /* MB rows x P strips (2 vectors of 8 columns each); strip s of the group starts at wp + s * 16 * k */
 #define DEFINE_BLOCK(MB, P)                                                                         \
-AVX2 static void block_##MB##x##P(const float *x, Py_ssize_t ldx, Py_ssize_t k, const float *wp,   \
-                                  const float *pf, float *y, Py_ssize_t ldy, Py_ssize_t ncols)      \
+AVX2 static void block_##MB##x##P(const float *x, int64_t ldx, int64_t k, const float *wp,   \
+                                  const float *pf, float *y, int64_t ldy, int64_t ncols)      \
 {                                                                                                    \
     __m256 acc[MB][2 * P];                                                                           \
     UNROLL for (int r = 0; r < MB; r++)                                                              \
         UNROLL for (int v = 0; v < 2 * P; v++) acc[r][v] = _mm256_setzero_ps();                      \
-    for (Py_ssize_t i = 0; i < k; i++) {                                                             \
+    for (int64_t i = 0; i < k; i++) {                                                             \
         __m256 wv[2 * P];                                                                            \
         UNROLL for (int s = 0; s < P; s++) {                                                         \
             if (pf) _mm_prefetch((const char *)(pf + s * STRIP * k + STRIP * i), _MM_HINT_T0);         \
@@ -132,8 +228,8 @@ DEFINE_BLOCK(4, 1)
 DEFINE_BLOCK(5, 1)
 DEFINE_BLOCK(6, 1)
 
-typedef void (*block_fn)(const float *, Py_ssize_t, Py_ssize_t, const float *, const float *, float *, Py_ssize_t,
-                         Py_ssize_t);
+typedef void (*block_fn)(const float *, int64_t, int64_t, const float *, const float *, float *, int64_t,
+                         int64_t);
 
 /* for a row-block height MB: the widest block (in strips) first, then narrower ones for the tail */
 static const block_fn BLOCKS[7][3] = {
@@ -150,10 +246,10 @@ static const int STRIPS[7][3] = {{0, 0, 0}, {4, 2, 1}, {2, 1, 0}, {2, 1, 0}, {1,
 /* one row block of height mb against strips [s0, s1) of the packed weights. Prefetch: `ahead` streams
 the block's own strips PREFETCH lines ahead (first pass over memory-resident weights), `next` is the
 offset of the group to fetch into cache while this block computes on cached strips (or 0: none). */
-static void rows_avx2(const float *x, Py_ssize_t ldx, int mb, Py_ssize_t k, const float *w, Py_ssize_t s0,
-                      Py_ssize_t s1, float *y, Py_ssize_t ldy, Py_ssize_t n, int ahead, Py_ssize_t next)
+static void rows_avx2(const float *x, int64_t ldx, int mb, int64_t k, const float *w, int64_t s0,
+                      int64_t s1, float *y, int64_t ldy, int64_t n, int ahead, int64_t next)
 {
-    Py_ssize_t s = s0;
+    int64_t s = s0;
     for (int t = 0; t < 3 && STRIPS[mb][t]; t++) {
         const int p = STRIPS[mb][t];
         for (; s + p <= s1; s += p) {
@@ -164,19 +260,19 @@ static void rows_avx2(const float *x, Py_ssize_t ldx, int mb, Py_ssize_t k, cons
     }
 }
 
-static void matmul_avx2(const float *x, Py_ssize_t ldx, Py_ssize_t m, Py_ssize_t k,
-                        const float *w, float *y, Py_ssize_t ldy, Py_ssize_t n)
+static void matmul_avx2(const float *x, int64_t ldx, int64_t m, int64_t k,
+                        const float *w, float *y, int64_t ldy, int64_t n)
 {
-    const Py_ssize_t nstrips = (n + STRIP - 1) / STRIP;
+    const int64_t nstrips = (n + STRIP - 1) / STRIP;
     /* One row block (m <= 6): one pass over all strips. More rows: groups of strips small enough that
        two fit in L2; every row block passes over a group while it is cached, and the last row block
        prefetches the next group, so the weights leave memory once and memory never idles. */
-    Py_ssize_t gs = m <= 6 ? nstrips : GROUP_BYTES / (STRIP * (Py_ssize_t)sizeof(float) * k);
+    int64_t gs = m <= 6 ? nstrips : GROUP_BYTES / (STRIP * (int64_t)sizeof(float) * k);
     if (gs < 1) gs = 1;
-    for (Py_ssize_t g = 0; g < nstrips; g += gs) {
-        const Py_ssize_t g1 = g + gs < nstrips ? g + gs : nstrips;
-        for (Py_ssize_t r0 = 0; r0 < m;) {
-            const Py_ssize_t rest = m - r0;
+    for (int64_t g = 0; g < nstrips; g += gs) {
+        const int64_t g1 = g + gs < nstrips ? g + gs : nstrips;
+        for (int64_t r0 = 0; r0 < m;) {
+            const int64_t rest = m - r0;
             const int mb = rest >= 9 ? 6 : rest >= 7 ? 4 : (int)rest;   /* 7, 8 rows: 4 + 3, 4 + 4 */
             const int last = r0 + mb >= m && g1 < nstrips;
             rows_avx2(x + r0 * ldx, ldx, mb, k, w, g, g1, y + r0 * ldy, ldy, n, r0 == 0,
@@ -193,7 +289,7 @@ static void matmul_avx2(const float *x, Py_ssize_t ldx, Py_ssize_t m, Py_ssize_t
 #define Q80_BLOCK 544    /* d[16] (f16), 32 x 16 int8 */
 enum { KIND_F32 = -1, KIND_Q41 = 0, KIND_Q80 = 1 };
 
-static size_t strip_bytes(int kind, Py_ssize_t k)
+static size_t strip_bytes(int kind, int64_t k)
 {
     return (size_t)(k / QK) * (kind == KIND_Q41 ? Q41_BLOCK : Q80_BLOCK);
 }
@@ -209,11 +305,11 @@ static float half_to_float(const uint8_t *p)
 }
 
 /* strips [0, ns) of packed native weights -> the float strip layout (out: ns x k x 16 floats) */
-static void dequant_portable(const uint8_t *w, int kind, Py_ssize_t k, Py_ssize_t ns, float *out)
+static void dequant_portable(const uint8_t *w, int kind, int64_t k, int64_t ns, float *out)
 {
     const size_t sb = strip_bytes(kind, k);
-    for (Py_ssize_t s = 0; s < ns; s++)
-        for (Py_ssize_t b = 0; b < k / QK; b++) {
+    for (int64_t s = 0; s < ns; s++)
+        for (int64_t b = 0; b < k / QK; b++) {
             float d[STRIP], mn[STRIP], *o = out + s * STRIP * k + b * QK * STRIP;
             if (kind == KIND_Q41) {
                 const uint8_t *blk = w + s * sb + b * Q41_BLOCK;
@@ -234,14 +330,14 @@ static void dequant_portable(const uint8_t *w, int kind, Py_ssize_t k, Py_ssize_
 }
 
 #if HAVE_X86
-#define AVX2H __attribute__((target("avx2,fma,f16c")))
+#define AVX2H RK_TARGET("avx2,fma,f16c")
 
-AVX2H static void dequant_avx2(const uint8_t *w, int kind, Py_ssize_t k, Py_ssize_t ns, float *out)
+AVX2H static void dequant_avx2(const uint8_t *w, int kind, int64_t k, int64_t ns, float *out)
 {
     const size_t sb = strip_bytes(kind, k);
     const __m256i low = _mm256_set1_epi32(15);
-    for (Py_ssize_t s = 0; s < ns; s++)
-        for (Py_ssize_t b = 0; b < k / QK; b++) {
+    for (int64_t s = 0; s < ns; s++)
+        for (int64_t b = 0; b < k / QK; b++) {
             float *o = out + s * STRIP * k + b * QK * STRIP;
             const uint8_t *blk = w + s * sb + b * (kind == KIND_Q41 ? Q41_BLOCK : Q80_BLOCK);
             for (int h = 0; h < 2; h++) {
@@ -268,13 +364,13 @@ AVX2H static void dequant_avx2(const uint8_t *w, int kind, Py_ssize_t k, Py_ssiz
 /* MB rows x P strips of Q4_1 blocks, dequantised in registers: per input pair the weights of the P strips
    are built once (d * q + m: a multiply, then an add) and feed every row's chain, input 2j then 2j + 1 */
 #define DEFINE_Q41(MB, P)                                                                               \
-AVX2H static void q41_##MB##x##P(const float *x, Py_ssize_t ldx, Py_ssize_t k, const uint8_t *wp,       \
-                                 size_t sb, float *y, Py_ssize_t ldy, Py_ssize_t ncols)                 \
+AVX2H static void q41_##MB##x##P(const float *x, int64_t ldx, int64_t k, const uint8_t *wp,       \
+                                 size_t sb, float *y, int64_t ldy, int64_t ncols)                 \
 {                                                                                                        \
     __m256 acc[MB][2 * P];                                                                               \
     const __m256i low = _mm256_set1_epi32(15);                                                           \
     ZERO_ACC(MB, P)                                                                                      \
-    for (Py_ssize_t b = 0; b < k / QK; b++) {                                                            \
+    for (int64_t b = 0; b < k / QK; b++) {                                                            \
         __m256 d[2 * P], mn[2 * P];                                                                      \
         UNROLL for (int v = 0; v < 2 * P; v++) {                                                         \
             const uint8_t *blk = wp + (v / 2) * sb + b * Q41_BLOCK + 16 * (v % 2);                      \
@@ -300,12 +396,12 @@ AVX2H static void q41_##MB##x##P(const float *x, Py_ssize_t ldx, Py_ssize_t k, c
 
 /* the same for Q8_0 blocks: w = d * q, one input at a time */
 #define DEFINE_Q80(MB, P)                                                                               \
-AVX2H static void q80_##MB##x##P(const float *x, Py_ssize_t ldx, Py_ssize_t k, const uint8_t *wp,       \
-                                 size_t sb, float *y, Py_ssize_t ldy, Py_ssize_t ncols)                 \
+AVX2H static void q80_##MB##x##P(const float *x, int64_t ldx, int64_t k, const uint8_t *wp,       \
+                                 size_t sb, float *y, int64_t ldy, int64_t ncols)                 \
 {                                                                                                        \
     __m256 acc[MB][2 * P];                                                                               \
     ZERO_ACC(MB, P)                                                                                      \
-    for (Py_ssize_t b = 0; b < k / QK; b++) {                                                            \
+    for (int64_t b = 0; b < k / QK; b++) {                                                            \
         __m256 d[2 * P];                                                                                 \
         UNROLL for (int v = 0; v < 2 * P; v++)                                                           \
             d[v] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + (v / 2) * sb + b * Q80_BLOCK + 16 * (v % 2)))); \
@@ -334,20 +430,20 @@ DEFINE_NATIVE(4, 1)
 DEFINE_NATIVE(5, 1)
 DEFINE_NATIVE(6, 1)
 
-typedef void (*qblock_fn)(const float *, Py_ssize_t, Py_ssize_t, const uint8_t *, size_t, float *, Py_ssize_t,
-                          Py_ssize_t);
+typedef void (*qblock_fn)(const float *, int64_t, int64_t, const uint8_t *, size_t, float *, int64_t,
+                          int64_t);
 #define NATIVE_TABLE(Q) {                                                                  \
     {0, 0, 0}, {Q##_1x4, Q##_1x2, Q##_1x1}, {Q##_2x2, Q##_2x1, 0}, {Q##_3x2, Q##_3x1, 0}, \
     {Q##_4x1, 0, 0}, {Q##_5x1, 0, 0}, {Q##_6x1, 0, 0}}
 static const qblock_fn QBLOCKS[2][7][3] = {NATIVE_TABLE(q41), NATIVE_TABLE(q80)};
 
 /* m <= 6 rows, every strip, one register block height (the blocks' widths as rows_avx2) */
-static void qrows_avx2(const float *x, Py_ssize_t ldx, int m, Py_ssize_t k, const uint8_t *w, int kind, float *y,
-                       Py_ssize_t ldy, Py_ssize_t n)
+static void qrows_avx2(const float *x, int64_t ldx, int m, int64_t k, const uint8_t *w, int kind, float *y,
+                       int64_t ldy, int64_t n)
 {
-    const Py_ssize_t nstrips = (n + STRIP - 1) / STRIP;
+    const int64_t nstrips = (n + STRIP - 1) / STRIP;
     const size_t sb = strip_bytes(kind, k);
-    Py_ssize_t s = 0;
+    int64_t s = 0;
     for (int t = 0; t < 3 && STRIPS[m][t]; t++) {
         const int p = STRIPS[m][t];
         for (; s + p <= nstrips; s += p)
@@ -359,27 +455,27 @@ static void qrows_avx2(const float *x, Py_ssize_t ldx, int m, Py_ssize_t k, cons
 /* ---- one product on a range of strips; the thread pool splits products into such ranges ----------- */
 typedef struct {
     const float *x;
-    Py_ssize_t ldx, m, k;
+    int64_t ldx, m, k;
     const void *w;          /* float strips (KIND_F32) or native strip-blocks */
     int kind, avx2;
     float *y;
-    Py_ssize_t ldy, n;
+    int64_t ldy, n;
     float **scratch;        /* per part: GROUP_BYTES of float strips (native weights, M > 6 or portable) */
 } product_t;
 
-static Py_ssize_t group_strips(Py_ssize_t k)
+static int64_t group_strips(int64_t k)
 {
-    const Py_ssize_t gs = GROUP_BYTES / (STRIP * (Py_ssize_t)sizeof(float) * k);
+    const int64_t gs = GROUP_BYTES / (STRIP * (int64_t)sizeof(float) * k);
     return gs < 1 ? 1 : gs;
 }
 
 /* native weights through the float blocks: a group of strips dequantised into scratch, then every row */
-static void native_via_scratch(const product_t *p, const uint8_t *w, float *y, Py_ssize_t n, float *buf)
+static void native_via_scratch(const product_t *p, const uint8_t *w, float *y, int64_t n, float *buf)
 {
-    const Py_ssize_t nstrips = (n + STRIP - 1) / STRIP, gs = group_strips(p->k);
+    const int64_t nstrips = (n + STRIP - 1) / STRIP, gs = group_strips(p->k);
     const size_t sb = strip_bytes(p->kind, p->k);
-    for (Py_ssize_t g = 0; g < nstrips; g += gs) {
-        const Py_ssize_t ns = g + gs < nstrips ? gs : nstrips - g, cols = n - g * STRIP;
+    for (int64_t g = 0; g < nstrips; g += gs) {
+        const int64_t ns = g + gs < nstrips ? gs : nstrips - g, cols = n - g * STRIP;
 #if HAVE_X86
         if (p->avx2) {
             dequant_avx2(w + g * sb, p->kind, p->k, ns, buf);
@@ -395,12 +491,12 @@ static void native_via_scratch(const product_t *p, const uint8_t *w, float *y, P
 static void product_part(void *ctx, int part, int parts)
 {
     const product_t *p = (const product_t *)ctx;
-    const Py_ssize_t nstrips = (p->n + STRIP - 1) / STRIP;
-    const Py_ssize_t s0 = nstrips * part / parts, s1 = nstrips * (part + 1) / parts;
+    const int64_t nstrips = (p->n + STRIP - 1) / STRIP;
+    const int64_t s0 = nstrips * part / parts, s1 = nstrips * (part + 1) / parts;
     if (s0 >= s1)
         return;
     float *y = p->y + s0 * STRIP;
-    const Py_ssize_t n = (s1 * STRIP < p->n ? s1 * STRIP : p->n) - s0 * STRIP;
+    const int64_t n = (s1 * STRIP < p->n ? s1 * STRIP : p->n) - s0 * STRIP;
     if (p->kind == KIND_F32) {
         const float *w = (const float *)p->w + s0 * STRIP * p->k;
 #if HAVE_X86
@@ -419,19 +515,20 @@ static void product_part(void *ctx, int part, int parts)
 /* ---- the thread pool ------------------------------------------------------------------------------
 Workers spin on a job counter for SPIN_S after their last job, then sleep on a condition variable; the caller runs part 0 and
 spins until every worker has finished its part. One product at a time (pool_lock); a caller that finds
-the pool busy (another Python thread) runs its product alone. After fork the child has no workers. */
+the pool busy (another Python thread) runs its product alone. After fork the child has no workers.
+pthreads on POSIX, Win32 threads, SRW locks and condition variables on Windows (portable.h). */
 #define MAXT 64
 #define SPIN 4000
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER, wake_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t wake_cv = PTHREAD_COND_INITIALIZER;
-static int pool_size = 1, pool_started = 0;
-static atomic_int pool_active;          /* workers 1..pool_active take parts; the others are parked */
-static pthread_cond_t park_cv = PTHREAD_COND_INITIALIZER;
-static atomic_uint job_gen;
-static atomic_int job_left;
+static rk_mutex pool_lock = RK_MUTEX_INIT, wake_mu = RK_MUTEX_INIT;
+static rk_cond wake_cv = RK_COND_INIT, park_cv = RK_COND_INIT;
+static int pool_size = 1, pool_started = 0, fork_hook = 0;
+static rk_atomic pool_active;           /* workers 1..pool_active take parts; the others are parked */
+static rk_atomic job_gen;
+static rk_atomic job_left;
 static void (*job_fn)(void *, int, int);
 static void *job_ctx;
 static int job_parts;
+static long worker_seen[MAXT];          /* job_gen when worker i was started (under pool_lock) */
 static float *part_buf[MAXT];
 static size_t part_cap[MAXT];
 
@@ -440,50 +537,36 @@ static size_t part_cap[MAXT];
    scheduler) cost more than its half of the product (measured: 2 threads decoded slower than 1). */
 #define SPIN_S 0.002
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static inline void cpu_relax(void)
-{
-#if HAVE_X86
-    _mm_pause();
-#endif
-}
-
-/* arg: the worker's id in the low 16 bits, above them the job counter when it was created (read under
-   pool_lock, so no job has started since: a worker that starts late still sees the first job) */
+/* arg: the worker's id; it starts from the job counter read under pool_lock when it was created (no job
+   has started since: a worker that starts late still sees the first job) */
 static void *pool_worker(void *arg)
 {
-    const int id = (int)((uintptr_t)arg & 0xffff);
-    unsigned seen = (unsigned)((uintptr_t)arg >> 16);
+    const int id = (int)(uintptr_t)arg;
+    long seen = worker_seen[id];
     for (;;) {
-        unsigned g;
-        const double until = now_s() + SPIN_S;
-        for (int spins = 0; (g = atomic_load_explicit(&job_gen, memory_order_acquire)) == seen; spins++) {
-            if ((spins & 63) || now_s() < until) {
-                if ((spins & 63) == 63) sched_yield();   /* more threads than cores: let the others run */
-                else cpu_relax();
+        long g;
+        const double until = rk_now_s() + SPIN_S;
+        for (int spins = 0; (g = rk_load(&job_gen)) == seen; spins++) {
+            if ((spins & 63) || rk_now_s() < until) {
+                if ((spins & 63) == 63) rk_thread_yield();   /* more threads than cores: let the others run */
+                else rk_relax();
                 continue;
             }
-            pthread_mutex_lock(&wake_mu);
-            while ((g = atomic_load(&job_gen)) == seen) pthread_cond_wait(&wake_cv, &wake_mu);
-            pthread_mutex_unlock(&wake_mu);
+            rk_mutex_lock(&wake_mu);
+            while ((g = rk_load(&job_gen)) == seen) rk_cond_wait(&wake_cv, &wake_mu);
+            rk_mutex_unlock(&wake_mu);
             break;
         }
         seen = g;
         if (id < job_parts) {
             job_fn(job_ctx, id, job_parts);
-            atomic_fetch_sub_explicit(&job_left, 1, memory_order_acq_rel);
+            rk_fetch_add(&job_left, -1);
         }
-        if (id > atomic_load(&pool_active)) {      /* fewer threads asked for: sleep until needed again */
-            pthread_mutex_lock(&wake_mu);
-            while (id > atomic_load(&pool_active)) pthread_cond_wait(&park_cv, &wake_mu);
-            seen = atomic_load(&job_gen);           /* set_threads holds pool_lock: no job is running */
-            pthread_mutex_unlock(&wake_mu);
+        if (id > rk_load(&pool_active)) {          /* fewer threads asked for: sleep until needed again */
+            rk_mutex_lock(&wake_mu);
+            while (id > rk_load(&pool_active)) rk_cond_wait(&park_cv, &wake_mu);
+            seen = rk_load(&job_gen);               /* set_threads holds pool_lock: no job is running */
+            rk_mutex_unlock(&wake_mu);
         }
     }
     return NULL;
@@ -493,26 +576,26 @@ static void run_parts(void (*fn)(void *, int, int), void *ctx, int parts)
 {
     if (parts <= 1 || pool_started == 0) { fn(ctx, 0, 1); return; }
     job_fn = fn, job_ctx = ctx, job_parts = parts;
-    atomic_store(&job_left, parts - 1);      /* parts <= pool_size: workers 1 .. parts - 1 are active */
-    pthread_mutex_lock(&wake_mu);
-    atomic_fetch_add_explicit(&job_gen, 1, memory_order_release);
-    pthread_cond_broadcast(&wake_cv);
-    pthread_mutex_unlock(&wake_mu);
+    rk_store(&job_left, parts - 1);         /* parts <= pool_size: workers 1 .. parts - 1 are active */
+    rk_mutex_lock(&wake_mu);
+    rk_fetch_add(&job_gen, 1);
+    rk_cond_broadcast(&wake_cv);
+    rk_mutex_unlock(&wake_mu);
     fn(ctx, 0, parts);
-    for (int spins = 0; atomic_load_explicit(&job_left, memory_order_acquire) > 0; spins++) {
-        if (spins < SPIN) cpu_relax();
-        else sched_yield();               /* a worker that lost its core: give it ours */
+    for (int spins = 0; rk_load(&job_left) > 0; spins++) {
+        if (spins < SPIN) rk_relax();
+        else rk_thread_yield();             /* a worker that lost its core: give it ours */
     }
 }
 
 static void pool_after_fork(void)
 {
-    pthread_mutex_init(&pool_lock, NULL);
-    pthread_mutex_init(&wake_mu, NULL);
-    pthread_cond_init(&wake_cv, NULL);
-    pthread_cond_init(&park_cv, NULL);
+    const rk_mutex fresh = RK_MUTEX_INIT;
+    const rk_cond fresh_cv = RK_COND_INIT;
+    pool_lock = fresh, wake_mu = fresh;
+    wake_cv = fresh_cv, park_cv = fresh_cv;
     pool_started = 0, pool_size = 1;
-    atomic_store(&pool_active, 0);
+    rk_store(&pool_active, 0);
 }
 
 /* grow part p's scratch to at least `need` floats; 0 on success */
@@ -520,7 +603,7 @@ static int ensure_scratch(float **buf, size_t *cap, size_t need)
 {
     if (*cap >= need) return 0;
     free(*buf);
-    *buf = malloc(need * sizeof(float));
+    *buf = (float *)malloc(need * sizeof(float));
     *cap = *buf ? need : 0;
     return *buf ? 0 : -1;
 }
@@ -531,16 +614,16 @@ static int run_product(product_t *p)
     const size_t need = (p->kind == KIND_F32) ? 0 : (size_t)group_strips(p->k) * STRIP * (size_t)p->k;
     float *own = NULL, *bufs[MAXT];
     int rc = 0;
-    if (pthread_mutex_trylock(&pool_lock) == 0) {
-        const Py_ssize_t nstrips = (p->n + STRIP - 1) / STRIP;
+    if (rk_mutex_trylock(&pool_lock) == 0) {
+        const int64_t nstrips = (p->n + STRIP - 1) / STRIP;
         const int parts = (int)(nstrips < pool_size ? nstrips : pool_size);
         for (int i = 0; i < parts && need; i++) rc |= ensure_scratch(&part_buf[i], &part_cap[i], need);
         p->scratch = part_buf;
         if (rc == 0) run_parts(product_part, p, parts);
-        pthread_mutex_unlock(&pool_lock);
+        rk_mutex_unlock(&pool_lock);
         return rc;
     }
-    if (need && !(own = malloc(need * sizeof(float)))) return -1;
+    if (need && !(own = (float *)malloc(need * sizeof(float)))) return -1;
     bufs[0] = own;
     p->scratch = bufs;
     product_part(p, 0, 1);
@@ -548,136 +631,127 @@ static int run_product(product_t *p)
     return rc;
 }
 
-/* ---- dispatch --------------------------------------------------------------------------------- */
+/* ---- the entry points: plain C, no Python ------------------------------------------------------------
+lessonkit/engine/kernel.py loads this library with ctypes (which releases the GIL around every call) and
+turns the codes below into the exceptions the engine raises. Addresses are uintptr_t, sizes int64_t; every
+entry point returns RK_OK or an error code. */
+#define RK_ABI 4               /* bumped when an entry point's arguments change; kernel.py refuses another */
+enum {
+    RK_OK = 0,
+    RK_BAD_SIZES = 1,          /* a size < 1, a leading dimension < the row, K not a multiple of 32 */
+    RK_NO_AVX2 = 2,            /* the AVX2 path asked for on a CPU without AVX2 + FMA + F16C */
+    RK_NO_MEMORY = 3,          /* scratch for native blocks could not be allocated */
+    RK_BAD_KIND = 4,           /* a block kind other than 0 (Q4_1) or 1 (Q8_0) */
+    RK_BAD_THREADS = 5,        /* set_threads outside 1 .. RK_MAX_THREADS */
+};
 
-static int cpu_has_avx2_fma(void)
-{
-#if HAVE_X86 && defined(__GNUC__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-#else
-    return 0;
-#endif
-}
+RK_EXPORT int32_t rk_abi(void) { return RK_ABI; }
+RK_EXPORT int32_t rk_max_threads(void) { return MAXT; }
+RK_EXPORT int32_t rk_has_avx2(void) { return rk_cpu_avx2_fma_f16c(); }
 
-typedef void (*matmul_fn)(const float *, Py_ssize_t, Py_ssize_t, Py_ssize_t, const float *, float *, Py_ssize_t,
-                          Py_ssize_t);
-
-/* the path a call asked for, or NULL with a Python error when it asked for AVX2 on a CPU without it */
-static matmul_fn choose_matmul(int use_avx2, const char *who)
+/* the path a call asked for: NULL when it asked for AVX2 on a CPU without it */
+static matmul_fn choose_matmul(int32_t use_avx2)
 {
 #if HAVE_X86
-    if (use_avx2 && !cpu_has_avx2_fma()) {
-        PyErr_Format(PyExc_RuntimeError, "rowkernel.%s: this CPU has no AVX2/FMA/F16C", who);
-        return NULL;
-    }
-    return use_avx2 ? matmul_avx2 : matmul_portable;
-#else
-    (void)use_avx2;
-    (void)who;
-    return matmul_portable;
+    if (use_avx2) return rk_cpu_avx2_fma_f16c() ? matmul_avx2 : NULL;
 #endif
+    (void)use_avx2;
+    return matmul_portable;
 }
 
-static PyObject *product_call(product_t *p, const char *who)
+static int32_t product_call(product_t *p)
 {
-    if (p->m < 1 || p->k < 1 || p->n < 1 || p->ldx < p->k || p->ldy < p->n ||
-        (p->kind != KIND_F32 && p->k % QK)) {
-        PyErr_Format(PyExc_ValueError, "rowkernel.%s: bad sizes", who);
-        return NULL;
-    }
-    if (!choose_matmul(p->avx2, who))
-        return NULL;
+    if (p->m < 1 || p->k < 1 || p->n < 1 || p->ldx < p->k || p->ldy < p->n || (p->kind != KIND_F32 && p->k % QK))
+        return RK_BAD_SIZES;
+    if (!choose_matmul(p->avx2))
+        return RK_NO_AVX2;
 #if !HAVE_X86
     p->avx2 = 0;
 #endif
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = run_product(p);
-    Py_END_ALLOW_THREADS
-    if (rc)
-        return PyErr_NoMemory();
-    Py_RETURN_NONE;
+    return run_product(p) ? RK_NO_MEMORY : RK_OK;
 }
 
-/* matmul(x_addr, m, k, ldx, packed_addr, n, y_addr, ldy, use_avx2): y[m, :n] = x[m, :k] @ W */
-static PyObject *rk_matmul(PyObject *self, PyObject *args)
+/* y[m, :n] = x[m, :k] @ W, W packed in float strips */
+RK_EXPORT int32_t rk_matmul(uintptr_t x, int64_t m, int64_t k, int64_t ldx, uintptr_t w, int64_t n, uintptr_t y,
+                            int64_t ldy, int32_t use_avx2)
 {
-    unsigned long long xa, wa, ya;
     product_t p = {0};
-    if (!PyArg_ParseTuple(args, "KnnnKnKnp", &xa, &p.m, &p.k, &p.ldx, &wa, &p.n, &ya, &p.ldy, &p.avx2))
-        return NULL;
-    p.x = (const float *)(uintptr_t)xa, p.w = (const void *)(uintptr_t)wa, p.y = (float *)(uintptr_t)ya;
-    p.kind = KIND_F32;
-    return product_call(&p, "matmul");
+    p.x = (const float *)x, p.m = m, p.k = k, p.ldx = ldx, p.w = (const void *)w, p.n = n;
+    p.y = (float *)y, p.ldy = ldy, p.avx2 = use_avx2 != 0, p.kind = KIND_F32;
+    return product_call(&p);
 }
 
-/* qmatmul(x_addr, m, k, ldx, packed_addr, kind, n, y_addr, ldy, use_avx2): the same on native strip-blocks,
-   kind 0 = Q4_1, 1 = Q8_0 */
-static PyObject *rk_qmatmul(PyObject *self, PyObject *args)
+/* the same on native strip-blocks: kind 0 = Q4_1, 1 = Q8_0 */
+RK_EXPORT int32_t rk_qmatmul(uintptr_t x, int64_t m, int64_t k, int64_t ldx, uintptr_t w, int32_t kind, int64_t n,
+                             uintptr_t y, int64_t ldy, int32_t use_avx2)
 {
-    unsigned long long xa, wa, ya;
+    if (kind != KIND_Q41 && kind != KIND_Q80)
+        return RK_BAD_KIND;
     product_t p = {0};
-    if (!PyArg_ParseTuple(args, "KnnnKinKnp", &xa, &p.m, &p.k, &p.ldx, &wa, &p.kind, &p.n, &ya, &p.ldy, &p.avx2))
-        return NULL;
-    if (p.kind != KIND_Q41 && p.kind != KIND_Q80) {
-        PyErr_Format(PyExc_ValueError, "rowkernel.qmatmul: unknown block kind %d (0: Q4_1, 1: Q8_0)", p.kind);
-        return NULL;
-    }
-    p.x = (const float *)(uintptr_t)xa, p.w = (const void *)(uintptr_t)wa, p.y = (float *)(uintptr_t)ya;
-    return product_call(&p, "qmatmul");
+    p.x = (const float *)x, p.m = m, p.k = k, p.ldx = ldx, p.w = (const void *)w, p.kind = kind, p.n = n;
+    p.y = (float *)y, p.ldy = ldy, p.avx2 = use_avx2 != 0;
+    return product_call(&p);
 }
 
-/* dequantise(packed_addr, kind, k, n, out_addr, use_avx2): native strips -> float strips (tests, f32 path) */
-static PyObject *rk_dequantise(PyObject *self, PyObject *args)
+/* native strips -> float strips (out: ceil(n / 16) x k x 16 floats; tests and the float32 path) */
+RK_EXPORT int32_t rk_dequantise(uintptr_t w, int32_t kind, int64_t k, int64_t n, uintptr_t out, int32_t use_avx2)
 {
-    unsigned long long wa, oa;
-    int kind, use_avx2;
-    Py_ssize_t k, n;
-    if (!PyArg_ParseTuple(args, "KinnKp", &wa, &kind, &k, &n, &oa, &use_avx2))
-        return NULL;
-    if ((kind != KIND_Q41 && kind != KIND_Q80) || k < QK || k % QK || n < 1 || !choose_matmul(use_avx2, "dequantise")) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "rowkernel.dequantise: bad arguments");
-        return NULL;
-    }
-    const Py_ssize_t ns = (n + STRIP - 1) / STRIP;
+    if (kind != KIND_Q41 && kind != KIND_Q80)
+        return RK_BAD_KIND;
+    if (k < QK || k % QK || n < 1)
+        return RK_BAD_SIZES;
+    if (!choose_matmul(use_avx2))
+        return RK_NO_AVX2;
+    const int64_t ns = (n + STRIP - 1) / STRIP;
 #if HAVE_X86
-    if (use_avx2) { dequant_avx2((const uint8_t *)(uintptr_t)wa, kind, k, ns, (float *)(uintptr_t)oa); Py_RETURN_NONE; }
+    if (use_avx2) { dequant_avx2((const uint8_t *)w, kind, k, ns, (float *)out); return RK_OK; }
 #endif
-    dequant_portable((const uint8_t *)(uintptr_t)wa, kind, k, ns, (float *)(uintptr_t)oa);
-    Py_RETURN_NONE;
+    dequant_portable((const uint8_t *)w, kind, k, ns, (float *)out);
+    return RK_OK;
 }
 
-/* set_threads(n): threads a product's strips are split over (the caller is one of them) */
-static PyObject *rk_set_threads(PyObject *self, PyObject *args)
+/* threads a product's strips are split over (the caller is one of them); *in_use: the number running */
+RK_EXPORT int32_t rk_set_threads(int32_t n, int32_t *in_use)
 {
-    int n;
-    if (!PyArg_ParseTuple(args, "i", &n))
-        return NULL;
-    if (n < 1 || n > MAXT) {
-        PyErr_Format(PyExc_ValueError, "rowkernel.set_threads: %d threads (1 to %d)", n, MAXT);
-        return NULL;
+    if (n < 1 || n > MAXT)
+        return RK_BAD_THREADS;
+    rk_mutex_lock(&pool_lock);
+    if (!fork_hook && n > 1) {
+        rk_at_fork_child(pool_after_fork);
+        fork_hook = 1;
     }
-    pthread_mutex_lock(&pool_lock);
     while (pool_started < n - 1) {
-        pthread_t t;
-        const uintptr_t arg = (uintptr_t)(pool_started + 1) | ((uintptr_t)atomic_load(&job_gen) << 16);
-        if (pthread_create(&t, NULL, pool_worker, (void *)arg) != 0) break;
-        pthread_detach(t);
+        const int id = pool_started + 1;
+        worker_seen[id] = rk_load(&job_gen);
+        if (rk_thread_start(pool_worker, (void *)(uintptr_t)id) != 0) break;
         pool_started++;
     }
     pool_size = pool_started + 1 < n ? pool_started + 1 : n;
-    pthread_mutex_lock(&wake_mu);
-    atomic_store(&pool_active, pool_size - 1);
-    pthread_cond_broadcast(&park_cv);
-    pthread_mutex_unlock(&wake_mu);
-    pthread_mutex_unlock(&pool_lock);
-    return PyLong_FromLong(pool_size);
+    rk_mutex_lock(&wake_mu);
+    rk_store(&pool_active, pool_size - 1);
+    rk_cond_broadcast(&park_cv);
+    rk_mutex_unlock(&wake_mu);
+    if (in_use) *in_use = pool_size;
+    rk_mutex_unlock(&pool_lock);
+    return RK_OK;
 }
 
-static PyObject *rk_has_avx2(PyObject *self, PyObject *noargs)
+/* out[i] = fma(a[i], b[i], c[i]) rounded once: how 1 = the path the portable kernel takes on this CPU
+   (the instruction, or soft_fmaf without one), 0 = soft_fmaf always. For the bit tests only. */
+RK_EXPORT int32_t rk_fma_many(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t out, int64_t n, int32_t how)
 {
-    return PyBool_FromLong(cpu_has_avx2_fma());
+    const float *pa = (const float *)a, *pb = (const float *)b, *pc = (const float *)c;
+    float *po = (float *)out;
+    if (n < 0)
+        return RK_BAD_SIZES;
+#if RK_X86 || RK_ARM64
+    if (how && hw_fma()) {
+        for (int64_t i = 0; i < n; i++) po[i] = hw_fmaf(pa[i], pb[i], pc[i]);
+        return RK_OK;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) po[i] = soft_fmaf(pa[i], pb[i], pc[i]);
+    return RK_OK;
 }
 
 /* ---- one-token decode step of a small dense model (drafters) -------------------------------------
@@ -695,118 +769,84 @@ plan: uint64 addresses, 6 globals then 8 per layer:
   per layer: attn_norm [D], wqkv (packed [D, nq + 2 nkv]), wo (packed [nq, D]), mlp_norm [D],
              gate_up (packed [D, 2I]), down (packed [I, D]), k cache [max_len, G, hd], v cache [same]. */
 
-static void rms_norm(const float *x, const float *w, float *out, Py_ssize_t d, float eps)
+static void rms_norm(const float *x, const float *w, float *out, int64_t d, float eps)
 {
     float ss = 0.0f;
-    for (Py_ssize_t i = 0; i < d; i++) ss += x[i] * x[i];
+    for (int64_t i = 0; i < d; i++) ss += x[i] * x[i];
     const float r = 1.0f / sqrtf(ss / (float)d + eps);
-    for (Py_ssize_t i = 0; i < d; i++) out[i] = w[i] * (x[i] * r);
+    for (int64_t i = 0; i < d; i++) out[i] = w[i] * (x[i] * r);
 }
 
-static void rope(float *x, const float *cos, const float *sin, Py_ssize_t hd)
+static void rope(float *x, const float *cos, const float *sin, int64_t hd)
 {
-    const Py_ssize_t half = hd / 2;
-    for (Py_ssize_t i = 0; i < half; i++) {
+    const int64_t half = hd / 2;
+    for (int64_t i = 0; i < half; i++) {
         const float a = x[i], b = x[i + half];
         x[i] = a * cos[i] - b * sin[i];
         x[i + half] = b * cos[i + half] + a * sin[i + half];
     }
 }
 
-/* dense_step(plan_addr, n_layers, dim, n_heads, n_kv_heads, head_dim, inter, vocab, out_rows, eps, token, pos,
-              use_avx2, logits_addr): the logits [out_rows] of the token at position pos (out_rows: rows of
-              the output layer, the vocabulary or a drafter's reduced one; vocab: rows of the embedding) */
-static PyObject *rk_dense_step(PyObject *self, PyObject *args)
+/* dense_step: the logits [V] of `token` at position pos (V: rows of the output layer, the vocabulary or a
+   drafter's reduced one; NV: rows of the embedding); plan as above, logits: V floats */
+RK_EXPORT int32_t rk_dense_step(uintptr_t plan_a, int64_t L, int64_t D, int64_t H, int64_t G, int64_t hd, int64_t I,
+                                int64_t NV, int64_t V, float eps, int64_t token, int64_t pos, int32_t use_avx2,
+                                uintptr_t logits_a)
 {
-    unsigned long long plan_a, logits_a;
-    Py_ssize_t L, D, H, G, hd, I, NV, V, token, pos;
-    float eps;
-    int use_avx2;
-    if (!PyArg_ParseTuple(args, "KnnnnnnnnfnnpK", &plan_a, &L, &D, &H, &G, &hd, &I, &NV, &V, &eps, &token, &pos,
-                          &use_avx2, &logits_a))
-        return NULL;
     if (L < 1 || D < 1 || H < 1 || G < 1 || H % G || hd < 2 || hd % 2 || I < 1 || NV < 1 || V < 1 || token < 0 ||
-        token >= NV || pos < 0) {
-        PyErr_SetString(PyExc_ValueError, "rowkernel.dense_step: bad sizes");
-        return NULL;
-    }
-    const matmul_fn mm = choose_matmul(use_avx2, "dense_step");
+        token >= NV || pos < 0)
+        return RK_BAD_SIZES;
+    const matmul_fn mm = choose_matmul(use_avx2);
     if (!mm)
-        return NULL;
+        return RK_NO_AVX2;
     const uint64_t *plan = (const uint64_t *)(uintptr_t)plan_a;
     const float *embed = (const float *)(uintptr_t)plan[0], *fnorm = (const float *)(uintptr_t)plan[1];
     const float *head = (const float *)(uintptr_t)plan[2];
     const float *cos = (const float *)(uintptr_t)plan[3] + pos * hd, *sin = (const float *)(uintptr_t)plan[4] + pos * hd;
     float *logits = (float *)(uintptr_t)logits_a;
-    const Py_ssize_t nq = H * hd, nkv = G * hd, rep = H / G, S = pos + 1;
+    const int64_t nq = H * hd, nkv = G * hd, rep = H / G, S = pos + 1;
     /* scratch: x [D], xn [D], qkv [nq + 2 nkv], att [nq], mix [D], gu [2I], scores [S] */
     float *x = (float *)(uintptr_t)plan[5], *xn = x + D, *qkv = xn + D, *att = qkv + nq + 2 * nkv;
     float *mix = att + nq, *gu = mix + D, *sc = gu + 2 * I;
     const float scale = 1.0f / sqrtf((float)hd);
-    Py_BEGIN_ALLOW_THREADS
     memcpy(x, embed + token * D, (size_t)D * sizeof(float));
-    for (Py_ssize_t l = 0; l < L; l++) {
+    for (int64_t l = 0; l < L; l++) {
         const uint64_t *p = plan + 6 + 8 * l;
         float *kc = (float *)(uintptr_t)p[6], *vc = (float *)(uintptr_t)p[7];
         rms_norm(x, (const float *)(uintptr_t)p[0], xn, D, eps);
         mm(xn, D, 1, D, (const float *)(uintptr_t)p[1], qkv, nq + 2 * nkv, nq + 2 * nkv);
-        for (Py_ssize_t h = 0; h < H; h++) rope(qkv + h * hd, cos, sin, hd);
-        for (Py_ssize_t g = 0; g < G; g++) rope(qkv + nq + g * hd, cos, sin, hd);
+        for (int64_t h = 0; h < H; h++) rope(qkv + h * hd, cos, sin, hd);
+        for (int64_t g = 0; g < G; g++) rope(qkv + nq + g * hd, cos, sin, hd);
         memcpy(kc + pos * nkv, qkv + nq, (size_t)nkv * sizeof(float));
         memcpy(vc + pos * nkv, qkv + nq + nkv, (size_t)nkv * sizeof(float));
-        for (Py_ssize_t h = 0; h < H; h++) {
+        for (int64_t h = 0; h < H; h++) {
             const float *q = qkv + h * hd;
-            const Py_ssize_t g = h / rep;
+            const int64_t g = h / rep;
             float mx = -INFINITY, sum = 0.0f;
-            for (Py_ssize_t s = 0; s < S; s++) {
+            for (int64_t s = 0; s < S; s++) {
                 const float *kr = kc + s * nkv + g * hd;
                 float dot = 0.0f;
-                for (Py_ssize_t i = 0; i < hd; i++) dot += q[i] * kr[i];
+                for (int64_t i = 0; i < hd; i++) dot += q[i] * kr[i];
                 sc[s] = dot * scale;
                 if (sc[s] > mx) mx = sc[s];
             }
-            for (Py_ssize_t s = 0; s < S; s++) { sc[s] = expf(sc[s] - mx); sum += sc[s]; }
+            for (int64_t s = 0; s < S; s++) { sc[s] = expf(sc[s] - mx); sum += sc[s]; }
             float *o = att + h * hd;
-            for (Py_ssize_t i = 0; i < hd; i++) o[i] = 0.0f;
-            for (Py_ssize_t s = 0; s < S; s++) {
+            for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
+            for (int64_t s = 0; s < S; s++) {
                 const float pr = sc[s] / sum, *vr = vc + s * nkv + g * hd;
-                for (Py_ssize_t i = 0; i < hd; i++) o[i] += pr * vr[i];
+                for (int64_t i = 0; i < hd; i++) o[i] += pr * vr[i];
             }
         }
         mm(att, nq, 1, nq, (const float *)(uintptr_t)p[2], mix, D, D);
-        for (Py_ssize_t i = 0; i < D; i++) x[i] += mix[i];
+        for (int64_t i = 0; i < D; i++) x[i] += mix[i];
         rms_norm(x, (const float *)(uintptr_t)p[3], xn, D, eps);
         mm(xn, D, 1, D, (const float *)(uintptr_t)p[4], gu, 2 * I, 2 * I);
-        for (Py_ssize_t i = 0; i < I; i++) gu[i] = gu[i] / (1.0f + expf(-gu[i])) * gu[I + i];
+        for (int64_t i = 0; i < I; i++) gu[i] = gu[i] / (1.0f + expf(-gu[i])) * gu[I + i];
         mm(gu, I, 1, I, (const float *)(uintptr_t)p[5], mix, D, D);
-        for (Py_ssize_t i = 0; i < D; i++) x[i] += mix[i];
+        for (int64_t i = 0; i < D; i++) x[i] += mix[i];
     }
     rms_norm(x, fnorm, xn, D, eps);
     mm(xn, D, 1, D, head, logits, V, V);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
-}
-
-static PyMethodDef METHODS[] = {
-    {"matmul", rk_matmul, METH_VARARGS, "matmul(x, m, k, ldx, packed_w, n, y, ldy, use_avx2): row-invariant X @ W"},
-    {"dense_step", rk_dense_step, METH_VARARGS, "dense_step(plan, L, D, H, G, hd, I, vocab, out_rows, eps, token, pos, use_avx2, logits): one decode step of a small dense model"},
-    {"qmatmul", rk_qmatmul, METH_VARARGS, "qmatmul(x, m, k, ldx, packed_blocks, kind, n, y, ldy, use_avx2): row-invariant X @ W on Q4_1 (0) / Q8_0 (1) strips"},
-    {"dequantise", rk_dequantise, METH_VARARGS, "dequantise(packed_blocks, kind, k, n, out, use_avx2): native strips -> float32 strips"},
-    {"set_threads", rk_set_threads, METH_VARARGS, "set_threads(n): threads per product; returns the number in use"},
-    {"has_avx2", rk_has_avx2, METH_NOARGS, "True when this CPU has AVX2, FMA and F16C"},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_rowkernel", "Row-invariant X @ W for short forwards; a dense drafter's one-token step", -1, METHODS};
-
-/* ABI: bumped when an entry point's arguments change; lessonkit/engine/kernel.py refuses another value */
-PyMODINIT_FUNC PyInit__rowkernel(void)
-{
-    PyObject *m = PyModule_Create(&MODULE);
-    pthread_atfork(NULL, NULL, pool_after_fork);
-    if (m && PyModule_AddIntConstant(m, "ABI", 3) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    return RK_OK;
 }

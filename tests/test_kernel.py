@@ -10,7 +10,7 @@ import torch
 import lessonkit.engine.kernel as K
 from lessonkit.engine.config import ModelConfig, preset
 
-needs_c = pytest.mark.skipif(K._rowkernel is None, reason="C kernel not built (no compiler at set-up)")
+needs_c = pytest.mark.skipif(K._rowkernel is None, reason=f"no C kernel binary loaded ({K.BINARY_WHY})")
 
 
 def _smollm2_config():
@@ -132,17 +132,128 @@ def test_prefill_equals_token_by_token_decoding(kind, tmp_path):
     assert torch.equal(whole, chunked) and torch.equal(whole, one_by_one)
 
 
-def test_a_stale_kernel_build_is_refused_not_called():
-    """A _rowkernel built from older sources (another ABI number) would be called with arguments it does not
-    take: the engine refuses it at import, takes the MKL path and says why (doctor prints it)."""
+def test_a_stale_kernel_binary_is_refused_not_called(monkeypatch):
+    """A library built from older sources (another ABI number) would be called with arguments it does not
+    take: the loader refuses it, says why and which file, and the engine takes the MKL path (doctor prints it)."""
+    if K._rowkernel is None:
+        pytest.skip("no kernel binary loads here")
+    path = K._rowkernel.path
+    monkeypatch.setattr(K, "ABI", 1)                    # this code now wants ABI 1: the binary (ABI 4) is stale
+    lib, name, why = K.load_library([(path, "the shipped binary")])
+    assert lib is None and name is None
+    assert f"{path.name} is stale (ABI 4, this code needs 1)" in why and "build_kernels.py" in why
+    monkeypatch.setattr(K, "_rowkernel", None)
+    monkeypatch.setattr(K, "_IMPORT_ERROR", why)
+    monkeypatch.delenv("LESSONKIT_KERNEL", raising=False)
+    backend, reason = K._choose()
+    assert backend == "mkl" and "stale (ABI 4" in reason
+
+
+def test_the_loader_says_which_binary_loaded_and_why():
+    info = K.backend()
+    assert set(info) >= {"binary", "binary_why"}
+    if K._rowkernel is None:
+        assert info["binary"] is None and "build_kernels.py --host" in info["binary_why"]
+    else:
+        assert info["binary"] == K._rowkernel.path.name and info["binary_why"]
+        assert (K.KERNELS / info["binary"]).is_file()
+
+
+def test_missing_binaries_are_named_with_the_way_to_build_one(tmp_path):
+    lib, name, why = K.load_library([(tmp_path / "rowkernel-linux-x86_64.so", "shipped"),
+                                     (tmp_path / "rowkernel-host.so", "host")])
+    assert lib is None and name is None
+    assert "rowkernel-linux-x86_64.so absent" in why and "rowkernel-host.so absent" in why
+    assert "csrc/build_kernels.py --host" in why
+    (tmp_path / "rowkernel-host.so").write_bytes(b"not a library")
+    lib, _, why = K.load_library([(tmp_path / "rowkernel-host.so", "host")])
+    assert lib is None and "rowkernel-host.so does not load" in why
+
+
+@pytest.mark.parametrize("system,machine,name", [
+    ("linux", "x86_64", "rowkernel-linux-x86_64.so"), ("linux", "aarch64", "rowkernel-linux-aarch64.so"),
+    ("win32", "AMD64", "rowkernel-windows-x86_64.dll"), ("win32", "ARM64", "rowkernel-windows-aarch64.dll"),
+    ("darwin", "x86_64", "rowkernel-macos-x86_64.dylib"), ("darwin", "arm64", "rowkernel-macos-arm64.dylib"),
+    ("linux", "riscv64", None), ("freebsd14", "amd64", None)])
+def test_each_platform_gets_its_binary(system, machine, name):
+    assert K.binary_name(system, machine) == name
+    if name:
+        assert (K.KERNELS / name).is_file(), f"{name} is not shipped: run python csrc/build_kernels.py"
+
+
+@needs_c
+def test_kernel_errors_are_the_exceptions_of_the_extension_module():
+    rk = K._rowkernel
+    x, y = torch.zeros(2, 8), torch.zeros(2, 16)
+    w = K.pack_strips(torch.zeros(8, 16))
+    with pytest.raises(ValueError, match=r"rowkernel\.matmul: bad sizes"):
+        rk.matmul(x.data_ptr(), 2, 8, 4, w.data_ptr(), 16, y.data_ptr(), 16, False)     # ldx < k
+    with pytest.raises(ValueError, match=r"rowkernel\.qmatmul: unknown block kind 7"):
+        rk.qmatmul(x.data_ptr(), 2, 32, 32, w.data_ptr(), 7, 16, y.data_ptr(), 16, False)
+    with pytest.raises(ValueError, match=r"rowkernel\.dequantise: bad arguments"):
+        rk.dequantise(w.data_ptr(), 0, 31, 16, y.data_ptr(), False)
+    with pytest.raises(ValueError, match=r"rowkernel\.set_threads: 0 threads \(1 to 64\)"):
+        rk.set_threads(0)
+    with pytest.raises(ValueError, match=r"rowkernel\.dense_step: bad sizes"):
+        rk.dense_step(0, 0, 8, 1, 1, 8, 8, 10, 10, 1e-5, 0, 0, False, 0)
+    if not rk.has_avx2():
+        with pytest.raises(RuntimeError, match="no AVX2"):
+            rk.matmul(x.data_ptr(), 2, 8, 8, w.data_ptr(), 16, y.data_ptr(), 16, True)
+
+
+def _double_rounding_triples() -> torch.Tensor:
+    """(a, b, c) whose a * b + c, rounded to double and then to float, is wrong (double rounding), with the
+    right answer: 1 + 2^-23 + 2^-24 - 2^-70 is below the halfway point, so the fma gives 1 + 2^-23."""
+    one_up = 1 + 2 ** -23
+    a = [one_up, -one_up, one_up * 2 ** 10]
+    b = [(1 - 2 ** -23) * 2 ** -24, (1 - 2 ** -23) * 2 ** -24, (1 - 2 ** -23) * 2 ** -34]
+    c = [one_up, -one_up, one_up]
+    want = [one_up, -one_up, one_up]
+    return torch.tensor([a, b, c, want], dtype=torch.float32)
+
+
+@needs_c
+def test_software_fma_is_correctly_rounded():
+    """soft_fmaf (csrc/rowkernel.c: exact double product, sum rounded to odd) equals the FMA instruction on
+    2 million random triples over the whole exponent range and on the double-rounding cases, bit for bit."""
+    rk = K._rowkernel
+    gen = torch.Generator().manual_seed(5)
+    n = 2_000_000
+    bits = torch.randint(-2 ** 31, 2 ** 31, (3, n), generator=gen, dtype=torch.int64).to(torch.int32)
+    abc = bits.view(torch.float32).clone()
+    abc[:, : n // 2] = torch.randn(3, n // 2, generator=gen)        # half ordinary values, half any bit pattern
+    hard = _double_rounding_triples()
+    a, b, c = (torch.cat([abc[i], hard[i]]).contiguous() for i in range(3))
+    soft, hw = torch.empty_like(a), torch.empty_like(a)
+    rk.fma_many(a.data_ptr(), b.data_ptr(), c.data_ptr(), soft.data_ptr(), a.numel(), 0)
+    rk.fma_many(a.data_ptr(), b.data_ptr(), c.data_ptr(), hw.data_ptr(), a.numel(), 1)
+    assert torch.equal(soft[-3:], hard[3]), soft[-3:]
+    naive = (a.double() * b.double() + c.double()).float()
+    assert not torch.equal(naive[-3:], hard[3])                      # the cases do catch double rounding
+    if K.platform.machine().lower() in ("x86_64", "amd64") and not rk.has_avx2():
+        pytest.skip("no FMA instruction to compare with")
+    same = (soft.view(torch.int32) == hw.view(torch.int32)) | (soft.isnan() & hw.isnan())
+    assert bool(same.all()), int((~same).sum())
+
+
+def test_a_malformed_thread_count_is_one_clear_error():
+    """LESSONKIT_THREADS=two: one line naming the variable from the CLI, exit code 2, no traceback."""
     import os
     import subprocess
     import sys
-    code = ("import sys, types; m = types.ModuleType('lessonkit.engine._rowkernel'); m.ABI = 1; "
-            "sys.modules['lessonkit.engine._rowkernel'] = m; "
-            "from lessonkit.engine import kernel; print(kernel.BACKEND); print(kernel.WHY)")
-    env = {k: v for k, v in os.environ.items() if k != "LESSONKIT_KERNEL"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
-    backend, why = out.strip().split("\n")
-    assert backend == "mkl"
-    assert "stale (ABI 1" in why and "set-up again" in why
+    env = dict(os.environ, LESSONKIT_THREADS="two")
+    r = subprocess.run([sys.executable, "-m", "lessonkit", "doctor"], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == ("lessonkit: error: LESSONKIT_THREADS='two': expected a positive integer "
+                                "(the kernel's thread count)"), r.stderr
+
+
+def test_physical_cores_without_linux_interfaces(monkeypatch):
+    """Windows and macOS have neither /proc/cpuinfo nor sched_getaffinity: psutil counts the cores."""
+    import psutil
+    monkeypatch.delattr(K.os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 6 if not logical else 12)
+    assert K.physical_cores() == 6
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: None)     # psutil cannot tell
+    assert K.physical_cores() == (K.os.cpu_count() or 1)

@@ -6,11 +6,22 @@ bit, whatever the other rows are. Three backends, chosen once at import:
 
   avx2      the C kernel, AVX2 + FMA: each output is one fixed-order FMA chain over the input dimension,
             weights packed at load into 16-column strips and read once per call for all rows;
-  portable  the same C kernel without vector instructions (fmaf rounds like the vector FMA: same bits);
-  mkl       no kernel (not built, e.g. no C compiler at set-up): rows in groups of at most ROW_GROUP on
-            MKL's GEMV path, which is row-invariant too but makes one pass over the weights per group.
+  portable  the same C kernel without AVX2 vectors (one correctly rounded fma per weight, the FMA
+            instruction where the CPU has one, a proven software fma elsewhere: same bits);
+  mkl       no kernel binary for this platform: rows in groups of at most ROW_GROUP on MKL's GEMV path,
+            which is row-invariant too but makes one pass over the weights per group.
 
-`LESSONKIT_KERNEL=avx2|portable|mkl` forces a backend (tests use it to compare the paths).
+`LESSONKIT_KERNEL=avx2|portable|mkl|auto` forces a backend (tests use it to compare the paths).
+
+The kernel is a plain C shared library, no Python ABI, loaded with ctypes (which releases the GIL during
+each call): one binary per OS and CPU serves every Python version. The wheel ships six, cross-built with
+`zig cc` by csrc/build_kernels.py into lessonkit/engine/kernels/: rowkernel-{linux-x86_64, linux-aarch64}.so
+(glibc 2.17, manylinux2014), rowkernel-{windows-x86_64, windows-aarch64}.dll and
+rowkernel-{macos-x86_64, macos-arm64}.dylib. At import the one for `sys.platform` and `platform.machine()`
+loads, else one built on this machine (`python csrc/build_kernels.py --host`: rowkernel-host.*), else none
+and the MKL backend runs; BINARY and BINARY_WHY say which file loaded and why (`lessonkit doctor` prints
+them). `_rowkernel` is that library's entry points as Python methods (matmul, qmatmul, dequantise,
+dense_step, set_threads, has_avx2), whose C error codes become the exceptions raised here.
 
 Native blocks (`NativeWeight`): a Q4_1 or Q8_0 matrix kept as llama.cpp's blocks, packed at load into the
 kernel's strip-blocks and dequantised inside the kernel (d * q + m, two roundings, as the float32 loader
@@ -20,22 +31,161 @@ the C kernel. `set_threads(n)` splits every product's strips over n threads; the
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import platform
+import sys
+from pathlib import Path
 
 import torch
 
-ABI = 3                                 # csrc/rowkernel.c's ABI constant this module calls
+from lessonkit.engine.errors import LessonkitError
 
-try:                                    # built by the README's set-up; optional by design (see `why`)
-    from . import _rowkernel
-except ImportError as exc:              # no compiler at install time: the MKL path, same exactness
-    _rowkernel, _IMPORT_ERROR = None, str(exc)
-else:
-    _IMPORT_ERROR = ""
-    if getattr(_rowkernel, "ABI", 1) != ABI:     # a build from older sources: its arguments differ
-        _rowkernel, _IMPORT_ERROR = None, (f"the built _rowkernel is stale (ABI {getattr(_rowkernel, 'ABI', 1)}, "
-                                           f"this code needs {ABI}): run the README's set-up again")
+ABI = 4                                 # csrc/rowkernel.c's rk_abi() this module calls
+KERNELS = Path(__file__).resolve().parent / "kernels"      # the shipped binaries (csrc/build_kernels.py)
+_SYSTEMS = {"linux": ("linux", ".so"), "win32": ("windows", ".dll"), "darwin": ("macos", ".dylib")}
+_MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+def binary_name(system: str = sys.platform, machine: str = platform.machine()) -> str | None:
+    """The shipped binary's file name for this OS and CPU (None: no binary is built for them). 64-bit ARM is
+    aarch64 on Linux and Windows (as zig's targets name it), arm64 on macOS (as Apple and its wheel tags do)."""
+    os_name, ext = _SYSTEMS.get("linux" if system.startswith("linux") else system, (None, None))
+    arch = _MACHINES.get(machine.lower())
+    if os_name is None or arch is None:
+        return None
+    if os_name != "macos" and arch == "arm64":
+        arch = "aarch64"
+    return f"rowkernel-{os_name}-{arch}{ext}"
+
+
+def host_binary_name(system: str = sys.platform) -> str:
+    """Where `csrc/build_kernels.py --host` puts a library built with this machine's compiler."""
+    ext = _SYSTEMS.get("linux" if system.startswith("linux") else system, (None, ".so"))[1]
+    return f"rowkernel-host{ext}"
+
+
+# C error codes (csrc/rowkernel.c, enum after RK_ABI)
+RK_OK, RK_BAD_SIZES, RK_NO_AVX2, RK_NO_MEMORY, RK_BAD_KIND, RK_BAD_THREADS = range(6)
+_ADDR, _I64, _I32 = ctypes.c_size_t, ctypes.c_int64, ctypes.c_int32
+
+
+class KernelLibrary:
+    """The kernel library's entry points with Python arguments (addresses and sizes as ints); a C error code
+    becomes the exception the extension module raised before: ValueError naming the entry point for bad
+    sizes or kinds, RuntimeError on a CPU without AVX2 when the AVX2 path is asked for, MemoryError."""
+
+    SIGNATURES = {
+        "rk_abi": [], "rk_max_threads": [], "rk_has_avx2": [],
+        "rk_matmul": [_ADDR, _I64, _I64, _I64, _ADDR, _I64, _ADDR, _I64, _I32],
+        "rk_qmatmul": [_ADDR, _I64, _I64, _I64, _ADDR, _I32, _I64, _ADDR, _I64, _I32],
+        "rk_dequantise": [_ADDR, _I32, _I64, _I64, _ADDR, _I32],
+        "rk_set_threads": [_I32, ctypes.POINTER(_I32)],
+        "rk_dense_step": [_ADDR] + [_I64] * 8 + [ctypes.c_float, _I64, _I64, _I32, _ADDR],
+        "rk_fma_many": [_ADDR, _ADDR, _ADDR, _ADDR, _I64, _I32],
+    }
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.lib = ctypes.CDLL(str(self.path))           # CDLL, not PyDLL: every call releases the GIL
+        self.ABI = self._abi()
+        if self.ABI != ABI:
+            return                                       # the caller refuses it; nothing else is bound
+        for name, args in self.SIGNATURES.items():
+            fn = getattr(self.lib, name)
+            fn.argtypes, fn.restype = args, ctypes.c_int32
+        self.max_threads = self.lib.rk_max_threads()
+
+    def _abi(self) -> int | None:
+        try:
+            fn = self.lib.rk_abi
+        except AttributeError:
+            return None
+        fn.argtypes, fn.restype = [], ctypes.c_int32
+        return fn()
+
+    @staticmethod
+    def _check(who: str, rc: int, bad: str = "bad sizes") -> None:
+        if rc == RK_OK:
+            return
+        if rc == RK_NO_AVX2:
+            raise RuntimeError(f"rowkernel.{who}: this CPU has no AVX2/FMA/F16C")
+        if rc == RK_NO_MEMORY:
+            raise MemoryError(f"rowkernel.{who}: no memory for the dequantisation scratch")
+        if rc == RK_BAD_SIZES:
+            raise ValueError(f"rowkernel.{who}: {bad}")
+        raise RuntimeError(f"rowkernel.{who}: error code {rc}")
+
+    def has_avx2(self) -> bool:
+        return bool(self.lib.rk_has_avx2())
+
+    def matmul(self, x, m, k, ldx, w, n, y, ldy, use_avx2) -> None:
+        """y[m, :n] = x[m, :k] @ W (W packed in float strips at address w)"""
+        self._check("matmul", self.lib.rk_matmul(x, m, k, ldx, w, n, y, ldy, bool(use_avx2)))
+
+    def qmatmul(self, x, m, k, ldx, w, kind, n, y, ldy, use_avx2) -> None:
+        """the same on native strip-blocks, kind 0 = Q4_1, 1 = Q8_0"""
+        rc = self.lib.rk_qmatmul(x, m, k, ldx, w, kind, n, y, ldy, bool(use_avx2))
+        if rc == RK_BAD_KIND:
+            raise ValueError(f"rowkernel.qmatmul: unknown block kind {kind} (0: Q4_1, 1: Q8_0)")
+        self._check("qmatmul", rc)
+
+    def dequantise(self, w, kind, k, n, out, use_avx2) -> None:
+        """native strips -> float32 strips"""
+        rc = self.lib.rk_dequantise(w, kind, k, n, out, bool(use_avx2))
+        self._check("dequantise", RK_BAD_SIZES if rc == RK_BAD_KIND else rc, "bad arguments")
+
+    def set_threads(self, n: int) -> int:
+        """threads per product (the caller is one of them); returns the number in use"""
+        in_use = _I32(0)
+        if self.lib.rk_set_threads(n, ctypes.byref(in_use)) == RK_BAD_THREADS:
+            raise ValueError(f"rowkernel.set_threads: {n} threads (1 to {self.max_threads})")
+        return in_use.value
+
+    def dense_step(self, plan, L, D, H, G, hd, inter, vocab, out_rows, eps, token, pos, use_avx2, logits) -> None:
+        """one decode step of a small dense model (csrc/rowkernel.c documents the plan)"""
+        self._check("dense_step", self.lib.rk_dense_step(plan, L, D, H, G, hd, inter, vocab, out_rows, eps, token,
+                                                         pos, bool(use_avx2), logits))
+
+    def fma_many(self, a, b, c, out, n, how) -> None:
+        """out[i] = fma(a[i], b[i], c[i]); how 1: the portable path's fma on this CPU, 0: the software fma"""
+        self._check("fma_many", self.lib.rk_fma_many(a, b, c, out, n, how))
+
+
+def _candidates() -> list[tuple[Path, str]]:
+    name = binary_name()
+    out = []
+    if name:
+        out.append((KERNELS / name, f"the shipped binary for {sys.platform} {platform.machine()}"))
+    out.append((KERNELS / host_binary_name(), "built on this machine (csrc/build_kernels.py --host)"))
+    return out
+
+
+def load_library(candidates=None) -> tuple[KernelLibrary | None, str | None, str]:
+    """The first candidate that loads and has this code's ABI: (library, file name, why), or (None, None,
+    why none did: each file tried and what went wrong)."""
+    tried = []
+    for path, why in (candidates if candidates is not None else _candidates()):
+        if not path.is_file():
+            tried.append(f"{path.name} absent")
+            continue
+        try:
+            lib = KernelLibrary(path)
+        except OSError as exc:
+            tried.append(f"{path.name} does not load ({exc})")
+            continue
+        if lib.ABI != ABI:
+            tried.append(f"{path.name} is stale (ABI {lib.ABI}, this code needs {ABI}): rebuild it with "
+                         f"csrc/build_kernels.py")
+            continue
+        return lib, path.name, why
+    if binary_name() is None:
+        tried.insert(0, f"no shipped binary for {sys.platform} {platform.machine()}")
+    return None, None, "; ".join(tried) + "; build one with `python csrc/build_kernels.py --host` (a C compiler)"
+
+
+_rowkernel, BINARY, BINARY_WHY = load_library()
+_IMPORT_ERROR = "" if _rowkernel is not None else BINARY_WHY
 
 STRIP = 16           # columns per packed strip (csrc/rowkernel.c)
 ROWWISE_MAX = 16     # forwards of at most this many rows take the row-invariant path
@@ -49,18 +199,18 @@ def _choose() -> tuple[str, str]:
     if forced == "mkl":
         return "mkl", "forced by LESSONKIT_KERNEL=mkl"
     if _rowkernel is None:
-        if forced:
-            raise RuntimeError(f"LESSONKIT_KERNEL={forced}: the C kernel is not built ({_IMPORT_ERROR})")
-        return "mkl", f"C kernel not built ({_IMPORT_ERROR}); rerun the set-up with a C compiler"
+        if forced not in ("", "auto"):
+            raise RuntimeError(f"LESSONKIT_KERNEL={forced}: no C kernel binary loaded ({_IMPORT_ERROR})")
+        return "mkl", f"no C kernel binary loaded ({_IMPORT_ERROR})"
     if forced == "portable":
         return "portable", "forced by LESSONKIT_KERNEL=portable"
     if _rowkernel.has_avx2():
-        return "avx2", "C kernel built and this CPU has AVX2 + FMA"
+        return "avx2", "C kernel loaded and this CPU has AVX2 + FMA"
     if forced == "avx2":
         raise RuntimeError("LESSONKIT_KERNEL=avx2: this CPU has no AVX2/FMA")
     if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
         return "mkl", "this x86 CPU has no AVX2/FMA: the portable C path would be slower than MKL"
-    return "portable", f"C kernel built; {platform.machine()} has no AVX2, portable C path (hardware FMA)"
+    return "portable", f"C kernel loaded; {platform.machine()} has no AVX2, portable C path (hardware FMA)"
 
 
 BACKEND, WHY = _choose()
@@ -69,6 +219,7 @@ BACKEND, WHY = _choose()
 def backend() -> dict:
     """Which path short forwards take, and why (for `lessonkit doctor`)."""
     return {"backend": BACKEND, "why": WHY, "built": _rowkernel is not None,
+            "binary": BINARY, "binary_why": BINARY_WHY,
             "row_group": ROW_GROUP if BACKEND == "mkl" else None, "threads": THREADS}
 
 
@@ -80,7 +231,7 @@ def using(name: str):
     if name not in ("avx2", "portable", "mkl"):
         raise ValueError(f"unknown kernel backend {name!r}: expected avx2, portable or mkl")
     if name != "mkl" and _rowkernel is None:
-        raise RuntimeError(f"backend {name}: the C kernel is not built ({_IMPORT_ERROR})")
+        raise RuntimeError(f"backend {name}: no C kernel binary loaded ({_IMPORT_ERROR})")
     if name == "avx2" and not _rowkernel.has_avx2():
         raise RuntimeError("backend avx2: this CPU has no AVX2/FMA")
     old = BACKEND, WHY
@@ -111,29 +262,18 @@ def _threads_from_env() -> None:
     if not raw:
         return
     if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"LESSONKIT_THREADS={raw!r}: expected a positive integer")
+        raise LessonkitError(f"LESSONKIT_THREADS={raw!r}: expected a positive integer (the kernel's thread count)")
     set_threads(int(raw))
 
 
 def physical_cores() -> int:
-    """Physical cores of this machine (the default thread count for decode), from /proc/cpuinfo where it says,
-    else os.cpu_count()."""
-    try:
-        seen = set()
-        phys = core = None
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            key, _, val = line.partition(":")
-            key = key.strip()
-            if key == "physical id":
-                phys = val.strip()
-            elif key == "core id":
-                core = val.strip()
-                seen.add((phys, core))
-        if seen:
-            return max(1, min(len(seen), len(os.sched_getaffinity(0))))
-    except OSError:
-        pass
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    """Physical cores this process may use (the default thread count for decode): psutil's count of physical
+    cores (Linux, macOS, Windows), at most the CPUs this process is allowed on where the OS says."""
+    import psutil
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        cores = min(cores, len(os.sched_getaffinity(0)))
+    return max(1, cores)
 
 
 def pad_rows(x: torch.Tensor, mult: int = ROW_PAD) -> torch.Tensor:
