@@ -204,6 +204,27 @@ def case_lists(n: int):
     return st.randoms(use_true_random=True).map(cases)
 
 
+# ---- clean twins (the answer check) ----------------------------------------------------------------------------------
+# files whose damage the workbook must detect or repair (checksums, manifests, rebuilds): a case that exits 0
+# gives the answer of its clean twin. The others' content is the question (a damaged schema asks another one).
+INTEGRITY_KINDS = {"model", "pcdir", "memo", "outdir"}
+
+
+def clean_case(case: dict) -> dict:
+    """The same command with every file valid (an output directory missing) and no damaged memo."""
+    def clean(a):
+        if not isinstance(a, dict):
+            return a
+        return {"file": a["file"], "variant": "missing" if a["file"] == "outdir" else "valid", "member": 0,
+                "odd_name": a.get("odd_name", False), "member_variant": "missing", "at": 0.0}
+    return {"argv": [clean(a) for a in case["argv"]], "home": None}
+
+
+def content_damaged(case: dict) -> bool:
+    return any(isinstance(a, dict) and a["file"] not in INTEGRITY_KINDS and a["variant"] != "valid"
+               for a in case["argv"])
+
+
 # ---- hostile files -------------------------------------------------------------------------------------------------
 def _template(kind: str) -> bytes | Path:
     if kind == "schema":

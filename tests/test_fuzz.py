@@ -1,14 +1,17 @@
-"""The fuzz layer (issue 35; the strategies are in tests/fuzz_cli.py, the runners in tests/fuzz_run.py,
+"""The fuzz layer (issues 35 and 45; the strategies are in tests/fuzz_cli.py, the runners in tests/fuzz_run.py,
 docs/faults.md says what it found). Hostile arguments for every command of lessonkit.cli.COMMANDS and hostile files for every
 file the workbook reads; each case must end with exit code 0, 1 or 2, no traceback, no hang, no file
 changed outside its own directories (a victim tree and the shipped data/ are hashed around every case)
 and peak memory under fuzz_run.RSS_BOUND_MB, under an address-space limit of fuzz_run.MEM_LIMIT_MB.
+An executed case that exits 0 (or 1 with a verdict) must give the answer of the same command on clean
+inputs (fuzz_run.check_answer); a prefix cache a case touched must then restore a plain prefill's tokens;
+every file a case wrote must be whole (fuzz_run.torn_files). The kill tests are in tests/test_kill.py.
 
 The short version (the suite, about a minute on one core) parses a few hundred argument lists for every
 command in-process, runs a few dozen cases of the executed commands in one worker process (torch is
 imported once) and a few real `python -m lessonkit` processes with argv as bytes. LESSONKIT_FUZZ=long
 runs many more, with fresh random seeds, and writes build/fuzz/report.json (counts per command and
-per outcome).
+per outcome; per component: cases, answers checked, wrong answers, torn files, the failed cases).
 """
 from __future__ import annotations
 
@@ -26,10 +29,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 import fuzz_cli as fz
 import fuzz_run as fr
 from lessonkit.cli import build_parser
+from lessonkit.engine.atomic import atomic_write
 
 LONG = os.environ.get("LESSONKIT_FUZZ") == "long"
 # short: derandomised (the same cases every run); long: random, many
-PARSE_EXAMPLES, WORKER_CASES, SUBPROCESS_CASES = (10000, 1200, 20) if LONG else (300, 24, 3)
+PARSE_EXAMPLES, WORKER_CASES, SUBPROCESS_CASES = (10000, 1200, 20) if LONG else (300, 20, 3)
 FAST = settings(max_examples=PARSE_EXAMPLES, derandomize=not LONG, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))
 ONCE = settings(max_examples=1, derandomize=not LONG, deadline=None, database=None, phases=[Phase.generate],
@@ -110,19 +114,37 @@ def _record(stage: str, results: list[dict], seconds: float) -> None:
         for a in [*r["argv"], r.get("home")]:
             if isinstance(a, dict):
                 REPORT.setdefault(stage + " files", Counter())[f"{a['file']}:{a['variant']}: {outcome}"] += 1
+    for r in results:
+        if "component" in r:
+            _tally(r["component"], r, fr.defects([r]))
     REPORT.setdefault("seconds", {})[stage] = round(seconds, 1)
     REPORT.setdefault("peak_rss_mb", {})[stage] = max([r["rss_mb"] for r in results] or [0])
     REPORT.setdefault("defects", []).extend(fr.defects(results))
     write_report()
 
 
+def _tally(comp: str, r: dict, bad: list) -> None:
+    """Per component: cases run, answers checked, wrong answers, torn files, and the failed cases."""
+    c = REPORT.setdefault("components", {}).setdefault(comp, {"cases": 0, "answers_checked": 0, "wrong_answers": 0,
+                                                               "torn_files": 0, "not_checked": {}, "failed": []})
+    c["cases"] += 1
+    a = r.get("answer", "not checked: ?")
+    if a.startswith("not checked"):
+        c["not_checked"][a[13:]] = c["not_checked"].get(a[13:], 0) + 1
+    else:
+        c["answers_checked"] += 1
+        c["wrong_answers"] += a.startswith("WRONG")
+    c["torn_files"] += len(r.get("torn", []))
+    c["failed"] += bad
+
+
 def write_report() -> None:
-    """build/fuzz/report.json (long runs), rewritten after each stage so that a cut-off run keeps its counts."""
-    if LONG:
-        out = fz.ROOT / "build" / "fuzz" / "report.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({k: dict(v) if isinstance(v, Counter) else v for k, v in REPORT.items()},
-                                  indent=1, sort_keys=True))
+    """build/fuzz/report.json (long runs; report-short.json for the suite's), rewritten after each stage so
+    that a cut-off run keeps its counts."""
+    out = fz.ROOT / "build" / "fuzz" / ("report.json" if LONG else "report-short.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({k: dict(v) if isinstance(v, Counter) else v for k, v in REPORT.items()}, indent=1, sort_keys=True)
+    atomic_write(out, text.encode("utf-8"))
 
 
 @pytest.fixture(scope="module", autouse=True)
