@@ -74,6 +74,7 @@ def paths_ok() -> bool:
     print(f"  {'OK  ' if good else 'FAIL'} exact short forwards: {path} ({kb['why']}); "
           f"rows 1..16 {'equal' if good else 'DIFFER FROM'} one-row products bit for bit, "
           f"{torch.get_num_threads()} thread(s)")
+    print(f"  INFO kernel binary: {kb['binary'] or 'none loaded'} ({kb['binary_why']})")
     from lessonkit.engine.draft_step import kernel_ready
     why = kernel_ready()
     print("  INFO draft step of dense drafters (tiny-draft, smollm2-draft): " +
