@@ -21,6 +21,7 @@ import io
 import json
 import os
 import time
+from pathlib import Path
 from collections import Counter
 
 import pytest
@@ -151,3 +152,40 @@ def write_report() -> None:
 def report_at_the_end():
     yield
     write_report()
+
+
+# ---- the checks themselves can fail ------------------------------------------------------------------------------------
+def test_a_served_wrong_answer_is_a_defect(tmp_path, monkeypatch):
+    """A fault that makes generate serve another token (here: in the case's directory only, not in the clean
+    twin's) exits 0 and is reported as a wrong answer."""
+    import lessonkit.commands as commands
+    monkeypatch.setenv("LESSONKIT_HOME", str(tmp_path / "home"))
+    real = commands._print_json
+
+    def served(doc):
+        if Path.cwd().name.startswith("case") and "token_ids" in doc:
+            doc = {**doc, "token_ids": doc["token_ids"][:-1] + [doc["token_ids"][-1] + 1]}
+        real(doc)
+    monkeypatch.setattr(commands, "_print_json", served)
+    case = {"argv": ["generate", "--model", {"file": "model", "variant": "valid", "member": 0, "odd_name": False,
+                                             "member_variant": "missing", "at": 0.0},
+                     "--prompt", "The river keeps", "--max-new-tokens", "2", "--json"], "home": None}
+    victim = fz.make_victim(tmp_path)
+    r = fr.run_one(case, tmp_path / "case0", victim)
+    assert r["code"] == 0 and r["answer"].startswith("WRONG"), r["answer"]
+    assert any("wrong answer" in d for d in fr.defects([r]))
+    monkeypatch.setattr(commands, "_print_json", real)
+    assert fr.run_one(case, tmp_path / "case1", victim)["answer"] == "right"
+
+
+def test_torn_files_are_found(tmp_path):
+    from safetensors.torch import save_file
+    import torch
+    before = fz.tree_digest(tmp_path, content=False)
+    save_file({"x": torch.zeros(100)}, tmp_path / "whole.safetensors")
+    data = (tmp_path / "whole.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[:-7])
+    (tmp_path / "index.json").write_text('{"entries": {"a": ', encoding="utf-8")
+    (tmp_path / ".tmp-123-abc.part").write_bytes(b"x")
+    (tmp_path / "ok.json").write_text("{}", encoding="utf-8")
+    assert sorted(fr.torn_files(tmp_path, before)) == [".tmp-123-abc.part", "cut.safetensors", "index.json"]
