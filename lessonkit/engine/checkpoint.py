@@ -176,7 +176,7 @@ def convert_hf_state_dict(hf_config: dict, state_dict: dict[str, torch.Tensor], 
     _atomic_save({k: cast(v) for k, v in experts.items()}, out / "experts.safetensors", meta)
     c.save(out / "config.json")
     if tokenizer_json is not None:
-        (out / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+        atomic_write(out / "tokenizer.json", tokenizer_json.encode("utf-8"))       # a reader sees no torn file
     write_manifest(out)
     return c
 
