@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
@@ -176,6 +177,38 @@ def bytes_per_token_table(engines, cache_dir, n_tokens: int = 64):
                      "bytes per token (file)": size / n_tokens,
                      "bytes per token (2*L*kv*hd*elem)": kv_bytes_per_token(cfg, c.k.dtype)})
     return pd.DataFrame(rows)
+
+
+def bytes_by_hand(config, n_tokens: int, dtype=torch.float32) -> str:
+    """The snapshot size worked by hand for this config: 2 x layers x kv heads x head dim x bytes, then x tokens."""
+    elem = torch.empty(0, dtype=dtype).element_size()
+    per = kv_bytes_per_token(config, dtype)
+    return (f"2 (K and V) x {config.n_layers} layers x {config.n_kv_heads} KV heads x {config.head_dim} (head dim) "
+            f"x {elem} B = {per:,} B per token; x {n_tokens} tokens = {per * n_tokens:,} B "
+            f"({per * n_tokens / 1e6:.1f} MB)")
+
+
+def prefill_growth(df_rvp: pd.DataFrame) -> dict:
+    """How prefill time grew with the prefix in this run: the time per token at the longest prefix over the
+    time per token at the shortest (1.0 = linear; above 1: faster than linearly), and the fitted exponent b of
+    time ~ tokens^b between them."""
+    first, last = df_rvp.iloc[0], df_rvp.iloc[-1]
+    per_first = first["prefill s"] / first["prefix tokens"]
+    per_last = last["prefill s"] / last["prefix tokens"]
+    b = float(np.log(last["prefill s"] / first["prefill s"]) / np.log(last["prefix tokens"] / first["prefix tokens"]))
+    return {"per_token_ratio": float(per_last / per_first), "exponent": b,
+            "shortest": int(first["prefix tokens"]), "longest": int(last["prefix tokens"])}
+
+
+def restore_break_even(df_rvp: pd.DataFrame) -> dict:
+    """When a restore beats a re-prefill, from the longest prefix of this run: the prefill's seconds per token,
+    the snapshot's bytes per token, and the read bandwidth below which reading the snapshot would take longer
+    than computing it again (bytes per token / prefill seconds per token; hashing and copying aside)."""
+    last = df_rvp.iloc[-1]
+    prefill_per_token = last["prefill s"] / last["prefix tokens"]
+    return {"prefill_s_per_token": float(prefill_per_token), "bytes_per_token": float(last["bytes per token"]),
+            "break_even_mb_s": float(last["bytes per token"] / prefill_per_token / 1e6),
+            "restore_mb_s": float(last["bytes on disk"] / last["restore s"] / 1e6)}
 
 
 def partial_match_demo(engine, cache_dir, prefix_ids, question_ids):
