@@ -15,7 +15,7 @@ from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import show_panel
 from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.mtp.evaluate import acceptance_by_kind, pooled_acceptance, text_windows
-from lessonkit.mtp.head import MtpHead, Shared, load_head
+from lessonkit.mtp.head import MtpHead, Shared, eh_scale_ratio, load_head
 from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.speculative.vocab import frequent_tokens
 from lessonkit.workloads.corpus import KINDS
@@ -73,6 +73,23 @@ def scale_picture(head: MtpHead, schemes=("none", "int4", "int8", "int4-g32"), n
     fig.suptitle("per-row int4 wipes out the small embedding half of eh_proj; int8 and group-wise keep it")
     fig.tight_layout()
     return fig
+
+
+def int4_by_hand(heads_by_label: dict) -> pd.DataFrame:
+    """Per-row symmetric int4 worked by hand on eh_proj: each row's scale is s = max|w| / 7 (levels -7..7), so a
+    weight rounds to 0 when |w| < s / 2 = max|w| / 14. For each head (label -> MtpHead): the median row's max|w|,
+    s and that threshold, and the share of each half's weights that round to 0, computed from the weights."""
+    rows = []
+    for label, head in heads_by_label.items():
+        w, b = head.w["eh_proj"].float(), head.cfg.eh_blocks()
+        mx = w.abs().amax(dim=1, keepdim=True)
+        zero = w.abs() < mx / 14                      # rounds to 0 under round-to-nearest with s = max|w| / 7
+        rows.append({"head": label, "hidden / embedding scale": eh_scale_ratio(head),
+                     "median row max|w|": float(mx.median()), "s = max|w| / 7": float(mx.median() / 7),
+                     "zero below max|w| / 14": float(mx.median() / 14),
+                     "hidden half rounded to 0 (%)": 100 * float(zero[:, b["hidden"]].float().mean()),
+                     "embedding half rounded to 0 (%)": 100 * float(zero[:, b["embedding"]].float().mean())})
+    return pd.DataFrame(rows).set_index("head")
 
 
 def acceptance_by_scheme(head: MtpHead, sh: Shared, states: dict, schemes=("none", "int8", "int4", "int4-g64", "int4-g32"),
