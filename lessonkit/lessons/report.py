@@ -131,9 +131,12 @@ def key_figure(executed: Path, figures: list[Path], marker: str | None) -> Path 
 
 def render_notebooks(build_dir: Path, names: list[str]) -> dict[str, str]:
     """Each executed notebook as build/notebooks/<name>.html (nbconvert's HTML exporter, the same as
-    `jupyter nbconvert --to html`); name -> its path relative to build_dir, for those that rendered."""
+    `jupyter nbconvert --to html`, made to work offline: no CDN script, formulas rendered to SVG, see
+    lessons/offline.py); name -> its path relative to build_dir, for those that rendered."""
     import nbformat
     from nbconvert import HTMLExporter
+
+    from lessonkit.lessons.offline import offline_page
     exporter, out = HTMLExporter(), {}
     for name in names:
         src = build_dir / "notebooks" / f"{name}.ipynb"
@@ -144,7 +147,7 @@ def render_notebooks(build_dir: Path, names: list[str]) -> dict[str, str]:
         except Exception as e:  # a notebook that does not render still has its .ipynb link in the report
             print(f"{src.name}: not rendered as HTML ({type(e).__name__}: {e})", file=sys.stderr)
             continue
-        (build_dir / "notebooks" / f"{name}.html").write_text(body, encoding="utf-8")
+        (build_dir / "notebooks" / f"{name}.html").write_text(offline_page(body), encoding="utf-8")
         out[name] = f"notebooks/{name}.html"
     return out
 
