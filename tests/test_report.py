@@ -86,3 +86,27 @@ def test_duration_and_machine_info(monkeypatch):
     assert {"CPU", "cores", "kernel path", "versions"} <= set(info) and "torch" in info["versions"]
     monkeypatch.setenv("LESSONKIT_WEIGHTS", "native")
     assert machine_info()["weights path"] == "native"
+
+
+# ---- the executed notebooks' pages work offline (lessons/offline.py) ---------------------------------------
+def test_a_notebook_page_loads_nothing_from_the_network_and_renders_its_formulas(tmp_path):
+    """nbconvert's page of lesson 1 (its markdown is where the formulas are; no execution needed): no script
+    from a CDN is left, and every $...$ / $$...$$ became an inline SVG."""
+    import re
+    import shutil
+
+    from lessonkit.lessons.report import render_notebooks
+    (tmp_path / "notebooks").mkdir()
+    shutil.copy(ROOT / "notebooks" / "01_speculative.ipynb", tmp_path / "notebooks")
+    page = (tmp_path / render_notebooks(tmp_path, ["01_speculative"])["01_speculative"]).read_text(encoding="utf-8")
+    assert not re.findall(r'<script\b[^>]*\bsrc="(?:https?:)?//', page), "a script still comes from the network"
+    assert not re.search(r"""import\s*\(\s*["']https?://""", page), "a script still imports from the network"
+    assert "MathJax" not in page.split("<body", 1)[1].split("<svg", 1)[0]
+    assert page.count('class="math"') >= 4 and "$$" not in page
+    assert 'aria-label="E(k) &gt; \\frac{T(k+1)}{T(1)} + k\\,c,"' in page
+
+
+def test_a_formula_mathtext_cannot_parse_stays_as_tex():
+    from lessonkit.lessons.offline import render_math
+    assert render_math("cost $\\unknowncommand{x}$ here") == 'cost <code class="math-source">\\unknowncommand{x}</code> here'
+    assert render_math("price $5 and $6") == "price $5 and $6"          # money, not math

@@ -65,3 +65,38 @@ def test_report_renders_offline_in_chromium(smoke_build):  # noqa: F811
     assert not outside, f"the report reached out: {outside}"
     assert not errors, errors
     assert (ARTEFACTS / "report.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_notebook_page_renders_its_formulas_offline(tmp_path):
+    """Lesson 1's page as `lessonkit run` renders it (tests/test_report.py renders it without a browser), opened
+    in Chromium with every network request refused: nothing is requested, no script fails, and its formulas are
+    drawn (each an SVG with a size on the page, the break-even inequality among them). Screenshot of the
+    formula section: build/test-artifacts/report/formulas.png."""
+    import shutil
+
+    from lessonkit.lessons.report import render_notebooks
+    (tmp_path / "notebooks").mkdir()
+    shutil.copy(ROOT / "notebooks" / "01_speculative.ipynb", tmp_path / "notebooks")
+    html = tmp_path / render_notebooks(tmp_path, ["01_speculative"])["01_speculative"]
+    outside, errors = [], []
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            _offline(page, outside)
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(html.as_uri(), wait_until="load")
+            sizes = page.evaluate("Array.from(document.querySelectorAll('.math svg')).map(s => {"
+                                  "const r = s.getBoundingClientRect(); return [r.width, r.height]; })")
+            assert len(sizes) >= 4 and all(w > 5 and h > 5 for w, h in sizes), sizes
+            formula = page.locator('.math[aria-label^="E(k) > "]')
+            assert formula.count() == 1, "the break-even inequality is not rendered"
+            formula.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTEFACTS / "formulas.png"))
+            assert "$$" not in page.inner_text("body")
+        finally:
+            browser.close()
+    assert not outside, f"the notebook page reached out: {outside}"
+    assert not errors, errors

@@ -23,27 +23,29 @@ _DISPLAY = re.compile(r"\$\$(.+?)\$\$", re.S)
 _INLINE = re.compile(r"(?<![\\$\w])\$(?![\s$])([^$\n]+?)(?<![\s\\])\$(?![\w$])")
 
 
-def formula_svg(tex: str) -> str | None:
-    """One TeX formula as an inline <svg> (matplotlib mathtext), or None if mathtext cannot parse it."""
+def formula_svg(tex: str, size: float = 13.0) -> str | None:
+    """One TeX formula as an inline <svg> (matplotlib mathtext at `size` points), without its metadata and
+    comments, or None if mathtext cannot parse it."""
     from matplotlib import mathtext
+    from matplotlib.font_manager import FontProperties
     buf = io.StringIO()
     try:
-        mathtext.math_to_image(f"${tex}$", buf, format="svg", dpi=72)
+        mathtext.math_to_image(f"${tex}$", buf, prop=FontProperties(size=size), format="svg", dpi=72)
     except (ValueError, RuntimeError):
         return None
     svg = buf.getvalue()
-    return svg[svg.index("<svg"):]
+    return re.sub(r"<!--.*?-->|<metadata>.*?</metadata>", "", svg[svg.index("<svg"):], flags=re.S)
 
 
 def _render(tex_html: str, display: bool) -> str:
     tex = html.unescape(tex_html).strip()
-    svg = formula_svg(tex)
+    svg = formula_svg(tex, 15.0 if display else 13.0)
     label = html.escape(tex, quote=True)
     if svg is None:
         return f'<code class="math-source">{html.escape(tex)}</code>'
-    tag = "div" if display else "span"
-    style = "text-align:center;margin:0.5em 0" if display else "display:inline-block;vertical-align:middle"
-    return f'<{tag} class="math" role="math" aria-label="{label}" style="{style}">{svg}</{tag}>'
+    # a span in both cases: a display formula sits inside the markdown's <p>, where a <div> is not allowed
+    style = "display:block;text-align:center;margin:0.4em 0" if display else "display:inline-block;vertical-align:middle"
+    return f'<span class="math" role="math" aria-label="{label}" style="{style}">{svg}</span>'
 
 
 def render_math(markdown_html: str) -> str:

@@ -231,9 +231,9 @@ def ablation_title(df) -> str:
     if not len(all_rows):
         return "Stack ablation"
     speed = ", ".join(f"{r.model} {r.speedup:.1f}x" for r in all_rows.itertuples())
-    eng = "engine answers byte-identical" if bool(all_rows["engine_answers_identical"].all()) \
-        else "engine answers DIFFER"
-    diff = int(all_rows["answers_differing"].sum())
+    same = all_rows.get("engine_answers_identical", all_rows["identical_to_plain"])   # older tables: one column
+    eng = "engine answers byte-identical" if bool(same.all()) else "engine answers DIFFER"
+    diff = int(all_rows["answers_differing"].sum()) if "answers_differing" in all_rows else 0
     cache = "no answer changed by the cache" if diff == 0 else f"{diff} answer(s) changed by the semantic cache (hatched)"
     return f"All techniques together: {speed}\n{eng}; {cache}"
 
