@@ -182,3 +182,56 @@ def test_distill_check_passes_the_workbook_loss_and_flags_a_stub():
     assert ok is True, out
     ok, out = run(check.distill_loss, exercise_functions(NB)["distill_loss"])
     assert ok is False and "not implemented yet" in out
+
+
+# ---------------------------------------------------------------- exercise 6: predict the speed-up
+def _e(acc, k):
+    e, run_ = 1.0, 1.0
+    for i in range(k):
+        run_ *= acc[i]
+        e += run_
+    return e
+
+
+def ps_iid_first_position(acc, c, cost, k):          # a_1 at every position
+    a = acc[0] if acc else 0.0
+    e = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0
+    return e / (cost[k] / cost[0] + k * c)
+
+
+def ps_verify_is_one_step(acc, c, cost, k):          # Leviathan's denominator: no cost curve
+    return _e(acc, k) / (1 + k * c)
+
+
+def ps_free_drafts(acc, c, cost, k):                 # forgets the drafts' cost
+    return _e(acc, k) / (cost[k] / cost[0])
+
+
+def ps_no_bonus(acc, c, cost, k):                    # forgets the token the target adds
+    return (_e(acc, k) - 1) / (cost[k] / cost[0] + k * c)
+
+
+@pytest.mark.parametrize("fn, says", [(ps_iid_first_position, "a_1 at every position"),
+                                      (ps_verify_is_one_step, "cost curve"), (ps_free_drafts, "k c"),
+                                      (ps_no_bonus, "bonus token")], ids=lambda x: getattr(x, "__name__", "says"))
+def test_predict_speedup_check_names_the_mistake(fn, says):
+    ok, out = run(check.predict_speedup, fn)
+    assert ok is False and says in out and out.count("\n") == 1, out
+
+
+def bk_ignores_draft_cost(acc, cost, c):             # exercise 4's answer, c left out
+    return solution_functions(NB)["best_k"](acc, [x / cost[0] for x in cost])
+
+
+def test_best_k_priced_check_names_free_drafts():
+    ok, out = run(check.best_k_priced, bk_ignores_draft_cost)
+    assert ok is False and "when drafts are free" in out, out
+
+
+@pytest.mark.parametrize("name, chk", [("predict_speedup", check.predict_speedup),
+                                       ("best_k_priced", check.best_k_priced)])
+def test_exercises_6_and_7_pass_the_solutions_and_flag_the_stubs(name, chk):
+    ok, out = run(chk, solution_functions(NB)[name])
+    assert ok is True and "passed" in out, out
+    ok, out = run(chk, exercise_functions(NB)[name])
+    assert ok is False and "not implemented yet" in out

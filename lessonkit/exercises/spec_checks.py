@@ -13,7 +13,7 @@ import random
 
 import torch
 
-from lessonkit.exercises import call, run_cases
+from lessonkit.exercises import NOT_IMPLEMENTED, call, run_cases
 
 SEED = 2026
 _SHARED = (torch.Generator,)                       # one random stream for a whole check: never copied
@@ -299,3 +299,150 @@ def _judge_distill(args, got):
 def distill_loss(fn) -> bool:
     """Exercise 5: cross-entropy of the student against the target's renormalised top-k distribution."""
     return _run("distill_loss", fn, _distill_cases(), _judge_distill)
+
+
+# --------------------------------------------------------------------------- exercise 6: predict the speed-up
+def _e_per_pos(acc, k):
+    e, run = 1.0, 1.0
+    for i in range(k):
+        run *= acc[i]
+        e += run
+    return e
+
+
+def _ref_predict(acc, c, cost, k):
+    return _e_per_pos(acc, k) / (cost[k] / cost[0] + k * c)
+
+
+def _predict_cases():
+    cases = [("free drafts, free verification, perfect acceptance", ([1.0] * 4, 0.0, [1.0] * 5, 4)),
+             ("free drafts, verify rows cost time", ([0.8, 0.7, 0.6, 0.5], 0.0, [0.01, 0.012, 0.014, 0.016, 0.018], 4)),
+             ("drafts cost a tenth of a step", ([0.9, 0.8], 0.1, [0.02, 0.021, 0.022], 2)),
+             ("k = 0: no drafting at all", ([0.9], 0.2, [0.01, 0.011], 0)),
+             ("acceptance decays, cost curve in seconds", ([0.9, 0.5, 0.2], 0.05, [0.008, 0.009, 0.011, 0.013], 3))]
+    rng = random.Random(SEED + 6)
+    for i in range(20):
+        k = rng.randint(1, 6)
+        acc = [rng.random() for _ in range(k)]
+        t1 = rng.uniform(0.005, 0.1)
+        cost = [t1]
+        for _ in range(k):
+            cost.append(cost[-1] + t1 * rng.uniform(0.0, 0.4))
+        cases.append((f"random #{i + 1} (k={k})", (acc, rng.uniform(0, 0.5), cost, k)))
+    return cases
+
+
+def _judge_predict(args, got):
+    acc, c, cost, k = args
+    try:
+        got = float(got)
+    except (TypeError, ValueError):
+        return "return one number: the predicted speed-up over plain greedy"
+    want = _ref_predict(*args)
+    if math.isclose(got, want, rel_tol=1e-6):
+        return None
+    iid = (1 - acc[0] ** (k + 1)) / (1 - acc[0]) if acc and acc[0] < 1 else k + 1.0
+    if k and math.isclose(got, iid / (cost[k] / cost[0] + k * c), rel_tol=1e-6) and not math.isclose(iid, _e_per_pos(acc, k)):
+        return f"got {got:.4g}: that uses a_1 at every position; acceptance is per position here"
+    if math.isclose(got, _e_per_pos(acc, k) / (1 + k * c), rel_tol=1e-6):
+        return f"got {got:.4g}: that assumes a verify forward costs one plain step; use the cost curve"
+    if math.isclose(got, _e_per_pos(acc, k) / (cost[k] / cost[0]), rel_tol=1e-6):
+        return f"got {got:.4g}: the k drafts cost k c plain steps too"
+    if math.isclose(got, (_e_per_pos(acc, k) - 1) / (cost[k] / cost[0] + k * c), rel_tol=1e-6):
+        return f"got {got:.4g}: count the bonus token (every verify step emits at least one)"
+    return f"got {got:.4g}, which is not E(k) / (T(k+1)/T(1) + k c) for this case"
+
+
+def predict_speedup(fn) -> bool:
+    """fn(acceptance: a_1..a_k, c, cost: seconds of a forward of 1..k+1 rows, k) -> E(k) / (T(k+1)/T(1) + k c)."""
+    return _run("predict_speedup", fn, _predict_cases(), _judge_predict)
+
+
+# --------------------------------------------------------------------------- exercise 7: best k when drafts cost
+def _ref_best_k_priced(acc, cost, c):
+    best, best_v = 0, -1.0
+    for k in range(len(cost)):
+        v = _e_per_pos(acc, k) / (cost[k] / cost[0] + k * c)
+        if v > best_v + 1e-12:
+            best, best_v = k, v
+    return best
+
+
+def _best_k_priced_cases():
+    cases = [("free drafts: the c = 0 answer", ([0.9] * 6, [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3], 0.0)),
+             ("costly drafts shorten k", ([0.9] * 6, [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3], 0.3)),
+             ("drafts cost more than they bring: k = 0", ([0.3] * 4, [1.0, 1.1, 1.2, 1.3, 1.4], 0.5)),
+             ("a cheap drafter with decaying acceptance", ([0.95, 0.9, 0.6, 0.3, 0.1], [1.0, 1.02, 1.04, 1.06, 1.3, 1.32], 0.05))]
+    rng = random.Random(SEED + 7)
+    for i in range(20):
+        n = rng.randint(2, 8)
+        acc = [max(0.0, min(1.0, rng.random() - 0.05 * j)) for j in range(n)]
+        cost = [1.0]
+        for _ in range(n):
+            cost.append(cost[-1] + rng.uniform(0.0, 0.4))
+        cases.append((f"random #{i + 1}", (acc, cost, rng.uniform(0.0, 0.6))))
+    return cases
+
+
+def _judge_best_k_priced(args, got):
+    acc, cost, c = args
+    try:
+        if isinstance(got, bool) or float(got) != int(got):
+            return f"returned {got!r}; expected an integer k"
+        got = int(got)
+    except (TypeError, ValueError):
+        return f"returned {type(got).__name__}; expected an integer k"
+    if not 0 <= got < len(cost):
+        return f"k={got} is outside 0 .. {len(cost) - 1}"
+    want = _ref_best_k_priced(acc, cost, c)
+    if got != want:
+        if got == _ref_best_k(acc, cost):
+            return f"k={got} is the best k when drafts are free; here each draft costs c = {c:.3g} plain steps"
+        return f"k={got} does not maximise E(k) / (cost[k] / cost[0] + k c)"
+    return None
+
+
+def best_k_priced(fn) -> bool:
+    """fn(acceptance, cost (relative or seconds), c) -> the k maximising E(k) / (cost[k] / cost[0] + k c)."""
+    return _run("best_k_priced", fn, _best_k_priced_cases(), _judge_best_k_priced)
+
+
+def on_this_machine(predict, best_k_fn=None, smoke: bool = False, seed: int = 0) -> None:
+    """Measure tiny-moe with its draft model on a few corpus prompts here (a_i, c, the verify cost curve and the
+    speed-up at k = 4, plain and speculative interleaved), then print your prediction (and your best k, with the
+    measured c) next to the measurement. A stub leaves its line out."""
+    from lessonkit.engine.generate import generate
+    from lessonkit.engine.registry import load_model
+    from lessonkit.speculative.drafters import ModelDrafter
+    from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve
+    from lessonkit.speculative.verify import speculative_generate, total_stats
+    from lessonkit.workloads.corpus import prompts_by_kind
+    torch.set_num_threads(1)
+    target, draft = load_model("tiny-moe"), load_model("tiny-draft")
+    prompts = [p for ps in prompts_by_kind(target, n=1, max_tokens=48, seed=seed).values() for p in ps]
+    n_new, k = (8, 2) if smoke else (48, 4)
+    cost = measure_cost_curve(target, 6, repeats=2 if smoke else 10)
+    plain = spec = None
+    for _ in range(1 if smoke else 2):        # plain and speculative in each round; the fastest counts
+        p = total_stats([generate(target, q, n_new).stats for q in prompts])
+        s = total_stats([speculative_generate(target, ModelDrafter(draft), q, n_new, k=k).stats for q in prompts])
+        plain = p if plain is None or p["wall_s"] < plain["wall_s"] else plain
+        spec = s if spec is None or s["wall_s"] < spec["wall_s"] else spec
+    acc = conditional_per_pos(spec["num_accepted_tokens_per_pos"], spec["num_drafts"])
+    c = (spec["draft_s"] / spec["num_draft_tokens"]) / (plain["wall_s"] / plain["new_tokens"])
+    measured = plain["wall_s"] / spec["wall_s"]
+    print(f"measured here: a_i = {', '.join(f'{a:.2f}' for a in acc)}, c = {c:.3f}, T(k+1)/T(1) = "
+          f"{', '.join(f'{t / cost[0]:.2f}' for t in cost)}; speed-up at k = {k}: {measured:.2f}x")
+    got, error = call(predict, (acc, c, cost, k))
+    if error and error != NOT_IMPLEMENTED:
+        print(f"predict_speedup: {error}")
+    elif error is None:
+        print(f"your prediction at k = {k}: {float(got):.2f}x (the prefill, which drafting does not shorten, is "
+              "left out of the formula)")
+    if best_k_fn is not None:
+        padded = (acc + [acc[-1] if acc else 0.0] * len(cost))[:len(cost) - 1]
+        got, error = call(best_k_fn, (padded, cost, c))
+        if error and error != NOT_IMPLEMENTED:
+            print(f"best_k_priced: {error}")
+        elif error is None:
+            print(f"your best k with this c (positions past {k} take a_{k}): {got}")
