@@ -143,3 +143,22 @@ def eh_proj_diagnosis(fn) -> bool:
             return False
     print(f"eh_proj_diagnosis: passed all {len(cases)} cases")
     return True
+
+
+def on_the_real_head(int4_per_row, model: str = "tiny-moe") -> None:
+    """Your per-row int4 applied to the shipped head's eh_proj (stored with its halves 25x apart): the share of
+    each half's weights your quantiser sends to 0, and the same for the natural-ratio control."""
+    from lessonkit.engine.registry import load_model
+    from lessonkit.exercises import NOT_IMPLEMENTED, call
+    from lessonkit.mtp.head import load_head, rescale_embedding_half
+    head = load_head(load_model(model))
+    natural = rescale_embedding_half(head, 1 / head.meta["rescale_factor"])
+    for label, h in (("stored (25x)", head), ("natural ratio", natural)):
+        w, b = h.w["eh_proj"].float(), h.cfg.eh_blocks()
+        got, error = call(int4_per_row, (w,))
+        if error:
+            print(f"int4_per_row: {error}" if error != NOT_IMPLEMENTED else "int4_per_row: not implemented yet")
+            return
+        zero = (torch.as_tensor(got) == 0).float()
+        print(f"{model} head, {label}: your int4 zeroes {zero[:, b['embedding']].mean():.1%} of the embedding half, "
+              f"{zero[:, b['hidden']].mean():.1%} of the hidden half")

@@ -199,3 +199,23 @@ def _serve_rule(args, got):
 def may_serve(fn) -> bool:
     """fn(query, cached_query, cached_answer, similarity, threshold) -> serve the cached answer?"""
     return run_cases("may_serve", fn, _serve_cases(), _serve_rule)
+
+
+def on_this_stream(upper_bound, seed: int = 0) -> None:
+    """Lesson 5's guarded, audited cache on the stream's first items (recorded judge answers: seconds), then
+    your bound for the losses and audits this run made, next to the lesson's."""
+    from lessonkit.exercises import NOT_IMPLEMENTED, call
+    from lessonkit.lessons.semantic_cache import LessonData
+    from lessonkit.semcache.audit import AuditConfig
+    from lessonkit.semcache.policies import make_policy, run_stream
+    data = LessonData(smoke=True, live=False)
+    g = run_stream(data.texts, make_policy("one-sided+guard"), data.judge, embeddings=data.embeddings,
+                   audit=AuditConfig(rate=0.05, first_n=2, limit=0.10, seed=seed)).summary()
+    line = (f"this stream ({g['queries']} queries): {g['hits']} hits, {g['audit_losses']} loss(es) in {g['audits']} "
+            f"audits; the lesson's bound {g['audit_upper_bound']:.3f}")
+    got, error = call(upper_bound, (g["audit_losses"], g["audits"]))
+    if error is None:
+        line += f", yours {float(got):.3f}"
+    elif error != NOT_IMPLEMENTED:
+        line += f"; upper_bound: {error}"
+    print(line)
