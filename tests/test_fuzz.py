@@ -35,6 +35,8 @@ from lessonkit.engine.atomic import atomic_write
 LONG = os.environ.get("LESSONKIT_FUZZ") == "long"
 # short: derandomised (the same cases every run); long: random, many
 PARSE_EXAMPLES, WORKER_CASES, SUBPROCESS_CASES = (10000, 1200, 20) if LONG else (300, 20, 3)
+if LONG and os.environ.get("LESSONKIT_FUZZ_SIZE"):      # a smaller long run: PARSES,WORKER,SUBPROCESS
+    PARSE_EXAMPLES, WORKER_CASES, SUBPROCESS_CASES = map(int, os.environ["LESSONKIT_FUZZ_SIZE"].split(","))
 FAST = settings(max_examples=PARSE_EXAMPLES, derandomize=not LONG, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))
 ONCE = settings(max_examples=1, derandomize=not LONG, deadline=None, database=None, phases=[Phase.generate],
