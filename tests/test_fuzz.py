@@ -146,6 +146,7 @@ def write_report() -> None:
     that a cut-off run keeps its counts."""
     out = fz.ROOT / "build" / "fuzz" / ("report.json" if LONG else "report-short.json")
     out.parent.mkdir(parents=True, exist_ok=True)
+    REPORT["size"] = {"parses": PARSE_EXAMPLES, "worker_cases": WORKER_CASES, "subprocess_cases": SUBPROCESS_CASES}
     text = json.dumps({k: dict(v) if isinstance(v, Counter) else v for k, v in REPORT.items()}, indent=1, sort_keys=True)
     atomic_write(out, text.encode("utf-8"))
 
