@@ -115,7 +115,8 @@ def test_prefix_cache_imports_without_fcntl():
             "    if mine and name == 'fcntl': raise ModuleNotFoundError(name)\n"
             "    if mine and name == 'msvcrt': return type(sys)('msvcrt')\n    return real(name, g, *a, **k)\n"
             "builtins.__import__ = imp\nsys.modules.pop('fcntl', None)\n"
-            "import lessonkit.prefix_cache.cache, lessonkit.engine.portable_io as p\nassert p.fcntl is None\nprint('ok')")
+            "import lessonkit.prefix_cache.cache, lessonkit.engine.portable_io as p\n"
+            "assert p.fcntl is None\nprint('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, encoding="utf-8", cwd=ROOT)
     assert r.stdout.strip() == "ok", r.stderr[-2000:]
 

@@ -237,7 +237,8 @@ def export_hf(stream_dir: str | Path, hf_dir: str | Path, dtype=torch.float32) -
     hf_dir.mkdir(parents=True, exist_ok=True)
     save_file({k: v.to(dtype).contiguous() for k, v in sd.items()}, hf_dir / "model.safetensors",
               metadata={"format": "pt"})
-    (hf_dir / "config.json").write_text(json.dumps({**c.to_hf(), "torch_dtype": str(dtype).split(".")[-1]}, indent=2), encoding="utf-8")
+    (hf_dir / "config.json").write_text(json.dumps({**c.to_hf(), "torch_dtype": str(dtype).split(".")[-1]}, indent=2),
+                                        encoding="utf-8")
     tok = stream_dir / "tokenizer.json"
     if tok.exists():
         (hf_dir / "tokenizer.json").write_text(tok.read_text(encoding="utf-8"), encoding="utf-8")

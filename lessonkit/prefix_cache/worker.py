@@ -34,7 +34,8 @@ def score_in_new_process(model, cache_dir, prefix_ids, items, *, block_size: int
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"model": str(model), "cache_dir": str(cache_dir), "prefix_ids": list(prefix_ids),
                                    "items": [list(i) for i in items], "block_size": block_size,
-                                   "budget_bytes": budget_bytes, "out": str(Path(tmp) / "out.safetensors")}), encoding="utf-8")
+                                   "budget_bytes": budget_bytes, "out": str(Path(tmp) / "out.safetensors")}),
+                       encoding="utf-8")
         root = str(PACKAGE_DIR.parent)      # where this lessonkit is imported from
         env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
         r = subprocess.run([sys.executable, "-m", "lessonkit.prefix_cache.worker", str(job)], capture_output=True,
@@ -58,7 +59,8 @@ def main(job_path: str) -> int:
     res = score(eng, job["prefix_ids"], job["items"], prefix_cache=pc)
     save_file({"token_logprobs": torch.cat(res.token_logprobs) if res.token_logprobs else torch.zeros(0),
                "last_logits": res.last_logits.contiguous()}, job["out"])
-    Path(job["out"]).with_suffix(".json").write_text(json.dumps({**res.stats, "load_s": load_s, "pid": os.getpid()}), encoding="utf-8")
+    Path(job["out"]).with_suffix(".json").write_text(json.dumps({**res.stats, "load_s": load_s, "pid": os.getpid()}),
+                                                     encoding="utf-8")
     return 0
 
 
