@@ -19,7 +19,8 @@ rows x P strips; a one-row product runs 4 strips side by side (8 independent FMA
 as a GEMV, and an M-row product reads every weight from memory once: extra rows cost arithmetic only.
 
 Two paths, same arithmetic: AVX2 + FMA (selected at import when the CPU has both) and a portable C
-path that calls fmaf, which rounds exactly like the vector FMA. The pair is tested for equal bits.
+path, one correctly rounded fma per weight (never the C library's fmaf, which is not correctly rounded
+everywhere: see "fma" below). The pair is tested for equal bits.
 
 Native blocks (qmatmul). SmolLM2 ships as llama.cpp Q4_1 blocks (32 weights: w = d * q + m, d and m
 half floats, q a 4-bit code) and a Q8_0 embedding (w = d * q, q an int8). Dequantised in float32 with a
@@ -30,14 +31,32 @@ at most 11 significant bits (a half float) and q at most 4 (8 for Q8_0), so d * 
 is exact in float32; rounding it changes nothing, and fma(q, d, m) = round(d * q + m) = round(round(d * q)
 + m), the loader's two roundings. The AVX2 path uses that FMA (one instruction fewer per 8 weights); the
 portable path multiplies and adds, and the tests check both against gguf's own dequantiser. The file is
-compiled with -ffp-contract=off (setup.py) so that no other multiply and add is fused behind our back.
+compiled with -ffp-contract=off (csrc/build_kernels.py; portable.h's pragmas for clang and MSVC) so that no
+other multiply and add is fused behind our back.
 Packed layout, per strip of 16 output columns, per block of 32 inputs (strips in order, blocks in order):
   Q4_1 (320 bytes): d[16] f16, m[16] f16, then 16 input pairs x 16 bytes: byte c of pair j holds column
                     c's code for input 2j (low nibble) and input 2j + 1 (high nibble);
   Q8_0 (544 bytes): d[16] f16, then 32 inputs x 16 int8 codes (column c at byte c).
 Up to 6 rows dequantise in registers; more rows (verify blocks, prefill) dequantise a group of strips into
 an L2-sized float32 scratch in the float layout above, then run the float blocks on it: same values, same
-chains, same bits, and the dequantisation is shared by all the rows. */
+chains, same bits, and the dequantisation is shared by all the rows.
+
+Platforms. A plain C shared library with no Python ABI: lessonkit/engine/kernel.py loads it with ctypes
+(which releases the GIL during every call) and turns the rk_* entry points' error codes into exceptions,
+so one binary per OS and CPU serves every CPython. csrc/build_kernels.py cross-builds six with zig cc, one
+set of flags (-O3 -std=c11 -ffp-contract=off, hidden symbols but rk_*, stripped): Linux x86_64 and aarch64
+(glibc 2.17, manylinux2014), Windows x86_64 and aarch64 (MinGW ABI, Win32 threads), macOS x86_64 and arm64
+(11.0); `--host` builds this machine's with its own compiler (gcc, clang, or MSVC: /fp:precise). portable.h
+holds all that differs between platforms: exports, threads (pthreads or CreateThread), locks and condition
+variables (pthread or SRW locks / CONDITION_VARIABLE), atomics (C11 or Interlocked), the monotonic clock and
+x86 feature detection (cpuid + xgetbv, for gcc/clang and MSVC). The x86 AVX2 path is chosen at run time; on
+arm64 the portable path is NEON fmla (4 lanes, one rounding each), everywhere else plain C.
+tests/test_platforms_kernel.py runs csrc/kernel_check.c against the shipped binaries natively (both x86
+paths), under qemu-aarch64 and under wine64, and compares hashes of the output bits.
+
+Threads. set_threads(n) starts n - 1 detached workers (a pool shared by every product, one product at a
+time); a product's strips are split into n contiguous ranges, so each output element is still one chain
+computed by one thread and the bits cannot depend on n (tested at 1, 2 and 3 threads). */
 #include "portable.h"
 
 #include <math.h>
