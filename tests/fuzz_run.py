@@ -95,12 +95,12 @@ def run_one(case: dict, where: Path, victim: Path) -> dict:
     written_before = {r: tree_digest(r, content=False) for r in (where, home)}
     res = {"argv": case["argv"], "home": case.get("home"), "component": component(case["argv"]),
            **invoke(argv, where)}
-    res["stdout"] = res["stdout"][-4000:]
     res["victim_changed"] = tree_digest(victim) != before
     res["data_changed"] = tree_digest(ROOT / "data", content=False) != data_before
     res["rss_mb"] = peak_rss_mb()
     res["torn"] = [f"{f}: {why}" for r in (where, home) for f, why in torn_files(r, written_before[r]).items()]
     res["answer"] = check_answer(case, argv, res, where, victim)
+    res["stdout"] = res["stdout"][-4000:]          # kept short in the results once its answer is checked
     shutil.rmtree(where, ignore_errors=True)
     return res
 
