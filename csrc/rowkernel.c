@@ -666,13 +666,22 @@ enum {
 
 RK_EXPORT int32_t rk_abi(void) { return RK_ABI; }
 RK_EXPORT int32_t rk_max_threads(void) { return MAXT; }
-RK_EXPORT int32_t rk_has_avx2(void) { return rk_cpu_avx2_fma_f16c(); }
+/* cpuid traps to the hypervisor in a VM (microseconds): asked once, then remembered (a benign race: every
+   thread computes the same value) */
+static int cpu_avx2(void)
+{
+    static int ok = -1;
+    if (ok < 0) ok = rk_cpu_avx2_fma_f16c();
+    return ok;
+}
+
+RK_EXPORT int32_t rk_has_avx2(void) { return cpu_avx2(); }
 
 /* the path a call asked for: NULL when it asked for AVX2 on a CPU without it */
 static matmul_fn choose_matmul(int32_t use_avx2)
 {
 #if HAVE_X86
-    if (use_avx2) return rk_cpu_avx2_fma_f16c() ? matmul_avx2 : NULL;
+    if (use_avx2) return cpu_avx2() ? matmul_avx2 : NULL;
 #endif
     (void)use_avx2;
     return matmul_portable;
