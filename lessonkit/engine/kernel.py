@@ -181,7 +181,7 @@ def load_library(candidates=None) -> tuple[KernelLibrary | None, str | None, str
         return lib, path.name, why
     if binary_name() is None:
         tried.insert(0, f"no shipped binary for {sys.platform} {platform.machine()}")
-    return None, None, "; ".join(tried) + "; build one with `python csrc/build_kernels.py --host` (a C compiler)"
+    return None, None, "; ".join(tried) + "; `python csrc/build_kernels.py --host` builds one with a C compiler"
 
 
 _rowkernel, BINARY, BINARY_WHY = load_library()
