@@ -387,7 +387,8 @@ def _measured_cell(model_dir, prompts, nb, P, k, max_new_tokens, disk_mb_s, dtyp
 #   plain run:       P + (N - 1) * (T(1)   + R(1, B)   * t_read)
 #   speculative run: P + (N - 1) / E(a, k) * (T(k+1) + R(k+1, B) * t_read)
 # P: the prompt's prefill with its expert reads (the same on both sides), N new tokens (the first comes from
-# the prefill), T(r): a forward of r rows with every expert resident (the verify cost curve), R(r, B): expert
+# the prefill), T(r): a forward of r rows with every expert resident (the verify cost curve) plus the measured
+# per-step overhead of the decode loop (sampling, stop checks: plain pays it N - 1 times), R(r, B): expert
 # misses per forward of r rows at budget B (measured), t_read: one expert miss (page-cache read, measured,
 # or bytes / disk speed, whichever is longer: what `simulate_disk` charges), E(a, k) = (1 - a^(k+1)) / (1 - a).
 
@@ -451,7 +452,10 @@ def cost_model_inputs(model_dir, prompts: list[list[int]], *, budget_experts=(2,
     full = Engine(model_dir, name="budget-all", dtype=dtype)
     total = full.config.n_layers * full.config.n_experts
     cost = cost if cost is not None else measure_cost_curve(full, max(rows) - 1, repeats=repeats)
-    conts = [generate(full, p, max_new_tokens).token_ids for p in prompts]
+    gens = [generate(full, p, max_new_tokens) for p in prompts]
+    conts = [g.token_ids for g in gens]
+    # a decode step is more than its forward (sampling, stop checks, the cache): that per-step overhead, measured
+    step_s = sum(g.stats["wall_s"] - g.stats["ttft_s"] for g in gens) / max(sum(len(c) - 1 for c in conts), 1)
     gen = torch.Generator().manual_seed(seed)
     noise = torch.randint(0, full.config.vocab_size, (len(prompts), max_new_tokens + max(rows)), generator=gen).tolist()
     prefill_s = []
@@ -475,6 +479,7 @@ def cost_model_inputs(model_dir, prompts: list[list[int]], *, budget_experts=(2,
         prefill_reads[b] = float(np.mean(pre))
         io_s, misses, nbytes = io_s + eng.store.io_s, misses + eng.store.misses, nbytes + eng.store.bytes_read
     return {"T_s": {r: cost[r - 1] for r in rows}, "prefill_s": float(np.mean(prefill_s)),
+            "step_overhead_s": max(0.0, step_s - cost[0]),
             "reads_per_forward": reads, "prefill_reads": prefill_reads, "budgets": [nb or total for nb in budget_experts],
             "total_experts": total, "read_bytes": nbytes / misses if misses else full.expert_bytes,
             "page_cache_read_s": io_s / misses if misses else 0.0, "new_tokens": max_new_tokens}
@@ -503,14 +508,15 @@ def disk_cost_model(inputs: dict, *, disk_mb_s: float | None, acceptances=tuple(
     t_disk = inputs["read_bytes"] / (disk_mb_s * 2**20) if disk_mb_s else 0.0
     t_read = max(inputs["page_cache_read_s"], t_disk)
     T, R, n = inputs["T_s"], inputs["reads_per_forward"], inputs["new_tokens"]
+    o = inputs.get("step_overhead_s", 0.0)            # per decode or verify step, besides its forward
     out = []
     for b in inputs["budgets"]:
         pre = inputs["prefill_s"] + inputs["prefill_reads"][b] * t_read
-        plain_step = T[1] + R[(b, 1, "accepted")] * t_read
+        plain_step = T[1] + o + R[(b, 1, "accepted")] * t_read
         plain = pre + (n - 1) * plain_step
 
         def verify_step(a, k):         # each of the k drafted rows is a rejected (random) token with chance 1 - a
-            return T[k + 1] + (a * R[(b, k + 1, "accepted")] + (1 - a) * R[(b, k + 1, "rejected")]) * t_read
+            return T[k + 1] + o + (a * R[(b, k + 1, "accepted")] + (1 - a) * R[(b, k + 1, "rejected")]) * t_read
         for k in ks:
             a_star = _break_even_disk(lambda a: verify_step(a, k) / plain_step, k)
             for a in acceptances:
@@ -519,7 +525,7 @@ def disk_cost_model(inputs: dict, *, disk_mb_s: float | None, acceptances=tuple(
                             "k": k, "E_tokens_per_verify": e, "speedup": plain / (pre + (n - 1) / e * step),
                             "step_cost_ratio": step / plain_step, "a_star": a_star,
                             "reads_per_plain_step": R[(b, 1, "accepted")],
-                            "reads_per_verify": step and (step - T[k + 1]) / t_read if t_read else 0.0,
+                            "reads_per_verify": (step - T[k + 1] - o) / t_read if t_read else 0.0,
                             "t_read_ms": t_read * 1e3})
     return pd.DataFrame(out)
 
