@@ -5,8 +5,8 @@ the judge's training (train_adapter + save_adapter).
 
 The child (tests/kill_child.py) writes through a slow disk of its own (every write in 8 KiB pieces with a
 2 ms pause), so the writes take long enough to be hit. The kill point is chosen by time: this process
-watches the target directory for the writer's first temporary file (`.tmp-<pid>-*.part`) and kills a
-uniformly random delay after it appears (within the write window of an uninterrupted run); each kill's
+watches the target directory for the writer's first write (a temporary file `.tmp-<pid>-*.part`, or
+any file created or changing size) and kills a uniformly random delay after it (within the write window of an uninterrupted run); each kill's
 point (the delay, the temporary files present, whether the process had already finished) is recorded.
 After each kill, every file in the directory other than a dead writer's temporary file must be whole
 (fuzz_run.torn_files), and then:
@@ -66,27 +66,38 @@ def temps(d: Path) -> list[str]:
     return out
 
 
+def sizes(d: Path) -> dict:
+    out = {}
+    for dirpath, _, filenames in os.walk(d):
+        for f in filenames:
+            with contextlib.suppress(OSError):
+                out[os.path.join(dirpath, f)] = os.stat(os.path.join(dirpath, f)).st_size
+    return out
+
+
 def run_and_kill(args: list, watch: Path, home: Path, delay_s: float | None) -> dict:
-    """Start the child, wait for its first temporary file under `watch`, then SIGKILL it delay_s later
-    (None: let it finish). Returns the kill point."""
+    """Start the child, wait for its first write under `watch` (a temporary file, or any file created or
+    changing size: a writer that writes in place is caught too), then SIGKILL it delay_s later (None: let
+    it finish). Returns the kill point."""
+    start = sizes(watch)
     t0 = time.monotonic()
     p = subprocess.Popen([sys.executable, str(CHILD), *args], env=child_env(home), cwd=home,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     seen = None
     while p.poll() is None and time.monotonic() - t0 < 300:
-        if seen is None and temps(watch):
+        if seen is None and (temps(watch) or sizes(watch) != start):
             seen = time.monotonic()
         if seen is not None and delay_s is not None and time.monotonic() - seen >= delay_s:
             break
         time.sleep(0.001)
     point = {"delay_ms": None if delay_s is None else round(delay_s * 1000, 1),
-             "temp_seen": seen is not None, "temps_at_kill": temps(watch)}
+             "write_seen": seen is not None, "temps_at_kill": temps(watch)}
     point["finished_first"] = p.poll() is not None
     if not point["finished_first"]:
         os.kill(p.pid, signal.SIGKILL)
     _, err = p.communicate(timeout=60)
     point["exit"] = p.returncode
-    point["since_first_temp_ms"] = None if seen is None else round((time.monotonic() - seen) * 1000, 1)
+    point["since_first_write_ms"] = None if seen is None else round((time.monotonic() - seen) * 1000, 1)
     if point["finished_first"] and p.returncode != 0:
         raise AssertionError(f"the child failed on its own (exit {p.returncode}): {err.decode()[-2000:]}")
     return point
