@@ -153,10 +153,12 @@ NOTEBOOKS = sorted((ROOT / "notebooks").rglob("*.ipynb"))
 def test_notebooks_import_lessons_and_techniques_that_exist(nb):
     """A notebook imports existing lessonkit modules and names, never the CLI or a benchmark."""
     bad = []
-    for cell in json.loads(nb.read_text())["cells"]:
+    from IPython.core.inputtransformer2 import TransformerManager
+    for cell in json.loads(nb.read_text(encoding="utf-8"))["cells"]:
         if cell["cell_type"] != "code":
             continue
-        for node in ast.walk(ast.parse("".join(cell["source"]))):
+        python = TransformerManager().transform_cell("".join(cell["source"]))   # %pip and !cmd as IPython runs them
+        for node in ast.walk(ast.parse(python)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "lessonkit":
                 names = [f"{node.module}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):

@@ -172,6 +172,12 @@ def ablation(engine, cfg: StackConfig | str = "default", *, rows=None, embedding
         for r in rows:
             if "semcache" in ROWS[r]:
                 runs[r].wall_s += embed_s
+    return ablation_table(engine.name, runs, rows, model_drafter), runs, draft_df
+
+
+def ablation_table(model: str, runs: dict, rows: list[str], model_drafter) -> pd.DataFrame:
+    """One row per configuration against the plain engine's run: speed, identity (every item, cache answers
+    included; and the engine's own answers), the semantic cache's losses."""
     plain = runs["plain engine"]
     out = []
     for r in rows:
@@ -180,7 +186,7 @@ def ablation(engine, cfg: StackConfig | str = "default", *, rows=None, embedding
         engine_identical = all(run.answers[i] == plain.answers[i] for i in eng_items)
         differing = sum(a != b for a, b in zip(run.answers, plain.answers))   # every item, cache answers included
         loss, act = _losses(run, plain)
-        out.append({"model": engine.name, "row": r, "techniques": "+".join(ROWS[r]) or "none",
+        out.append({"model": model, "row": r, "techniques": "+".join(ROWS[r]) or "none",
                     "wall_s": run.wall_s, "speedup": plain.wall_s / run.wall_s,
                     "tokens_per_s": run.answer_tokens / run.wall_s, "forwards": run.forwards,
                     "expert_bytes": run.expert_bytes, "judge_calls": run.judge_calls,
@@ -192,8 +198,7 @@ def ablation(engine, cfg: StackConfig | str = "default", *, rows=None, embedding
                     "model_drafter": model_drafter if "drafter" in ROWS[r] else None,
                     "cached_positives_served": run.extra.get("cached_positives_served"),
                     "cache_serving": run.extra.get("cache_serving")})
-    df = pd.DataFrame(out)
-    return df, runs, draft_df
+    return pd.DataFrame(out)
 
 
 def plot_ablation(df, title: str | None = None):
