@@ -68,8 +68,9 @@ def build_target(z: list[str], name: str, out_dir: Path) -> Path:
     target = TARGETS[name]
     out = out_dir / name
     pic = [] if "windows" in target else ["-fPIC"]
-    # macOS: strip local symbols; the install name would otherwise be the (temporary) output path
-    strip = ["-Wl,-x", f"-Wl,-install_name,@rpath/{name}"] if "macos" in target else ["-s"]
+    # macOS: strip local symbols and the debug map (-S: its stabs name the build machine's source folder and
+    # object cache); the install name would otherwise be the (temporary) output path
+    strip = ["-Wl,-x", "-Wl,-S", f"-Wl,-install_name,@rpath/{name}"] if "macos" in target else ["-s"]
     cmd = z + ["cc", "-target", target, *FLAGS, *pic, *strip, "-o", str(out), "rowkernel.c"]
     subprocess.run(cmd, cwd=CSRC, check=True)
     for junk in out_dir.glob(Path(name).stem + ".*"):      # zig leaves import libraries (.lib, .pdb) beside a DLL

@@ -73,3 +73,11 @@ def test_readme_has_a_colab_link_per_lesson_on_the_published_repository():
     linked = set(re.findall(rf"colab\.research\.google\.com/github/{re.escape(slug)}/blob/main/notebooks/([^)\s]+)", readme))
     lessons = {p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
     assert linked == lessons, f"links without a notebook: {linked - lessons}; notebooks without a link: {lessons - linked}"
+
+
+def test_the_shipped_kernel_binaries_name_no_path_of_the_build_machine():
+    """A binary's debug map or build id must not carry the builder's folders (a student has none of them)."""
+    for lib in sorted((ROOT / "lessonkit" / "engine" / "kernels").glob("rowkernel-*")):
+        data = lib.read_bytes()
+        for root in (b"/work/", b"/root/", b"/home/", b"/tmp/", b"/Users/", str(ROOT).encode()):
+            assert root not in data, f"{lib.name} names {root.decode()}"
