@@ -23,12 +23,11 @@ def test_notebook_conventions(nb):
     d = json.loads(nb.read_text(encoding="utf-8"))
     assert d["metadata"]["kernelspec"]["name"] == "python3"
     code = [c for c in d["cells"] if c["cell_type"] == "code"]
-    # first the Colab install cell (does nothing elsewhere), then the parameters cell papermill injects after
-    assert code and "colab-setup" in code[0].get("metadata", {}).get("tags", []), "first code cell must be the Colab cell"
-    colab = "".join(code[0]["source"])
+    # first the parameters cell papermill injects after, then the Colab install cell (does nothing elsewhere)
+    assert code and "parameters" in code[0].get("metadata", {}).get("tags", []), "first code cell must be tagged parameters"
+    assert len(code) > 1 and "colab-setup" in code[1].get("metadata", {}).get("tags", []), "second code cell: the Colab cell"
+    colab = "".join(code[1]["source"])
     assert f'%pip install -q "lessonkit @ git+{REPOSITORY}"' in colab and '"google.colab" in sys.modules' in colab
-    code = code[1:]
-    assert code and "parameters" in code[0].get("metadata", {}).get("tags", []), "second code cell must be tagged parameters"
     src = "".join(code[0]["source"])
     for name in ("SMOKE", "INTERACTIVE", "SEED"):
         assert name in src, f"parameters cell lacks {name}"
