@@ -29,7 +29,7 @@ from pathlib import Path
 CSRC = Path(__file__).resolve().parent
 ROOT = CSRC.parent
 KERNELS = ROOT / "lessonkit" / "engine" / "kernels"
-SOURCES = ["rowkernel.c", "portable.h"]
+SOURCES = ["rowkernel.c", "forward.c", "portable.h", "format.h"]
 MANIFEST = "manifest.json"
 
 TARGETS = {                                   # shipped file name: zig target
@@ -92,7 +92,11 @@ def build_all(names: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             built = build_target(z, name, Path(tmp))
-            shutil.copyfile(built, KERNELS / name)
+            # a new file renamed over the old one, never the old one rewritten: a process that has the library
+            # mapped keeps its copy (rewriting it in place crashed a test run that was using it)
+            part = KERNELS / f".{name}.part"
+            shutil.copyfile(built, part)
+            os.replace(part, KERNELS / name)
             binaries[name] = {"target": TARGETS[name], "bytes": built.stat().st_size, "sha256": sha256(built)}
             print(f"{name:32s} {TARGETS[name]:24s} {built.stat().st_size:8d} bytes")
     manifest = {"sources": source_hashes(), "zig": zig_version(z), "flags": FLAGS,

@@ -1,6 +1,6 @@
 /* kernel_check: the row kernel's bit test for platforms this machine can only emulate.
 
-    kernel_check LIBRARY USE_AVX2 THREADS
+    kernel_check LIBRARY USE_AVX2 THREADS [all | stress ROUNDS]
 
 loads a shipped kernel library (dlopen, or LoadLibrary on Windows), runs fixed pseudo-random products through
 every entry point and prints one line per test: its name and an FNV-1a hash of the output bits. The same
@@ -11,24 +11,40 @@ zig for linux-aarch64 and windows-x86_64, runs it under qemu-aarch64 and wine64 
   qmatmul     Q4_1 and Q8_0 strip-blocks, the same row counts
   dequantise  Q4_1 and Q8_0 strip-blocks to float strips
   dense_step  six decode steps of a 2-layer dense model (its softmax and SiLU call the C library's expf)
+  forward_*   rk_forward on a 2-layer dense Llama built here (D 64, 4 heads, 2 kv heads, head 16, I 96, V 200;
+              float32 strips, Q4_1 and Q8_0 strip-blocks mixed; rope tables from + - * / only), 9 tokens:
+              forward_decode (one row at a time), forward_prefill (one call of 9 rows), forward_chunks (4 + 5
+              rows), forward_verify (5 decodes, then a block of 4): each hashes the logits of every row, the
+              residual stream out and both KV caches, so all four must be equal; forward_last (the decode's
+              last row) and forward_last_only (a prefill asking for its last row only) likewise
+  forward_moe_*  the same on an OLMoE-style mixture (4 experts of width 32, top 2 renormalised, q/k RMSNorm,
+              q k v clipped at 3; router and experts in every kind, full expert tables, no fetch); its hashes
+              also take the experts every row chose in every layer
+  exp_many    rk_exp_many over [-100, 100] in 2^20 steps, the edges, specials and random bit patterns
   fma         2 million triples through the portable path's fma (FMA instruction or software) ...
   fma_soft    ... and through the software fma alone (csrc/rowkernel.c soft_fmaf); NaNs hash as one value
 
-Plain C11, no Python; build: zig cc -O2 -o kernel_check kernel_check.c (add -ldl on old glibc). */
+`stress ROUNDS` instead hammers the thread pool: ROUNDS rounds of rk_forward (prefill and decode, and a prefill
+of the MoE) and small rk_qmatmul / rk_matmul products (fewer strips than threads, so some workers sit a job
+out), switching rk_set_threads between 1, 2, 3 and 8 between calls, then the same from two caller threads at
+once while the main thread keeps switching; every result is compared with the one-thread bits. It prints
+`stress_mismatches N` (must be 0) and `stress_calls N`, or `stress_hung N` and exits with status 7 when no call
+has returned for 15 s (a deadlocked pool: a call that waits for a worker that will never come).
+tests/test_kernel_tsan.py links this file with rowkernel.c under ThreadSanitizer (-DKERNEL_CHECK_LINKED: no
+library to load, LIBRARY is ignored).
+
+Plain C11, no Python; build: zig cc -O2 -ffp-contract=off -o kernel_check kernel_check.c (add -ldl on old
+glibc). -ffp-contract=off (and the pragma below) keeps the rope tables' double arithmetic the same on every
+CPU: a compiler may otherwise fuse their multiply-adds on arm64 and not on x86-64. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
 
-#if defined(_WIN32)
-#include <windows.h>
-static void *open_lib(const char *path) { return (void *)LoadLibraryA(path); }
-static void *sym(void *lib, const char *name) { return (void *)GetProcAddress((HMODULE)lib, name); }
-#else
-#include <dlfcn.h>
-static void *open_lib(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
-static void *sym(void *lib, const char *name) { return dlsym(lib, name); }
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
 #endif
 
 typedef int32_t (*abi_fn)(void);
@@ -40,6 +56,9 @@ typedef int32_t (*threads_fn)(int32_t, int32_t *);
 typedef int32_t (*dense_fn)(uintptr_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float,
                             int64_t, int64_t, int32_t, uintptr_t);
 typedef int32_t (*fma_fn)(uintptr_t, uintptr_t, uintptr_t, uintptr_t, int64_t, int32_t);
+typedef int32_t (*forward_fn)(uintptr_t, uintptr_t, float, float, uintptr_t, uintptr_t, int64_t, int64_t, uintptr_t, uintptr_t,
+                              int64_t, uintptr_t, int64_t, int32_t, uintptr_t, uintptr_t, uintptr_t);
+typedef int32_t (*exp_fn)(uintptr_t, uintptr_t, int64_t);
 
 static struct {
     abi_fn abi;
@@ -49,7 +68,83 @@ static struct {
     threads_fn set_threads;
     dense_fn dense_step;
     fma_fn fma_many;
+    forward_fn forward;
+    exp_fn exp_many;
 } rk;
+
+#if defined(_WIN32)
+#include <windows.h>
+#endif
+
+#if defined(KERNEL_CHECK_LINKED)
+/* linked with rowkernel.c (the ThreadSanitizer build): the entry points are plain functions */
+int32_t rk_abi(void);
+int32_t rk_matmul(uintptr_t, int64_t, int64_t, int64_t, uintptr_t, int64_t, uintptr_t, int64_t, int32_t);
+int32_t rk_qmatmul(uintptr_t, int64_t, int64_t, int64_t, uintptr_t, int32_t, int64_t, uintptr_t, int64_t, int32_t);
+int32_t rk_dequantise(uintptr_t, int32_t, int64_t, int64_t, uintptr_t, int32_t);
+int32_t rk_set_threads(int32_t, int32_t *);
+int32_t rk_dense_step(uintptr_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, int64_t,
+                      int64_t, int32_t, uintptr_t);
+int32_t rk_fma_many(uintptr_t, uintptr_t, uintptr_t, uintptr_t, int64_t, int32_t);
+int32_t rk_forward(uintptr_t, uintptr_t, float, float, uintptr_t, uintptr_t, int64_t, int64_t, uintptr_t, uintptr_t,
+                   int64_t, uintptr_t, int64_t, int32_t, uintptr_t, uintptr_t, uintptr_t);
+int32_t rk_exp_many(uintptr_t, uintptr_t, int64_t);
+static int bind_all(const char *path)
+{
+    (void)path;
+    rk.abi = rk_abi, rk.matmul = rk_matmul, rk.qmatmul = rk_qmatmul, rk.dequantise = rk_dequantise;
+    rk.set_threads = rk_set_threads, rk.dense_step = rk_dense_step, rk.fma_many = rk_fma_many;
+    rk.forward = rk_forward, rk.exp_many = rk_exp_many;
+    return 0;
+}
+#else
+#if defined(_WIN32)
+static void *open_lib(const char *path) { return (void *)LoadLibraryA(path); }
+static void *sym(void *lib, const char *name) { return (void *)GetProcAddress((HMODULE)lib, name); }
+#else
+#include <dlfcn.h>
+static void *open_lib(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
+static void *sym(void *lib, const char *name) { return dlsym(lib, name); }
+#endif
+static int bind_all(const char *path)
+{
+    void *lib = open_lib(path);
+    if (!lib) { fprintf(stderr, "kernel_check: cannot load %s\n", path); return 2; }
+#define BIND(field, name) if (!(*(void **)&rk.field = sym(lib, name))) { fprintf(stderr, "kernel_check: %s lacks %s\n", path, name); return 2; }
+    BIND(abi, "rk_abi") BIND(matmul, "rk_matmul") BIND(qmatmul, "rk_qmatmul") BIND(dequantise, "rk_dequantise")
+    BIND(set_threads, "rk_set_threads") BIND(dense_step, "rk_dense_step") BIND(fma_many, "rk_fma_many")
+    BIND(forward, "rk_forward") BIND(exp_many, "rk_exp_many")
+#undef BIND
+    return 0;
+}
+#endif
+
+/* caller threads for the stress mode: start, join */
+#if defined(_WIN32)
+typedef HANDLE thread_t;
+typedef struct { void *(*fn)(void *); void *arg; } trampoline_t;
+static DWORD WINAPI trampoline(LPVOID p) { trampoline_t *t = (trampoline_t *)p; t->fn(t->arg); return 0; }
+static int thread_start(thread_t *t, trampoline_t *tr, void *(*fn)(void *), void *arg)
+{
+    tr->fn = fn, tr->arg = arg;
+    *t = CreateThread(NULL, 0, trampoline, tr, 0, NULL);
+    return *t ? 0 : -1;
+}
+static void thread_join(thread_t t) { WaitForSingleObject(t, INFINITE); CloseHandle(t); }
+static void sleep_1s(void) { Sleep(1000); }
+#else
+#include <pthread.h>
+typedef pthread_t thread_t;
+typedef int trampoline_t;
+static int thread_start(thread_t *t, trampoline_t *tr, void *(*fn)(void *), void *arg)
+{
+    (void)tr;
+    return pthread_create(t, NULL, fn, arg);
+}
+static void thread_join(thread_t t) { pthread_join(t, NULL); }
+#include <time.h>
+static void sleep_1s(void) { const struct timespec s = {1, 0}; nanosleep(&s, NULL); }
+#endif
 
 /* ---- deterministic inputs: splitmix64, floats that are exact multiples of 2^-20 in [-4, 4) ---------- */
 static uint64_t state;
@@ -200,6 +295,232 @@ static void test_dense_step(int avx2)
     free(logits);
 }
 
+/* ---- rk_forward on a small dense Llama and a small mixture of experts ---------------------------------- */
+enum { FL = 2, FD = 64, FH = 4, FG = 2, FHD = 16, FI = 96, FV = 200, FR = 16, FT = 9 };
+enum { FE = 4, FA = 2, FIE = 32 };    /* the MoE: 4 experts, top 2, expert width 32 */
+#define FEPS 1e-5f
+static const int64_t FTOKENS[FT] = {3, 17, 42, 0, 199, 8, 111, 64, 150};
+
+/* csrc/forward.c's plan: 8 globals (the last three: the embedding), then PLAN_LAYER per layer (a dense
+   model leaves q/k norm, router and expert table 0); dims: L, D, H, G, hd, I, V, R, E (1: dense), A, norm_topk, qk_norm, prefetch (0 here) */
+#define PLAN_LAYER 15
+#define MAX_OWNED 96
+typedef struct {
+    int64_t dims[13];
+    int64_t plan[8 + PLAN_LAYER * FL];
+    int64_t table[FL][FE * 4];       /* MoE: per expert gate_up address, kind, down address, kind */
+    float clip;                      /* MoE: q, k, v clipped to [-clip, clip] (0: none) */
+    int moe;
+    void *owned[MAX_OWNED];
+    int nowned;
+    float *embed;                    /* [FV, FD]: the token's row is the forward's input */
+} model_t;
+
+static void *own(model_t *m, void *p)
+{
+    if (m->nowned == MAX_OWNED) { fprintf(stderr, "kernel_check: MAX_OWNED\n"); exit(3); }
+    return m->owned[m->nowned++] = p;
+}
+
+/* strip-blocks with scales that keep a product's outputs near 1 (inputs RMS-normed): Q4_1 d in [2^-6, 2^-4),
+   m in (-2^-2, -2^-4]; Q8_0 d in [2^-9, 2^-7); codes any byte */
+static uint8_t *small_blocks(int kind, int64_t k, int64_t n)
+{
+    const size_t block = kind == 0 ? 320 : 544, nb = (size_t)(k / 32) * (size_t)((n + 15) / 16);
+    uint8_t *w = xmalloc(block * nb);
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *p = w + b * block;
+        for (int i = 0; i < (kind == 0 ? 32 : 16); i++) {
+            const uint64_t r = next_u64();
+            const int m = i >= 16, e = kind == 1 ? 6 + (int)(r & 1) : m ? 11 + (int)(r & 1) : 9 + (int)(r & 1);
+            const uint16_t hv = (uint16_t)(((unsigned)m << 15) | ((unsigned)e << 10) | ((r >> 8) & 0x3ff));
+            memcpy(p + 2 * i, &hv, 2);
+        }
+        for (size_t i = kind == 0 ? 64 : 32; i < block; i++) p[i] = (uint8_t)next_u64();
+    }
+    return w;
+}
+
+/* a product's weight [k, n] in `kind` (-1 float strips, 0 Q4_1, 1 Q8_0): at[0] its address, at[1] its kind */
+static void product_weight(model_t *m, int64_t *at, int64_t k, int64_t n, int kind)
+{
+    at[0] = (int64_t)(uintptr_t)own(m, kind < 0 ? (void *)packed(k, n) : (void *)small_blocks(kind, k, n));
+    at[1] = kind;
+}
+
+static int64_t norm_weight(model_t *m, int64_t d)
+{
+    float *w = own(m, xmalloc((size_t)d * 4));
+    for (int64_t i = 0; i < d; i++) w[i] = 1.0f + 0.25f * next_float();
+    return (int64_t)(uintptr_t)w;
+}
+
+/* sin and cos of a (0 <= a < 64) from + - * / only: a reduced by 2 pi, then 30 terms of Taylor's series */
+static void sin_cos(double a, double *sn, double *cs)
+{
+    const double two_pi = 6.283185307179586;
+    const double r = a - (double)(int64_t)(a / two_pi + 0.5) * two_pi, r2 = r * r;
+    double ts = r, tc = 1.0, s = r, c = 1.0;
+    for (int k = 1; k <= 30; k++) {
+        ts = ts * -r2 / (double)((2 * k) * (2 * k + 1));
+        tc = tc * -r2 / (double)((2 * k - 1) * (2 * k));
+        s = s + ts, c = c + tc;
+    }
+    *sn = s, *cs = c;
+}
+
+/* rotate-half rope tables [FR, FHD]: frequency 2^-i for column i of each half (both halves alike) */
+static void rope_tables(float *cosv, float *sinv)
+{
+    for (int64_t p = 0; p < FR; p++)
+        for (int64_t i = 0; i < FHD; i++) {
+            double s, c;
+            sin_cos((double)p / (double)(1 << (i % (FHD / 2))), &s, &c);
+            cosv[p * FHD + i] = (float)c, sinv[p * FHD + i] = (float)s;
+        }
+}
+
+/* products alternate float strips, Q4_1 and Q8_0 over the layers; the output layer is Q8_0 (as SmolLM2's).
+   moe: OLMoE-style, q/k RMSNorm, q k v clipped at 3, a softmax router over 4 experts (float strips, then Q8_0),
+   the top 2 renormalised, the experts' products in every kind */
+static void model_build(model_t *m, int moe)
+{
+    static const int KINDS[FL][4] = {{-1, 0, 1, 0}, {1, -1, 0, -1}};   /* wqkv, wo, gate_up, down */
+    static const int EXPERT_KINDS[FE][2] = {{-1, 0}, {0, 1}, {1, -1}, {0, 0}};
+    const int64_t nq = FH * FHD, nkv = FG * FHD;
+    const int64_t dims[13] = {FL, FD, FH, FG, FHD, moe ? FIE : FI, FV, FR, moe ? FE : 1, moe ? FA : 1, moe, moe, 0};
+    memset(m, 0, sizeof *m);
+    memcpy(m->dims, dims, sizeof dims);
+    m->moe = moe, m->clip = moe ? 3.0f : 0.0f;
+    m->embed = own(m, xmalloc((size_t)(FV * FD) * 4));
+    fill(m->embed, (size_t)(FV * FD));
+    m->plan[0] = norm_weight(m, FD);
+    product_weight(m, m->plan + 1, FD, FV, 1);
+    float *cosv = own(m, xmalloc((size_t)(FR * FHD) * 4)), *sinv = own(m, xmalloc((size_t)(FR * FHD) * 4));
+    rope_tables(cosv, sinv);
+    m->plan[3] = (int64_t)(uintptr_t)cosv, m->plan[4] = (int64_t)(uintptr_t)sinv;
+    m->plan[5] = (int64_t)(uintptr_t)m->embed, m->plan[6] = -1, m->plan[7] = FV;     /* float32 rows */
+    for (int l = 0; l < FL; l++) {
+        int64_t *p = m->plan + 8 + PLAN_LAYER * l;
+        p[0] = norm_weight(m, FD);
+        product_weight(m, p + 1, FD, nq + 2 * nkv, KINDS[l][0]);
+        product_weight(m, p + 3, nq, FD, KINDS[l][1]);
+        p[5] = norm_weight(m, FD);
+        if (!moe) {
+            product_weight(m, p + 6, FD, 2 * FI, KINDS[l][2]);
+            product_weight(m, p + 8, FI, FD, KINDS[l][3]);
+            continue;
+        }
+        p[7] = p[9] = -1;
+        p[10] = norm_weight(m, nq), p[11] = norm_weight(m, nkv);
+        product_weight(m, p + 12, FD, FE, l == 0 ? -1 : 1);
+        for (int e = 0; e < FE; e++) {
+            product_weight(m, m->table[l] + 4 * e, FD, 2 * FIE, EXPERT_KINDS[e][0]);
+            product_weight(m, m->table[l] + 4 * e + 2, FIE, FD, EXPERT_KINDS[e][1]);
+        }
+        p[14] = (int64_t)(uintptr_t)m->table[l];
+    }
+}
+
+static void model_free(model_t *m)
+{
+    for (int i = 0; i < m->nowned; i++) free(m->owned[i]);
+}
+
+/* what a run of the 9 tokens leaves: every row's logits, the residual stream out, the KV caches, the experts
+   each row chose in each layer (MoE) */
+typedef struct {
+    float logits[FT * FV], xs[FT * FD], x[FT * FD];
+    float k[FL * FR * FG * FHD], v[FL * FR * FG * FHD];
+    int64_t routing[FL * FT * FA], chunk_routing[FL * FT * FA];
+} run_t;
+
+/* the tokens in chunks of chunk[0], chunk[1], ... rows (summing to FT); 0 on success */
+static int32_t run_chunks(const model_t *m, run_t *r, const int *chunk, int avx2)
+{
+    memset(r, 0, sizeof *r);
+    for (int64_t start = 0, c = 0; start < FT; start += chunk[c++]) {
+        const int64_t M = chunk[c];
+        /* the forward looks the embedding rows up itself (tokens given) */
+        const int32_t rc = rk.forward((uintptr_t)m->plan, (uintptr_t)m->dims, FEPS, m->clip, (uintptr_t)r->x,
+                                      (uintptr_t)(FTOKENS + start), M,
+                                      start, (uintptr_t)r->k, (uintptr_t)r->v, FR,
+                                      (uintptr_t)(r->logits + start * FV), 0, avx2,
+                                      m->moe ? (uintptr_t)r->chunk_routing : 0, 0, 0);
+        if (rc) return rc;
+        memcpy(r->xs + start * FD, r->x, (size_t)(M * FD) * 4);
+        for (int64_t l = 0; m->moe && l < FL; l++)          /* [L, M, A] of this call -> [L, FT, A] */
+            memcpy(r->routing + (l * FT + start) * FA, r->chunk_routing + l * M * FA, (size_t)(M * FA) * 8);
+    }
+    return 0;
+}
+
+static uint64_t run_hash(const run_t *r)
+{
+    hash_t h = {0xcbf29ce484222325ull};
+    hash_floats(&h, r->logits, FT * FV);
+    hash_floats(&h, r->xs, FT * FD);
+    hash_floats(&h, r->k, sizeof r->k / 4);
+    hash_floats(&h, r->v, sizeof r->v / 4);
+    hash_bytes(&h, r->routing, sizeof r->routing);
+    return h.h;
+}
+
+static const int DECODE[] = {1, 1, 1, 1, 1, 1, 1, 1, 1}, PREFILL[] = {FT}, CHUNKS[] = {4, 5},
+                 VERIFY[] = {1, 1, 1, 1, 1, 4};
+
+/* prefix_decode, _prefill, _chunks, _verify, _last, _last_only (see the top of this file) */
+static void test_forward(int avx2, int moe, const char *prefix)
+{
+    model_t *m = xmalloc(sizeof *m);
+    model_build(m, moe);
+    run_t *r = xmalloc(sizeof *r);
+    static const struct { const char *name; const int *chunk; } RUNS[] = {
+        {"decode", DECODE}, {"prefill", PREFILL}, {"chunks", CHUNKS}, {"verify", VERIFY}};
+    for (size_t i = 0; i < sizeof RUNS / sizeof RUNS[0]; i++) {
+        check_rc("rk_forward", run_chunks(m, r, RUNS[i].chunk, avx2));
+        printf("%s_%s %016llx\n", prefix, RUNS[i].name, (unsigned long long)run_hash(r));
+        if (i == 0) {                                           /* the decode's last row, for _last */
+            hash_t h = {0xcbf29ce484222325ull};
+            hash_floats(&h, r->logits + (FT - 1) * FV, FV);
+            printf("%s_last %016llx\n", prefix, (unsigned long long)h.h);
+        }
+    }
+    /* one prefill asking for its last row only (first = M - 1) */
+    memset(r, 0, sizeof *r);
+    for (int64_t t = 0; t < FT; t++) memcpy(r->x + t * FD, m->embed + FTOKENS[t] * FD, FD * 4);
+    check_rc("rk_forward", rk.forward((uintptr_t)m->plan, (uintptr_t)m->dims, FEPS, m->clip, (uintptr_t)r->x, 0, FT, 0,
+                                      (uintptr_t)r->k, (uintptr_t)r->v, FR, (uintptr_t)r->logits, FT - 1, avx2, 0, 0,
+                                      0));
+    hash_t h = {0xcbf29ce484222325ull};
+    hash_floats(&h, r->logits, FV);
+    printf("%s_last_only %016llx\n", prefix, (unsigned long long)h.h);
+    free(r);
+    model_free(m);
+    free(m);
+}
+
+/* [-100, 100] in 2^20 steps, the edges of exp_lk's range, specials, and 2^16 random bit patterns */
+static void test_exp_many(void)
+{
+    const int64_t steps = 1 << 20, nrand = 1 << 16;
+    static const float EDGES[] = {0.0f, -0.0f, 1.0f, -1.0f, 88.3f, -87.3f, 88.72283f, -103.97f, 1e-30f, -1e-30f,
+                                  0x1p-149f, 0.34657359f, -0.34657359f, 0.5f, -0.5f, 1e30f, -1e30f};
+    const int64_t ne = (int64_t)(sizeof EDGES / sizeof EDGES[0]), n = steps + 1 + ne + 3 + nrand;
+    float *x = xmalloc((size_t)n * 4), *o = xmalloc((size_t)n * 4);
+    int64_t i = 0;
+    for (int64_t s = 0; s <= steps; s++) x[i++] = (float)(-100.0 + 200.0 * (double)s / (double)steps);
+    for (int64_t e = 0; e < ne; e++) x[i++] = EDGES[e];
+    const uint32_t specials[3] = {0x7f800000u, 0xff800000u, 0x7fc00000u};    /* inf, -inf, nan */
+    for (int s = 0; s < 3; s++) memcpy(&x[i++], &specials[s], 4);
+    for (int64_t s = 0; s < nrand; s++) { const uint32_t u = (uint32_t)next_u64(); memcpy(&x[i++], &u, 4); }
+    check_rc("rk_exp_many", rk.exp_many((uintptr_t)x, (uintptr_t)o, n));
+    hash_t h = {0xcbf29ce484222325ull};
+    hash_floats(&h, o, (size_t)n);
+    printf("exp_many %016llx\n", (unsigned long long)h.h);
+    free(x), free(o);
+}
+
 /* 2 million triples: half small exact values, half any bit pattern (subnormals, huge, inf, nan), then the
    double-rounding cases (a = 1 + 2^-23, b = (1 - 2^-23) 2^-24, c = 1 + 2^-23 and its mirror) */
 static void test_fma(void)
@@ -229,25 +550,188 @@ static void test_fma(void)
     free(a), free(b), free(c), free(o);
 }
 
+/* ---- stress: the pool under thread-count switches and concurrent callers ------------------------------ */
+static const int SWITCH[] = {1, 2, 3, 8, 3, 1, 8, 2, 3, 2, 8, 1};
+#define NSWITCH (int)(sizeof SWITCH / sizeof SWITCH[0])
+
+/* small products: fewer strips than threads (some workers sit the job out) and more */
+typedef struct { int kind; int64_t m, k, n; void *w; float *x; uint64_t ref; } small_t;
+static small_t SMALL[] = {{0, 1, 64, 40, 0, 0, 0}, {0, 7, 64, 40, 0, 0, 0}, {1, 2, 96, 17, 0, 0, 0},
+                          {-1, 3, 33, 50, 0, 0, 0}, {-1, 9, 64, 300, 0, 0, 0},
+                          {1, 1, 64, 8, 0, 0, 0}};
+#define NSMALL (int)(sizeof SMALL / sizeof SMALL[0])
+
+/* calls finished so far; the watchdog ends the run when it stops growing for HANG_S seconds (a hung pool) */
+static atomic_long progress;
+#define HANG_S 15
+
+static void *watchdog(void *arg)
+{
+    long last = -1;
+    (void)arg;
+    for (int still = 0;; ) {
+        sleep_1s();
+        const long now = atomic_load(&progress);
+        still = now == last ? still + 1 : 0, last = now;
+        if (still >= HANG_S) {
+            printf("stress_hung %ld\n", now);
+            fflush(stdout);
+            _Exit(7);
+        }
+    }
+    return NULL;
+}
+
+static uint64_t small_run(const small_t *p, float *y, int avx2)
+{
+    const int32_t rc = p->kind < 0
+        ? rk.matmul((uintptr_t)p->x, p->m, p->k, p->k, (uintptr_t)p->w, p->n, (uintptr_t)y, p->n, avx2)
+        : rk.qmatmul((uintptr_t)p->x, p->m, p->k, p->k, (uintptr_t)p->w, p->kind, p->n, (uintptr_t)y, p->n, avx2);
+    check_rc(p->kind < 0 ? "rk_matmul" : "rk_qmatmul", rc);
+    atomic_fetch_add(&progress, 1);
+    hash_t h = {0xcbf29ce484222325ull};
+    hash_floats(&h, y, (size_t)(p->m * p->n));
+    return h.h;
+}
+
+typedef struct {
+    const model_t *model, *moe;
+    int avx2, rounds, id;
+    uint64_t ref_decode, ref_prefill, ref_moe;
+    long calls, mismatches;
+} stress_t;
+
+/* one round: a prefill, a decode of the 9 tokens, a prefill of the MoE and every small product, each checked
+   against its reference */
+static void stress_round(stress_t *st, run_t *r, float *y)
+{
+    check_rc("rk_forward", run_chunks(st->model, r, PREFILL, st->avx2));
+    st->mismatches += run_hash(r) != st->ref_prefill;
+    atomic_fetch_add(&progress, 1);
+    check_rc("rk_forward", run_chunks(st->model, r, DECODE, st->avx2));
+    st->mismatches += run_hash(r) != st->ref_decode;
+    atomic_fetch_add(&progress, 1);
+    check_rc("rk_forward", run_chunks(st->moe, r, PREFILL, st->avx2));
+    st->mismatches += run_hash(r) != st->ref_moe;
+    atomic_fetch_add(&progress, 1);
+    st->calls += 2 + FT;
+    for (int i = 0; i < NSMALL; i++) {
+        st->mismatches += small_run(&SMALL[(i + st->id) % NSMALL], y, st->avx2) != SMALL[(i + st->id) % NSMALL].ref;
+        st->calls++;
+    }
+}
+
+static void *stress_caller(void *arg)
+{
+    stress_t *st = (stress_t *)arg;
+    run_t *r = xmalloc(sizeof *r);
+    float *y = xmalloc((size_t)(9 * 300) * 4);
+    for (int i = 0; i < st->rounds; i++) stress_round(st, r, y);
+    free(r), free(y);
+    return NULL;
+}
+
+static void stress(int avx2, int rounds)
+{
+    static model_t m, moe;
+    model_build(&m, 0);
+    model_build(&moe, 1);
+    run_t *r = xmalloc(sizeof *r);
+    float *y = xmalloc((size_t)(9 * 300) * 4);
+    static thread_t wd;
+    static trampoline_t wd_tr;
+    if (thread_start(&wd, &wd_tr, watchdog, NULL)) { fprintf(stderr, "kernel_check: no thread\n"); exit(5); }
+    for (int i = 0; i < NSMALL; i++) {
+        small_t *p = &SMALL[i];
+        p->w = p->kind < 0 ? (void *)packed(p->k, p->n) : (void *)small_blocks(p->kind, p->k, p->n);
+        p->x = xmalloc((size_t)(p->m * p->k) * 4);
+        fill(p->x, (size_t)(p->m * p->k));
+    }
+    /* the first calls at THREADS (the kernel's lazily set statics are first read by the workers), then the
+       references at one thread */
+    uint64_t first[NSMALL + 3];
+    for (int i = 0; i < NSMALL; i++) first[i] = small_run(&SMALL[i], y, avx2);
+    check_rc("rk_forward", run_chunks(&m, r, DECODE, avx2));
+    first[NSMALL] = run_hash(r);
+    check_rc("rk_forward", run_chunks(&m, r, PREFILL, avx2));
+    first[NSMALL + 1] = run_hash(r);
+    check_rc("rk_forward", run_chunks(&moe, r, PREFILL, avx2));
+    first[NSMALL + 2] = run_hash(r);
+    check_rc("rk_set_threads", rk.set_threads(1, NULL));
+    stress_t st = {&m, &moe, avx2, rounds, 0, 0, 0, 0, 0, 0};
+    check_rc("rk_forward", run_chunks(&m, r, DECODE, avx2));
+    st.ref_decode = run_hash(r);
+    check_rc("rk_forward", run_chunks(&m, r, PREFILL, avx2));
+    st.ref_prefill = run_hash(r);
+    check_rc("rk_forward", run_chunks(&moe, r, PREFILL, avx2));
+    st.ref_moe = run_hash(r);
+    for (int i = 0; i < NSMALL; i++) {
+        SMALL[i].ref = small_run(&SMALL[i], y, avx2);
+        st.mismatches += first[i] != SMALL[i].ref;
+    }
+    st.mismatches += (first[NSMALL] != st.ref_decode) + (first[NSMALL + 1] != st.ref_prefill) +
+                     (first[NSMALL + 2] != st.ref_moe);
+    st.calls += NSMALL + 2 * (2 + FT);
+    /* one caller, the thread count switched between rounds (and between calls inside a round) */
+    for (int i = 0; i < rounds; i++) {
+        check_rc("rk_set_threads", rk.set_threads(SWITCH[i % NSWITCH], NULL));
+        stress_round(&st, r, y);
+        check_rc("rk_set_threads", rk.set_threads(SWITCH[(i + 5) % NSWITCH], NULL));
+        st.mismatches += small_run(&SMALL[i % NSMALL], y, avx2) != SMALL[i % NSMALL].ref;
+        st.calls++;
+    }
+    /* two callers at once (one finds the pool busy and runs alone) while this thread switches the count */
+    stress_t callers[2] = {st, st};
+    thread_t t[2];
+    trampoline_t tr[2];
+    for (int c = 0; c < 2; c++) {
+        callers[c].rounds = rounds / 2 > 0 ? rounds / 2 : 1, callers[c].id = c + 1;
+        callers[c].calls = callers[c].mismatches = 0;
+        if (thread_start(&t[c], &tr[c], stress_caller, &callers[c])) {
+            fprintf(stderr, "kernel_check: no thread\n");
+            exit(5);
+        }
+    }
+    for (int i = 0; i < 2 * rounds; i++) {
+        check_rc("rk_set_threads", rk.set_threads(SWITCH[i % NSWITCH], NULL));
+        st.mismatches += small_run(&SMALL[i % NSMALL], y, avx2) != SMALL[i % NSMALL].ref;
+        st.calls++;
+    }
+    for (int c = 0; c < 2; c++) {
+        thread_join(t[c]);
+        st.calls += callers[c].calls, st.mismatches += callers[c].mismatches;
+    }
+    printf("stress_mismatches %ld\nstress_calls %ld\n", st.mismatches, st.calls);
+    for (int i = 0; i < NSMALL; i++) free(SMALL[i].w), free(SMALL[i].x);
+    free(r), free(y);
+    model_free(&m);
+    model_free(&moe);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 4) {
-        fprintf(stderr, "usage: kernel_check LIBRARY USE_AVX2 THREADS\n");
+    const int stress_mode = argc == 6 && strcmp(argv[4], "stress") == 0;
+    if (!(argc == 4 || (argc == 5 && strcmp(argv[4], "all") == 0) || stress_mode)) {
+        fprintf(stderr, "usage: kernel_check LIBRARY USE_AVX2 THREADS [all | stress ROUNDS]\n");
         return 2;
     }
-    void *lib = open_lib(argv[1]);
-    if (!lib) { fprintf(stderr, "kernel_check: cannot load %s\n", argv[1]); return 2; }
-#define BIND(field, name) if (!(*(void **)&rk.field = sym(lib, name))) { fprintf(stderr, "kernel_check: %s lacks %s\n", argv[1], name); return 2; }
-    BIND(abi, "rk_abi") BIND(matmul, "rk_matmul") BIND(qmatmul, "rk_qmatmul") BIND(dequantise, "rk_dequantise")
-    BIND(set_threads, "rk_set_threads") BIND(dense_step, "rk_dense_step") BIND(fma_many, "rk_fma_many")
+    if (bind_all(argv[1])) return 2;
     const int avx2 = atoi(argv[2]), threads = atoi(argv[3]);
     int32_t in_use = 0;
     check_rc("rk_set_threads", rk.set_threads(threads, &in_use));
     printf("abi %d\nthreads %d\n", (int)rk.abi(), (int)in_use);
     state = 42;
+    if (stress_mode) {
+        stress(avx2, atoi(argv[5]));
+        fflush(stdout);
+        return 0;
+    }
     test_matmul(avx2);
     test_native(avx2);
     test_dense_step(avx2);
+    test_forward(avx2, 0, "forward");
+    test_forward(avx2, 1, "forward_moe");
+    test_exp_many();
     test_fma();
     fflush(stdout);
     return 0;

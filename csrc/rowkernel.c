@@ -58,13 +58,13 @@ Threads. set_threads(n) starts n - 1 detached workers (a pool shared by every pr
 time); a product's strips are split into n contiguous ranges, so each output element is still one chain
 computed by one thread and the bits cannot depend on n (tested at 1, 2 and 3 threads). */
 #include "portable.h"
+#include "format.h"   /* QK, STRIP, Q41_BLOCK, Q80_BLOCK, KIND_*: the packed format, shared with lessonkit/engine/blocks.py */
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define STRIP 16   /* columns per packed strip */
 #define PREFETCH 24   /* strip rows (cache lines) to prefetch ahead */
 #define GROUP_BYTES (128 * 1024)   /* strips per L2-resident group, when several row blocks share it */
 
@@ -177,9 +177,9 @@ static int hw_fma(void)
 #if RK_ARM64
     return 1;
 #elif RK_X86
-    static int hw = -1;                    /* a benign race: every thread computes the same value */
-    if (hw < 0) hw = rk_cpu_fma();
-    return hw;
+    static rk_atomic hw = -1;              /* every thread computes the same value; atomic: no data race */
+    if (rk_load(&hw) < 0) rk_store(&hw, rk_cpu_fma());
+    return (int)rk_load(&hw);
 #else
     return 0;
 #endif
@@ -303,10 +303,7 @@ static void matmul_avx2(const float *x, int64_t ldx, int64_t m, int64_t k,
 #endif
 
 /* ---- native blocks: Q4_1 and Q8_0 --------------------------------------------------------------- */
-#define QK 32            /* weights per block (llama.cpp's QK4_1 = QK8_0 = 32) */
-#define Q41_BLOCK 320    /* bytes of one strip-block: d[16], m[16] (f16), 16 pairs x 16 bytes of nibbles */
-#define Q80_BLOCK 544    /* d[16] (f16), 32 x 16 int8 */
-enum { KIND_F32 = -1, KIND_Q41 = 0, KIND_Q80 = 1 };
+/* QK, Q41_BLOCK, Q80_BLOCK and the kinds: format.h */
 
 static size_t strip_bytes(int kind, int64_t k)
 {
@@ -542,11 +539,11 @@ static rk_mutex pool_lock = RK_MUTEX_INIT, wake_mu = RK_MUTEX_INIT;
 static rk_cond wake_cv = RK_COND_INIT, park_cv = RK_COND_INIT;
 static int pool_size = 1, pool_started = 0, fork_hook = 0;
 static rk_atomic pool_active;           /* workers 1..pool_active take parts; the others are parked */
-static rk_atomic job_gen;
+static rk_atomic job_gen;               /* (job number << 8) | its parts: one load gives both */
+static long park_gen;                   /* job_gen when set_threads last changed pool_active (under wake_mu) */
 static rk_atomic job_left;
 static void (*job_fn)(void *, int, int);
 static void *job_ctx;
-static int job_parts;
 static long worker_seen[MAXT];          /* job_gen when worker i was started (under pool_lock) */
 static float *part_buf[MAXT];
 static size_t part_cap[MAXT];
@@ -577,14 +574,14 @@ static void *pool_worker(void *arg)
             break;
         }
         seen = g;
-        if (id < job_parts) {
-            job_fn(job_ctx, id, job_parts);
+        if (id < (int)(g & 0xff)) {
+            job_fn(job_ctx, id, (int)(g & 0xff));
             rk_fetch_add(&job_left, -1);
         }
         if (id > rk_load(&pool_active)) {          /* fewer threads asked for: sleep until needed again */
             rk_mutex_lock(&wake_mu);
             while (id > rk_load(&pool_active)) rk_cond_wait(&park_cv, &wake_mu);
-            seen = rk_load(&job_gen);               /* set_threads holds pool_lock: no job is running */
+            seen = park_gen;                        /* a job started after set_threads woke us is ours too */
             rk_mutex_unlock(&wake_mu);
         }
     }
@@ -594,10 +591,10 @@ static void *pool_worker(void *arg)
 static void run_parts(void (*fn)(void *, int, int), void *ctx, int parts)
 {
     if (parts <= 1 || pool_started == 0) { fn(ctx, 0, 1); return; }
-    job_fn = fn, job_ctx = ctx, job_parts = parts;
+    job_fn = fn, job_ctx = ctx;
     rk_store(&job_left, parts - 1);         /* parts <= pool_size: workers 1 .. parts - 1 are active */
     rk_mutex_lock(&wake_mu);
-    rk_fetch_add(&job_gen, 1);
+    rk_store(&job_gen, (((rk_load(&job_gen) >> 8) + 1) << 8) | parts);   /* only a caller holding pool_lock writes */
     rk_cond_broadcast(&wake_cv);
     rk_mutex_unlock(&wake_mu);
     fn(ctx, 0, parts);
@@ -654,7 +651,7 @@ static int run_product(product_t *p)
 lessonkit/engine/kernel.py loads this library with ctypes (which releases the GIL around every call) and
 turns the codes below into the exceptions the engine raises. Addresses are uintptr_t, sizes int64_t; every
 entry point returns RK_OK or an error code. */
-#define RK_ABI 4               /* bumped when an entry point's arguments change; kernel.py refuses another */
+#define RK_ABI 5               /* bumped when an entry point's arguments change; kernel.py refuses another */
 enum {
     RK_OK = 0,
     RK_BAD_SIZES = 1,          /* a size < 1, a leading dimension < the row, K not a multiple of 32 */
@@ -662,6 +659,7 @@ enum {
     RK_NO_MEMORY = 3,          /* scratch for native blocks could not be allocated */
     RK_BAD_KIND = 4,           /* a block kind other than 0 (Q4_1) or 1 (Q8_0) */
     RK_BAD_THREADS = 5,        /* set_threads outside 1 .. RK_MAX_THREADS */
+    RK_FETCH_FAILED = 6,       /* rk_forward: the caller's expert fetch reported an error (it holds the reason) */
 };
 
 RK_EXPORT int32_t rk_abi(void) { return RK_ABI; }
@@ -670,9 +668,9 @@ RK_EXPORT int32_t rk_max_threads(void) { return MAXT; }
    thread computes the same value) */
 static int cpu_avx2(void)
 {
-    static int ok = -1;
-    if (ok < 0) ok = rk_cpu_avx2_fma_f16c();
-    return ok;
+    static rk_atomic ok = -1;
+    if (rk_load(&ok) < 0) rk_store(&ok, rk_cpu_avx2_fma_f16c());
+    return (int)rk_load(&ok);
 }
 
 RK_EXPORT int32_t rk_has_avx2(void) { return cpu_avx2(); }
@@ -757,6 +755,7 @@ RK_EXPORT int32_t rk_set_threads(int32_t n, int32_t *in_use)
     pool_size = pool_started + 1 < n ? pool_started + 1 : n;
     rk_mutex_lock(&wake_mu);
     rk_store(&pool_active, pool_size - 1);
+    park_gen = rk_load(&job_gen);           /* pool_lock is held: no job is running */
     rk_cond_broadcast(&park_cv);
     rk_mutex_unlock(&wake_mu);
     if (in_use) *in_use = pool_size;
@@ -878,3 +877,5 @@ RK_EXPORT int32_t rk_dense_step(uintptr_t plan_a, int64_t L, int64_t D, int64_t 
     mm(xn, D, 1, D, head, logits, V, V);
     return RK_OK;
 }
+
+#include "forward.c"

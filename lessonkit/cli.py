@@ -202,7 +202,7 @@ COMMANDS = {
     "prefix-cache": ("inspect, verify or clear a persistent prefix-KV cache directory", c.cmd_prefix_cache, [
         arg("action", choices=["info", "verify", "clear"]), arg("dir"),
         arg("--model", default="smollm2-135m", help="the model whose snapshots to check (its fingerprint)"), JSON]),
-    "stack": ("the whole lossless stack on the monitoring stream (lesson 7)", {
+    "stack": ("the whole lossless stack on the monitoring stream (lesson 6)", {
         "run": ("ablation: plain engine, each technique alone, all together", c.cmd_stack_run, [
             arg("--json", action="store_true", help="print one JSON object"),
             arg("--model", default=None, help="one model (default: tiny-moe when trained, and smollm2-135m)"),

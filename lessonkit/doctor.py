@@ -77,7 +77,14 @@ def paths_ok() -> bool:
     print(f"  {'OK  ' if good else 'FAIL'} exact short forwards: {path} ({kb['why']}); "
           f"rows 1..16 {'equal' if good else 'DIFFER FROM'} one-row products bit for bit, "
           f"{torch.get_num_threads()} thread(s)")
-    print(f"  INFO kernel binary: {kb['binary'] or 'none loaded'} ({kb['binary_why']})")
+    print(f"  INFO kernel binary: {kb['binary'] or 'none loaded'} ({kb['binary_why']}); instruction set: "
+          f"{kb['isa']} (LESSONKIT_ISA=avx2|neon|portable chooses; this build has no AVX-512 path)")
+    from lessonkit.engine.c_forward import describe
+    try:
+        print(f"  INFO forward (smollm2-135m, tiny-moe, drafters): {describe()}")
+    except LessonkitError as e:
+        ok = False
+        print(f"  FAIL forward: {e}")
     from lessonkit.engine.draft_step import kernel_ready
     why = kernel_ready()
     print("  INFO draft step of dense drafters (tiny-draft, smollm2-draft): " +

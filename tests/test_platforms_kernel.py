@@ -2,11 +2,17 @@
 
 csrc/kernel_check.c (a small C driver) loads a shipped library, runs fixed pseudo-random products through
 matmul (M = 1..16 and 40 rows, shapes with n not a multiple of 16), qmatmul (Q4_1, Q8_0), dequantise,
-dense_step and 2 million fma triples, and prints a hash of the output bits per test. It runs here natively on
-x86_64 (AVX2 and portable paths, 1 and 3 threads), built with zig for linux-aarch64 under qemu-aarch64 and for
-windows-x86_64 under wine64; the hashes must be equal. The macOS binaries cannot run here: they are checked to
-be Mach-O dynamic libraries for their CPU exporting every entry point; the Windows arm64 one likewise as PE.
-The committed binaries must be the ones csrc/build_kernels.py builds from the committed sources.
+dense_step, rk_forward (a 2-layer dense Llama built in C with float32, Q4_1 and Q8_0 products, and a 2-layer
+OLMoE-style mixture of 4 experts, top 2, with q/k norm and clipping: 9 tokens decoded one by one, as one
+prefill, in chunks and as decode + verify block), rk_exp_many and 2 million fma triples, and
+prints a hash of the output bits per test. It runs here natively on x86_64 (AVX2 and portable paths, 1 and 3
+threads), built with zig for linux-aarch64 under qemu-aarch64 (NEON) and for windows-x86_64 under wine64; the
+hashes must be equal, and inside every run the forward's decode, prefill, chunks and verify must be equal.
+Its stress mode switches the thread pool between 1, 2, 3 and 8 threads between calls, with two callers at
+once, on each platform (tests/test_kernel_tsan.py runs it under ThreadSanitizer). The macOS binaries cannot
+run here: they are checked to be Mach-O dynamic libraries for their CPU exporting every entry point; the
+Windows arm64 one likewise as PE. The committed binaries must be the ones csrc/build_kernels.py builds from
+the committed sources.
 
 Each test skips, saying which tool is missing, only outside CI: with CI set a missing tool is a failure.
 Tools: ziglang (pip), qemu-user and libc6-dev-arm64-cross, wine64 (Debian)."""
@@ -31,9 +37,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
 KERNELS = ROOT / "lessonkit" / "engine" / "kernels"
 ENTRY_POINTS = ["rk_abi", "rk_matmul", "rk_qmatmul", "rk_dequantise", "rk_set_threads", "rk_has_avx2",
-                "rk_dense_step", "rk_fma_many", "rk_max_threads"]
+                "rk_dense_step", "rk_fma_many", "rk_max_threads", "rk_forward", "rk_exp_many"]
 # every platform's bits for these; dense_step also calls the C library's expf (see test_windows_x86_64...)
-EXACT = ["matmul", "qmatmul", "dequantise", "fma", "fma_soft"]
+EXACT = ["matmul", "qmatmul", "dequantise", "forward_decode", "forward_last", "forward_moe_decode",
+         "forward_moe_last", "exp_many", "fma", "fma_soft"]
+# inside one run: the forward's bits (dense and MoE) do not depend on how the 9 tokens are split into calls
+SAME_AS = {f"{model}_{run}": f"{model}_{'last' if run == 'last_only' else 'decode'}"
+           for model in ("forward", "forward_moe") for run in ("prefill", "chunks", "verify", "last_only")}
+STRESS_TIMEOUT = 300        # seconds: a backstop; kernel_check's watchdog ends a run after 15 s without progress
 AARCH64_SYSROOT = Path("/usr/aarch64-linux-gnu")
 
 sys.path.insert(0, str(CSRC))
@@ -70,7 +81,8 @@ def driver(tmp_path_factory):
     def build(target: str) -> Path:
         if target not in built:
             exe = out_dir / (f"kernel_check-{target}" + (".exe" if "windows" in target else ""))
-            subprocess.run(zig() + ["cc", "-target", target, "-O2", "-std=c11", "-o", str(exe),
+            # -ffp-contract=off: the rope tables' double arithmetic must not be fused on arm64 only
+            subprocess.run(zig() + ["cc", "-target", target, "-O2", "-std=c11", "-ffp-contract=off", "-o", str(exe),
                                     str(CSRC / "kernel_check.c")], check=True, capture_output=True, timeout=600)
             built[target] = exe
         return built[target]
@@ -82,8 +94,31 @@ def hashes(cmd: list[str], env: dict | None = None, timeout: int = 600) -> dict[
     assert r.returncode == 0, (cmd, r.returncode, r.stdout[-2000:], r.stderr[-2000:])
     out = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
     assert not [k for k in out if k.endswith("double_rounding")], out     # the driver's own fma check
-    assert set(EXACT) | {"dense_step", "abi", "threads"} <= set(out), out
+    assert set(EXACT) | set(SAME_AS) | {"dense_step", "abi", "threads"} <= set(out), out
+    assert {k: out[k] for k in SAME_AS} == {k: out[v] for k, v in SAME_AS.items()}, (cmd, out)
     return out
+
+
+def stress(cmd: list[str], rounds: int, env: dict | None = None) -> None:
+    """kernel_check's stress mode: no hang, no error, every call's bits equal to one thread's"""
+    cmd = cmd + ["stress", str(rounds)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=STRESS_TIMEOUT)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{cmd}: no answer in {STRESS_TIMEOUT} s. Output: {e.stdout!r} {e.stderr!r}")
+    out = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
+    assert "stress_hung" not in out, (f"{cmd}: the thread pool hung after {out['stress_hung']} calls (a caller "
+                                      f"waits for a worker that missed its job)", r.stderr[-6000:])
+    assert r.returncode == 0, (cmd, r.returncode, r.stdout[-2000:], r.stderr[-6000:])
+    assert out.get("stress_mismatches") == "0" and int(out["stress_calls"]) > 30 * rounds, out
+
+
+def copied(name: str, tmp_path: Path) -> Path:
+    """A shipped binary copied aside: a rebuild while it runs replaces the file (see build_kernels.build_all)."""
+    dst = tmp_path / name
+    if not dst.exists():
+        shutil.copyfile(KERNELS / name, dst)
+    return dst
 
 
 def x86_64_linux() -> bool:
@@ -91,56 +126,90 @@ def x86_64_linux() -> bool:
 
 
 @pytest.fixture(scope="module")
-def reference(driver):
+def reference(driver, tmp_path_factory):
     """The bits of this machine's binary on its portable path, one thread (x86_64 Linux: CI's machine)."""
     if not x86_64_linux():
         missing("an x86_64 Linux host (the reference bits)")
-    return hashes([str(driver("x86_64-linux-gnu.2.17")), str(KERNELS / "rowkernel-linux-x86_64.so"), "0", "1"])
+    lib = copied("rowkernel-linux-x86_64.so", tmp_path_factory.mktemp("reference"))
+    return hashes([str(driver("x86_64-linux-gnu.2.17")), str(lib), "0", "1"])
 
 
-def test_x86_64_paths_and_thread_counts_give_the_same_bits(driver, reference):
+def avx2_paths() -> list[str]:
     import lessonkit.engine.kernel as K
-    paths = ["0", "1"] if K._rowkernel is not None and K._rowkernel.has_avx2() else ["0"]
-    exe = str(driver("x86_64-linux-gnu.2.17"))
-    for avx2 in paths:
+    return ["0", "1"] if K._rowkernel is not None and K._rowkernel.has_avx2() else ["0"]
+
+
+def test_x86_64_paths_and_thread_counts_give_the_same_bits(driver, reference, tmp_path):
+    exe, lib = str(driver("x86_64-linux-gnu.2.17")), str(copied("rowkernel-linux-x86_64.so", tmp_path))
+    for avx2 in avx2_paths():
         for threads in ("1", "3"):
-            got = hashes([exe, str(KERNELS / "rowkernel-linux-x86_64.so"), avx2, threads])
+            got = hashes([exe, lib, avx2, threads])
             assert got["threads"] == threads
             assert {k: got[k] for k in EXACT + ["dense_step"]} == {k: reference[k] for k in EXACT + ["dense_step"]}, \
                 (avx2, threads)
     assert reference["fma"] == reference["fma_soft"]           # the FMA instruction and the software fma agree
 
 
-def test_linux_aarch64_under_qemu_gives_the_x86_64_bits(driver, reference):
+def qemu_aarch64() -> str:
     qemu = shutil.which("qemu-aarch64")
     if not qemu:
         missing("qemu-aarch64 (apt-get install qemu-user)")
     if not (AARCH64_SYSROOT / "lib" / "ld-linux-aarch64.so.1").exists():
         missing(f"the aarch64 C library in {AARCH64_SYSROOT} (apt-get install libc6-dev-arm64-cross)")
-    exe = str(driver("aarch64-linux-gnu.2.17"))
+    return qemu
+
+
+def test_linux_aarch64_under_qemu_gives_the_x86_64_bits(driver, reference, tmp_path):
+    qemu = qemu_aarch64()
+    exe, lib = str(driver("aarch64-linux-gnu.2.17")), str(copied("rowkernel-linux-aarch64.so", tmp_path))
     for threads in ("1", "3"):
-        got = hashes([qemu, "-L", str(AARCH64_SYSROOT), exe, str(KERNELS / "rowkernel-linux-aarch64.so"), "0",
-                      threads])
+        got = hashes([qemu, "-L", str(AARCH64_SYSROOT), exe, lib, "0", threads])
         assert got["threads"] == threads
         # glibc on both: dense_step's expf is the same too
         assert {k: got[k] for k in EXACT + ["dense_step"]} == {k: reference[k] for k in EXACT + ["dense_step"]}
 
 
-def test_windows_x86_64_under_wine_gives_the_linux_bits(driver, reference, tmp_path):
-    """The products, dequantisation and fma: Linux's bits. dense_step is not compared: its softmax and SiLU
-    call the C library's expf, and Windows' (MinGW / UCRT) differs from glibc's in last bits (measured here);
-    a drafter's guesses need not be exact (the target verifies every one), so the drafts may differ, never
-    the output."""
+def windows_x86_64(driver, tmp_path) -> tuple[list[str], dict]:
+    """(the command that runs kernel_check.exe on the Windows DLL under wine64, its environment)"""
     w = wine()
     exe = driver("x86_64-windows-gnu")
-    dll = tmp_path / "rowkernel-windows-x86_64.dll"
-    shutil.copyfile(KERNELS / dll.name, dll)
+    dll = copied("rowkernel-windows-x86_64.dll", tmp_path)
     shutil.copyfile(exe, tmp_path / exe.name)
     env = dict(os.environ, WINEPREFIX=str(tmp_path / "wineprefix"), WINEDEBUG="-all")
+    return [w, str(tmp_path / exe.name), dll.name], env
+
+
+def test_windows_x86_64_under_wine_gives_the_linux_bits(driver, reference, tmp_path):
+    """Every product, the forward, exp, dequantisation and fma: Linux's bits (the forward uses IEEE basic
+    operations only: its exp is csrc/forward.c's exp_lk, its sqrt and division are correctly rounded). dense_step
+    is not compared: its softmax and SiLU call the C library's expf, and Windows' (MinGW / UCRT) differs from
+    glibc's in last bits (measured here); a drafter's guesses need not be exact (the target verifies every one),
+    so the drafts may differ, never the output."""
+    cmd, env = windows_x86_64(driver, tmp_path)
     for avx2, threads in (("1", "3"), ("0", "1")):
-        got = hashes([w, str(tmp_path / exe.name), dll.name, avx2, threads], env=env)
+        got = hashes(cmd + [avx2, threads], env=env)
         assert got["threads"] == threads
         assert {k: got[k] for k in EXACT} == {k: reference[k] for k in EXACT}, (avx2, threads)
+
+
+# ---- the thread pool: switched between 1, 2, 3 and 8 threads between calls, two callers at once ---------
+def test_thread_pool_under_switching_thread_counts_x86_64(driver, tmp_path):
+    exe, lib = str(driver("x86_64-linux-gnu.2.17")), str(copied("rowkernel-linux-x86_64.so", tmp_path))
+    for avx2 in avx2_paths():
+        stress([exe, lib, avx2, "3"], rounds=100)
+
+
+def test_thread_pool_under_switching_thread_counts_aarch64_qemu(driver, tmp_path):
+    """arm64's weaker memory order (as far as qemu keeps it) and NEON"""
+    qemu = qemu_aarch64()
+    exe, lib = str(driver("aarch64-linux-gnu.2.17")), str(copied("rowkernel-linux-aarch64.so", tmp_path))
+    stress([qemu, "-L", str(AARCH64_SYSROOT), exe, lib, "0", "3"], rounds=30)
+
+
+def test_thread_pool_under_switching_thread_counts_windows_wine(driver, tmp_path):
+    """Win32 threads, SRW locks and condition variables (portable.h)"""
+    cmd, env = windows_x86_64(driver, tmp_path)
+    stress(cmd + [avx2_paths()[-1], "8"], rounds=60, env=env)
 
 
 # ---- binaries that cannot run here: format, CPU, exported entry points -------------------------------

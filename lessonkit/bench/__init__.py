@@ -17,4 +17,5 @@ BENCHES = {
     "prefix": "lessonkit.bench.prefix",
     "semcache": "lessonkit.bench.semcache",
     "stack": "lessonkit.bench.stack",
+    "streaming": "lessonkit.bench.streaming",
 }

@@ -11,16 +11,18 @@ import pandas as pd
 import torch
 
 from lessonkit.engine.generate import generate
+from lessonkit.engine.machine import cpu_name
 from lessonkit.engine.timing import median_time
 
 
 def machine_info() -> dict:
-    """What ran: versions, cores, and the engine's paths (kernel backend and threads, weights path)."""
+    """What ran: the CPU, versions, cores, and the engine's paths (kernel backend and threads, weights path)."""
     from lessonkit.engine import kernel
     from lessonkit.engine.blocks import choose_weights
-    return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
+    return {"cpu": cpu_name(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpu_count": os.cpu_count(),
             "physical_cores": kernel.physical_cores(), "torch_threads": torch.get_num_threads(),
-            "kernel": kernel.BACKEND, "kernel_threads": kernel.THREADS, "weights": choose_weights()[0],
+            "kernel": kernel.BACKEND, "isa": kernel.isa(), "kernel_threads": kernel.THREADS, "weights": choose_weights()[0],
             "platform": platform.platform(), "processor": platform.processor() or platform.machine()}
 
 
@@ -69,8 +71,14 @@ def goal(name: str, value, wanted, met: bool) -> dict:
 
 def format_table(result: dict) -> str:
     lines = [f"bench {result['bench']}"]
+    if result.get("machine", {}).get("cpu"):
+        m = result["machine"]
+        lines.append(f"cpu: {m['cpu']}; kernel path {m.get('isa')}, {m.get('kernel_threads')} kernel thread(s)")
     if result.get("rows"):
         lines.append(pd.DataFrame(result["rows"]).to_string(index=False))
+    for key, groups in result.items():
+        if key.endswith("_by_op") and groups:
+            lines.append(f"{key.replace('_', ' ')}: " + ", ".join(f"{g} {v:.2f}" for g, v in groups.items()))
     if result.get("targets"):
         lines.append("targets:")
         for t in result["targets"]:

@@ -9,11 +9,20 @@ consecutive weights of one output row:
 
 Computed in float32 as a multiply, then an add (two roundings, never one fused multiply-add), that is
 exactly the float32 value gguf's dequantiser produces, so the engine can keep the blocks (5 bits a weight
-instead of 32) and still compute the float32 path's bits. On disk and in memory a native matrix is a uint8
-tensor [rows, row bytes] of the file's own blocks; `NativeWeight` packs it at load into the kernel's
-strip-blocks (csrc/rowkernel.c documents the layout) and `dequantise_rows` gives the float32 matrix.
+instead of 32) and still compute the float32 path's bits. A dense native matrix is a uint8 tensor
+[rows, row bytes] of the file's own blocks; `NativeWeight` packs it at load into the kernel's strip-blocks
+(the layout below) and `dequantise_rows` gives the float32 matrix. A streamed expert's record is stored
+already packed (format version 2, `FORMAT`): a miss is one read, handed to `NativeWeight.from_packed`
+(or, for float experts, `strip_row_weight`) as it is.
 
-Shape legend: N output rows, K inputs (a multiple of 32), B = K / 32 blocks per row.
+Strip-blocks, per strip of 16 output rows, per block of 32 inputs (strips in order, blocks in order):
+    Q4_1 320 bytes: d[16] f16, m[16] f16, 16 input pairs x 16 bytes (byte c of pair j: row c's code for
+                    input 2j in the low nibble, 2j + 1 in the high one);
+    Q8_0 544 bytes: d[16] f16, 32 inputs x 16 int8 codes (row c at byte c).
+A strip-block holds exactly 16 rows' bytes of one block, so packing is a permutation (rows padded to a
+multiple of 16 with zero blocks). Float weights use kernel.pack_strips' strips: per strip, K x 16 floats.
+
+Shape legend: N output rows, K inputs (a multiple of 32), B = K / 32 blocks per row, S = ceil(N / 16) strips.
 """
 from __future__ import annotations
 
@@ -23,11 +32,26 @@ import torch
 
 from lessonkit.engine import kernel
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.kernel import RowWeight
 
-QK = 32                                            # weights per block
-BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}             # bytes per block of 32 weights
-KIND_CODE = {"q4_1": 0, "q8_0": 1}                 # csrc/rowkernel.c's block kinds
-STRIP = kernel.STRIP
+# ---- the packed format: this table and csrc/format.h's constants are the one definition (C names as keys;
+# tests/test_packed_format.py compiles format.h and compares). LK_LAYOUT_VERSION: of experts.safetensors'
+# records, 1 = GGUF rows / float [3, I, D] (packed at every load), 2 = strip-packed (packed at conversion).
+FORMAT = {
+    "LK_LAYOUT_VERSION": 2,
+    "QK": 32,                  # weights per block (llama.cpp's QK4_1 = QK8_0 = 32)
+    "STRIP": 16,               # output rows (GEMV columns) per packed strip
+    "Q41_ROW_BLOCK": 20,       # llama.cpp block_q4_1: d, m (f16), 16 bytes of nibbles
+    "Q80_ROW_BLOCK": 34,       # llama.cpp block_q8_0: d (f16), 32 int8
+    "Q41_BLOCK": 320,          # strip-block: d[16], m[16] (f16), 16 pairs x 16 bytes of nibbles
+    "Q80_BLOCK": 544,          # strip-block: d[16] (f16), 32 x 16 int8
+    "KIND_F32": -1, "KIND_Q41": 0, "KIND_Q80": 1,     # the kernel's weight kinds
+}
+QK, STRIP, LAYOUT_VERSION = FORMAT["QK"], FORMAT["STRIP"], FORMAT["LK_LAYOUT_VERSION"]
+BLOCK_BYTES = {"q4_1": FORMAT["Q41_ROW_BLOCK"], "q8_0": FORMAT["Q80_ROW_BLOCK"]}      # bytes per row block
+STRIP_BLOCK_BYTES = {"q4_1": FORMAT["Q41_BLOCK"], "q8_0": FORMAT["Q80_BLOCK"]}       # bytes per strip-block
+KIND_CODE = {"q4_1": FORMAT["KIND_Q41"], "q8_0": FORMAT["KIND_Q80"]}
+EXPERTS_FORMAT = f"lessonkit-stream-v{LAYOUT_VERSION}"     # experts.safetensors' metadata "format"
 
 
 def choose_weights(requested: str | None = None) -> tuple[str, str]:
@@ -89,6 +113,63 @@ def pack_blocks(raw: torch.Tensor, kind: str, chunk: int = 2048) -> torch.Tensor
     return out
 
 
+def packed_bytes(n: int, k: int, kind: str) -> int:
+    """Bytes of the strip-blocks of an [n, k] matrix (n padded to whole strips)."""
+    return -(-n // STRIP) * (k // QK) * STRIP_BLOCK_BYTES[kind]
+
+
+def _strip_parts(packed: torch.Tensor, k: int, kind: str):
+    """(d [S, B, 16] f16, m or None, codes [S, B, 32, 16] uint8 / int8 by input) of strip-blocks `packed`."""
+    b, sb = k // QK, STRIP_BLOCK_BYTES[kind]
+    blk = packed.view(-1, b, sb)
+    half = lambda off: blk[..., off:off + 2 * STRIP].contiguous().view(torch.float16)
+    if kind == "q8_0":
+        return half(0), None, blk[..., 2 * STRIP:].contiguous().view(torch.int8).view(-1, b, QK, STRIP)
+    pairs = blk[..., 4 * STRIP:].reshape(-1, b, QK // 2, 1, STRIP)
+    return half(0), half(2 * STRIP), torch.cat([pairs & 15, pairs >> 4], dim=3).reshape(-1, b, QK, STRIP)
+
+
+def unpack_blocks(packed: torch.Tensor, n: int, k: int, kind: str) -> torch.Tensor:
+    """The inverse of pack_blocks: strip-blocks of an [n, k] matrix -> its GGUF rows [n, B * bytes]."""
+    d, m, q = _strip_parts(packed, k, kind)
+    s, b = d.shape[:2]
+    rows = lambda t: t.permute(0, 2, 1).reshape(s * STRIP, b, 1).contiguous().view(torch.uint8)   # f16 -> 2 bytes
+    q = q.view(torch.uint8).permute(0, 3, 1, 2).reshape(s * STRIP, b, QK)
+    if kind == "q8_0":
+        out = torch.cat([rows(d), q], dim=-1)
+    else:
+        out = torch.cat([rows(d), rows(m), q[..., :QK // 2] | (q[..., QK // 2:] << 4)], dim=-1)
+    return out[:n].reshape(n, -1)
+
+
+def dequantise_strips(packed: torch.Tensor, k: int, kind: str) -> torch.Tensor:
+    """Strip-blocks -> the float32 strips kernel.pack_strips would make of W.T ([S * K * 16], 1-D): w = d * q (+ m),
+    each operation rounded on its own, as dequantise_rows (padding rows dequantise to 0)."""
+    d, m, q = _strip_parts(packed, k, kind)
+    w = d.float()[:, :, None, :] * q.float()                         # [S, B, 32, 16]
+    if m is not None:
+        w = w + m.float()[:, :, None, :]
+    return w.reshape(-1)
+
+
+def unpack_strips(strips: torch.Tensor, k: int, n: int) -> torch.Tensor:
+    """kernel.pack_strips' strips -> W.T [K, N] (a copy)."""
+    return strips.view(-1, k, STRIP).permute(1, 0, 2).reshape(k, -1)[:, :n].contiguous()
+
+
+def strip_row_weight(strips: torch.Tensor, k: int, n: int) -> RowWeight:
+    """A kernel.RowWeight over float strips already in pack_strips' layout (W.T [K, N] packed): where the kernel
+    multiplies float32 strips, the tensor itself becomes the weight (no copy, no re-pack); the MKL path or
+    another compute dtype gets W.T unpacked, as RowWeight keeps it."""
+    if strips.dim() != 1 or strips.numel() != -(-n // STRIP) * STRIP * k:
+        raise LessonkitError(f"float strips of {tuple(strips.shape)} do not hold a [{k}, {n}] weight")
+    if kernel.BACKEND == "mkl" or strips.dtype != torch.float32:
+        return RowWeight(unpack_strips(strips, k, n))
+    rw = RowWeight.__new__(RowWeight)          # RowWeight.__init__ would pack W.T; these strips are packed
+    rw.k, rw.n, rw.dtype, rw.data, rw.avx2 = k, n, torch.float32, strips, kernel.BACKEND == "avx2"
+    return rw
+
+
 def _pack_strips(raw: torch.Tensor, kind: str) -> torch.Tensor:
     d, m, q = _parts(raw, kind)
     n, b = d.shape
@@ -117,13 +198,27 @@ class NativeWeight:
     dtype = torch.uint8                    # not float32: code that needs float weights asks for them
 
     def __init__(self, raw: torch.Tensor, k: int, kind: str):
-        if kernel._rowkernel is None or kernel.BACKEND == "mkl":
-            raise LessonkitError(f"native {kind} weights need the C kernel ({kernel.WHY}); use LESSONKIT_WEIGHTS=f32")
         if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] * QK != k * BLOCK_BYTES[kind]:
             raise LessonkitError(f"native {kind} weight: blocks {tuple(raw.shape)} {raw.dtype} do not hold {k} inputs")
-        self.k, self.n, self.kind = k, raw.shape[0], kind
-        self.avx2 = kernel.BACKEND == "avx2"
+        self._prepare(k, raw.shape[0], kind, None)
         self.data = pack_blocks(raw, kind)
+
+    @classmethod
+    def from_packed(cls, packed: torch.Tensor, k: int, n: int, kind: str) -> "NativeWeight":
+        """A weight over strip-blocks already packed (1-D uint8, pack_blocks' layout), taken as they are."""
+        w = cls.__new__(cls)
+        w._prepare(k, n, kind, packed)
+        return w
+
+    def _prepare(self, k: int, n: int, kind: str, packed: torch.Tensor | None) -> None:
+        if kernel._rowkernel is None or kernel.BACKEND == "mkl":
+            raise LessonkitError(f"native {kind} weights need the C kernel ({kernel.WHY}); use LESSONKIT_WEIGHTS=f32")
+        if packed is not None and (packed.dtype != torch.uint8 or packed.dim() != 1 or k % QK
+                                   or packed.numel() != packed_bytes(n, k, kind)):
+            raise LessonkitError(f"native {kind} weight: strip-blocks {tuple(packed.shape)} {packed.dtype} do not "
+                                 f"hold a [{n}, {k}] matrix ({packed_bytes(n, k, kind)} bytes)")
+        self.k, self.n, self.kind, self.data = k, n, kind, packed
+        self.avx2 = kernel.BACKEND == "avx2"
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.k:
@@ -155,7 +250,7 @@ class NativeWeight:
     def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Float32 rows W[ids] [T, K], read from the packed strip-blocks (a tied embedding looks its tokens up
         here, so the model keeps one copy of the table): d * q (+ m), as dequantise_rows computes them."""
-        b, nb = self.k // QK, {"q4_1": 320, "q8_0": 544}[self.kind]
+        b, nb = self.k // QK, STRIP_BLOCK_BYTES[self.kind]
         blk = self.data.view(-1, b, nb)[ids // STRIP]                       # [T, B, bytes of a strip-block]
         col = (ids % STRIP).view(-1, 1, 1)
         half = lambda off: blk[..., off:off + 2 * STRIP].contiguous().view(torch.float16)   # [T, B, 16]
@@ -192,10 +287,15 @@ class BlockRows:
         return dequantise_rows(self.raw, self.kind)
 
 
-# ---- a dense MLP's three matrices as one expert record (the streaming layout's experts.safetensors) ----
+# ---- an expert's (or a dense MLP's) three matrices as one record of experts.safetensors ----------------
+# Format 2 (EXPERTS_FORMAT, written by every conversion): gate|up as one [2I, D] weight, then down [D, I], each
+# in the kernel's layout, so a miss is one read and no re-pack:
+#   native blocks: pack_blocks(gate|up rows) then pack_blocks(down rows)              (1-D uint8)
+#   float:         pack_strips(gate|up^T [D, 2I]) then pack_strips(down^T [I, D])     (1-D, the file's dtype)
+# Format 1 (older files): the GGUF rows of gate, up, down (uint8), or float [3, I, D] (gate, up, down^T).
 def expert_blob(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, inter: int, dim: int,
                 name: str) -> torch.Tensor:
-    """gate [I, D], up [I, D], down [D, I] as blocks -> one flat uint8 record (gate, up, down rows), one pread."""
+    """gate [I, D], up [I, D], down [D, I] as blocks -> one flat uint8 record of their rows (format 1)."""
     kinds = {block_kind(gate.shape, (inter, dim), name + ".gate"), block_kind(up.shape, (inter, dim), name + ".up"),
              block_kind(down.shape, (dim, inter), name + ".down")}
     if len(kinds) != 1:
@@ -205,7 +305,7 @@ def expert_blob(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, inter:
 
 
 def expert_parts(blob: torch.Tensor, inter: int, dim: int, name: str) -> tuple[str, torch.Tensor, torch.Tensor]:
-    """(kind, gate|up blocks [2I, D/32 * bytes], down blocks [D, I/32 * bytes]) of one expert record."""
+    """(kind, gate|up blocks [2I, D/32 * bytes], down blocks [D, I/32 * bytes]) of a format-1 record."""
     for kind, nb in BLOCK_BYTES.items():
         if blob.numel() == 3 * inter * dim // QK * nb and dim % QK == 0 and inter % QK == 0:
             gu = blob[:2 * inter * dim // QK * nb].view(2 * inter, -1)
@@ -213,8 +313,72 @@ def expert_parts(blob: torch.Tensor, inter: int, dim: int, name: str) -> tuple[s
     raise LessonkitError(f"{name}: {blob.numel()} bytes are not Q4_1 or Q8_0 blocks of a [3, {inter}, {dim}] MLP")
 
 
-def dequantise_expert(blob: torch.Tensor, inter: int, dim: int, name: str) -> torch.Tensor:
-    """An expert record as the float32 layout's [3, I, D] tensor (gate, up, down^T)."""
-    kind, gu, down = expert_parts(blob, inter, dim, name)
-    g_u = dequantise_rows(gu, kind)
-    return torch.stack([g_u[:inter], g_u[inter:], dequantise_rows(down, kind).T])
+def pack_expert(record: torch.Tensor, inter: int, dim: int, name: str) -> torch.Tensor:
+    """A format-1 record (uint8 rows or float [3, I, D]) -> its format-2 record (see above)."""
+    if record.dtype == torch.uint8:
+        kind, gu, down = expert_parts(record, inter, dim, name)
+        return torch.cat([pack_blocks(gu, kind), pack_blocks(down, kind)])
+    if tuple(record.shape) != (3, inter, dim):
+        raise LessonkitError(f"{name}: expert of shape {tuple(record.shape)}, expected {(3, inter, dim)}")
+    return torch.cat([kernel.pack_strips(record[:2].reshape(2 * inter, dim).T), kernel.pack_strips(record[2])])
+
+
+def float_expert_split(inter: int, dim: int) -> tuple[int, int]:
+    """Elements of a format-2 float record's two parts: gate|up strips, down strips."""
+    return -(-2 * inter // STRIP) * STRIP * dim, -(-dim // STRIP) * STRIP * inter
+
+
+def old_rows_error(path, name: str) -> str:
+    """The refusal of a format-1 record of native blocks (GGUF rows): what it is, and the command that fixes it."""
+    return (f"{path}: {name} holds native blocks as GGUF rows (expert layout 1, written by an older lessonkit and "
+            f"re-packed at every load); this lessonkit reads native experts only in packed layout {LAYOUT_VERSION} "
+            f"(metadata format {EXPERTS_FORMAT!r}). For smollm2-135m, `--model smollm2-135m` converts it again from "
+            f"the GGUF into a new folder (this one may be deleted); for another folder, "
+            f"`python -m lessonkit.engine.checkpoint repack FOLDER` rewrites it packed")
+
+
+def packed_expert_layout(numel: int, blocks: bool, inter: int, dim: int, name: str) -> tuple[str, int]:
+    """(kind, elements of the gate|up part) of a format-2 record of `numel` elements (uint8 when `blocks`):
+    kind "q4_1" / "q8_0" (strip-blocks) or "float" (strips). Any other size raises naming the record."""
+    if blocks and dim % QK == 0 and inter % QK == 0:
+        for kind in STRIP_BLOCK_BYTES:
+            a = packed_bytes(2 * inter, dim, kind)
+            if numel == a + packed_bytes(dim, inter, kind):
+                return kind, a
+    elif not blocks and numel == sum(float_expert_split(inter, dim)):
+        return "float", float_expert_split(inter, dim)[0]
+    raise LessonkitError(f"{name}: a record of {numel} {'bytes' if blocks else 'floats'} is not an expert "
+                         f"[3, {inter}, {dim}] in packed layout {LAYOUT_VERSION} ("
+                         f"{'Q4_1 or Q8_0 strip-blocks' if blocks else 'float strips'}): corrupt file?")
+
+
+def packed_expert_parts(record: torch.Tensor, inter: int, dim: int, name: str):
+    """(kind, gate|up, down) of a format-2 record (see packed_expert_layout): views into it, no copy."""
+    if record.dim() != 1:
+        raise LessonkitError(f"{name}: a record of shape {tuple(record.shape)} is not a flat packed record")
+    kind, a = packed_expert_layout(record.numel(), record.dtype == torch.uint8, inter, dim, name)
+    return kind, record[:a], record[a:]
+
+
+def dequantise_expert(record: torch.Tensor, inter: int, dim: int, name: str, packed: bool = True) -> torch.Tensor:
+    """An expert record (format 2 when packed, else format 1's uint8 rows) as float32 [3, I, D] (gate, up, down^T)."""
+    if not packed:
+        kind, gu, down = expert_parts(record, inter, dim, name)
+        g_u = dequantise_rows(gu, kind)
+        return torch.stack([g_u[:inter], g_u[inter:], dequantise_rows(down, kind).T])
+    kind, gu, down = packed_expert_parts(record, inter, dim, name)
+    if kind != "float":
+        gu, down = dequantise_strips(gu, dim, kind), dequantise_strips(down, inter, kind)
+    g_u = unpack_strips(gu.float(), dim, 2 * inter).T
+    return torch.stack([g_u[:inter], g_u[inter:], unpack_strips(down.float(), inter, dim)])
+
+
+def unpack_expert(record: torch.Tensor, inter: int, dim: int, name: str) -> torch.Tensor:
+    """The inverse of pack_expert: a format-2 record -> its format-1 record (uint8 GGUF rows of gate, up, down, or
+    float [3, I, D] in the record's dtype). For comparisons with the old layout (tests, `lessonkit bench streaming`)."""
+    kind, gu, down = packed_expert_parts(record, inter, dim, name)
+    if kind == "float":
+        g_u = unpack_strips(gu, dim, 2 * inter).T
+        return torch.stack([g_u[:inter], g_u[inter:], unpack_strips(down, inter, dim)])
+    return torch.cat([unpack_blocks(gu, 2 * inter, dim, kind).reshape(-1),
+                      unpack_blocks(down, dim, inter, kind).reshape(-1)])

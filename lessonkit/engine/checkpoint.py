@@ -3,14 +3,17 @@
 A model directory holds:
   config.json          lessonkit ModelConfig
   dense.safetensors    embeddings, attention, norms, routers, output head (always resident)
-  experts.safetensors  `layers.{l}.experts.{e}`: [3, I, D] = gate, up, down^T, adjacent on disk
+  experts.safetensors  `layers.{l}.experts.{e}`: one record per expert, gate, up, down^T adjacent on disk,
+                       in the kernel's packed layout (lessonkit.engine.blocks, format 2: metadata "format" =
+                       blocks.EXPERTS_FORMAT), so streaming an expert is one read and no re-pack; older
+                       files hold float [3, I, D] (format 1, still read, packed at each load)
   tokenizer.json       a `tokenizers` tokenizer
   manifest.json        SHA-256 of every file (checked by `lessonkit doctor`)
 A dense model's MLP is stored as expert 0 of each layer (the one-expert case).
 
 Native blocks: a model converted from Q4_1 / Q8_0 GGUF tensors (SmolLM2) keeps them as uint8 tensors of
-their own blocks (dense matrices [rows, bytes per row]; an expert as one flat record of its gate, up and
-down rows), never as a float32 copy. `load_dense` / `load_experts` give float32 (dequantised exactly) to
+their own blocks (dense matrices [rows, bytes per row], packed once at load; an expert as one flat record of
+its gate|up and down strip-blocks), never as a float32 copy. `load_dense` / `load_experts` give float32 (dequantised exactly) to
 code that wants float weights; the engine asks for the blocks (lessonkit.engine.blocks).
 """
 from __future__ import annotations
@@ -20,7 +23,7 @@ import struct
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
@@ -173,12 +176,49 @@ def convert_hf_state_dict(hf_config: dict, state_dict: dict[str, torch.Tensor], 
     meta = {"format": f"lessonkit-stream-v{FORMAT_VERSION}"}
     cast = lambda v: v if v.dtype == torch.uint8 else v.to(dtype)      # native blocks stay blocks
     _atomic_save({k: cast(v) for k, v in dense.items()}, out / "dense.safetensors", meta)
-    _atomic_save({k: cast(v) for k, v in experts.items()}, out / "experts.safetensors", meta)
+    save_packed_experts({k: cast(v) for k, v in experts.items()}, out / "experts.safetensors", c)
     c.save(out / "config.json")
     if tokenizer_json is not None:
         atomic_write(out / "tokenizer.json", tokenizer_json.encode("utf-8"))       # a reader sees no torn file
     write_manifest(out)
     return c
+
+
+def save_packed_experts(experts: dict, path: Path, c: ModelConfig) -> None:
+    """Format-1 expert records (float [3, I, D] or uint8 GGUF rows) written packed (format 2), atomically."""
+    packed = {k: qb.pack_expert(v, c.intermediate_size, c.dim, f"{path}: {k}") for k, v in experts.items()}
+    _atomic_save(packed, path, {"format": qb.EXPERTS_FORMAT})
+
+
+def experts_layout(path: Path) -> int:
+    """The expert layout of an experts.safetensors: 2 (packed, blocks.EXPERTS_FORMAT) or 1 (older)."""
+    try:
+        with safe_open(path, "pt") as f:
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError, Exception) as e:  # safetensors raises several types for corrupt files
+        raise LessonkitError(f"{path}: corrupt or truncated safetensors ({e})") from None
+    return 2 if meta.get("format") == qb.EXPERTS_FORMAT else 1
+
+
+def repack_experts(model_dir: str | Path) -> bool:
+    """Rewrite a model folder's format-1 experts.safetensors in the packed layout (atomically) and its
+    manifest.json if it has one. Returns False when it is packed already. The values are unchanged (packing is a
+    permutation), so every forward gives the same bits; the file's SHA-256, hence the engine's fingerprint, changes."""
+    model_dir = Path(model_dir)
+    path = model_dir / "experts.safetensors"
+    if experts_layout(path) == 2:
+        return False
+    c = ModelConfig.load(model_dir / "config.json")
+    try:
+        experts = load_file(path)
+    except (SafetensorError, OSError, Exception) as e:
+        raise LessonkitError(f"{path}: corrupt or truncated safetensors ({e})") from None
+    _check_shapes(c, {}, experts, str(path))
+    save_packed_experts(experts, path, c)
+    if (model_dir / "manifest.json").exists():
+        names = list(json.loads((model_dir / "manifest.json").read_text(encoding="utf-8")).get("sha256", {}))
+        write_manifest(model_dir, names or None)
+    return True
 
 
 def convert_hf_checkpoint(hf_dir: str | Path, out_dir: str | Path, dtype=torch.float32) -> ModelConfig:
@@ -289,6 +329,9 @@ def load_dense(model_dir: Path, c: ModelConfig, *, blocks: bool = False) -> dict
                 dense[k] = qb.dequantise_rows(dense[k], kind)
         elif tuple(dense[k].shape) != shape:
             raise LessonkitError(f"{path}: tensor {k} has shape {tuple(dense[k].shape)}, config.json needs {shape}")
+    # load_file's tensors are views of the file's mapping: a float tensor the engine keeps as is (a norm) would
+    # keep every page of the file resident; a copy of each lets the mapping go once the blocks are packed
+    dense = {k: v.clone() if v.dtype != torch.uint8 else v for k, v in dense.items()}
     if c.head_rows is not None:
         ids = dense["lm_head_ids"]
         if ids.dtype != torch.int64 or int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size or \
@@ -319,12 +362,17 @@ def load_experts(model_dir: Path, c: ModelConfig) -> dict[str, torch.Tensor]:
     """Every expert as float32 [3, I, D] (gate, up, down^T), native records dequantised: for code that trains,
     merges or exports (the engine streams experts itself, lessonkit.engine.expert_store)."""
     path = Path(model_dir) / "experts.safetensors"
+    layout = experts_layout(path)
     try:
         experts = load_file(path)
     except (SafetensorError, OSError, Exception) as e:  # safetensors raises several types for corrupt files
         raise LessonkitError(f"{path}: corrupt or truncated safetensors ({e})") from None
-    return {k: qb.dequantise_expert(v, c.intermediate_size, c.dim, f"{path}: {k}") if v.dtype == torch.uint8 else v
-            for k, v in experts.items()}
+    if layout == 2:
+        return {k: qb.dequantise_expert(v, c.intermediate_size, c.dim, f"{path}: {k}") for k, v in experts.items()}
+    for k, v in experts.items():
+        if v.dtype == torch.uint8:
+            raise LessonkitError(qb.old_rows_error(path, k))
+    return experts
 
 
 def write_manifest(model_dir: str | Path, files: list[str] | None = None) -> dict:
@@ -341,3 +389,14 @@ def verify_manifest(model_dir: str | Path) -> dict[str, str]:
     """File -> 'ok' / 'MISMATCH' / 'missing' / 'refused: ...' (used by `lessonkit doctor`); a missing,
     unreadable or empty manifest fails (lessonkit.engine.integrity has the rules)."""
     return model_integrity(model_dir, required=True)
+
+
+if __name__ == "__main__":          # python -m lessonkit.engine.checkpoint repack FOLDER (named by old_rows_error)
+    import sys
+    if len(sys.argv) != 3 or sys.argv[1] != "repack":
+        sys.exit("usage: python -m lessonkit.engine.checkpoint repack FOLDER")
+    try:
+        done = repack_experts(sys.argv[2])
+    except LessonkitError as e:
+        sys.exit(f"error: {e}")
+    print(f"{sys.argv[2]}: experts.safetensors " + ("rewritten in packed layout" if done else "already packed"))

@@ -1,16 +1,22 @@
 """The disk-streaming expert store, modelled on Colibri's route -> union -> place -> overlap -> learn.
 
-Each expert's three matrices (gate, up, down^T) are one [3, I, D] tensor in `experts.safetensors`, so
-one expert is one contiguous positioned read (`portable_io.read_at`). In memory an expert is kept in the layout the matmuls want
-(`Expert`: gate|up transposed to [D, 2I], down^T [I, D]), built in the copy that leaves the read
-buffer. Experts live in an LRU cache with a byte budget; an optional pinned hot set (from recorded
-routing history) is never evicted; an optional background thread prefetches the experts the next
-layer's router is predicted to pick. Placement changes speed only:
-the bytes that reach the matmul are the bytes on disk, whatever the budget.
+Each expert's three matrices (gate, up, down^T) are one record in `experts.safetensors`, so one expert is
+one contiguous positioned read (`portable_io.read_at`). In memory an expert is kept in the layout the
+matmuls want (`Expert`: gate|up transposed to [D, 2I], down^T [I, D], packed for the kernel). Experts
+live in an LRU cache with a byte budget; an optional pinned hot set (from recorded routing history) is
+never evicted; an optional background thread prefetches the experts the next layer's router is predicted
+to pick. Placement changes speed only: the values that reach the matmul are the values on disk, whatever
+the budget.
 
-A record may also hold native Q4_1 / Q8_0 blocks (a converted GGUF: one uint8 record of the gate, up and
-down rows, lessonkit.engine.blocks): with native=True it is multiplied as blocks (a fifth of the bytes),
-otherwise dequantised to the float32 layout on read; either way the same float32 values reach the chains.
+Records in packed layout (lessonkit.engine.blocks, format 2, what every conversion writes: metadata
+"format" = blocks.EXPERTS_FORMAT) are already in the kernel's layout, so a miss is one read and the buffer
+read into IS the weight: float32 strips become a RowWeight, native Q4_1 / Q8_0 strip-blocks a NativeWeight,
+with no transpose and no re-pack (bf16 strips are widened, one elementwise copy). Older float files ([3, I, D]
+per expert, format 1, as the shipped tiny models are) are transposed and packed on every load. With
+native=True, native blocks are multiplied as blocks (a fifth of the bytes), otherwise dequantised to float32
+strips on read; either way the same float32 values reach the chains. A format-1 record of native blocks
+(GGUF rows, written by older lessonkit versions) is refused, naming the file and the fix (legacy_rows=True
+reads it, packing on every load: only the benchmark's before/after comparison asks for that).
 
 Shapes: E experts per layer, I intermediate size, D hidden size.
 """
@@ -37,9 +43,9 @@ _ST_DTYPES = {"F32": (np.float32, torch.float32), "BF16": (np.uint16, torch.bflo
               "F16": (np.float16, torch.float16)}
 
 
-def read_safetensors_header(path: str | Path) -> tuple[dict, int]:
+def read_safetensors_header(path: str | Path, *, metadata: bool = False) -> tuple[dict, int]:
     """(tensor entries, data start) of a safetensors file; a missing, corrupt or truncated file raises
-    LessonkitError naming it."""
+    LessonkitError naming it. metadata=True keeps the header's "__metadata__" entry."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -49,7 +55,9 @@ def read_safetensors_header(path: str | Path) -> tuple[dict, int]:
         raise LessonkitError(f"{path}: file not found") from None
     except ValueError as e:
         raise LessonkitError(f"{path}: {e}") from None
-    header.pop("__metadata__", None)
+    meta = header.pop("__metadata__", None)
+    if metadata:
+        header["__metadata__"] = meta if isinstance(meta, dict) else {}
     if data_end > size:
         raise LessonkitError(f"{path}: truncated: header needs {data_end} bytes, file has {size}")
     return header, data_start
@@ -69,27 +77,18 @@ class ExpertStore:
 
     def __init__(self, path: str | Path, n_layers: int, n_experts: int, shape: tuple[int, int, int],
                  *, dtype=torch.float32, budget_bytes: int | None = None, prefetch: bool = False,
-                 native: bool = False):
+                 native: bool = False, legacy_rows: bool = False):
         self.path, self.native = Path(path), native
         self.n_layers, self.n_experts, self.shape, self.dtype = n_layers, n_experts, tuple(shape), dtype
-        header, self._data_start = read_safetensors_header(self.path)
+        header, self._data_start = read_safetensors_header(self.path, metadata=True)
+        self.layout = 2 if header.pop("__metadata__").get("format") == qb.EXPERTS_FORMAT else 1
         self._entries = {}
         for l in range(n_layers):
             for e in range(n_experts):
                 name = f"layers.{l}.experts.{e}"
                 if name not in header:
                     raise LessonkitError(layers_error(self.path, n_layers, layers_held(header), name))
-                h = header[name]
-                if h["dtype"] == "U8" and len(h["shape"]) == 1:        # native blocks: checked when read
-                    a, b = h["data_offsets"]
-                    self._entries[(l, e)] = (self._data_start + a, b - a, "U8")
-                    continue
-                if tuple(h["shape"]) != self.shape:
-                    raise LessonkitError(f"{self.path}: tensor {name} has shape {h['shape']}, config needs {list(self.shape)}")
-                if h["dtype"] not in _ST_DTYPES:
-                    raise LessonkitError(f"{self.path}: tensor {name} has unsupported dtype {h['dtype']}")
-                a, b = h["data_offsets"]
-                self._entries[(l, e)] = (self._data_start + a, b - a, h["dtype"])
+                self._entries[(l, e)] = self._entry(name, header[name], legacy_rows)
         self.blocks = any(v[2] == "U8" for v in self._entries.values())
         if self.blocks and native:                  # resident bytes: the records themselves
             self.expert_bytes = max(v[1] for v in self._entries.values())
@@ -109,6 +108,30 @@ class ExpertStore:
         self.routing_counts: Counter = Counter()
         self.reset_counters()
 
+    def _entry(self, name: str, h: dict, legacy_rows: bool) -> tuple[int, int, str, bool]:
+        """(file offset, bytes, safetensors dtype, packed) of one record, its layout checked against the file's."""
+        try:
+            (a, b), dt, shape = h["data_offsets"], str(h["dtype"]), tuple(int(n) for n in h["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise LessonkitError(f"{self.path}: malformed header entry for {name}: corrupt file?") from None
+        if dt != "U8" and dt not in _ST_DTYPES:
+            raise LessonkitError(f"{self.path}: tensor {name} has unsupported dtype {dt}")
+        _, inter, dim = self.shape
+        if self.layout == 2:                        # packed: size checked here, so a read needs no check
+            size = 1 if dt == "U8" else np.dtype(_ST_DTYPES[dt][0]).itemsize
+            if len(shape) != 1 or shape[0] * size != b - a:
+                raise LessonkitError(f"{self.path}: tensor {name} has shape {list(shape)} in {b - a} bytes; packed "
+                                     f"layout {qb.LAYOUT_VERSION} keeps every expert as one flat record: corrupt file?")
+            qb.packed_expert_layout(shape[0], dt == "U8", inter, dim, f"{self.path}: {name}")
+            return self._data_start + a, b - a, dt, True
+        if dt == "U8" and len(shape) == 1:          # format 1 native blocks: GGUF rows
+            if not legacy_rows:
+                raise LessonkitError(qb.old_rows_error(self.path, name))
+            return self._data_start + a, b - a, dt, False
+        if shape != self.shape:
+            raise LessonkitError(f"{self.path}: tensor {name} has shape {list(shape)}, config needs {list(self.shape)}")
+        return self._data_start + a, b - a, dt, False
+
     # ---- counters ------------------------------------------------------------------------------
     def reset_counters(self) -> None:
         self.hits = self.misses = self.bytes_read = self.prefetched = self.prefetch_hits = 0
@@ -123,41 +146,47 @@ class ExpertStore:
 
     # ---- reading -------------------------------------------------------------------------------
     def _read(self, key) -> Expert:
-        off, n, st_dtype = self._entries[key]
+        off, n, st_dtype, packed = self._entries[key]
         t0 = time.perf_counter()
         if self._fd is None:
             raise LessonkitError(f"{self.path}: expert store is closed")
-        buf = np.empty(n, dtype=np.uint8)
-        got = read_at(self._fd, buf, off)
+        buf = torch.empty(n, dtype=torch.uint8)      # torch's allocator: 64-byte aligned, strips start on a line
+        got = read_at(self._fd, buf.numpy(), off)
         if got != n:
             raise LessonkitError(f"{self.path}: short read for expert {key} ({got} of {n} bytes): file truncated?")
-        if st_dtype == "U8":
-            ex = self._native_expert(torch.from_numpy(buf), key)
-            self.io_s += time.perf_counter() - t0
-            self.bytes_read += n
-            return ex
-        np_dtype, t_dtype = _ST_DTYPES[st_dtype]
-        t = torch.from_numpy(buf.view(np_dtype))
-        if st_dtype == "BF16":
-            t = t.view(torch.bfloat16)
-        _, inter, dim = self.shape
-        t = t.view(self.shape)
-        gate_up_t = t[:2].reshape(2 * inter, dim).T.contiguous().to(self.dtype)   # the transpose is the copy
-        down_t = t[2].to(self.dtype) if t.dtype != self.dtype else t[2].clone()
-        ex = Expert(RowWeight(gate_up_t), RowWeight(down_t))   # packed for the row kernel
+        t = buf if st_dtype == "U8" else buf.view(_ST_DTYPES[st_dtype][1])
+        name = f"{self.path}: layers.{key[0]}.experts.{key[1]}"
+        ex = self._packed_expert(t, name) if packed else self._format1_expert(t, name)
         self.io_s += time.perf_counter() - t0
         self.bytes_read += n
         return ex
 
-    def _native_expert(self, blob: torch.Tensor, key) -> Expert:
-        """A native record: packed as blocks for the kernel, or dequantised to the float32 layout."""
+    def _packed_expert(self, record: torch.Tensor, name: str) -> Expert:
+        """A packed record (format 2) as weights, no re-pack: native strip-blocks as they are (or dequantised to
+        float strips when the engine runs float32), float strips as they are (bf16 / f16 widened)."""
         _, inter, dim = self.shape
-        name = f"{self.path}: layers.{key[0]}.experts.{key[1]}"
-        if not self.native:
-            t = qb.dequantise_expert(blob, inter, dim, name)
-            return Expert(RowWeight(t[:2].reshape(2 * inter, dim).T.contiguous()), RowWeight(t[2].clone()))
-        kind, gu, down = qb.expert_parts(blob, inter, dim, name)
-        return Expert(qb.NativeWeight(gu, dim, kind), qb.NativeWeight(down, inter, kind))
+        kind, gu, down = qb.packed_expert_parts(record, inter, dim, name)
+        if kind != "float" and self.native:
+            return Expert(qb.NativeWeight.from_packed(gu, dim, 2 * inter, kind),
+                          qb.NativeWeight.from_packed(down, inter, dim, kind))
+        if kind != "float":
+            gu, down = qb.dequantise_strips(gu, dim, kind), qb.dequantise_strips(down, inter, kind)
+        gu, down = gu.to(self.dtype), down.to(self.dtype)            # no copy when the file holds the compute dtype
+        return Expert(qb.strip_row_weight(gu, dim, 2 * inter), qb.strip_row_weight(down, inter, dim))
+
+    def _format1_expert(self, t: torch.Tensor, name: str) -> Expert:
+        """A format-1 record, transposed and packed on this load: float [3, I, D], or (legacy_rows) GGUF rows."""
+        _, inter, dim = self.shape
+        if t.dtype == torch.uint8:
+            if not self.native:
+                t = qb.dequantise_expert(t, inter, dim, name, packed=False)
+            else:
+                kind, gu, down = qb.expert_parts(t, inter, dim, name)
+                return Expert(qb.NativeWeight(gu, dim, kind), qb.NativeWeight(down, inter, kind))
+        t = t.view(self.shape)
+        gate_up_t = t[:2].reshape(2 * inter, dim).T.contiguous().to(self.dtype)   # the transpose is the copy
+        down_t = t[2].to(self.dtype) if t.dtype != self.dtype else t[2].clone()
+        return Expert(RowWeight(gate_up_t), RowWeight(down_t))   # packed for the row kernel
 
     def _insert(self, key, t) -> None:
         # caller holds the lock
@@ -170,6 +199,21 @@ class ExpertStore:
             if victim is None:
                 break
             del self._cache[victim]
+
+    def count_resident_uses(self, keys) -> None:
+        """Count uses of experts the caller already holds (the C forward's dense MLP) as get() would: a use,
+        a hit and the LRU order for each resident one; one that is not resident is read by get()."""
+        missing = []
+        with self._lock:
+            for key in keys:
+                if key in self._cache:
+                    self.routing_counts[key] += 1
+                    self._cache.move_to_end(key)
+                    self.hits += 1
+                else:
+                    missing.append(key)
+        for layer, expert in missing:
+            self.get(layer, expert)
 
     def get(self, layer: int, expert: int) -> Expert:
         """One expert's weights in compute layout (see `Expert`)."""

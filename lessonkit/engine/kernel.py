@@ -41,7 +41,7 @@ import torch
 
 from lessonkit.engine.errors import LessonkitError
 
-ABI = 4                                 # csrc/rowkernel.c's rk_abi() this module calls
+ABI = 5                                 # csrc/rowkernel.c's rk_abi() this module calls
 KERNELS = Path(__file__).resolve().parent / "kernels"      # the shipped binaries (csrc/build_kernels.py)
 _SYSTEMS = {"linux": ("linux", ".so"), "win32": ("windows", ".dll"), "darwin": ("macos", ".dylib")}
 _MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}
@@ -66,7 +66,8 @@ def host_binary_name(system: str = sys.platform) -> str:
 
 
 # C error codes (csrc/rowkernel.c, enum after RK_ABI)
-RK_OK, RK_BAD_SIZES, RK_NO_AVX2, RK_NO_MEMORY, RK_BAD_KIND, RK_BAD_THREADS = range(6)
+RK_OK, RK_BAD_SIZES, RK_NO_AVX2, RK_NO_MEMORY, RK_BAD_KIND, RK_BAD_THREADS, RK_FETCH_FAILED = range(7)
+FETCH = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64))
 _ADDR, _I64, _I32 = ctypes.c_size_t, ctypes.c_int64, ctypes.c_int32
 
 
@@ -83,6 +84,10 @@ class KernelLibrary:
         "rk_set_threads": [_I32, ctypes.POINTER(_I32)],
         "rk_dense_step": [_ADDR] + [_I64] * 8 + [ctypes.c_float, _I64, _I64, _I32, _ADDR],
         "rk_fma_many": [_ADDR, _ADDR, _ADDR, _ADDR, _I64, _I32],
+        "rk_forward": [_ADDR, _ADDR, ctypes.c_float, ctypes.c_float, _ADDR, _ADDR, _I64, _I64, _ADDR, _ADDR, _I64,
+                       _ADDR, _I64, _I32, _ADDR, _ADDR, _ADDR],
+        "rk_exp_many": [_ADDR, _ADDR, _I64],
+        "rk_profile": [_I32, _ADDR],
     }
 
     def __init__(self, path: Path):
@@ -147,6 +152,31 @@ class KernelLibrary:
         self._check("dense_step", self.lib.rk_dense_step(plan, L, D, H, G, hd, inter, vocab, out_rows, eps, token,
                                                          pos, bool(use_avx2), logits))
 
+    def forward(self, plan, dims, eps, clip, x, tokens, m, start, k_cache, v_cache, alloc, logits, first, use_avx2,
+                routing=0, unique=0, fetch=0) -> int:
+        """a whole forward of m rows at positions start.. (csrc/forward.c documents the plan); returns
+        RK_FETCH_FAILED when the caller's fetch reported an error (the caller holds it), else raises or 0"""
+        rc = self.lib.rk_forward(plan, dims, eps, clip, x, tokens, m, start, k_cache, v_cache, alloc, logits, first,
+                                 bool(use_avx2), routing, unique, fetch)
+        if rc == RK_FETCH_FAILED:
+            return rc
+        self._check("forward", RK_BAD_SIZES if rc == RK_BAD_KIND else rc,
+                    "bad sizes (or a weight kind other than float32, Q4_1, Q8_0)")
+        return rc
+
+    PROFILE_GROUPS = ("elementwise", "attention products", "attention", "mlp / experts", "output layer",
+                      "expert fetch")
+
+    def profile(self, on: bool) -> dict[str, float]:
+        """Seconds the C forward spent per op group since profiling was last turned on; on=True (re)starts it."""
+        out = (ctypes.c_double * len(self.PROFILE_GROUPS))()
+        self._check("profile", self.lib.rk_profile(int(on), ctypes.addressof(out)))
+        return dict(zip(self.PROFILE_GROUPS, out))
+
+    def exp_many(self, x, out, n) -> None:
+        """out[i] = the forward's exp(x[i]) (csrc/forward.c exp_lk)"""
+        self._check("exp_many", self.lib.rk_exp_many(x, out, n))
+
     def fma_many(self, a, b, c, out, n, how) -> None:
         """out[i] = fma(a[i], b[i], c[i]); how 1: the portable path's fma on this CPU, 0: the software fma"""
         self._check("fma_many", self.lib.rk_fma_many(a, b, c, out, n, how))
@@ -192,25 +222,64 @@ ROWWISE_MAX = 16     # forwards of at most this many rows take the row-invariant
 ROW_PAD = 8          # longer products: one GEMM padded to a multiple of ROW_PAD rows
 
 
+ISAS = ("avx512", "avx2", "neon", "portable")
+
+
+def _isa_request() -> str:
+    """LESSONKIT_ISA=avx512|avx2|neon|portable as a LESSONKIT_KERNEL value ("" when unset). The C kernel has
+    an AVX2 + FMA path and a portable path, which is NEON fmla on arm64 and plain C elsewhere; this build has
+    no AVX-512 path (never tested on an AVX-512 machine), so avx512 is refused by name, never silently
+    replaced."""
+    isa = os.environ.get("LESSONKIT_ISA", "").strip().lower()
+    if not isa:
+        return ""
+    if isa not in ISAS:
+        raise LessonkitError(f"LESSONKIT_ISA={isa!r}: expected one of {', '.join(ISAS)}")
+    arm = platform.machine().lower() in ("aarch64", "arm64")
+    if isa == "avx512":
+        raise LessonkitError("LESSONKIT_ISA=avx512: this build of the kernel has no AVX-512 path; "
+                             "LESSONKIT_ISA=avx2 runs on AVX-512 CPUs (same bits on every path)")
+    if isa == "neon" and not arm:
+        raise LessonkitError(f"LESSONKIT_ISA=neon: NEON is arm64's; this CPU is {platform.machine()}")
+    if isa == "avx2" and arm:
+        raise LessonkitError(f"LESSONKIT_ISA=avx2: AVX2 is x86's; this CPU is {platform.machine()}")
+    if isa == "portable" and arm:
+        raise LessonkitError("LESSONKIT_ISA=portable: on arm64 the portable path is NEON (LESSONKIT_ISA=neon)")
+    return "portable" if isa == "neon" else isa
+
+
 def _choose() -> tuple[str, str]:
     forced = os.environ.get("LESSONKIT_KERNEL", "").strip().lower()
     if forced not in ("", "auto", "avx2", "portable", "mkl"):
         raise ValueError(f"LESSONKIT_KERNEL={forced!r}: expected avx2, portable, mkl or auto")
+    isa = _isa_request()
+    if isa and forced not in ("", "auto", isa):
+        raise LessonkitError(f"LESSONKIT_ISA and LESSONKIT_KERNEL disagree ({os.environ['LESSONKIT_ISA']} vs "
+                             f"{forced}): set one")
+    forced = isa or forced
     if forced == "mkl":
         return "mkl", "forced by LESSONKIT_KERNEL=mkl"
     if _rowkernel is None:
         if forced not in ("", "auto"):
-            raise RuntimeError(f"LESSONKIT_KERNEL={forced}: no C kernel binary loaded ({_IMPORT_ERROR})")
+            raise LessonkitError(f"LESSONKIT_KERNEL={forced}: no C kernel binary loaded ({_IMPORT_ERROR})")
         return "mkl", f"no C kernel binary loaded ({_IMPORT_ERROR})"
     if forced == "portable":
-        return "portable", "forced by LESSONKIT_KERNEL=portable"
+        return "portable", "forced by LESSONKIT_KERNEL=portable" if not isa else "forced by LESSONKIT_ISA"
     if _rowkernel.has_avx2():
         return "avx2", "C kernel loaded and this CPU has AVX2 + FMA"
     if forced == "avx2":
-        raise RuntimeError("LESSONKIT_KERNEL=avx2: this CPU has no AVX2/FMA")
+        raise LessonkitError("LESSONKIT_KERNEL=avx2: this CPU has no AVX2/FMA")
     if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
         return "mkl", "this x86 CPU has no AVX2/FMA: the portable C path would be slower than MKL"
     return "portable", f"C kernel loaded; {platform.machine()} has no AVX2, portable C path (hardware FMA)"
+
+
+def isa(backend_name: str | None = None) -> str:
+    """The instruction set the kernel's path runs: avx2, neon (arm64's portable path), portable, or mkl."""
+    b = backend_name or BACKEND
+    if b == "portable" and platform.machine().lower() in ("aarch64", "arm64"):
+        return "neon"
+    return b
 
 
 BACKEND, WHY = _choose()
@@ -218,7 +287,7 @@ BACKEND, WHY = _choose()
 
 def backend() -> dict:
     """Which path short forwards take, and why (for `lessonkit doctor`)."""
-    return {"backend": BACKEND, "why": WHY, "built": _rowkernel is not None,
+    return {"backend": BACKEND, "isa": isa(), "why": WHY, "built": _rowkernel is not None,
             "binary": BINARY, "binary_why": BINARY_WHY,
             "row_group": ROW_GROUP if BACKEND == "mkl" else None, "threads": THREADS}
 

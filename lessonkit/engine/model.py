@@ -1,5 +1,10 @@
 """The transformer forward: Llama (dense SwiGLU) and OLMoE / Mixtral (top-k of E SwiGLU experts).
 
+Two forwards, one contract. Where the C kernel holds the weights, `forward` runs the whole step in one C
+call (engine/c_forward.py, csrc/forward.c; its numerics in docs/numerics.md). The PyTorch forward below is
+the reference it is tested against, the path without a kernel binary, and LESSONKIT_FORWARD=torch; the
+exactness rules that follow are this PyTorch forward's.
+
 Shape legend: T new positions in this forward, D hidden, H query heads, G kv heads, hd head dim,
 E experts per layer, A activated experts per token (top_k), V vocabulary.
 
@@ -34,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from lessonkit.engine import blocks as qb
+from lessonkit.engine import c_forward
 from lessonkit.engine.attention import attend
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
@@ -114,6 +120,8 @@ class Transformer:
         self.cos, self.sin = rope_tables(config, self.alloc_len)
         self.last_forward: dict = {}
         self.routing_log: list | None = None   # set to [] to record (layer, expert ids [T, A]) per forward
+        # dense models on packed weights: the whole forward in one C call (engine/c_forward.py)
+        self.c_forward, self.forward_why = c_forward.plan_for(self)
 
     def _row_weight(self, name: str, v: torch.Tensor):
         if v.dtype != torch.uint8:
@@ -301,6 +309,8 @@ class Transformer:
             raise LessonkitError(f"token id {int(tokens.max())} outside the vocabulary of {c.vocab_size}")
         t0 = time.perf_counter()
         io0 = self.store.io_s
+        if self.c_forward is not None and cache.k.dtype == torch.float32:
+            return self._forward_c(tokens, cache, start, T, t0, io0, return_hidden, last_only)
         stats = {"unique_experts": 0}
         x = self.w["embed"][tokens]                                         # [T, D]
         plan = self._plan(start, T, x.dtype)
@@ -313,6 +323,26 @@ class Transformer:
         logits = self.full_logits(linear(h[T - 1:T] if last_only else h, self.w.get("lm_head"), self.wt["lm_head"]).float())
         wall = time.perf_counter() - t0
         self.last_forward = {"rows": T, "unique_experts": stats["unique_experts"], "wall_s": wall,
+                             "io_s": self.store.io_s - io0}
+        if return_hidden:
+            return logits, x
+        return logits
+
+    def _forward_c(self, tokens, cache, start, T, t0, io0, return_hidden, last_only):
+        """forward() on the C forward: the same results' contract, one C call (engine/c_forward.py)."""
+        c = self.config
+        if not c.is_moe:                        # the store's counters as the PyTorch forward leaves them
+            self.store.count_resident_uses([(l, 0) for l in range(c.n_layers)])
+        x = None if self.c_forward.embed_in_c else self.w["embed"][tokens].to(torch.float32).contiguous()
+        x, rows, unique, picks = self.c_forward.run(tokens, x, cache, start, last_only,
+                                                    routing=self.routing_log is not None)
+        cache.length = start + T
+        if self.routing_log is not None:
+            for l in range(c.n_layers):
+                self.routing_log.append((l, picks[l] if picks is not None else torch.zeros(T, 1, dtype=torch.long)))
+        logits = self.full_logits(rows)
+        used = c.n_layers if unique is None else int(unique.sum())
+        self.last_forward = {"rows": T, "unique_experts": used, "wall_s": time.perf_counter() - t0,
                              "io_s": self.store.io_s - io0}
         if return_hidden:
             return logits, x

@@ -19,6 +19,7 @@ from lessonkit.engine.integrity import check_model_files, lessonkit_home
 from lessonkit.engine.gguf_loader import SMOLLM2_SHA256, load_gguf, smollm2_gguf_path
 
 MODELS_DIR = workbook_path("data", "models")
+CONVERTER_REVISION = 4          # of the converted SmolLM2 folder (smollm2_cache_dir)
 SHIPPED = {
     "tiny-moe": "the workbook's trained OLMoE-style target (8 experts, top-2)",
     "tiny-draft": "the workbook's dense drafter for tiny-moe, distilled from tiny-moe's predictions",
@@ -38,9 +39,10 @@ def list_models() -> list[str]:
 
 def smollm2_cache_dir() -> Path:
     """Where the converted SmolLM2 lives (it may not exist yet)."""
-    # -c3: converter revision (byte-deterministic files; since c3 the Q4_1 / Q8_0 tensors stay blocks, no float32
-    # copy); an older conversion is redone, not reused
-    return lessonkit_home() / "models" / f"smollm2-135m-{SMOLLM2_SHA256[:12]}-c3"
+    # -c4: converter revision (byte-deterministic files; since c3 the Q4_1 / Q8_0 tensors stay blocks, no float32
+    # copy; since c4 the MLP records are in the kernel's packed layout, blocks.LAYOUT_VERSION); an older
+    # conversion is redone from the GGUF (seconds), not reused, and an older folder given by path is refused
+    return lessonkit_home() / "models" / f"smollm2-135m-{SMOLLM2_SHA256[:12]}-c{CONVERTER_REVISION}"
 
 
 def _smollm2_dir() -> Path:

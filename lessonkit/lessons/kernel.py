@@ -15,7 +15,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from lessonkit.engine import kernel
+from lessonkit.engine import c_forward, kernel
+from lessonkit.engine.machine import cpu_name
 from lessonkit.engine.registry import load_model
 from lessonkit.engine.roofline import roofline as measure_roofline
 from lessonkit.speculative.gate import measure_cost_curve
@@ -94,14 +95,32 @@ def engines_to_compare(models) -> list[tuple[str, str, dict]]:
     return out
 
 
+def load_on(name: str, kw: dict, forward: str | None = None):
+    """load_model(name, **kw), built for forward "c" or "torch" (None: the default)."""
+    if forward is None:
+        return load_model(name, **kw)
+    with c_forward.using(forward):
+        return load_model(name, **kw)
+
+
+def forwards_to_compare(models) -> list[tuple[str, str, dict, str | None]]:
+    """The engines above on the default forward, plus smollm2's native blocks on the PyTorch forward when the
+    C forward runs: the same weights and products, the glue around them in Python and PyTorch."""
+    out = [(name, label, kw, None) for name, label, kw in engines_to_compare(models)]
+    if "smollm2-135m" in models and c_forward.requested_path() != "torch" and kernel.BACKEND != "mkl":
+        out.append(("smollm2-135m", "native Q4_1, PyTorch forward", {"weights": "native"}, "torch"))
+    return out
+
+
 def roofline(models=("tiny-moe", "smollm2-135m"), *, tokens: int = 16, repeats: int = 3,
              copy_mb: int = 256) -> tuple[pd.DataFrame, plt.Figure]:
     """Decode time per token against the memory line (weights once at copy bandwidth) and the compute line
     (multiply-adds at the kernel's in-cache rate), for each model on each of its weight paths."""
     rows = []
-    for name, label, kw in tqdm(engines_to_compare(models), desc="roofline", leave=False):
-        rows.append({"model": name, "weights": label} | measure_roofline(load_model(name, **kw), tokens=tokens,
-                                                                         repeats=repeats, copy_mb=copy_mb))
+    for name, label, kw, fwd in tqdm(forwards_to_compare(models), desc="roofline", leave=False):
+        eng = load_on(name, kw, fwd)
+        rows.append({"model": name, "weights": label, "forward": "C" if eng.model.c_forward else "PyTorch"}
+                    | measure_roofline(eng, tokens=tokens, repeats=repeats, copy_mb=copy_mb))
     df = pd.DataFrame(rows)
     fig, ax = plt.subplots(figsize=(7, 0.9 + 0.8 * len(df)))
     y = np.arange(len(df))
@@ -111,7 +130,7 @@ def roofline(models=("tiny-moe", "smollm2-135m"), *, tokens: int = 16, repeats: 
     ax.set_yticks(y, [f"{m}\n{w}" for m, w in zip(df.model, df.weights)])
     ax.set_xscale("log")
     ax.set_xlabel("milliseconds per token (log)")
-    ax.set_title("Decode against the memory and compute lines")
+    ax.set_title(f"Decode against the memory and compute lines\n{cpu_name()}", fontsize=10)
     legend_beside(ax, fontsize=8)
     fig.tight_layout()
     return df, fig

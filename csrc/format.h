@@ -1,0 +1,38 @@
+/* The packed weight format, C side: the constants the kernel multiplies by and lessonkit writes to disk.
+
+The Python side is ONE table, FORMAT in lessonkit/engine/blocks.py (same names, same values);
+tests/test_packed_format.py compiles this header and compares every constant with it, and the
+_Static_asserts below check at compile time that the sizes follow from QK and STRIP. Change a value here
+and there together, and bump LK_LAYOUT_VERSION when the bytes on disk change meaning (converted models
+record it; a reader refuses another layout rather than misread it).
+
+Layout, per strip of STRIP output columns (rows of the GGUF matrix), per block of QK inputs, strips in
+order, blocks in order:
+  Q4_1 (Q41_BLOCK bytes): d[16] f16, m[16] f16, then 16 input pairs x 16 bytes: byte c of pair j holds
+                          column c's code for input 2j (low nibble) and input 2j + 1 (high nibble);
+  Q8_0 (Q80_BLOCK bytes): d[16] f16, then 32 inputs x 16 int8 codes (column c at byte c).
+  float32:                per strip, K inputs x 16 floats (one 64-byte line per input).
+A strip-block holds exactly STRIP rows' llama.cpp blocks (Q41_ROW_BLOCK / Q80_ROW_BLOCK bytes each), so
+packing is a permutation of the GGUF's bytes. */
+#ifndef LK_FORMAT_H
+#define LK_FORMAT_H
+
+#define LK_LAYOUT_VERSION 2   /* of converted models' expert records: 2 = packed at conversion */
+#define QK 32                 /* weights per block (llama.cpp's QK4_1 = QK8_0 = 32) */
+#define STRIP 16              /* columns per packed strip */
+#define Q41_ROW_BLOCK 20      /* llama.cpp block_q4_1: d, m (f16), QK / 2 bytes of nibbles */
+#define Q80_ROW_BLOCK 34      /* llama.cpp block_q8_0: d (f16), QK int8 */
+#define Q41_BLOCK 320         /* bytes of one strip-block: d[16], m[16] (f16), 16 pairs x 16 bytes of nibbles */
+#define Q80_BLOCK 544         /* d[16] (f16), 32 x 16 int8 */
+
+enum { KIND_F32 = -1, KIND_Q41 = 0, KIND_Q80 = 1 };   /* a weight's kind, as kernel.py passes it */
+
+_Static_assert(Q41_ROW_BLOCK == 2 + 2 + QK / 2, "Q4_1 row block: d, m (f16) and QK 4-bit codes");
+_Static_assert(Q80_ROW_BLOCK == 2 + QK, "Q8_0 row block: d (f16) and QK int8 codes");
+_Static_assert(Q41_BLOCK == 2 * STRIP * 2 + STRIP * QK / 2, "Q4_1 strip-block: d[STRIP], m[STRIP] f16, codes");
+_Static_assert(Q80_BLOCK == STRIP * 2 + STRIP * QK, "Q8_0 strip-block: d[STRIP] f16, codes");
+_Static_assert(Q41_BLOCK == STRIP * Q41_ROW_BLOCK, "a Q4_1 strip-block is STRIP row blocks, permuted");
+_Static_assert(Q80_BLOCK == STRIP * Q80_ROW_BLOCK, "a Q8_0 strip-block is STRIP row blocks, permuted");
+_Static_assert(STRIP * sizeof(float) == 64, "one strip row of float32 weights is one 64-byte cache line");
+
+#endif

@@ -1,0 +1,513 @@
+/* forward.c: a whole Llama forward over M rows in one C call (included at the end of rowkernel.c).
+
+Why. A decode step on the PyTorch forward crosses from Python into C about 121 times and runs about 2,400
+PyTorch ops (norms, RoPE, attention, SwiGLU, residuals); on SmolLM2's native blocks that glue took about 40%
+of a step. rk_forward runs every layer of a dense Llama forward (RMSNorm, fused q|k|v product, rotate-half
+RoPE, the new keys and values written into the caller's KV cache, grouped-query attention over positions
+0..p, output product, residual, RMSNorm, fused gate|up product, SiLU, down product, residual) for M new rows
+at positions start .. start + M - 1, then the final RMSNorm and the output layer, in one call.
+
+Numerics (docs/numerics.md is the specification; this file follows it). Every value a row produces depends
+on that row's inputs and position only, never on M, on where the row sits, on the thread count or on the
+instruction set, so decode, verify, any prefill chunking, 1 or 8 threads and the AVX2 or portable paths give
+the same bits:
+  - products: the row kernel above (one fixed-order FMA chain per output);
+  - sums over a vector (RMSNorm's squares, attention's q.k, softmax's denominator): EIGHT SUM_LANES, lane l
+    takes the terms l, l + 8, l + 16, ... in order (a multiply, then an add: two roundings), then the fixed
+    tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), which is how an 8-wide vector register reduces;
+  - attention's weighted sum of values: per output element one chain over the keys in order
+    (o = o + e_j * v_j, two roundings), then one division by the denominator;
+  - exp: exp_lk below, written with + - * and bit operations only (Cody-Waite reduction, Cephes' degree-5
+    polynomial), so every compiler and CPU computes the same float; sqrt and division are IEEE's
+    correctly rounded operations;
+  - RoPE, residuals, SiLU (g / (1 + exp(-g)), times up) and the norm's scaling are elementwise and in the
+    PyTorch forward's order.
+The build has no fused multiply-add outside the products (-ffp-contract=off, portable.h's pragmas), so the
+compiler may vectorise the lane loops (lanes are independent) without changing a bit.
+
+Mixtures of experts (OLMoE-style): per layer a softmax router, the top A of E experts per row (ties: the
+lower id), weights renormalised or not, then batch-union: each expert the M rows chose runs once on the rows
+that chose it, experts in ascending id; a row's output is s_0 w_0 + s_1 w_1 + ... in slot order. Experts are
+streamed by the Python side's expert store: for every expert a layer uses, the forward calls `fetch`, which
+fills the layer's table entry (and may read the expert from disk): one Python call per expert used, none for
+dense models. OLMoE's q/k RMSNorm (over the whole q and k projections) and Mixtral-style clipping of q, k, v
+are applied before RoPE, as in the PyTorch forward.
+
+Layout. plan (int64): 8 globals then 15 per layer:
+  final_norm [D], lm_head (packed [D, V]), lm_head kind, cos [R, hd], sin [R, hd],
+  the embedding: address, kind (-1: float32 rows [NV, D]; 0 / 1: a tied output layer's packed Q4_1 / Q8_0
+  strip-blocks, row t = column t, dequantised as the loader does: d * q (+ m), two roundings), NV rows;
+  per layer: attn_norm [D], wqkv (packed [D, nq + 2 nkv]), its kind, wo (packed [nq, D]), its kind,
+             mlp_norm [D], gate_up (packed [D, 2I]), its kind, down (packed [I, D]), its kind (dense only),
+             q_norm [nq], k_norm [nkv] (qk_norm only), router (packed [D, E]), its kind (MoE only),
+             the layer's expert table (MoE only): int64 [E, 4] of gate_up address, kind, down address, kind.
+  A kind is -1 (float32 strips), 0 (Q4_1 strip-blocks) or 1 (Q8_0 strip-blocks).
+dims (int64): L, D, H, G, hd, I, V, R (rows of the rope tables), E, A, norm_topk, qk_norm, prefetch (1: before
+  a MoE layer fetches its experts, it calls fetch(layer + 1, e, NULL) for the experts the next layer's router
+  would pick for this layer's input, the PyTorch forward's one-layer-ahead guess).
+The KV cache: k and v [L, alloc, G, hd] float32, rows start .. start + M - 1 of every layer written here.
+x [M, D]: the embeddings in (or looked up here from tokens [M] when tokens is not 0), the residual stream out
+  (what the PyTorch forward returns as its hidden state).
+logits [M - first, V]: the output layer for rows first .. M - 1 (first = M - 1: the last row only).
+
+Threads. Products split their strips over the pool (above); attention splits its (row, head) pairs; each
+value is still computed by one thread in one order. The elementwise stages run on the calling thread. */
+
+#define SUM_LANES 8
+
+/* the helpers below are inlined into each path's copy of a hot loop (attention, SwiGLU): the AVX2 copy is the
+   same C compiled for 256-bit vectors (target "avx2", no "fma": nothing can be fused), the portable copy for
+   the build's baseline; lanes are independent, so vectorising them changes no bit (tests compare the two) */
+#if defined(__GNUC__)
+#define FWD_INLINE static inline __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#define FWD_INLINE static __forceinline
+#else
+#define FWD_INLINE static inline
+#endif
+
+FWD_INLINE float lane_tree(const float s[SUM_LANES])
+{
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
+/* sum of a[i] * b[i], eight lanes then the tree */
+FWD_INLINE float dot_lanes(const float *a, const float *b, int64_t n)
+{
+    float s[SUM_LANES] = {0};
+    int64_t i = 0;
+    for (; i + SUM_LANES <= n; i += SUM_LANES)
+        for (int l = 0; l < SUM_LANES; l++) s[l] = s[l] + a[i + l] * b[i + l];
+    for (int l = 0; i + l < n; l++) s[l] = s[l] + a[i + l] * b[i + l];
+    return lane_tree(s);
+}
+
+FWD_INLINE float sum_lanes(const float *a, int64_t n)
+{
+    float s[SUM_LANES] = {0};
+    int64_t i = 0;
+    for (; i + SUM_LANES <= n; i += SUM_LANES)
+        for (int l = 0; l < SUM_LANES; l++) s[l] = s[l] + a[i + l];
+    for (int l = 0; i + l < n; l++) s[l] = s[l] + a[i + l];
+    return lane_tree(s);
+}
+
+/* exp(x) from + - * and bit operations only: n = round(x log2 e) (the 1.5 * 2^23 trick rounds to nearest
+   even), r = x - n ln2 in two steps (Cody-Waite: n * C1 is exact, C1 has 9 significant bits), Cephes'
+   expf polynomial on |r| <= ln2 / 2, times 2^n built from its bits. x < -87.3 gives 0, x > 88.3 infinity,
+   NaN passes. Within 2 ulp of the true value on the range (tests/test_forward.py measures it). */
+FWD_INLINE float exp_lk(float x)
+{
+    const float xc = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
+    const float t = xc * 1.44269504088896341f + 12582912.0f;
+    const float n = t - 12582912.0f;
+    float r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    const float z = r * r;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * z + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    const float e = y * scale;
+    return x != x ? x : x < -87.3f ? 0.0f : x > 88.3f ? INFINITY : e;
+}
+
+RK_EXPORT int32_t rk_exp_many(uintptr_t x, uintptr_t out, int64_t n)
+{
+    const float *px = (const float *)x;
+    float *po = (float *)out;
+    if (n < 0) return RK_BAD_SIZES;
+    for (int64_t i = 0; i < n; i++) po[i] = exp_lk(px[i]);
+    return RK_OK;
+}
+
+static void rms_rows(const float *x, const float *w, float *out, int64_t m, int64_t d, float eps)
+{
+    for (int64_t r = 0; r < m; r++) {
+        const float *xr = x + r * d;
+        float *o = out + r * d;
+        const float ss = dot_lanes(xr, xr, d);
+        const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+        for (int64_t i = 0; i < d; i++) o[i] = w[i] * (xr[i] * inv);
+    }
+}
+
+/* rotate-half RoPE of `heads` heads of one row at one position, as the PyTorch forward computes it:
+   x * cos + rotate_half(x) * sin, two products then an add */
+static void rope_row(float *x, int64_t heads, int64_t hd, const float *cos, const float *sin)
+{
+    const int64_t half = hd / 2;
+    for (int64_t h = 0; h < heads; h++) {
+        float *v = x + h * hd;
+        for (int64_t i = 0; i < half; i++) {
+            const float a = v[i], b = v[i + half];
+            v[i] = a * cos[i] + (-b) * sin[i];
+            v[i + half] = b * cos[i + half] + a * sin[i + half];
+        }
+    }
+}
+
+typedef struct {
+    const float *qkv;       /* [M, nq + 2 nkv], q already rotated */
+    int64_t ldqkv, start, H, G, hd, nkv;
+    const float *k, *v;     /* this layer's cache rows [alloc, G, hd] */
+    float *out;             /* [M, nq] */
+    float *scores;          /* per part: start + M floats */
+    int64_t slen;
+    float scale;
+    int64_t pairs;          /* M * H */
+    int avx2;
+} attention_t;
+
+FWD_INLINE void attention_body(const attention_t *a, int part, int parts)
+{
+    const int64_t p0 = a->pairs * part / parts, p1 = a->pairs * (part + 1) / parts, rep = a->H / a->G;
+    float *sc = a->scores + (int64_t)part * a->slen;
+    for (int64_t pr = p0; pr < p1; pr++) {
+        const int64_t r = pr / a->H, h = pr % a->H, g = h / rep, S = a->start + r + 1;
+        const float *q = a->qkv + r * a->ldqkv + h * a->hd;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < S; j++) {
+            sc[j] = dot_lanes(q, a->k + j * a->nkv + g * a->hd, a->hd) * a->scale;
+            mx = sc[j] > mx ? sc[j] : mx;
+        }
+        for (int64_t j = 0; j < S; j++) sc[j] = exp_lk(sc[j] - mx);
+        const float sum = sum_lanes(sc, S);
+        float *o = a->out + r * a->H * a->hd + h * a->hd;
+        for (int64_t i = 0; i < a->hd; i++) o[i] = 0.0f;
+        for (int64_t j = 0; j < S; j++) {
+            const float e = sc[j], *vr = a->v + j * a->nkv + g * a->hd;
+            for (int64_t i = 0; i < a->hd; i++) o[i] = o[i] + e * vr[i];
+        }
+        for (int64_t i = 0; i < a->hd; i++) o[i] = o[i] / sum;
+    }
+}
+
+static void attention_portable(void *ctx, int part, int parts)
+{
+    attention_body((const attention_t *)ctx, part, parts);
+}
+
+#if HAVE_X86
+RK_TARGET("avx2") static void attention_avx2(void *ctx, int part, int parts)
+{
+    attention_body((const attention_t *)ctx, part, parts);
+}
+#endif
+
+/* the attention pairs on the pool when it is free, else alone (as run_product) */
+static void run_attention(attention_t *a)
+{
+    void (*part)(void *, int, int) = attention_portable;
+#if HAVE_X86
+    if (a->avx2) part = attention_avx2;
+#endif
+    if (rk_mutex_trylock(&pool_lock) == 0) {
+        const int parts = (int)(a->pairs < pool_size ? a->pairs : pool_size);
+        run_parts(part, a, parts);
+        rk_mutex_unlock(&pool_lock);
+        return;
+    }
+    part(a, 0, 1);
+}
+
+static int fwd_product(const float *x, int64_t ldx, int64_t m, int64_t k, uint64_t w, int64_t kind, float *y,
+                       int64_t ldy, int64_t n, int avx2)
+{
+    product_t p = {0};
+    p.x = x, p.ldx = ldx, p.m = m, p.k = k, p.w = (const void *)(uintptr_t)w, p.kind = (int)kind;
+    p.y = y, p.ldy = ldy, p.n = n, p.avx2 = avx2;
+    return run_product(&p) ? RK_NO_MEMORY : RK_OK;
+}
+
+#define STEP(call) do { if (rc == RK_OK) rc = (call); } while (0)   /* the first error code stays */
+
+/* ---- where a forward's time goes (lessonkit bench native): off unless rk_profile turned it on --------
+groups: 0 elementwise (norms, RoPE, residuals, cache writes), 1 attention products (q|k|v, o), 2 attention
+itself, 3 MLP / router / experts, 4 output layer (final norm and logits), 5 expert fetches (Python calls) */
+#define PROF_GROUPS 6
+static int prof_on;
+static double prof_s[PROF_GROUPS], prof_fetch_s;
+static inline void prof_mark(double *t, int group)
+{
+    if (!prof_on) return;
+    const double now = rk_now_s();
+    prof_s[group] += now - *t;
+    *t = now;
+}
+
+/* on: 1 starts (and zeroes) the counters, 0 stops; out: PROF_GROUPS seconds accumulated so far (may be 0) */
+RK_EXPORT int32_t rk_profile(int32_t on, uintptr_t out)
+{
+    if (out) memcpy((double *)out, prof_s, sizeof prof_s);
+    if (on) { memset(prof_s, 0, sizeof prof_s); prof_fetch_s = 0.0; }
+    prof_on = on != 0;
+    return RK_OK;
+}
+#define PLAN_GLOBALS 8
+#define PLAN_LAYER 15
+
+/* SwiGLU of m rows: h = silu(g) * u written over g (gu [m, 2I]: g then u), in the PyTorch forward's order */
+FWD_INLINE void swiglu_body(float *gu, int64_t m, int64_t I)
+{
+    for (int64_t r = 0; r < m; r++) {
+        float *g = gu + r * 2 * I;
+        for (int64_t i = 0; i < I; i++) g[i] = g[i] / (1.0f + exp_lk(-g[i])) * g[I + i];
+    }
+}
+
+static void swiglu_portable(float *gu, int64_t m, int64_t I) { swiglu_body(gu, m, I); }
+#if HAVE_X86
+RK_TARGET("avx2") static void swiglu_avx2(float *gu, int64_t m, int64_t I) { swiglu_body(gu, m, I); }
+#endif
+
+static void swiglu_rows(float *gu, int64_t m, int64_t I, int avx2)
+{
+#if HAVE_X86
+    if (avx2) { swiglu_avx2(gu, m, I); return; }
+#endif
+    (void)avx2;
+    swiglu_portable(gu, m, I);
+}
+
+/* fetch(layer, expert, entry): fills entry[4] = gate_up address, its kind, down address, its kind (the Python
+   side's expert store reads the expert from disk if it must); 0 on success. Called once per expert a layer
+   uses, in expert order, when the layer's table holds no address for it. */
+typedef int64_t (*fetch_fn)(int64_t, int64_t, int64_t *);
+
+typedef struct {
+    int64_t L, D, H, G, hd, I, V, R, E, A, norm_topk, qk_norm, prefetch;
+    float eps, clip;
+    int avx2;
+} shape_t;
+
+/* the router and the experts of one MoE layer on xn [M, D]: out [M, D] = sum over the row's top-A experts of
+   weight * expert(xn); experts taken in ascending id, each once for all the rows that chose it (batch-union) */
+static int moe_layer(const shape_t *c, int64_t l, const int64_t *p, const float *xn, int64_t M, float *out,
+                     float *work, int64_t *topi, int64_t *unique, fetch_fn fetch)
+{
+    const int64_t D = c->D, I = c->I, E = c->E, A = c->A;
+    float *probs = work, *topw = probs + M * E, *xe = topw + M * A, *ge = xe + M * D, *slots = ge + M * 2 * I;
+    float *ahead = slots + M * A * D;
+    int64_t *rows = (int64_t *)malloc((size_t)M * sizeof(int64_t));
+    if (!rows) return RK_NO_MEMORY;
+    int rc = RK_OK;
+    STEP(fwd_product(xn, D, M, D, (uint64_t)p[12], p[13], probs, E, E, c->avx2));
+    for (int64_t r = 0; r < M && rc == 0; r++) {            /* softmax, then the top A (ties: lower id first) */
+        float *pr = probs + r * E, mx = -INFINITY;
+        for (int64_t e = 0; e < E; e++) mx = pr[e] > mx ? pr[e] : mx;
+        for (int64_t e = 0; e < E; e++) pr[e] = exp_lk(pr[e] - mx);
+        const float z = sum_lanes(pr, E);
+        for (int64_t e = 0; e < E; e++) pr[e] = pr[e] / z;
+        for (int64_t a = 0; a < A; a++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                int taken = 0;
+                for (int64_t b = 0; b < a; b++) taken |= topi[r * A + b] == e;
+                if (!taken && (best < 0 || pr[e] > pr[best])) best = e;
+            }
+            topi[r * A + a] = best, topw[r * A + a] = pr[best];
+        }
+        if (c->norm_topk) {
+            float sw = topw[r * A];
+            for (int64_t a = 1; a < A; a++) sw = sw + topw[r * A + a];
+            for (int64_t a = 0; a < A; a++) topw[r * A + a] = topw[r * A + a] / sw;
+        }
+    }
+    if (c->prefetch && fetch && l + 1 < c->L && rc == RK_OK) {
+        /* one-layer-ahead prefetch, as the PyTorch forward guesses it: this layer's input routed by the next
+           layer's router (top A of its logits), each expert of the union handed to fetch with no entry */
+        const int64_t *pn = p + PLAN_LAYER;
+        STEP(fwd_product(xn, D, M, D, (uint64_t)pn[12], pn[13], ahead, E, E, c->avx2));
+        for (int64_t e = 0; e < E && rc == RK_OK; e++) {
+            int wanted = 0;
+            for (int64_t r = 0; r < M && !wanted; r++) {
+                int64_t above = 0;                       /* e is in row r's top A: fewer than A rank above it */
+                for (int64_t f = 0; f < E; f++)
+                    above += ahead[r * E + f] > ahead[r * E + e] || (ahead[r * E + f] == ahead[r * E + e] && f < e);
+                wanted = above < A;
+            }
+            if (wanted && fetch(l + 1, e, NULL) != 0) rc = RK_FETCH_FAILED;
+        }
+    }
+    int64_t *table = (int64_t *)(uintptr_t)p[14];
+    *unique = 0;
+    for (int64_t e = 0; e < E && rc == 0; e++) {
+        int64_t n = 0;
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t a = 0; a < A; a++)
+                if (topi[r * A + a] == e) rows[n++] = r * A + a;
+        if (!n) continue;
+        (*unique)++;
+        int64_t *entry = table + 4 * e;
+        const double tf = prof_on ? rk_now_s() : 0.0;
+        if (fetch && fetch(l, e, entry) != 0) { rc = RK_FETCH_FAILED; break; }
+        if (prof_on) prof_fetch_s += rk_now_s() - tf;
+        if (!entry[0] || !entry[2]) { rc = RK_BAD_SIZES; break; }
+        for (int64_t j = 0; j < n; j++) memcpy(xe + j * D, xn + (rows[j] / A) * D, (size_t)D * sizeof(float));
+        STEP(fwd_product(xe, D, n, D, (uint64_t)entry[0], entry[1], ge, 2 * I, 2 * I, c->avx2));
+        swiglu_rows(ge, n, I, c->avx2);
+        float *de = xe;                                      /* the gathered rows are no longer needed */
+        STEP(fwd_product(ge, 2 * I, n, I, (uint64_t)entry[2], entry[3], de, D, D, c->avx2));
+        for (int64_t j = 0; j < n; j++) memcpy(slots + rows[j] * D, de + j * D, (size_t)D * sizeof(float));
+    }
+    for (int64_t r = 0; r < M && rc == 0; r++) {            /* y = s0 * w0, then + s_a * w_a in slot order */
+        float *o = out + r * D;
+        const float *s0 = slots + r * A * D;
+        for (int64_t i = 0; i < D; i++) o[i] = s0[i] * topw[r * A];
+        for (int64_t a = 1; a < A; a++) {
+            const float *sa = slots + (r * A + a) * D, w = topw[r * A + a];
+            for (int64_t i = 0; i < D; i++) o[i] = o[i] + sa[i] * w;
+        }
+    }
+    free(rows);
+    return rc;
+}
+
+/* row t of the embedding into out [D]: float32 rows, or column t of a tied output layer's strip-blocks */
+static int embed_row(const int64_t *plan, int64_t t, int64_t D, float *out)
+{
+    const int64_t kind = plan[6], nv = plan[7];
+    if (t < 0 || t >= nv) return RK_BAD_SIZES;
+    if (kind == KIND_F32) {
+        memcpy(out, (const float *)(uintptr_t)plan[5] + t * D, (size_t)D * sizeof(float));
+        return RK_OK;
+    }
+    const uint8_t *w = (const uint8_t *)(uintptr_t)plan[5] + (t / STRIP) * strip_bytes((int)kind, D);
+    const int c = (int)(t % STRIP);
+    for (int64_t b = 0; b < D / QK; b++) {
+        float *o = out + b * QK;
+        if (kind == KIND_Q41) {
+            const uint8_t *blk = w + b * Q41_BLOCK;
+            const float d = half_to_float(blk + 2 * c), m = half_to_float(blk + 32 + 2 * c);
+            for (int j = 0; j < QK / 2; j++) {
+                const uint8_t q = blk[64 + STRIP * j + c];
+                o[2 * j] = (float)(q & 15) * d + m;
+                o[2 * j + 1] = (float)(q >> 4) * d + m;
+            }
+        } else {
+            const uint8_t *blk = w + b * Q80_BLOCK;
+            const float d = half_to_float(blk + 2 * c);
+            for (int i = 0; i < QK; i++) o[i] = (float)(int8_t)blk[32 + STRIP * i + c] * d;
+        }
+    }
+    return RK_OK;
+}
+
+static void clip_rows(float *v, int64_t n, float clip)
+{
+    for (int64_t i = 0; i < n; i++) v[i] = v[i] < -clip ? -clip : v[i] > clip ? clip : v[i];
+}
+
+/* plan_a, dims_a: see the top of this file; routing_a: int64 [L, M, A] of the experts each row chose (MoE) and
+   int64 [L] of the experts each layer used (both may be 0); fetch_a: a fetch_fn, or 0 when every table is full */
+RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, float clip, uintptr_t x_a,
+                             uintptr_t tokens_a, int64_t M,
+                             int64_t start, uintptr_t kc_a, uintptr_t vc_a, int64_t alloc, uintptr_t logits_a,
+                             int64_t first, int32_t use_avx2, uintptr_t routing_a, uintptr_t unique_a,
+                             uintptr_t fetch_a)
+{
+    const int64_t *plan = (const int64_t *)plan_a, *dims = (const int64_t *)dims_a;
+    shape_t c = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9], dims[10],
+                 dims[11], dims[12], eps, clip, use_avx2 != 0};
+    const int64_t L = c.L, D = c.D, H = c.H, G = c.G, hd = c.hd, I = c.I, V = c.V, E = c.E, A = c.A;
+    if (L < 1 || D < 1 || H < 1 || G < 1 || H % G || hd < 2 || hd % 2 || I < 1 || V < 1 || M < 1 || start < 0 ||
+        start + M > alloc || start + M > c.R || first < 0 || first >= M || E < 1 || A < 1 || A > E)
+        return RK_BAD_SIZES;
+    if (tokens_a && (plan[6] < -1 || plan[6] > 1 || (plan[6] >= 0 && D % QK))) return RK_BAD_KIND;
+    for (int64_t l = -1; l < L; l++) {               /* every weight's kind, and K a multiple of 32 for blocks */
+        const int64_t *p = plan + PLAN_GLOBALS + PLAN_LAYER * l;
+        const int64_t kinds[5] = {l < 0 ? plan[2] : p[2], l < 0 ? -1 : p[4], l < 0 || E > 1 ? -1 : p[7],
+                                  l < 0 || E > 1 ? -1 : p[9], l < 0 || E == 1 ? -1 : p[13]};
+        const int64_t ks[5] = {D, H * hd, D, I, D};
+        for (int i = 0; i < 5; i++)
+            if (kinds[i] < -1 || kinds[i] > 1 || (kinds[i] >= 0 && ks[i] % QK)) return RK_BAD_KIND;
+    }
+    if (!choose_matmul(use_avx2))
+        return RK_NO_AVX2;
+#if !HAVE_X86
+    c.avx2 = 0;
+#endif
+    const int avx2 = c.avx2;
+    const int64_t nq = H * hd, nkv = G * hd, nqkv = nq + 2 * nkv, S = start + M;
+    float *x = (float *)x_a, *logits = (float *)logits_a;
+    float *kc = (float *)kc_a, *vc = (float *)vc_a;
+    int64_t *routing = (int64_t *)routing_a, *unique = (int64_t *)unique_a;
+    const float *cos = (const float *)(uintptr_t)plan[3], *sin = (const float *)(uintptr_t)plan[4];
+    /* scratch: xn [M, D], qkv [M, nqkv], att [M, nq], mix [M, D], gu [M, 2I], scores [MAXT, S];
+       an MoE layer's work: probs [M, E], topw [M, A], xe [M, D], ge [M, 2I], slots [M A, D], ahead [M, E];
+       topi [M, A] */
+    const size_t moe = E > 1 ? (size_t)M * (size_t)(2 * E + A + D + 2 * I + A * D) : 0;
+    const size_t need = (size_t)M * (size_t)(2 * D + nqkv + nq + 2 * I) + (size_t)MAXT * (size_t)S + moe;
+    float *buf = (float *)malloc(need * sizeof(float));
+    int64_t *topi = (int64_t *)malloc((size_t)(M * A) * sizeof(int64_t));
+    if (!buf || !topi) { free(buf); free(topi); return RK_NO_MEMORY; }
+    float *xn = buf, *qkv = xn + M * D, *att = qkv + M * nqkv, *mix = att + M * nq, *gu = mix + M * D;
+    float *scores = gu + M * 2 * I, *work = scores + (int64_t)MAXT * S;
+    int rc = RK_OK;
+    if (tokens_a)
+        for (int64_t r = 0; r < M && rc == RK_OK; r++) rc = embed_row(plan, ((const int64_t *)tokens_a)[r], D, x + r * D);
+    attention_t a = {0};
+    a.qkv = qkv, a.ldqkv = nqkv, a.start = start, a.H = H, a.G = G, a.hd = hd, a.nkv = nkv, a.out = att;
+    a.scores = scores, a.slen = S, a.scale = 1.0f / sqrtf((float)hd), a.pairs = M * H, a.avx2 = avx2;
+    double t = prof_on ? rk_now_s() : 0.0;
+    for (int64_t l = 0; l < L && rc == 0; l++) {
+        const int64_t *p = plan + PLAN_GLOBALS + PLAN_LAYER * l;
+        float *kl = kc + l * alloc * nkv, *vl = vc + l * alloc * nkv;
+        rms_rows(x, (const float *)(uintptr_t)p[0], xn, M, D, eps);
+        prof_mark(&t, 0);
+        STEP(fwd_product(xn, D, M, D, (uint64_t)p[1], p[2], qkv, nqkv, nqkv, avx2));
+        prof_mark(&t, 1);
+        for (int64_t r = 0; r < M; r++) {
+            float *row = qkv + r * nqkv;
+            const float *cr = cos + (start + r) * hd, *sr = sin + (start + r) * hd;
+            if (clip > 0.0f) clip_rows(row, nqkv, clip);
+            if (c.qk_norm) {                                 /* OLMoE: RMSNorm over the whole q and k */
+                rms_rows(row, (const float *)(uintptr_t)p[10], row, 1, nq, eps);
+                rms_rows(row + nq, (const float *)(uintptr_t)p[11], row + nq, 1, nkv, eps);
+            }
+            rope_row(row, H + G, hd, cr, sr);                /* q heads then k heads: adjacent in the row */
+            memcpy(kl + (start + r) * nkv, row + nq, (size_t)nkv * sizeof(float));
+            memcpy(vl + (start + r) * nkv, row + nq + nkv, (size_t)nkv * sizeof(float));
+        }
+        a.k = kl, a.v = vl;
+        prof_mark(&t, 0);
+        run_attention(&a);
+        prof_mark(&t, 2);
+        STEP(fwd_product(att, nq, M, nq, (uint64_t)p[3], p[4], mix, D, D, avx2));
+        prof_mark(&t, 1);
+        for (int64_t i = 0; i < M * D; i++) x[i] = x[i] + mix[i];
+        rms_rows(x, (const float *)(uintptr_t)p[5], xn, M, D, eps);
+        prof_mark(&t, 0);
+        const double fetched = prof_fetch_s;
+        if (E == 1) {
+            STEP(fwd_product(xn, D, M, D, (uint64_t)p[6], p[7], gu, 2 * I, 2 * I, avx2));
+            swiglu_rows(gu, M, I, avx2);
+            STEP(fwd_product(gu, 2 * I, M, I, (uint64_t)p[8], p[9], mix, D, D, avx2));
+            if (unique) unique[l] = 1;
+        } else {
+            int64_t used = 0;
+            STEP(moe_layer(&c, l, p, xn, M, mix, work, topi, &used, (fetch_fn)fetch_a));
+            if (routing) memcpy(routing + l * M * A, topi, (size_t)(M * A) * sizeof(int64_t));
+            if (unique) unique[l] = used;
+        }
+        if (prof_on) { prof_s[3] -= prof_fetch_s - fetched; prof_s[5] += prof_fetch_s - fetched; }
+        prof_mark(&t, 3);
+        for (int64_t i = 0; i < M * D; i++) x[i] = x[i] + mix[i];
+        prof_mark(&t, 0);
+    }
+    if (rc == 0) {
+        rms_rows(x + first * D, (const float *)(uintptr_t)plan[0], xn, M - first, D, eps);
+        STEP(fwd_product(xn, D, M - first, D, (uint64_t)plan[1], plan[2], logits, V, V, avx2));
+        prof_mark(&t, 4);
+    }
+    free(buf);
+    free(topi);
+    return rc;
+}

@@ -1,0 +1,193 @@
+"""`lessonkit bench streaming`: what an expert miss costs, the old layout (packed at every load) against the
+new one (packed once, on disk: lessonkit.engine.blocks, format 2), side by side in one process.
+
+The model (tiny-moe by default; smollm2-135m streams its MLPs as one expert a layer) is written into a
+temporary folder in both layouts, from the same records: format 1 (float [3, I, D], or GGUF rows for native
+blocks) and format 2. Two measures, each layout in turn within every repeat (medians):
+- a miss alone: every expert read through each store (`ExpertStore._read`: the read and the placement
+  into weights), and the bare positioned read of the same bytes, so placement = miss - read;
+- streaming: greedy decode with a small expert budget (one layer's experts, two for a dense model), the
+  store's own timer over its misses (ms per miss) and tokens per second; tokens compared (==).
+Pack calls (blocks.pack_blocks, kernel.pack_strips) are counted while the new layout streams: none is the goal.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from safetensors.torch import load_file, save_file
+
+from lessonkit.bench.common import goal, machine_info
+from lessonkit.engine import blocks as qb
+from lessonkit.engine import kernel
+from lessonkit.engine.checkpoint import experts_layout, save_packed_experts
+from lessonkit.engine.config import ModelConfig
+from lessonkit.engine.engine import Engine
+from lessonkit.engine.expert_store import ExpertStore
+from lessonkit.engine.generate import generate
+from lessonkit.engine.portable_io import read_at
+from lessonkit.engine.registry import resolve_model_dir
+
+PROMPTS = ["The expert cache keeps the most recently used", "def parse_config(path):\n    "]
+LAYOUTS = ("format 1: packed at every load", "format 2: packed on disk")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (lscpu's), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@contextlib.contextmanager
+def count_packs():
+    """{"pack_blocks": n, "pack_strips": n}: calls of the two packing functions while the block runs."""
+    calls = {"pack_blocks": 0, "pack_strips": 0}
+    originals = [(qb, "pack_blocks", qb.pack_blocks), (kernel, "pack_strips", kernel.pack_strips)]
+
+    def counted(name, fn):
+        def wrapper(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+        return wrapper
+
+    for mod, name, fn in originals:
+        setattr(mod, name, counted(name, fn))
+    try:
+        yield calls
+    finally:
+        for mod, name, fn in originals:
+            setattr(mod, name, fn)
+
+
+def _link(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)                 # the dense weights are only read: a hard link spares the copy
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def layout_copies(model_dir: Path, tmp: Path) -> tuple[Path, Path]:
+    """(format-1 folder, format-2 folder) of one model, both written from its own expert records."""
+    c = ModelConfig.load(model_dir / "config.json")
+    src = model_dir / "experts.safetensors"
+    records = load_file(src)
+    if experts_layout(src) == 2:
+        records = {k: qb.unpack_expert(v, c.intermediate_size, c.dim, k) for k, v in records.items()}
+    out = []
+    for name in ("format1", "format2"):
+        d = tmp / name
+        d.mkdir()
+        for f in model_dir.iterdir():
+            if f.is_file() and f.name.endswith((".json", ".safetensors", ".jinja")) and \
+                    f.name not in ("experts.safetensors", "manifest.json"):
+                _link(f, d / f.name)
+        out.append(d)
+    save_file(records, out[0] / "experts.safetensors", metadata={"format": "lessonkit-stream-v1"})
+    save_packed_experts(records, out[1] / "experts.safetensors", c)
+    return out[0], out[1]
+
+
+def _engine(new_dir: Path, experts_file: Path, n_experts: int) -> Engine:
+    """An engine on new_dir streaming its experts from experts_file (either layout: legacy_rows lets the store
+    read format 1's GGUF rows, which an engine refuses) with a budget of n_experts experts."""
+    eng = Engine(new_dir)
+    c = eng.config
+    eng.store.close()
+    eng.store = eng.model.store = _store(experts_file, c, eng.weights == "native", n_experts * eng.expert_bytes)
+    return eng
+
+
+def _store(path: Path, c: ModelConfig, native: bool, budget: int | None = None) -> ExpertStore:
+    return ExpertStore(path, c.n_layers, c.n_experts, (3, c.intermediate_size, c.dim), budget_bytes=budget,
+                       native=native, legacy_rows=True)
+
+
+def miss_alone(stores: dict, repeats: int) -> dict:
+    """Median ms of one miss (read + placement) and of the bare read of the same bytes, per store."""
+    out = {}
+    times = {name: {"miss": [], "read": []} for name in stores}
+    for _ in range(repeats):
+        for name, st in stores.items():
+            for key, (off, n, *_rest) in st._entries.items():
+                t0 = time.perf_counter()
+                st._read(key)
+                times[name]["miss"].append(time.perf_counter() - t0)
+                buf = np.empty(n, dtype=np.uint8)
+                t0 = time.perf_counter()
+                read_at(st._fd, buf, off)
+                times[name]["read"].append(time.perf_counter() - t0)
+    for name, t in times.items():
+        miss, read = statistics.median(t["miss"]) * 1e3, statistics.median(t["read"]) * 1e3
+        out[name] = {"miss_ms": miss, "read_ms": read, "place_ms": miss - read}
+    return out
+
+
+def streaming(engines: dict, prompts: list[list[int]], n_new: int, repeats: int) -> tuple[dict, dict, dict]:
+    """Per engine: median ms per miss (the store's timer), tokens/s, misses a run; the tokens; pack calls of
+    the format-2 engine."""
+    runs = {name: {"ms_per_miss": [], "tokens_per_s": []} for name in engines}
+    tokens, misses, packs = {}, {}, {}
+    for _ in range(repeats):
+        for name, eng in engines.items():
+            eng.store.clear()
+            eng.store.reset_counters()
+            with count_packs() as calls:
+                t0 = time.perf_counter()
+                tokens[name] = [generate(eng, p, n_new, use_eos=False).token_ids for p in prompts]
+                wall = time.perf_counter() - t0
+            packs[name] = dict(calls)
+            st = eng.store
+            misses[name] = st.misses
+            runs[name]["ms_per_miss"].append(st.io_s / max(st.misses, 1) * 1e3)
+            runs[name]["tokens_per_s"].append(n_new * len(prompts) / wall)
+    med = {name: {k: statistics.median(v) for k, v in r.items()} | {"misses": misses[name]}
+           for name, r in runs.items()}
+    return med, tokens, packs
+
+
+def bench(args) -> dict:
+    smoke = getattr(args, "smoke", False)
+    model = getattr(args, "model", None) or "tiny-moe"
+    repeats = 1 if smoke else max(1, getattr(args, "repeats", None) or 5)
+    n_new = 8 if smoke else 32
+    name, model_dir = resolve_model_dir(model)
+    with tempfile.TemporaryDirectory(prefix="lessonkit-streaming-") as tmp:
+        old_dir, new_dir = layout_copies(model_dir, Path(tmp))
+        files = {LAYOUTS[0]: old_dir / "experts.safetensors", LAYOUTS[1]: new_dir / "experts.safetensors"}
+        c = ModelConfig.load(new_dir / "config.json")
+        budget = c.n_experts if c.is_moe else 2            # one layer's experts: every layer misses
+        engines = {lay: _engine(new_dir, f, budget) for lay, f in files.items()}
+        native = engines[LAYOUTS[1]].weights == "native"
+        prompts = [engines[LAYOUTS[1]].encode(p) for p in (PROMPTS[:1] if smoke else PROMPTS)]
+        stores = {lay: _store(f, c, native) for lay, f in files.items()}
+        alone = miss_alone(stores, repeats)
+        med, tokens, packs = streaming(engines, prompts, n_new, repeats)
+        weights = engines[LAYOUTS[1]].weights
+        for st in [*stores.values(), *(eng.store for eng in engines.values())]:
+            st.close()                    # before the folder goes (Windows keeps open files)
+    same = tokens[LAYOUTS[0]] == tokens[LAYOUTS[1]]
+    rows = [{"name": lay, "miss_ms": round(alone[lay]["miss_ms"], 3), "read_ms": round(alone[lay]["read_ms"], 3),
+             "place_ms": round(alone[lay]["place_ms"], 3), "stream_ms_per_miss": round(med[lay]["ms_per_miss"], 3),
+             "misses_per_run": med[lay]["misses"], "tokens_per_s": round(med[lay]["tokens_per_s"], 2),
+             "pack_calls": sum(packs[lay].values()), "identical_tokens": same} for lay in LAYOUTS]
+    ratio = alone[LAYOUTS[1]]["miss_ms"] / alone[LAYOUTS[0]]["miss_ms"]
+    n_packs = sum(packs[LAYOUTS[1]].values())
+    targets = [goal("pack calls while streaming the packed layout", n_packs, "0", n_packs == 0),
+               goal("identical tokens, old vs packed layout", same, "true", same),
+               goal("ms per miss, packed / old layout", round(ratio, 3), "< 1", ratio < 1)]
+    return {"bench": "streaming", "model": name, "machine": machine_info() | {"cpu": cpu_name()},
+            "weights": weights, "expert_budget": f"{budget} experts", "new_tokens_per_prompt": n_new,
+            "repeats": repeats, "rows": rows, "targets": targets}

@@ -1,0 +1,238 @@
+"""The whole forward of a dense Llama in one C call (csrc/forward.c), and when the engine takes it.
+
+`Transformer.forward` runs a dense model's M new rows (decode M = 1, verify k + 1, a prefill chunk) through
+`CForward.run` when `plan_for` finds everything the C forward needs: the C kernel loaded (avx2 or portable
+backend), float32 compute and every product's weight packed for the kernel (float32 strips or native Q4_1 /
+Q8_0 strip-blocks). Dense Llama models run in one C call per forward; a mixture of experts too, with one
+Python call per expert a layer uses (`fetch`: the expert store reads it, from disk if it must), so the store's
+counters and eviction order are the PyTorch forward's. Otherwise, and when LESSONKIT_FORWARD=torch asks for
+it, the PyTorch forward in model.py runs: the reference the C forward is tested against, and the path
+without a kernel binary (and the one with the one-layer-ahead expert prefetch).
+
+The C forward's numerics are specified in docs/numerics.md: every value depends on its row and position
+only, so its logits are equal bit for bit across M, prefill chunking, thread counts, the AVX2 and portable
+paths, and native vs float32 weights. Against the PyTorch forward the products are equal; the sums (RMSNorm,
+attention) run in another fixed order and exp is the forward's own, so logits differ by a measured bound
+(tests/test_forward.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+
+import torch
+
+from lessonkit.engine import blocks as qb
+from lessonkit.engine import kernel
+from lessonkit.engine.errors import LessonkitError
+
+KIND = {"f32": -1, "q4_1": 0, "q8_0": 1}
+
+
+_FORCED: str | None = None        # set by `using`: models built inside take that forward
+
+
+@contextlib.contextmanager
+def using(path: str):
+    """Models built inside the block take forward `path` ("c" or "torch"): lessons and benchmarks load a model
+    twice to show the two forwards side by side."""
+    global _FORCED
+    if path not in ("c", "torch"):
+        raise ValueError(f"unknown forward {path!r}: expected c or torch")
+    old, _FORCED = _FORCED, path
+    try:
+        yield
+    finally:
+        _FORCED = old
+
+
+def requested_path() -> str:
+    """LESSONKIT_FORWARD: "c" (the default where possible) or "torch" (the PyTorch reference forward)."""
+    if _FORCED is not None:
+        return _FORCED
+    req = os.environ.get("LESSONKIT_FORWARD", "").strip().lower() or "auto"
+    if req not in ("auto", "c", "torch"):
+        raise LessonkitError(f"LESSONKIT_FORWARD={req!r}: expected c, torch or auto")
+    return req
+
+
+def describe() -> str:
+    """Which forward dense models take in this process, without loading one (`lessonkit doctor`)."""
+    req = requested_path()
+    if req == "torch":
+        return "PyTorch forward (LESSONKIT_FORWARD=torch)"
+    if kernel._rowkernel is None or kernel.BACKEND == "mkl":
+        return f"PyTorch forward: no C kernel ({kernel.WHY})"
+    return (f"one C call per forward ({kernel.BACKEND} path; a mixture of experts calls back once per expert a "
+            f"layer uses); LESSONKIT_FORWARD=torch chooses the reference")
+
+
+def _weight(w) -> tuple[int, int, torch.Tensor] | None:
+    """(address, kind, the tensor kept alive) of a packed product weight, or None when it is not packed."""
+    if isinstance(w, qb.NativeWeight):
+        return w.data.data_ptr(), KIND[w.kind], w.data
+    if isinstance(w, kernel.RowWeight) and w.packed and w.dtype == torch.float32:
+        return w.data.data_ptr(), KIND["f32"], w.data
+    return None
+
+
+def why_not(model) -> str | None:
+    """Why `model` cannot take the C forward (None: it can)."""
+    c = model.config
+    if kernel._rowkernel is None or kernel.BACKEND == "mkl":
+        return f"no C kernel ({kernel.WHY})"
+    if model.dtype != torch.float32:
+        return f"compute dtype {model.dtype} (the C forward computes in float32)"
+    st = model.store
+    if not c.is_moe and st.budget_bytes is not None and st.budget_bytes < st.n_layers * st.expert_bytes:
+        return "its dense MLP streams from disk under an expert budget"
+    return None
+
+
+def plan_for(model) -> tuple["CForward | None", str]:
+    """(the C forward for `model`, or None; why)."""
+    req = requested_path()
+    if req == "torch":
+        return None, "LESSONKIT_FORWARD=torch"
+    reason = why_not(model)
+    if reason is None:
+        fwd = CForward(model)
+        reason = fwd.unpacked
+        if reason is None:
+            return fwd, f"one C call per forward ({'avx2' if fwd.avx2 else 'portable'})"
+    if req == "c":
+        raise LessonkitError(f"LESSONKIT_FORWARD=c, but this model cannot take the C forward: {reason}")
+    return None, f"PyTorch forward: {reason}"
+
+
+class CForward:
+    """The plan of weight addresses for one model (csrc/forward.c documents its layout) and the call."""
+
+    def __init__(self, model):
+        c = model.config
+        self.config, self.model = c, model
+        self.keep: list = []            # tensors the plan points into
+        self.unpacked: str | None = None
+        self.embed_in_c = True          # the C forward looks the tokens up (see _embedding)
+        w, wt = model.w, model.wt
+        norms = ["norm"] + [f"layers.{l}.{n}" for l in range(c.n_layers) for n in ("attn_norm", "mlp_norm")]
+        if c.qk_norm:
+            norms += [f"layers.{l}.{n}" for l in range(c.n_layers) for n in ("q_norm", "k_norm")]
+        for name in norms:
+            if w[name].dtype != torch.float32 or not w[name].is_contiguous():
+                w[name] = w[name].float().contiguous()
+        self.cos, self.sin = model.cos.contiguous(), model.sin.contiguous()
+        E = c.n_experts if c.is_moe else 1
+        self.tables = [torch.zeros(E, 4, dtype=torch.int64) for _ in range(c.n_layers)] if c.is_moe else []
+        plan = [w["norm"].data_ptr(), *self._packed("lm_head", wt["lm_head"]), self.cos.data_ptr(),
+                self.sin.data_ptr(), *self._embedding(w["embed"])]
+        for l in range(c.n_layers):
+            p = f"layers.{l}."
+            plan += [w[p + "attn_norm"].data_ptr(), *self._packed(p + "wqkv", wt[p + "wqkv"]),
+                     *self._packed(p + "wo", wt[p + "wo"]), w[p + "mlp_norm"].data_ptr()]
+            if c.is_moe:
+                plan += [0, -1, 0, -1]
+            else:
+                ex = model.store.get(l, 0)
+                self.keep.append(ex)
+                plan += [*self._packed(p + "gate_up", ex.gate_up_t), *self._packed(p + "down", ex.down_t)]
+            plan += [w[p + "q_norm"].data_ptr() if c.qk_norm else 0, w[p + "k_norm"].data_ptr() if c.qk_norm else 0]
+            plan += [*self._packed(p + "router", wt[p + "router"]), self.tables[l].data_ptr()] if c.is_moe else [0, -1, 0]
+        self.plan = torch.tensor(plan, dtype=torch.int64)
+        self.dims = torch.tensor([c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size,
+                                  wt["lm_head"].n, self.cos.shape[0], E, c.top_k if c.is_moe else 1,
+                                  int(bool(c.norm_topk_prob)), int(bool(c.qk_norm)),
+                                  int(model.store._pool is not None)], dtype=torch.int64)
+        self.avx2 = bool(wt["lm_head"].avx2)
+        self.eps = float(c.norm_eps)
+        self.clip = float(c.clip_qkv) if c.clip_qkv is not None else 0.0
+        self._lock = threading.Lock()    # one forward at a time: the expert tables and _held are per call
+        self._held: list = []            # experts fetched during the running forward (their tensors stay alive)
+        self._error: BaseException | None = None
+        self._fetch = kernel.FETCH(self._fetch_expert) if c.is_moe else None
+
+    def _embedding(self, table) -> tuple[int, int, int]:
+        """(address, kind, rows) of the embedding the C forward looks tokens up in: float32 rows, or a tied
+        output layer's packed blocks; kind None: the lookup stays in Python (untied blocks)."""
+        if isinstance(table, torch.Tensor) and table.dtype == torch.float32 and table.is_contiguous():
+            self.keep.append(table)
+            return table.data_ptr(), KIND["f32"], table.shape[0]
+        if isinstance(table, qb.BlockRows) and table.head is not None:
+            self.keep.append(table.head.data)
+            return table.head.data.data_ptr(), KIND[table.head.kind], table.head.n
+        self.embed_in_c = False
+        return 0, KIND["f32"], 0
+
+    def _packed(self, name: str, w) -> tuple[int, int]:
+        got = _weight(w)
+        if got is None:
+            self.unpacked = self.unpacked or f"{name} is not packed for the C kernel"
+            return 0, KIND["f32"]
+        if bool(w.avx2) != bool(self.model.wt["lm_head"].avx2):
+            self.unpacked = self.unpacked or f"{name} was prepared for another kernel path"
+        self.keep.append(got[2])
+        return got[0], got[1]
+
+    def _fetch_expert(self, layer: int, expert: int, entry) -> int:
+        """The C forward's callback: the expert store's expert (from disk if it must), its addresses into entry;
+        with no entry (a NULL pointer), a prefetch hint for the next layer."""
+        try:
+            if not entry:
+                self.model.store.prefetch(layer, [expert])
+                return 0
+            ex = self.model.store.get(layer, expert)
+            gu, down = _weight(ex.gate_up_t), _weight(ex.down_t)
+            if gu is None or down is None:
+                raise LessonkitError(f"expert {expert} of layer {layer} is not packed for the C kernel")
+            self._held.append(ex)
+            entry[0], entry[1], entry[2], entry[3] = gu[0], gu[1], down[0], down[1]
+            return 0
+        except BaseException as exc:             # noqa: BLE001 - re-raised by run() once C has returned
+            self._error = exc
+            return 1
+
+    def run(self, tokens: torch.Tensor, x: torch.Tensor | None, cache, start: int, last_only: bool,
+            routing: bool = False):
+        """tokens [T] (int64); x [T, D] float32 embeddings, or None to look them up in C. Returns (the residual
+        stream out [T, D], the output layer's rows [T or 1, V], experts each layer used [L] or None for a dense
+        model, the experts each row chose [L, T, A] or None); writes the T rows' keys and values into `cache`
+        at start.."""
+        T, c = tokens.numel(), self.config
+        tokens = tokens.contiguous()
+        lookup = x is None
+        if lookup:
+            if not self.embed_in_c:
+                raise LessonkitError("this model's embedding is looked up in Python: pass x")
+            x = torch.empty(T, c.dim, dtype=torch.float32)
+        if cache.k.dtype != torch.float32 or not (cache.k.is_contiguous() and cache.v.is_contiguous()):
+            raise LessonkitError("the C forward needs a contiguous float32 KV cache")
+        want = (c.n_layers, c.n_kv_heads, c.head_dim)
+        if cache.k.shape != cache.v.shape or (cache.k.shape[0], *cache.k.shape[2:]) != want:
+            raise LessonkitError(f"KV cache of shape {tuple(cache.k.shape)} is not this model's "
+                                 f"[{c.n_layers}, positions, {c.n_kv_heads}, {c.head_dim}]")
+        first = T - 1 if last_only else 0
+        logits = torch.empty(T - first, int(self.dims[6]), dtype=torch.float32)
+        unique = torch.zeros(c.n_layers, dtype=torch.int64) if c.is_moe else None
+        picks = torch.empty(c.n_layers, T, int(self.dims[9]), dtype=torch.int64) if routing and c.is_moe else None
+        with self._lock:
+            return self._run(tokens, x, lookup, cache, start, T, first, logits, unique, picks)
+
+    def _run(self, tokens, x, lookup, cache, start, T, first, logits, unique, picks):
+        for t in self.tables:
+            t.zero_()
+        self._held, self._error = [], None
+        try:
+            rc = kernel._rowkernel.forward(
+                self.plan.data_ptr(), self.dims.data_ptr(), self.eps, self.clip, x.data_ptr(),
+                tokens.data_ptr() if lookup else 0, T, start,
+                cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1], logits.data_ptr(), first, self.avx2,
+                picks.data_ptr() if picks is not None else 0, unique.data_ptr() if unique is not None else 0,
+                ctypes.cast(self._fetch, ctypes.c_void_p).value if self._fetch is not None else 0)
+        finally:
+            self._held = []
+        if rc == kernel.RK_FETCH_FAILED:
+            err, self._error = self._error, None
+            raise err
+        return x, logits, unique, picks
