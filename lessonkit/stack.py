@@ -1,6 +1,6 @@
 """The whole lossless stack on one workload: a monitoring judge over a stream of items.
 
-Lesson 7 (capstone). Each item goes through, in order:
+Lesson 6 (capstone). Each item goes through, in order:
 
   1. semantic cache (lessonkit.semcache): one-sided (only "needs_action": false answers are stored
      and served) + content guard, audited; a hit answers without the engine;

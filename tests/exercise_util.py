@@ -32,7 +32,7 @@ def notebook_functions(notebook: str, sub: str = "solutions") -> dict:
 
 
 def solution_functions(notebook: str) -> dict:
-    """The functions of the solution notebook, e.g. solution_functions("06_gap")["running_max"]."""
+    """The functions of the solution notebook, e.g. solution_functions("07_gap")["running_max"]."""
     return notebook_functions(notebook, "solutions")
 
 

@@ -1,4 +1,4 @@
-"""Lesson 6 exercise checks: each rejects plausible wrong answers, passes the solutions, reports
+"""Lesson 7 exercise checks: each rejects plausible wrong answers, passes the solutions, reports
 a stub as not implemented, and never raises."""
 import math
 
@@ -8,7 +8,7 @@ import pytest
 from lessonkit.exercises import gap_checks as check
 from tests.exercise_util import run, solution_functions
 
-NB = "06_gap"
+NB = "07_gap"
 
 
 # ---------------------------------------------------------------- plausible wrong answers

@@ -9,6 +9,7 @@ from lessonkit.exercises import prefix_checks as check
 from tests.exercise_util import exercise_functions, run, solution_functions
 
 NB = "04_prefix_cache"
+NAMES = ("fingerprint", "block_hashes", "longest_prefix_match", "snapshot_bytes_per_token", "restore_break_even_mb_s")
 
 
 # ---- plausible wrong answers ---------------------------------------------------------------------
@@ -115,6 +116,34 @@ def lpm_off_by_one(query_ids, saved, block_size):       # "<" instead of "<=": m
     return best, best_n
 
 
+def sb_keys_only(config, bytes_per_element):            # K without V
+    return config.n_layers * config.n_kv_heads * config.head_dim * bytes_per_element
+
+
+def sb_query_heads(config, bytes_per_element):          # every query head, as if there were no GQA
+    return 2 * config.n_layers * config.n_heads * config.head_dim * bytes_per_element
+
+
+def sb_right(config, bytes_per_element):
+    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * bytes_per_element
+
+
+def be_bytes_per_s(bytes_per_token, prefill_s_per_token):
+    return bytes_per_token / prefill_s_per_token
+
+
+def be_mib(bytes_per_token, prefill_s_per_token):
+    return bytes_per_token / prefill_s_per_token / 2 ** 20
+
+
+def be_upside_down(bytes_per_token, prefill_s_per_token):
+    return prefill_s_per_token / bytes_per_token * 1e6
+
+
+def be_right(bytes_per_token, prefill_s_per_token):
+    return bytes_per_token / prefill_s_per_token / 1e6
+
+
 WRONG = [
     (check.fingerprint, fp_shape_only, "weights"),
     (check.fingerprint, fp_names_only, "weights"),
@@ -130,6 +159,11 @@ WRONG = [
     (check.longest_prefix_match, lpm_token_level, "whole number of blocks"),
     (check.longest_prefix_match, lpm_first_hit, "not the longest"),
     (check.longest_prefix_match, lpm_off_by_one, "not the longest"),
+    (check.snapshot_bytes_per_token, sb_keys_only, "keys and its values"),
+    (check.snapshot_bytes_per_token, sb_query_heads, "KV heads"),
+    (check.restore_break_even_mb_s, be_bytes_per_s, "bytes per second"),
+    (check.restore_break_even_mb_s, be_mib, "MiB/s"),
+    (check.restore_break_even_mb_s, be_upside_down, "upside down"),
 ]
 
 
@@ -143,7 +177,7 @@ def test_each_check_rejects_a_plausible_wrong_answer(check_fn, wrong, says):
 
 def test_solutions_pass_and_the_library_agrees():
     ns = solution_functions(NB)
-    for name in ("fingerprint", "block_hashes", "longest_prefix_match"):
+    for name in NAMES:
         ok, out = run(getattr(check, name), ns[name])
         assert ok is True, out
     # the library's own functions pass the same checks
@@ -163,7 +197,7 @@ def test_solutions_pass_and_the_library_agrees():
 
 def test_stubs_report_not_implemented_without_raising():
     ns = exercise_functions(NB)
-    for name in ("fingerprint", "block_hashes", "longest_prefix_match"):
+    for name in NAMES:
         ok, out = run(getattr(check, name), ns[name])
         assert ok is False and out.strip() == f"{name}: not implemented yet"
 
@@ -171,6 +205,25 @@ def test_stubs_report_not_implemented_without_raising():
 def test_a_crashing_answer_is_reported_not_raised():
     def boom(*a):
         raise KeyError("oops")
-    for name in ("fingerprint", "block_hashes", "longest_prefix_match"):
+    for name in NAMES:
         ok, out = run(getattr(check, name), boom)
         assert ok is False and "raised KeyError" in out
+
+
+def test_on_this_machine_judges_both_functions_on_the_measured_numbers():
+    """The check on this machine's numbers (a tiny model prefilled, saved and restored) passes the formulas and
+    the solutions, and fails a wrong answer to either, naming the mistake; stubs are reported, not raised."""
+    def both(bytes_fn, be_fn):
+        return run(lambda _: check.on_this_machine(bytes_fn, be_fn, smoke=True), None)
+    ok, out = both(sb_right, be_right)
+    assert ok is True and "measured here" in out and "restoring" in out, out
+    ns = solution_functions(NB)
+    ok, out = both(ns["snapshot_bytes_per_token"], ns["restore_break_even_mb_s"])
+    assert ok is True, out
+    ok, out = both(sb_query_heads, be_right)
+    assert ok is False and "on this model's config" in out and "KV heads" in out, out
+    ok, out = both(sb_right, be_mib)
+    assert ok is False and "on this run's numbers" in out and "MiB/s" in out, out
+    stubs = exercise_functions(NB)
+    ok, out = both(stubs["snapshot_bytes_per_token"], stubs["restore_break_even_mb_s"])
+    assert ok is False and out.count("not implemented yet") == 2, out

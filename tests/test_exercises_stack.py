@@ -1,4 +1,4 @@
-"""Lesson 7 exercise checks: each rejects plausible wrong answers, passes the solution, reports a stub as
+"""Lesson 6 exercise checks: each rejects plausible wrong answers, passes the solution, reports a stub as
 not implemented, and never raises."""
 import math
 
@@ -7,7 +7,7 @@ import pytest
 from lessonkit.exercises import stack_checks as check
 from tests.exercise_util import exercise_functions, run, solution_functions
 
-NB = "07_stack"
+NB = "06_stack"
 
 
 def pc_multiply(plain, saved, q, overhead):          # multiplies the single rows' speed-ups

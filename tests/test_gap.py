@@ -1,4 +1,4 @@
-"""Lesson 6 (lessonkit.gap): loading Epoch's files, frontiers, lag estimator, compute growth."""
+"""Lesson 7, the coda (lessonkit.gap): loading Epoch's files, frontiers, lag estimator, compute growth."""
 import csv
 import io
 import json

@@ -96,20 +96,21 @@ FIXED_SENTENCES = {
     "05_semantic_cache.ipynb": ["so the probation audits take back most of what the hits save",
                                 "so a two-sided cache at 0.8 serves wrong answers, some of them hidden alerts",
                                 "Audits are still what stop a bad policy quickly"],
-    "07_stack.ipynb": ["as smollm2-135m does with this prompt", "tiny-moe answers with an empty line",
+    "06_stack.ipynb": ["as smollm2-135m does with this prompt", "tiny-moe answers with an empty line",
                        "the reason usually quotes the item",
                        "untrained, tiny-moe answered every item with an empty line"],
 }
 RUN_WORDS = "# In words, from this run's numbers"
 PRINTED_CELLS = {"00_engine.ipynb": 1, "01_speculative.ipynb": 3, "02_mtp.ipynb": 2, "03_grammar.ipynb": 1,
-                 "05_semantic_cache.ipynb": 2, "07_stack.ipynb": 1}
+                 "05_semantic_cache.ipynb": 2, "06_stack.ipynb": 1, "07_gap_analysis.ipynb": 1}
 # What each printed cell must compute, so that an emptied cell fails too (issue 34's cells).
 PRINTED_FROM = {
     "00_engine.ipynb": ["advance_bytes(", "word 3-grams"],
     "02_mtp.ipynb": ['by_scheme[m]["int4"]', "shifted control %"],
     "03_grammar.ipynb": ['"record schema, flexible"'],
+    "07_gap_analysis.ipynb": ["lesson.beside_epoch("],
     "05_semantic_cache.ipynb": ["actionable_losses", "policy_stopped_at"],
-    "07_stack.ipynb": ["model_accepted", "model_proposed"],
+    "06_stack.ipynb": ["model_accepted", "model_proposed"],
 }
 
 
@@ -137,9 +138,11 @@ def test_the_notebook_prints_those_sentences_from_its_numbers(name):
 
 
 def test_the_gpqa_line_says_which_column_its_date_comes_from():
-    """Lesson 6's GPQA line: the first date is a release date, the runs' own dates come from `Started at`,
+    """Lesson 7's GPQA line: the first date is a release date, the runs' own dates come from `Started at`,
     and the months that count are computed, not described as 'all from mid-2024'."""
-    code = "\n".join(_cells("06_gap_analysis.ipynb", "code"))
+    import inspect
+    from lessonkit.lessons import gap_analysis
+    code = "\n".join(_cells("07_gap_analysis.ipynb", "code")) + inspect.getsource(gap_analysis.beside_epoch)
     assert "Epoch's runs start" not in code and "all from mid-2024" not in code
     assert '"Started at"' in code and "Release date" in code and "lag_series(" in code
 
@@ -226,8 +229,8 @@ CONDITIONS = {
                                   "by the contributor who measured it"],
     "notebooks/exercises/03_grammar.ipynb": ["our translation of an Italian comment"],
     "notebooks/solutions/03_grammar.ipynb": ["our translation of an Italian comment"],
-    "notebooks/06_gap_analysis.ipynb": ["January 2023 - October 2025", "a check of this lesson's own"],
-    "notebooks/07_stack.ipynb": ["prompt-lookup-decoding project's README"],
+    "notebooks/07_gap_analysis.ipynb": ["January 2023 - October 2025", "a check of this lesson's own"],
+    "notebooks/06_stack.ipynb": ["prompt-lookup-decoding project's README"],
     "docs/gap.md": ["January 2023 - October 2025", "release date of the earliest model evaluated"],
     "docs/mtp.md": ["The real head of Colibri PR 397 differs 20-30x"],
     "docs/speculative.md": ["this workbook's choice"],

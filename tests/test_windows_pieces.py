@@ -4,7 +4,7 @@ utime without follow_symlinks, O_NOFOLLOW 0, a non-UTF-8 locale) gives the same 
 
 * tiny-moe streaming its experts under a small budget, plain and through the prefix cache twice (saved,
   then restored), against the same runs without the stand-ins;
-* the lessons that touch the prefix cache and the expert store (01, 02, 03, 04, 07, SMOKE sizes, run as
+* the lessons that touch the prefix cache and the expert store (01, 02, 03, 04, 06, SMOKE sizes, run as
   tests/test_notebooks.py runs them), their recorded figures that do not depend on timing compared with a
   normal run of the same notebooks (the two runs side by side, one per core);
 * the command line under `-X warn_default_encoding` with EncodingWarning an error for lessonkit's modules,
@@ -22,8 +22,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PIECES = ROOT / "tests" / "windows_pieces"
-LESSONS = ["04_prefix_cache", "01_speculative", "02_mtp", "03_grammar", "07_stack", "00_engine", "05_semantic_cache",
-           "06_gap_analysis"]
+LESSONS = ["04_prefix_cache", "01_speculative", "02_mtp", "03_grammar", "06_stack", "00_engine", "05_semantic_cache",
+           "07_gap_analysis"]
 # Compared between the runs: flags, names and counts, and the fractions that count tokens (acceptance, forced
 # spans, tokens per forward, ...), unless the name says timing moves them: a speed-up, seconds, a ratio of times,
 # the cost c, a choice made from timings (best K, break-even cells), a prediction or its error against a timing,
@@ -31,7 +31,7 @@ LESSONS = ["04_prefix_cache", "01_speculative", "02_mtp", "03_grammar", "07_stac
 TIMED = re.compile(r"speed|(^|[_ ])s$|(^|[_ ])ms([_ ]|$)|ratio|_over_|^c$|break_even|best_k|tok/s|per_s|wall|"
                    r"seconds|time|leviathan|refined|measured|predict|validation|error|hit rate|hit_rate")
 EXACT_FLOAT = re.compile(r"accept|fraction|frac$|tokens_per_forward|tokens/forward|^tv_|^pos\d|rank|loss|bytes")
-# a record holding a choice made from timings (lesson 07 picks the fastest drafter): its figures are compared
+# a record holding a choice made from timings (lesson 06 picks the fastest drafter): its figures are compared
 # only when both runs made the same choice
 CHOICES = ("model_drafter",)
 
@@ -133,8 +133,8 @@ def test_lessons_give_linux_figures(tmp_path):
         assert all(v is True for v in flags.values()), f"{lesson}: {flags}"
     kernels = [m for m in _met(log) if "ipykernel" in m["argv"][0]]
     # a kernel writes what it met at exit (one that jupyter_client kills at shutdown, on a loaded machine, writes
-    # nothing); the five lessons on the prefix cache and streamed experts (01, 02, 03, 04, 07) import the lock
-    # helper and were refused fcntl; 06 (Epoch data) never reaches it
+    # nothing); the five lessons on the prefix cache and streamed experts (01, 02, 03, 04, 06) import the lock
+    # helper and were refused fcntl; 07 (Epoch data) never reaches it
     refused = sum(m["fcntl_refused"] > 0 for m in kernels)
     assert len(kernels) >= len(LESSONS) // 2 and refused >= 4, (len(kernels), refused)
     assert sum(m["msvcrt_locks"] for m in kernels) > 0 and sum(m["seek_reads"] > 0 for m in kernels) >= 3

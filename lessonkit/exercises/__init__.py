@@ -80,6 +80,14 @@ def call(fn, args, shared: tuple = ()):
         return None, raised(e)
 
 
+def number(got) -> float | None:
+    """What a check that wants one number makes of the student's answer: a float, or None when it is not one."""
+    try:
+        return float(got)
+    except (TypeError, ValueError):
+        return None
+
+
 def run_cases(name: str, fn, cases, judge, *, judge_gets_fn: bool = False, shared: tuple = (),
               on_raise: str = RAISED_ON_CASE) -> bool:
     """Run the check `name`: fn on each `(label, args)` case in turn, judged by judge(args, got)

@@ -1,4 +1,4 @@
-"""Self-checks for the lesson 6 exercises (notebooks/exercises/06_gap.ipynb).
+"""Self-checks for the lesson 7 exercises (notebooks/exercises/07_gap.ipynb).
 
 Each check prints one plain line and returns True or False; the conventions they share (cases,
 messages, stubs, exceptions) are in lessonkit/exercises/__init__.py.

@@ -9,10 +9,11 @@ messages, stubs, exceptions) are in lessonkit/exercises/__init__.py.
 from __future__ import annotations
 
 import json
+import math
 import random
 
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.exercises import run_cases
+from lessonkit.exercises import number, run_cases
 from lessonkit.grammar.automaton import Grammar, GrammarState, load_grammar
 
 SEED = 2026
@@ -177,3 +178,96 @@ def enum_grammar(fn) -> bool:
     """Exercise 3: fn(values: list[str]) -> str, grammar text whose language is exactly the JSON strings
     json.dumps(v, ensure_ascii=False) for v in values."""
     return run_cases("enum_grammar", fn, _enum_cases(), _judge_enum, on_raise=_ON_RAISE)
+
+
+# --------------------------------------------------------------------------- exercise 4: the speed-up predicted
+
+def _cost_ratio(r, cost) -> float:
+    import numpy as np
+    return float(np.interp(r, np.arange(1, len(cost) + 1), np.asarray(cost, dtype=float) / cost[0]))
+
+
+def _ref_grammar_speedup(tokens_per_forward, rows_per_forward, cost) -> float:
+    return tokens_per_forward / _cost_ratio(rows_per_forward, cost)
+
+
+def _grammar_speedup_cases():
+    cases = [("no draft ever accepted: one row, one token per forward", (1.0, 1.0, [0.01, 0.012, 0.013])),
+             ("a whole number of rows per forward", (2.6, 3.0, [0.01, 0.011, 0.0125, 0.0145, 0.017])),
+             ("rows between two points of the curve", (1.55, 1.7, [0.004, 0.005, 0.0055, 0.006])),
+             ("the cost curve in milliseconds, steep", (2.1, 2.4, [5.0, 8.0, 11.0, 14.0])),
+             ("rejected drafts: more rows than tokens", (1.3, 2.2, [0.02, 0.021, 0.023, 0.026]))]
+    rng = random.Random(SEED + 4)
+    for i in range(16):
+        n = rng.randint(3, 9)
+        cost = [rng.uniform(0.002, 0.05)]
+        for _ in range(n - 1):
+            cost.append(cost[-1] * rng.uniform(1.0, 1.3))
+        rows = rng.uniform(1.0, n)
+        cases.append((f"random #{i + 1}", (rng.uniform(1.0, rows), rows, cost)))
+    return [(label, (tpf, rows, list(cost))) for label, (tpf, rows, cost) in cases]
+
+
+def _judge_grammar_speedup(args, got):
+    tpf, rows, cost = args
+    if number(got) is None:
+        return "return one number: the predicted speed-up over plain decoding"
+    got, want = number(got), _ref_grammar_speedup(tpf, rows, cost)
+    if math.isclose(got, want, rel_tol=1e-6):
+        return None
+    close = lambda x: math.isclose(got, x, rel_tol=1e-6) and not math.isclose(x, want, rel_tol=1e-6)  # noqa: E731
+    if close(tpf):
+        return f"got {got:.4g}: that counts tokens per forward only; a verify forward of r rows costs more than a plain step"
+    if close(tpf * _cost_ratio(rows, cost)):
+        return f"got {got:.4g}: the verify cost divides the tokens per forward, it does not multiply them"
+    if close(tpf / (cost[-1] / cost[0])):
+        return f"got {got:.4g}: that prices every forward at the longest verify; use this run's mean rows per forward"
+    if close(tpf / _cost_ratio(math.ceil(rows), cost)) or close(tpf / _cost_ratio(math.floor(rows), cost)):
+        return f"got {got:.4g}: the mean rows per forward is fractional; interpolate the curve between its points"
+    if close(tpf / _cost_ratio(rows + 1, cost)) or close(tpf / _cost_ratio(rows - 1, cost)):
+        return f"got {got:.4g}: off by one row on the cost curve (cost[i] is a forward of i + 1 rows)"
+    if close(tpf / (_cost_ratio(rows, cost) * cost[0])):
+        return f"got {got:.4g}: the curve is in seconds; T(r)/T(1) divides it by a plain step's cost[0]"
+    if close(tpf / (sum(cost) / len(cost) / cost[0])):
+        return f"got {got:.4g}: that averages the cost curve; read it at this run's rows per forward"
+    return f"got {got:.4g}, which is not tokens per forward / (T(r)/T(1)) for this case"
+
+
+def grammar_speedup(fn) -> bool:
+    """Exercise 4: fn(tokens_per_forward, rows_per_forward, cost: seconds of a forward of 1, 2, ... rows) ->
+    the speed-up lesson 1's cost model predicts for drafts that cost nothing: tokens per forward / (T(r)/T(1))."""
+    return run_cases("grammar_speedup", fn, _grammar_speedup_cases(), _judge_grammar_speedup, on_raise=_ON_RAISE)
+
+
+def on_this_run(fn, smoke: bool = False, seed: int = 0) -> bool:
+    """Lesson 3's controlled A/B on tiny-moe (three held-out records as the prompt, plain and grammar-drafted
+    interleaved) and the verify cost curve, measured here; then your prediction from these numbers next to the
+    measured speed-up. True when your function gives the cost model's prediction on this run's numbers."""
+    import torch
+
+    from lessonkit.engine.registry import load_model
+    from lessonkit.exercises import NOT_IMPLEMENTED, call
+    from lessonkit.grammar.records import monitoring_grammar
+    from lessonkit.grammar.tokens import TokenGrammar
+    from lessonkit.lessons import grammar as lesson
+    from lessonkit.speculative.gate import measure_cost_curve
+    torch.manual_seed(seed)
+    engine = load_model("tiny-moe")
+    tg = TokenGrammar(monitoring_grammar(), engine.tokenizer, eos_ids=engine.config.eos_ids)
+    records = lesson.corpus_records(3)
+    prompt = engine.encode("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
+    ab = lesson.grammar_ab(engine, prompt, 24 if smoke else 96, tg, repeats=1 if smoke else 3)
+    cost = measure_cost_curve(engine, max(2, math.ceil(ab["rows_per_forward"]) + 1), repeats=2 if smoke else 5)
+    print(f"measured here: {ab['tokens_per_forward']:.2f} tokens per forward, {ab['rows_per_forward']:.2f} rows per "
+          f"verify forward, T(r)/T(1) = {', '.join(f'{t / cost[0]:.2f}' for t in cost)} for r = 1..{len(cost)}; "
+          f"speed-up {ab['speedup']:.2f}x (controlled, output identical: {ab['identical']})")
+    args = (ab["tokens_per_forward"], ab["rows_per_forward"], list(cost))
+    got, error = call(fn, args)
+    problem = error and f"grammar_speedup: {error}" or _judge_grammar_speedup(args, got)
+    if problem:
+        print(problem if error else f"grammar_speedup: on this run's numbers: {problem}")
+        return False
+    got = float(got)
+    print(f"grammar_speedup: your prediction {got:.2f}x, measured {ab['speedup']:.2f}x "
+          f"({got / ab['speedup'] - 1:+.0%}; the prefill, which drafting does not shorten, is left out of the model)")
+    return True

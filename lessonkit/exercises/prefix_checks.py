@@ -9,10 +9,13 @@ messages, stubs, exceptions) are in lessonkit/exercises/__init__.py.
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
+from pathlib import Path
+from types import SimpleNamespace
 
-from lessonkit.exercises import call
+from lessonkit.exercises import call, number, run_cases
 
 SEED = 2026
 
@@ -223,3 +226,128 @@ def longest_prefix_match(fn, block_size: int = 8) -> bool:
             return False
     print(f"{name}: OK on {len(_match_cases())} prompts (exact, longer, partial, first block different, empty cache)")
     return True
+
+
+# ---- exercise 4: a snapshot's bytes per token --------------------------------------------------------
+def _ref_bytes(config, elem) -> int:
+    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * elem
+
+
+def _bytes_cases():
+    def cfg(layers, heads, kv, hd):
+        return SimpleNamespace(n_layers=layers, n_heads=heads, n_kv_heads=kv, head_dim=hd, dim=heads * hd)
+    cases = [("SmolLM2-135M's shape, float32", (cfg(30, 9, 3, 64), 4)),
+             ("the same shape in bfloat16", (cfg(30, 9, 3, 64), 2)),
+             ("multi-head attention (as many KV heads as query heads)", (cfg(4, 8, 8, 32), 4)),
+             ("one KV head for all query heads (multi-query)", (cfg(12, 16, 1, 128), 2))]
+    rng = random.Random(SEED + 4)
+    for i in range(8):
+        kv = rng.choice([1, 2, 4, 8])
+        cases.append((f"random #{i + 1}", (cfg(rng.randint(2, 48), kv * rng.choice([2, 3, 4, 8]), kv,
+                                                 rng.choice([32, 64, 80, 128])), rng.choice([1, 2, 4]))))
+    return cases
+
+
+def _judge_bytes(args, got):
+    config, elem = args
+    want = _ref_bytes(config, elem)
+    if isinstance(got, bool) or not isinstance(got, (int, float)) or not float(got).is_integer():
+        return f"returned {got!r}; expected a whole number of bytes"
+    if got == want:
+        return None
+    kv = config.n_layers * config.n_kv_heads * config.head_dim * elem
+    if got == kv:
+        return f"got {got}: a token's snapshot holds its keys and its values"
+    if got == 2 * config.n_layers * config.n_heads * config.head_dim * elem or got == 2 * config.n_layers * config.dim * elem:
+        return f"got {got}: that counts every query head; the cache keeps only the KV heads (grouped-query attention)"
+    if got == 8 * want:
+        return f"got {got}: that is bits, not bytes"
+    if got == 2 * config.n_kv_heads * config.head_dim * elem:
+        return f"got {got}: every layer keeps its own K and V"
+    return f"got {got}, which is not the K and V bytes one token adds to a snapshot"
+
+
+def snapshot_bytes_per_token(fn) -> bool:
+    """Exercise 4: fn(config, bytes_per_element) -> bytes of K and V one token adds to a snapshot."""
+    return run_cases("snapshot_bytes_per_token", fn, _bytes_cases(), _judge_bytes)
+
+
+# ---- exercise 5: when a restore beats a re-prefill -----------------------------------------------------
+def _ref_break_even(bytes_per_token, prefill_s_per_token) -> float:
+    return bytes_per_token / prefill_s_per_token / 1e6
+
+
+def _break_even_cases():
+    cases = [("SmolLM2's snapshot, a fast prefill", (46_080.0, 0.002)),
+             ("SmolLM2's snapshot, a slow prefill", (46_080.0, 0.05)),
+             ("a large model's snapshot", (327_680.0, 0.02)),
+             ("a tiny model, prefill in microseconds", (1_024.0, 4e-5))]
+    rng = random.Random(SEED + 5)
+    for i in range(8):
+        cases.append((f"random #{i + 1}", (rng.uniform(1e3, 1e6), rng.uniform(1e-5, 0.1))))
+    return cases
+
+
+def _judge_break_even(args, got):
+    b, s = args
+    if number(got) is None:
+        return f"returned {type(got).__name__}; expected one number of MB/s"
+    got, want = number(got), _ref_break_even(b, s)
+    if math.isclose(got, want, rel_tol=1e-6):
+        return None
+    if math.isclose(got, b / s, rel_tol=1e-6):
+        return f"got {got:.4g}: that is bytes per second; the unit asked for is MB/s (10^6 bytes per second)"
+    if math.isclose(got, b / s / 2 ** 20, rel_tol=1e-6):
+        return f"got {got:.4g}: that is MiB/s (2^20 bytes); the unit asked for is MB/s (10^6 bytes)"
+    if math.isclose(got, s / b * 1e6, rel_tol=1e-6) or math.isclose(got, s / b, rel_tol=1e-6):
+        return f"got {got:.4g}: upside down; the break-even is the bandwidth that reads a token's bytes in its prefill time"
+    if math.isclose(got, b / (s * 1e3) / 1e6, rel_tol=1e-6) or math.isclose(got, b / (s / 1e3) / 1e6, rel_tol=1e-6):
+        return f"got {got:.4g}: the prefill time is in seconds per token"
+    return f"got {got:.4g}, which is not the read bandwidth at which restoring takes as long as prefilling"
+
+
+def restore_break_even_mb_s(fn) -> bool:
+    """Exercise 5: fn(bytes_per_token, prefill_s_per_token) -> the read bandwidth, in MB/s, below which reading a
+    snapshot takes longer than computing its tokens again."""
+    return run_cases("restore_break_even_mb_s", fn, _break_even_cases(), _judge_break_even)
+
+
+def on_this_machine(bytes_fn, break_even_fn, smoke: bool = False, seed: int = 0) -> bool:
+    """Lesson 4's model (a tiny random one in SMOKE): prefill a prefix, save it, restore it, here; then your bytes per
+    token next to the snapshot file's, and your break-even bandwidth from this run's prefill next to the bandwidth the
+    restore moved. True when both functions agree with the formulas on this run's numbers."""
+    import tempfile
+
+    import torch
+
+    from lessonkit.lessons import prefix_cache as lesson
+    torch.manual_seed(seed)
+    work = Path(tempfile.mkdtemp(prefix="exercise04-"))
+    engine = lesson._load(lesson.demo_models(work / "models")[0] if smoke else "smollm2-135m")
+    n = 32 if smoke else 128
+    df = lesson.restore_vs_prefill_table(engine, work / "cache", [n], repeats=1 if smoke else 3, progress=False)
+    be = lesson.restore_break_even(df)
+    elem = engine.new_cache(1).k.element_size()
+    print(f"measured here ({engine.name}, {n} tokens): prefill {1e3 * be['prefill_s_per_token']:.2f} ms per token; "
+          f"snapshot file {be['bytes_per_token']:,.0f} B per token; restore {float(df.iloc[0]['restore s']):.3f} s "
+          f"({be['restore_mb_s']:.0f} MB/s, page cache warm)")
+    ok = True
+    got, err = _call("snapshot_bytes_per_token", bytes_fn, engine.config, elem)
+    problem = err or _judge_bytes((engine.config, elem), got)
+    if problem:
+        print(problem if err else f"snapshot_bytes_per_token: on this model's config: {problem}")
+        ok = False
+    else:
+        print(f"snapshot_bytes_per_token: yours {int(got):,} B per token; the file holds "
+              f"{be['bytes_per_token'] - int(got):,.0f} B per token more (the token ids and the header)")
+    got, err = _call("restore_break_even_mb_s", break_even_fn, be["bytes_per_token"], be["prefill_s_per_token"])
+    problem = err or _judge_break_even((be["bytes_per_token"], be["prefill_s_per_token"]), got)
+    if problem:
+        print(problem if err else f"restore_break_even_mb_s: on this run's numbers: {problem}")
+        return False
+    got = float(got)
+    wins = be["restore_mb_s"] > got
+    print(f"restore_break_even_mb_s: yours {got:.1f} MB/s from this run's file and prefill; the restore moved "
+          f"{be['restore_mb_s']:.0f} MB/s, so restoring {'wins' if wins else 'loses'} here"
+          + (f" (a disk slower than {got:.1f} MB/s would lose)" if wins else ""))
+    return ok

@@ -1,4 +1,4 @@
-"""How far open-weight models lag the closed frontier, measured on Epoch AI's data (lesson 6).
+"""How far open-weight models lag the closed frontier, measured on Epoch AI's data (lesson 7, the coda).
 
 Data: data/epoch/ (Epoch AI, CC BY 4.0; see its README). Three tables are built from it:
 ECI scores, MMLU (5-shot, externally reported) and GPQA Diamond (Epoch's runs), each one row

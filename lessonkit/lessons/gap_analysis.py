@@ -1,4 +1,4 @@
-"""Lesson 6 (the open-vs-closed gap): the figures and widgets of notebooks/06_gap_analysis.ipynb.
+"""Lesson 7, the coda (the open-vs-closed gap): the figures and widgets of notebooks/07_gap_analysis.ipynb.
 
 Each function returns a matplotlib Figure; the widgets are a thin layer over the same functions."""
 from __future__ import annotations
@@ -163,6 +163,76 @@ def widgets(data: EpochData):
     out = w.interactive_output(show, {"window": window, "measure": measure,
                                       "grouping": grouping})
     display(w.VBox([window, w.HBox([measure, grouping]), out]))
+
+
+def beside_epoch(data: EpochData, figures: dict, grouping: str = "open_weights") -> list[str]:
+    """Section 6's sentences, from this run's figures (gap.summary.measure) set beside Epoch's published ones:
+    the ECI lag at Epoch's date, MMLU and GPQA Diamond against the once-quoted range, why MMLU runs long, which
+    GPQA months count, and the open compute growth against Epoch's interval."""
+    from lessonkit.gap.data import DAYS_PER_MONTH
+    from lessonkit.gap.lag import monthly_grid
+    from lessonkit.gap.summary import PUBLISHED
+    pub = {p["measure"]: p for p in PUBLISHED}
+    eci = figures["lag_at_published_dates"]["eci@2025-10-30"]
+    out = [f"ECI, Oct 2025: Epoch {pub['eci']['value']}, averaged across ECI levels over Jan 2023 - Oct 2025; here, "
+           f"averaged over the monthly dates {eci['linear']['start']} to {eci['linear']['end']}, "
+           f"{eci['records']['lag_months']:.1f} months by catch-up time, {eci['linear']['lag_months']:.1f} with linear "
+           f"frontiers, and a vertical gap of {eci['linear']['vertical_gap']:.1f} points. The linear estimator assumes "
+           "the closed frontier rose steadily between its records, so it dates the closed side's arrival at a level "
+           "earlier than the first closed model that scored that high."]
+    low, high = pub["mmlu, gpqa"]["low"], pub["mmlu, gpqa"]["high"]
+    for m in ("mmlu", "gpqa"):
+        e = figures["lag_at_published_dates"][f"{m}@2024-11-04"]["linear"]
+        where = "inside" if low <= e["lag_months"] <= high else "outside"
+        out.append(f"{m.upper()}, Nov 2024: {e['lag_months']:.1f} months, {where} the {low:.0f}-{high:.0f} month range "
+                   "across benchmarks once quoted for Epoch (unverified: not found as stated in its report; its central "
+                   "figure is about 12).")
+    g = grouped(data.tables["mmlu"], grouping)           # why MMLU runs long: how long early 2023's best closed score stood
+    closed_rec = frontier(g[g["group"] == "closed"])
+    gpt4 = closed_rec[closed_rec["date"] <= "2023-12-31"].iloc[-1]
+    opened = g[(g["group"] == "open") & (g["value"] >= gpt4["value"])].sort_values("date").iloc[0]
+    out.append(f"  MMLU: {gpt4['model']} ({gpt4['value']:.1f}, {gpt4['date'].date()}) was first passed by an open model, "
+               f"{opened['model']}, {(opened['date'] - gpt4['date']).days / DAYS_PER_MONTH:.0f} months later.")
+    gq = grouped(data.tables["gpqa"], grouping)
+    e = figures["lag_at_published_dates"]["gpqa@2024-11-04"]["linear"]
+    started = pd.read_csv(data.data_dir / "gpqa_diamond.csv", usecols=["Started at"])["Started at"].dropna()
+    counted = lag_series(data.tables["gpqa"], monthly_grid(e["start"], e["end"]), grouping,
+                         "linear").dropna(subset=["lag_months"])
+    out.append(f"  GPQA: its earliest date, {gq['date'].min().date()}, is the release date of the earliest model Epoch "
+               f"evaluated (column `Release date`); the runs themselves (`Started at`) date from {started.min()[:10]}. "
+               f"Open levels below the first closed score in the data have no defined lag, so only {e['n_dates']} of "
+               "the window's months count"
+               + (f": {counted['date'].min():%b %Y} to {counted['date'].max():%b %Y}, with lags of "
+                  f"{counted['lag_months'].min():.1f} to {counted['lag_months'].max():.1f} months." if len(counted) else "."))
+    og, pc = figures["compute_growth"]["open"], pub["compute"]
+    overlap = og["ci_low"] <= pc["high"] and pc["low"] <= og["ci_high"]
+    out.append(f"Open compute growth: Epoch {pc['value']}; here {og['x_per_year']:.1f}x per year (90% CI "
+               f"{og['ci_low']:.1f}-{og['ci_high']:.1f}) on {og['n']} models from the ECI file; the intervals "
+               f"{'overlap' if overlap else 'do not overlap'}.")
+    return out
+
+
+def takeaway(data: EpochData, figures: dict, grouping: str = "open_weights") -> str:
+    """The coda's closing sentence, computed from the data: the best open-weight model on ECI, the date the
+    closed frontier first scored as high, the months between, and the lag this run measured."""
+    from lessonkit.gap.data import DAYS_PER_MONTH
+    g = grouped(data.tables["eci"], grouping)
+    best = g[g["group"] == "open"].sort_values(["value", "date"], ascending=[False, True]).iloc[0]
+    closed = g[(g["group"] == "closed") & (g["value"] >= best["value"])].sort_values("date")
+    lag = figures["lag"]["eci"]
+    tail = (f"Over the last {figures['window_months']} months of the data the open frontier trailed by "
+            f"{lag['lag_months']:.1f} months on average (90% CI {lag['ci_low']:.1f}-{lag['ci_high']:.1f}). The "
+            "earlier lessons make such a model faster on hardware you own, and the lossless techniques leave its "
+            "answers unchanged: they buy speed, not capability, so running locally means running a model about "
+            "that far behind.")
+    if not len(closed):
+        return (f"Takeaway: the best open-weight model in this data, {best['model']} (ECI {best['value']:.1f}, "
+                f"{best['date'].date()}), has no closed model at or above its score yet. " + tail)
+    first = closed.iloc[0]
+    months = (best["date"] - first["date"]).days / DAYS_PER_MONTH
+    return (f"Takeaway: the best open-weight model in this data, {best['model']} (ECI {best['value']:.1f}, released "
+            f"{best['date'].date()}), scores what the closed frontier first reached with {first['model']} on "
+            f"{first['date'].date()}, {months:.0f} months earlier. " + tail)
 
 
 HEADLINE = Headline(

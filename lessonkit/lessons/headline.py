@@ -24,8 +24,8 @@ LESSON_MODULES = {
     "03_grammar": "lessonkit.lessons.grammar",
     "04_prefix_cache": "lessonkit.lessons.prefix_cache",
     "05_semantic_cache": "lessonkit.lessons.semantic_cache",
-    "06_gap_analysis": "lessonkit.lessons.gap_analysis",
-    "07_stack": "lessonkit.lessons.stack",
+    "06_stack": "lessonkit.lessons.stack",
+    "07_gap_analysis": "lessonkit.lessons.gap_analysis",
 }
 
 

@@ -92,6 +92,15 @@ def int4_by_hand(heads_by_label: dict) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("head")
 
 
+def acceptance_interval(r: dict, pos: int = 0, z: float = 1.96) -> tuple[float, float]:
+    """A 95% Wilson interval for one kind's acceptance at draft position pos + 1 (r: one kind of
+    mtp.evaluate.acceptance_by_kind), from its evaluated positions taken as independent draws (neighbouring
+    positions of a window are not quite, so the true interval is somewhat wider)."""
+    p, n = float(r["acceptance"][pos]), max(int(r["n_positions"]), 1)
+    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, float(centre - half)), min(1.0, float(centre + half))
+
+
 def acceptance_by_scheme(head: MtpHead, sh: Shared, states: dict, schemes=("none", "int8", "int4", "int4-g64", "int4-g32"),
                          depth: int = 3) -> dict:
     """scheme -> pooled teacher-forced acceptance per position (all kinds of text together)."""

@@ -120,12 +120,11 @@ def plot_batch_scoring(df):
     return fig
 
 
-def restore_vs_prefill(engine, cache_dir, lengths=(64, 128, 256, 552), repeats: int = 3, progress: bool = True):
-    """Prefill time vs restore time (fresh cache, full verification) as the prefix grows.
-
-    Returns (DataFrame, Figure). Restore includes reading the file, checking its SHA-256 and copying
-    into the KV cache; the page cache is warm (the file was just written), as in a server restart.
-    """
+def restore_vs_prefill_table(engine, cache_dir, lengths=(64, 128, 256, 552), repeats: int = 3,
+                             progress: bool = True) -> pd.DataFrame:
+    """Median prefill and restore seconds per prefix length, with the snapshot's bytes on disk. Restore includes
+    reading the file, checking its SHA-256 and copying into the KV cache; the page cache is warm (the file was
+    just written), as in a server restart."""
     ids = system_prompt_ids(engine, max(lengths))
     pc = PrefixCache(cache_dir, engine)
     rows = []
@@ -142,7 +141,15 @@ def restore_vs_prefill(engine, cache_dir, lengths=(64, 128, 256, 552), repeats: 
         t_res, _ = median_time(restore, repeats, warmup=1)
         rows.append({"prefix tokens": n, "prefill s": t_pre, "restore s": t_res, "restore / prefill": t_res / t_pre,
                      "bytes on disk": path.stat().st_size, "bytes per token": path.stat().st_size / n})
-    df = pd.DataFrame(rows)
+    return pd.DataFrame(rows)
+
+
+def restore_vs_prefill(engine, cache_dir, lengths=(64, 128, 256, 552), repeats: int = 3, progress: bool = True):
+    """Prefill time vs restore time (fresh cache, full verification) as the prefix grows.
+
+    Returns (DataFrame, Figure); the DataFrame is restore_vs_prefill_table's.
+    """
+    df = restore_vs_prefill_table(engine, cache_dir, lengths, repeats, progress)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(df["prefix tokens"], df["prefill s"], "o-", label="prefill (compute)")
     ax.plot(df["prefix tokens"], df["restore s"], "s-", label="restore from disk (verified)")

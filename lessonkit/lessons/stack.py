@@ -1,4 +1,4 @@
-"""Lesson 7 (the whole stack): the ablation and figures of notebooks/07_stack.ipynb.
+"""Lesson 6 (the whole stack, the capstone): the ablation and figures of notebooks/06_stack.ipynb.
 
 `ablation(...)` runs the plain engine, each technique alone and all together on one model, item by
 item interleaved, and returns a DataFrame; `plot_ablation(df)` the Figure; `choose_drafter` picks

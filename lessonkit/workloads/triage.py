@@ -1,4 +1,4 @@
-"""The triage workload of lesson 7: monitoring items of the shipped stream judged by a generative judge
+"""The triage workload of lesson 6: monitoring items of the shipped stream judged by a generative judge
 that answers one NDJSON line following JUDGE_SCHEMA, behind a long shared prefix (the instruction and
 few-shot examples)."""
 from __future__ import annotations
