@@ -2,7 +2,8 @@
 constants; converted models store expert records in the kernel's layout, so a miss is one read and no
 re-pack (pack functions counted); a streamed expert equals the resident one, and the old pack-at-load one,
 byte for byte; streaming tiny-moe and smollm2 give the same tokens (==) from either layout; an old-format or
-corrupt file is one clear error naming it."""
+corrupt file is one clear error naming it. The shipped tiny-moe is packed (format 2): a format-1 copy of it gives
+the same logits bit for bit on both forwards, resident and streaming, and repacks to the shipped bytes."""
 import json
 import re
 import shutil
@@ -112,17 +113,58 @@ def test_float_expert_record_round_trip():
 
 
 # ---- the store: one read, no re-pack ------------------------------------------------------------------
+def _format1_copy(model_dir: Path, out: Path) -> Path:
+    """A copy of a packed model folder with its expert records in the old layout (format 1: float [3, I, D] in
+    the file's dtype, or GGUF rows for native blocks), as lessonkit wrote them before issue 43, the other files
+    (dense weights, config, tokenizer) copied unchanged: the old pack-at-load path, for comparison."""
+    out.mkdir()
+    c = ModelConfig.load(model_dir / "config.json")
+    for f in model_dir.iterdir():
+        if f.is_file() and f.name not in ("experts.safetensors", "manifest.json"):
+            shutil.copyfile(f, out / f.name)
+    rows = {k: qb.unpack_expert(rec, c.intermediate_size, c.dim, k)
+            for k, rec in load_file(model_dir / "experts.safetensors").items()}
+    save_file(rows, out / "experts.safetensors", metadata={"format": "lessonkit-stream-v1"})
+    return out
+
+
 @pytest.fixture(scope="module")
 def tiny_moe_dirs(tmp_path_factory):
-    """tiny-moe as shipped (format 1, float [3, I, D]) and the same model repacked (format 2)."""
-    src = MODELS_DIR / "tiny-moe"
-    new = tmp_path_factory.mktemp("tiny-moe-packed")
-    for f in src.iterdir():
-        if f.is_file():
-            shutil.copyfile(f, new / f.name)
-    assert repack_experts(new) and experts_layout(new / "experts.safetensors") == 2
-    assert not repack_experts(new)                                          # packed already: nothing to do
-    return src, new
+    """A format-1 copy of tiny-moe (float [3, I, D]) and tiny-moe as shipped (format 2, packed)."""
+    new = MODELS_DIR / "tiny-moe"
+    old = _format1_copy(new, tmp_path_factory.mktemp("tiny-moe-old") / "tiny-moe")
+    assert experts_layout(old / "experts.safetensors") == 1
+    return old, new
+
+
+def test_shipped_tiny_moe_is_packed_and_repacking_its_old_copy_gives_the_shipped_bytes(tiny_moe_dirs, tmp_path):
+    old_dir, new_dir = tiny_moe_dirs
+    assert experts_layout(new_dir / "experts.safetensors") == 2
+    assert not repack_experts(new_dir)                                      # packed already: nothing to do
+    d = shutil.copytree(old_dir, tmp_path / "m")
+    assert repack_experts(d) and experts_layout(d / "experts.safetensors") == 2
+    assert (d / "experts.safetensors").read_bytes() == (new_dir / "experts.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("forward", ["c", "torch"])
+def test_tiny_moe_logits_identical_from_either_layout_resident_and_streaming(tiny_moe_dirs, forward, monkeypatch):
+    """The full logits of every position (torch.equal) and the greedy tokens (==) of the shipped, packed
+    tiny-moe equal those of its format-1 copy, fully resident and streaming with a budget of three experts."""
+    if forward == "c" and (K._rowkernel is None or K.BACKEND == "mkl"):
+        pytest.skip("C kernel not built or not active")
+    monkeypatch.setenv("LESSONKIT_FORWARD", forward)
+    old_dir, new_dir = tiny_moe_dirs
+    ref = Engine(new_dir)
+    assert (ref.model.c_forward is not None) == (forward == "c")
+    for budget in (None, _budget_mb(ref, 3)):
+        old, new = (Engine(d, expert_budget_mb=budget) for d in (old_dir, new_dir))
+        for p in PROMPTS:
+            ids = new.encode(p)
+            a, b = (e.forward(ids, e.new_cache(len(ids))) for e in (old, new))
+            assert a.shape[0] == len(ids) and torch.equal(a, b), (budget, p)
+        assert _tokens(old, PROMPTS, 8) == _tokens(new, PROMPTS, 8)
+        if budget is not None:
+            assert old.store.misses > 0 and new.store.misses > 0
 
 
 @pytest.fixture(scope="module")
@@ -171,23 +213,10 @@ def test_tiny_moe_streamed_expert_equals_the_resident_one(tiny_moe_dirs):
     assert all(torch.equal(v, load_experts(old_dir, c)[k].float()) for k, v in load_experts(new_dir, c).items())
 
 
-def _format1_native(smollm2_dir: Path, out: Path) -> Path:
-    """A copy of the converted SmolLM2 with its MLP records in the old layout (GGUF rows), as lessonkit wrote
-    them before issue 43 (the old pack-at-load path, for comparison)."""
-    out.mkdir()
-    c = ModelConfig.load(smollm2_dir / "config.json")
-    for f in smollm2_dir.iterdir():
-        if f.is_file() and f.name not in ("experts.safetensors", "manifest.json"):
-            shutil.copyfile(f, out / f.name)
-    rows = {k: qb.unpack_expert(rec, c.intermediate_size, c.dim, k)
-            for k, rec in load_file(smollm2_dir / "experts.safetensors").items()}
-    save_file(rows, out / "experts.safetensors", metadata={"format": "lessonkit-stream-v1"})
-    return out
-
-
 @pytest.fixture(scope="module")
 def smollm2_old(smollm2, tmp_path_factory):
-    return _format1_native(smollm2, tmp_path_factory.mktemp("smollm2-old") / "m")
+    """The converted SmolLM2 with its MLP records in the old layout (GGUF rows)."""
+    return _format1_copy(smollm2, tmp_path_factory.mktemp("smollm2-old") / "m")
 
 
 @needs_c
