@@ -158,17 +158,17 @@ typedef struct {
     int64_t ldqkv, start, H, G, hd, nkv;
     const float *k, *v;     /* this layer's cache rows [alloc, G, hd] */
     float *out;             /* [M, nq] */
-    float *scores;          /* per part: start + M floats */
+    float *scores;          /* per thread: start + M floats */
     int64_t slen;
     float scale;
     int64_t pairs;          /* M * H */
     int avx2;
 } attention_t;
 
-FWD_INLINE void attention_body(const attention_t *a, int part, int parts)
+FWD_INLINE void attention_body(const attention_t *a, int part, int parts, int thread)
 {
     const int64_t p0 = a->pairs * part / parts, p1 = a->pairs * (part + 1) / parts, rep = a->H / a->G;
-    float *sc = a->scores + (int64_t)part * a->slen;
+    float *sc = a->scores + (int64_t)thread * a->slen;
     for (int64_t pr = p0; pr < p1; pr++) {
         const int64_t r = pr / a->H, h = pr % a->H, g = h / rep, S = a->start + r + 1;
         const float *q = a->qkv + r * a->ldqkv + h * a->hd;
@@ -189,32 +189,32 @@ FWD_INLINE void attention_body(const attention_t *a, int part, int parts)
     }
 }
 
-static void attention_portable(void *ctx, int part, int parts)
+static void attention_portable(void *ctx, int part, int parts, int thread)
 {
-    attention_body((const attention_t *)ctx, part, parts);
+    attention_body((const attention_t *)ctx, part, parts, thread);
 }
 
 #if HAVE_X86
-RK_TARGET("avx2") static void attention_avx2(void *ctx, int part, int parts)
+RK_TARGET("avx2") static void attention_avx2(void *ctx, int part, int parts, int thread)
 {
-    attention_body((const attention_t *)ctx, part, parts);
+    attention_body((const attention_t *)ctx, part, parts, thread);
 }
 #endif
 
 /* the attention pairs on the pool when it is free, else alone (as run_product) */
 static void run_attention(attention_t *a)
 {
-    void (*part)(void *, int, int) = attention_portable;
+    void (*part)(void *, int, int, int) = attention_portable;
 #if HAVE_X86
     if (a->avx2) part = attention_avx2;
 #endif
     if (rk_mutex_trylock(&pool_lock) == 0) {
-        const int parts = (int)(a->pairs < pool_size ? a->pairs : pool_size);
-        run_parts(part, a, parts);
+        const int threads = (int)(a->pairs < pool_size ? a->pairs : pool_size);
+        run_parts(part, a, threads, a->pairs);
         rk_mutex_unlock(&pool_lock);
         return;
     }
-    part(a, 0, 1);
+    part(a, 0, 1, 0);
 }
 
 static int fwd_product(const float *x, int64_t ldx, int64_t m, int64_t k, uint64_t w, int64_t kind, float *y,

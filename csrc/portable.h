@@ -149,12 +149,27 @@ typedef volatile long rk_atomic;
 static long rk_load(rk_atomic *a) { return _InterlockedCompareExchange(a, 0, 0); }
 static void rk_store(rk_atomic *a, long v) { _InterlockedExchange(a, v); }
 static long rk_fetch_add(rk_atomic *a, long v) { return _InterlockedExchangeAdd(a, v); }
+/* 64 bits whatever `long` is (32 on Windows): the pool's job word */
+typedef volatile long long rk_atomic64;
+static long long rk_load64(rk_atomic64 *a) { return _InterlockedCompareExchange64(a, 0, 0); }
+static void rk_store64(rk_atomic64 *a, long long v) { _InterlockedExchange64(a, v); }
+static int rk_cas64(rk_atomic64 *a, long long expect, long long v)
+{
+    return _InterlockedCompareExchange64(a, v, expect) == expect;
+}
 #else
 #include <stdatomic.h>
 typedef atomic_long rk_atomic;
 static long rk_load(rk_atomic *a) { return atomic_load_explicit(a, memory_order_acquire); }
 static void rk_store(rk_atomic *a, long v) { atomic_store_explicit(a, v, memory_order_seq_cst); }
 static long rk_fetch_add(rk_atomic *a, long v) { return atomic_fetch_add_explicit(a, v, memory_order_acq_rel); }
+typedef atomic_llong rk_atomic64;
+static long long rk_load64(rk_atomic64 *a) { return atomic_load_explicit(a, memory_order_acquire); }
+static void rk_store64(rk_atomic64 *a, long long v) { atomic_store_explicit(a, v, memory_order_seq_cst); }
+static int rk_cas64(rk_atomic64 *a, long long expect, long long v)
+{
+    return atomic_compare_exchange_strong_explicit(a, &expect, v, memory_order_acq_rel, memory_order_acquire);
+}
 #endif
 
 /* a spinning thread's hint to the core (x86 pause, arm64 yield) */
