@@ -46,7 +46,7 @@ def job_commands(job: str, args: list[str]) -> list[list[str]]:
         return [[py, "-m", "lessonkit", "run", *args]]
     if args:
         return [[py, "-m", "pytest", "-q", *args]]
-    return [[py, "-m", "pytest", "-q", "-n", "2", "--dist", "worksteal", "-m", "not serial"],
+    return [[py, "-m", "pytest", "-q", "-n", "2", "--dist", "worksteal", "-m", "not serial", "--durations=15"],
             [py, "-m", "pytest", "-q", "-m", "serial"]]
 
 

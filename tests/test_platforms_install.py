@@ -113,8 +113,11 @@ def test_the_wheel_runs_the_lessons_outside_the_clone(version, only, wheel, tmp_
     venv, env = fresh_install(version, wheel, tmp_path)
     work = tmp_path / "student"          # an unrelated folder: nothing of the clone is reachable from here
     work.mkdir()
-    check_installed(venv, env, work)
-    summary = smoke_run(venv, env, work, only)
+    try:
+        check_installed(venv, env, work)
+        summary = smoke_run(venv, env, work, only)
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)   # up to 4.5 GB each: pytest keeps its last temporary folders
     status = {name: s["status"] for name, s in summary["lessons"].items()}
     assert status and all(s == "ok" for s in status.values()), status
     assert len(status) == (8 if not only else 1), status

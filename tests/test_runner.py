@@ -50,6 +50,17 @@ def test_every_lesson_ran_and_left_its_notebook_figures_and_figures(build, summa
     assert compare_summaries(build / "summary.json", build / "summary.json") == 0
 
 
+@pytest.mark.parametrize("name", LESSONS)
+def test_lesson_executes_records_its_results_and_draws(build, name):
+    """What tests/test_notebooks.py checks of an exercise, for a lesson of the main job: no cell failed, the lesson
+    called record_results, at least one figure."""
+    executed = json.loads((build / "notebooks" / f"{name}.ipynb").read_text(encoding="utf-8"))
+    errors = [o for c in executed["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, errors[:1]
+    assert (build / "results" / f"{name}.json").is_file(), f"{name} did not call record_results"
+    assert list((build / "figures").glob(f"{name}_fig*.png")), f"{name} produced no figure"
+
+
 def test_report_html_is_well_formed(build):
     tree = _html_tree(build)
     assert tree.find(".//title").text == "lessonkit report"

@@ -6,7 +6,7 @@ utime without follow_symlinks, O_NOFOLLOW 0, a non-UTF-8 locale) gives the same 
   then restored), against the same runs without the stand-ins;
 * the lessons that touch the prefix cache and the expert store (01, 02, 03, 04, 06, SMOKE sizes, run as
   tests/test_notebooks.py runs them), their recorded figures that do not depend on timing compared with a
-  normal run of the same notebooks (the two runs side by side, one per core);
+  normal run of the same notebooks (the suite's SMOKE main job, tests/smoke_build.py);
 * the command line under `-X warn_default_encoding` with EncodingWarning an error for lessonkit's modules,
   and a conversion that writes a tokenizer holding U+0100 (SmolLM2's) in the same non-UTF-8 locale.
 """
@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.smoke_build import smoke_build  # noqa: F401  (the session fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 PIECES = ROOT / "tests" / "windows_pieces"
@@ -106,23 +108,24 @@ def _untimed(record, path=()):
 
 
 @pytest.mark.platforms
-def test_lessons_give_linux_figures(tmp_path):
+def test_lessons_give_linux_figures(tmp_path, smoke_build):  # noqa: F811
     """Every lesson executes with Windows' pieces (their kernels get the bootstrap through
-    PYTHONPATH); every figure they record that timing does not move equals a normal run's."""
+    PYTHONPATH); every figure they record that timing does not move equals the normal run's: the session's
+    SMOKE main job (tests/smoke_build.py), so no lesson runs a third time in a suite run."""
+    normal, rc = smoke_build
+    assert rc == 0, f"the SMOKE main job failed: see {normal / 'notebooks'}"
     log = tmp_path / "log"
     log.mkdir()
     t0 = time.perf_counter()
-    procs = {w: subprocess.Popen([sys.executable, str(PIECES / "run_lessons.py"), str(tmp_path / f"run-{w}"), *LESSONS],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, encoding="utf-8",
-                                 errors="replace", env=_env(w == "windows", log), cwd=tmp_path)
-             for w in ("linux", "windows")}
-    outs = {w: p.communicate(timeout=1500) for w, p in procs.items()}
-    for w, p in procs.items():
-        assert p.returncode == 0, f"{w} run failed:\n{outs[w][1][-4000:]}"
-    print(f"lessons, both runs side by side: {time.perf_counter() - t0:.0f} s")
+    p = subprocess.run([sys.executable, str(PIECES / "run_lessons.py"), str(tmp_path / "run-windows"), *LESSONS],
+                       capture_output=True, text=True, encoding="utf-8", errors="replace", env=_env(True, log),
+                       cwd=tmp_path, timeout=1500)
+    assert p.returncode == 0, f"windows run failed:\n{p.stderr[-4000:]}"
+    print(f"lessons with Windows' pieces: {time.perf_counter() - t0:.0f} s")
+    runs = {"linux": normal, "windows": tmp_path / "run-windows" / "build"}
     for lesson in LESSONS:
-        linux, win = ({**_untimed(json.loads((tmp_path / f"run-{w}" / "build" / "results" / f"{lesson}.json")
-                                             .read_text(encoding="utf-8")))} for w in ("linux", "windows"))
+        linux, win = ({**_untimed(json.loads((runs[w] / "results" / f"{lesson}.json").read_text(encoding="utf-8")))}
+                      for w in ("linux", "windows"))
         chosen_apart = set(linux) ^ set(win)            # only records whose timed choice differed
         assert all(any(f"{c}=" in k for c in CHOICES) for k in chosen_apart), f"{lesson}: {sorted(chosen_apart)}"
         both = sorted(set(linux) & set(win))
