@@ -415,7 +415,7 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
 {
     const int64_t *plan = (const int64_t *)plan_a, *dims = (const int64_t *)dims_a;
     shape_t c = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9], dims[10],
-                 dims[11], dims[12], eps, clip, use_avx2 != 0};
+                 dims[11], dims[12], eps, clip, use_avx2 == 2 ? 2 : use_avx2 != 0};
     const int64_t L = c.L, D = c.D, H = c.H, G = c.G, hd = c.hd, I = c.I, V = c.V, E = c.E, A = c.A;
     if (L < 1 || D < 1 || H < 1 || G < 1 || H % G || hd < 2 || hd % 2 || I < 1 || V < 1 || M < 1 || start < 0 ||
         start + M > alloc || start + M > c.R || first < 0 || first >= M || E < 1 || A < 1 || A > E)

@@ -220,8 +220,19 @@ static int rk_cpu_avx2_fma_f16c(void)
     rk_cpuid(7, 0, r);
     return f16c && ((r[1] >> 5) & 1);
 }
+/* AVX-512 F and BW on top of AVX2 + FMA + F16C, with the OS saving the opmask and all 512-bit registers
+   (XCR0 bits 5, 6, 7 besides SSE and AVX state) */
+static int rk_cpu_avx512(void)
+{
+    unsigned r[4];
+    if (!rk_cpu_avx2_fma_f16c()) return 0;
+    rk_cpuid(7, 0, r);
+    const int f = (r[1] >> 16) & 1, bw = (r[1] >> 30) & 1;
+    return f && bw && (rk_xgetbv0() & 0xe6) == 0xe6;
+}
 #else
 static int rk_cpu_avx2_fma_f16c(void) { return 0; }
+static int rk_cpu_avx512(void) { return 0; }
 #endif
 
 #endif

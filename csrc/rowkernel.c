@@ -453,6 +453,106 @@ typedef void (*qblock_fn)(const float *, int64_t, int64_t, const uint8_t *, size
     {Q##_4x1, 0, 0}, {Q##_5x1, 0, 0}, {Q##_6x1, 0, 0}}
 static const qblock_fn QBLOCKS[2][7][3] = {NATIVE_TABLE(q41), NATIVE_TABLE(q80)};
 
+/* ---- AVX-512: the native blocks, one strip (16 columns) per 512-bit register --------------------------
+The same chains as the AVX2 blocks above (per input: w = fma(q, d, m) exactly as the loader's two roundings,
+then acc = fma(x, w, acc)), 16 lanes at a time, so the bits are the AVX2 path's; what changes is how many
+instructions build a weight (one widening, one mask or shift, one convert and one fma for 16 weights instead
+of 8). Used for products of at most 6 rows on native blocks; every other product of the avx512 path runs
+the AVX2 code (same bits). Chosen at run time (rk_has_avx512: F, BW, and the OS saving the 512-bit state). */
+#define AVX512H RK_TARGET("avx512f,avx512bw,avx2,fma,f16c")
+#define DEFINE_Q41_512(MB, P)                                                                           \
+AVX512H static void q41z_##MB##x##P(const float *x, int64_t ldx, int64_t k, const uint8_t *wp,         \
+                                    size_t sb, float *y, int64_t ldy, int64_t ncols)                   \
+{                                                                                                        \
+    __m512 acc[MB][P];                                                                                   \
+    const __m512i low = _mm512_set1_epi32(15);                                                           \
+    UNROLL for (int r = 0; r < MB; r++) UNROLL for (int v = 0; v < P; v++) acc[r][v] = _mm512_setzero_ps(); \
+    for (int64_t b = 0; b < k / QK; b++) {                                                            \
+        __m512 d[P], mn[P];                                                                              \
+        UNROLL for (int v = 0; v < P; v++) {                                                             \
+            const uint8_t *blk = wp + v * sb + b * Q41_BLOCK;                                            \
+            d[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));                            \
+            mn[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));                    \
+        }                                                                                                \
+        const float *xb = x + b * QK;                                                                    \
+        for (int j = 0; j < QK / 2; j++) {                                                               \
+            UNROLL for (int v = 0; v < P; v++) {                                                         \
+                const uint8_t *q = wp + v * sb + b * Q41_BLOCK + 64 + STRIP * j;                         \
+                const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));             \
+                const __m512 w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(c, low)), d[v], mn[v]); \
+                const __m512 w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4)), d[v], mn[v]);  \
+                UNROLL for (int r = 0; r < MB; r++)                                                      \
+                    acc[r][v] = _mm512_fmadd_ps(_mm512_set1_ps(xb[r * ldx + 2 * j + 1]), w1,             \
+                                    _mm512_fmadd_ps(_mm512_set1_ps(xb[r * ldx + 2 * j]), w0, acc[r][v])); \
+            }                                                                                            \
+        }                                                                                                \
+    }                                                                                                    \
+    STORE_ACC_512(MB, P)                                                                                 \
+}
+#define DEFINE_Q80_512(MB, P)                                                                           \
+AVX512H static void q80z_##MB##x##P(const float *x, int64_t ldx, int64_t k, const uint8_t *wp,         \
+                                    size_t sb, float *y, int64_t ldy, int64_t ncols)                   \
+{                                                                                                        \
+    __m512 acc[MB][P];                                                                                   \
+    UNROLL for (int r = 0; r < MB; r++) UNROLL for (int v = 0; v < P; v++) acc[r][v] = _mm512_setzero_ps(); \
+    for (int64_t b = 0; b < k / QK; b++) {                                                            \
+        __m512 d[P];                                                                                     \
+        UNROLL for (int v = 0; v < P; v++)                                                               \
+            d[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wp + v * sb + b * Q80_BLOCK)));  \
+        const float *xb = x + b * QK;                                                                    \
+        for (int i = 0; i < QK; i++) {                                                                   \
+            UNROLL for (int v = 0; v < P; v++) {                                                         \
+                const uint8_t *q = wp + v * sb + b * Q80_BLOCK + 32 + STRIP * i;                         \
+                const __m512 w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), d[v]); \
+                UNROLL for (int r = 0; r < MB; r++)                                                      \
+                    acc[r][v] = _mm512_fmadd_ps(_mm512_set1_ps(xb[r * ldx + i]), w, acc[r][v]);          \
+            }                                                                                            \
+        }                                                                                                \
+    }                                                                                                    \
+    STORE_ACC_512(MB, P)                                                                                 \
+}
+/* the last strip may hold fewer than 16 real columns: a masked store */
+#define STORE_ACC_512(MB, P)                                                                            \
+    UNROLL for (int v = 0; v < P; v++) {                                                                 \
+        const int64_t left = ncols - STRIP * v;                                                          \
+        const __mmask16 keep = left >= STRIP ? (__mmask16)0xffff : (__mmask16)((1u << (left > 0 ? left : 0)) - 1u); \
+        UNROLL for (int r = 0; r < MB; r++) _mm512_mask_storeu_ps(y + r * ldy + STRIP * v, keep, acc[r][v]); \
+    }
+#define DEFINE_NATIVE_512(MB, P) DEFINE_Q41_512(MB, P) DEFINE_Q80_512(MB, P)
+DEFINE_NATIVE_512(1, 8)
+DEFINE_NATIVE_512(1, 4)
+DEFINE_NATIVE_512(1, 1)
+DEFINE_NATIVE_512(2, 4)
+DEFINE_NATIVE_512(2, 1)
+DEFINE_NATIVE_512(3, 4)
+DEFINE_NATIVE_512(3, 1)
+DEFINE_NATIVE_512(4, 2)
+DEFINE_NATIVE_512(4, 1)
+DEFINE_NATIVE_512(5, 2)
+DEFINE_NATIVE_512(5, 1)
+DEFINE_NATIVE_512(6, 2)
+DEFINE_NATIVE_512(6, 1)
+/* register blocks of the 512-bit path: widths in strips per row count (MB * P accumulators, P d and P m
+   registers, a few temporaries: at most 28 of the 32 zmm registers) */
+static const int STRIPS_512[7][3] = {{0, 0, 0}, {8, 4, 1}, {4, 1, 0}, {4, 1, 0}, {2, 1, 0}, {2, 1, 0}, {2, 1, 0}};
+#define NATIVE_TABLE_512(Q) {                                                                    \
+    {0, 0, 0}, {Q##_1x8, Q##_1x4, Q##_1x1}, {Q##_2x4, Q##_2x1, 0}, {Q##_3x4, Q##_3x1, 0},               \
+    {Q##_4x2, Q##_4x1, 0}, {Q##_5x2, Q##_5x1, 0}, {Q##_6x2, Q##_6x1, 0}}
+static const qblock_fn QBLOCKS_512[2][7][3] = {NATIVE_TABLE_512(q41z), NATIVE_TABLE_512(q80z)};
+
+static void qrows_avx512(const float *x, int64_t ldx, int m, int64_t k, const uint8_t *w, int kind, float *y,
+                         int64_t ldy, int64_t n)
+{
+    const int64_t nstrips = (n + STRIP - 1) / STRIP;
+    const size_t sb = strip_bytes(kind, k);
+    int64_t s = 0;
+    for (int t = 0; t < 3 && STRIPS_512[m][t]; t++) {
+        const int p = STRIPS_512[m][t];
+        for (; s + p <= nstrips; s += p)
+            QBLOCKS_512[kind][m][t](x, ldx, k, w + s * sb, sb, y + s * STRIP, ldy, n - s * STRIP);
+    }
+}
+
 /* m <= 6 rows, every strip, one register block height (the blocks' widths as rows_avx2) */
 static void qrows_avx2(const float *x, int64_t ldx, int m, int64_t k, const uint8_t *w, int kind, float *y,
                        int64_t ldy, int64_t n)
@@ -526,6 +626,7 @@ static void product_part(void *ctx, int part, int parts, int thread)
     }
     const uint8_t *w = (const uint8_t *)p->w + s0 * strip_bytes(p->kind, p->k);
 #if HAVE_X86
+    if (p->avx2 == 2 && p->m <= 6) { qrows_avx512(p->x, p->ldx, (int)p->m, p->k, w, p->kind, y, p->ldy, n); return; }
     if (p->avx2 && p->m <= 6) { qrows_avx2(p->x, p->ldx, (int)p->m, p->k, w, p->kind, y, p->ldy, n); return; }
 #endif
     native_via_scratch(p, w, y, n, p->scratch[thread]);
@@ -704,11 +805,11 @@ static int run_product(product_t *p)
 lessonkit/engine/kernel.py loads this library with ctypes (which releases the GIL around every call) and
 turns the codes below into the exceptions the engine raises. Addresses are uintptr_t, sizes int64_t; every
 entry point returns RK_OK or an error code. */
-#define RK_ABI 5               /* bumped when an entry point's arguments change; kernel.py refuses another */
+#define RK_ABI 6               /* bumped when an entry point's arguments change; kernel.py refuses another */
 enum {
     RK_OK = 0,
     RK_BAD_SIZES = 1,          /* a size < 1, a leading dimension < the row, K not a multiple of 32 */
-    RK_NO_AVX2 = 2,            /* the AVX2 path asked for on a CPU without AVX2 + FMA + F16C */
+    RK_NO_AVX2 = 2,            /* the AVX2 (AVX-512) path asked for on a CPU without AVX2 + FMA + F16C (AVX-512 F, BW) */
     RK_NO_MEMORY = 3,          /* scratch for native blocks could not be allocated */
     RK_BAD_KIND = 4,           /* a block kind other than 0 (Q4_1) or 1 (Q8_0) */
     RK_BAD_THREADS = 5,        /* set_threads outside 1 .. RK_MAX_THREADS */
@@ -728,10 +829,21 @@ static int cpu_avx2(void)
 
 RK_EXPORT int32_t rk_has_avx2(void) { return cpu_avx2(); }
 
-/* the path a call asked for: NULL when it asked for AVX2 on a CPU without it */
+static int cpu_avx512(void)
+{
+    static rk_atomic ok = -1;
+    if (rk_load(&ok) < 0) rk_store(&ok, rk_cpu_avx512());
+    return (int)rk_load(&ok);
+}
+
+RK_EXPORT int32_t rk_has_avx512(void) { return cpu_avx512(); }
+
+/* the path a call asked for (use_avx2: 0 portable, 1 AVX2, 2 AVX-512 for native blocks and AVX2 for the
+   rest): NULL when the CPU lacks it */
 static matmul_fn choose_matmul(int32_t use_avx2)
 {
 #if HAVE_X86
+    if (use_avx2 == 2 && !cpu_avx512()) return NULL;
     if (use_avx2) return cpu_avx2() ? matmul_avx2 : NULL;
 #endif
     (void)use_avx2;
@@ -756,7 +868,7 @@ RK_EXPORT int32_t rk_matmul(uintptr_t x, int64_t m, int64_t k, int64_t ldx, uint
 {
     product_t p = {0};
     p.x = (const float *)x, p.m = m, p.k = k, p.ldx = ldx, p.w = (const void *)w, p.n = n;
-    p.y = (float *)y, p.ldy = ldy, p.avx2 = use_avx2 != 0, p.kind = KIND_F32;
+    p.y = (float *)y, p.ldy = ldy, p.avx2 = use_avx2 == 2 ? 2 : use_avx2 != 0, p.kind = KIND_F32;
     return product_call(&p);
 }
 
@@ -768,7 +880,7 @@ RK_EXPORT int32_t rk_qmatmul(uintptr_t x, int64_t m, int64_t k, int64_t ldx, uin
         return RK_BAD_KIND;
     product_t p = {0};
     p.x = (const float *)x, p.m = m, p.k = k, p.ldx = ldx, p.w = (const void *)w, p.kind = kind, p.n = n;
-    p.y = (float *)y, p.ldy = ldy, p.avx2 = use_avx2 != 0;
+    p.y = (float *)y, p.ldy = ldy, p.avx2 = use_avx2 == 2 ? 2 : use_avx2 != 0;
     return product_call(&p);
 }
 

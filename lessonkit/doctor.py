@@ -72,13 +72,13 @@ def paths_ok() -> bool:
         print(f"  FAIL weights: {e}")
     good = check_row_invariance([(256, 768), (576, 960), (1536, 576)])
     ok &= good
-    path = {"avx2": "C kernel, AVX2 + FMA", "portable": "C kernel, portable path",
+    path = {"avx512": "C kernel, AVX-512 (native blocks) + AVX2", "avx2": "C kernel, AVX2 + FMA", "portable": "C kernel, portable path",
             "mkl": f"MKL GEMV rows, {kb['row_group']} row(s) per call"}[kb["backend"]]
     print(f"  {'OK  ' if good else 'FAIL'} exact short forwards: {path} ({kb['why']}); "
           f"rows 1..16 {'equal' if good else 'DIFFER FROM'} one-row products bit for bit, "
           f"{torch.get_num_threads()} thread(s)")
     print(f"  INFO kernel binary: {kb['binary'] or 'none loaded'} ({kb['binary_why']}); instruction set: "
-          f"{kb['isa']} (LESSONKIT_ISA=avx2|neon|portable chooses; this build has no AVX-512 path)")
+          f"{kb['isa']} (LESSONKIT_ISA=avx512|avx2|neon|portable chooses)")
     from lessonkit.engine.c_forward import describe
     try:
         print(f"  INFO forward (smollm2-135m, tiny-moe, drafters): {describe()}")

@@ -15,7 +15,8 @@ from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.registry import load_model
 
 needs_c = pytest.mark.skipif(K._rowkernel is None or K.BACKEND == "mkl", reason="C kernel not built or not active")
-PATHS = ["avx2", "portable"] if K._rowkernel is not None and K._rowkernel.has_avx2() else ["portable"]
+PATHS = (["avx512"] if K._rowkernel is not None and K._rowkernel.has_avx512() else []) \
+    + (["avx2", "portable"] if K._rowkernel is not None and K._rowkernel.has_avx2() else ["portable"])
 MODELS = ["smollm2-135m", "tiny-draft", "smollm2-draft", "tiny-moe"]     # three dense Llamas, one OLMoE-style MoE
 TORCH_BOUND = 5e-4        # largest |C - PyTorch| logit difference allowed (docs/numerics.md: measured 7.1e-5)
 PROMPT = list(range(100, 171))           # 71 tokens: crosses a 64-key bucket of the PyTorch forward
@@ -220,8 +221,11 @@ def test_lessonkit_isa_chooses_a_path_or_refuses_by_name(monkeypatch):
     import platform
     monkeypatch.delenv("LESSONKIT_KERNEL", raising=False)
     arm = platform.machine().lower() in ("aarch64", "arm64")
-    for bad, said in (("sse9", "expected one of"), ("avx512", "no AVX-512 path"),
-                      ("avx2" if arm else "neon", "this CPU is")):
+    avx512 = K._rowkernel is not None and K._rowkernel.has_avx512()
+    refused = [("sse9", "expected one of"), ("avx2" if arm else "neon", "this CPU is")]
+    if not avx512:
+        refused.append(("avx512", "this CPU is" if arm else "no AVX-512"))
+    for bad, said in refused:
         monkeypatch.setenv("LESSONKIT_ISA", bad)
         with pytest.raises(LessonkitError, match=said):
             K._choose()
@@ -229,6 +233,11 @@ def test_lessonkit_isa_chooses_a_path_or_refuses_by_name(monkeypatch):
         return
     monkeypatch.setenv("LESSONKIT_ISA", "neon" if arm else "portable")
     assert K._choose()[0] == "portable" and K.isa("portable") == ("neon" if arm else "portable")
+    if avx512:
+        monkeypatch.setenv("LESSONKIT_ISA", "avx512")
+        assert K._choose()[0] == "avx512"
+        monkeypatch.setenv("LESSONKIT_ISA", "avx2")
+        assert K._choose() == ("avx2", "forced by LESSONKIT_ISA")
     monkeypatch.setenv("LESSONKIT_KERNEL", "mkl")
     with pytest.raises(LessonkitError, match="disagree"):
         K._choose()

@@ -16,7 +16,8 @@ from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.gguf_loader import NATIVE_KINDS, block_rows, smollm2_gguf_path
 
 needs_c = pytest.mark.skipif(K._rowkernel is None or K.BACKEND == "mkl", reason="C kernel not built or not active")
-PATHS = ["avx2", "portable"] if K._rowkernel is not None and K._rowkernel.has_avx2() else ["portable"]
+PATHS = (["avx512"] if K._rowkernel is not None and K._rowkernel.has_avx512() else []) \
+    + (["avx2", "portable"] if K._rowkernel is not None and K._rowkernel.has_avx2() else ["portable"])
 
 
 @pytest.fixture(scope="module")
@@ -64,15 +65,18 @@ def test_native_products_equal_the_float32_path_bit_for_bit(gguf_tensors, path):
 
 @needs_c
 def test_avx2_and_portable_native_paths_agree(gguf_tensors):
+    """Every path of this CPU (avx512, avx2, portable) gives the same bits, in registers (up to 6 rows) and
+    through the float scratch (more rows)."""
     if len(PATHS) < 2:
         pytest.skip("CPU without AVX2/FMA/F16C")
     kind, raw, ref = gguf_tensors["blk.3.ffn_down.weight"]
-    x = torch.randn(9, ref.shape[1]) * 5
-    outs = []
-    for path in PATHS:
-        with K.using(path):
-            outs.append(qb.NativeWeight(raw, ref.shape[1], kind).rows(x))
-    assert torch.equal(*outs)
+    for m in (1, 2, 3, 4, 5, 6, 9):
+        x = torch.randn(m, ref.shape[1]) * 5
+        outs = []
+        for path in PATHS:
+            with K.using(path):
+                outs.append(qb.NativeWeight(raw, ref.shape[1], kind).rows(x))
+        assert all(torch.equal(outs[0], o) for o in outs[1:]), (m, PATHS)
 
 
 @needs_c

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.platforms
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
 KERNELS = ROOT / "lessonkit" / "engine" / "kernels"
-ENTRY_POINTS = ["rk_abi", "rk_matmul", "rk_qmatmul", "rk_dequantise", "rk_set_threads", "rk_has_avx2",
+ENTRY_POINTS = ["rk_abi", "rk_matmul", "rk_qmatmul", "rk_dequantise", "rk_set_threads", "rk_has_avx2", "rk_has_avx512",
                 "rk_dense_step", "rk_fma_many", "rk_max_threads", "rk_forward", "rk_exp_many"]
 # every platform's bits for these; dense_step also calls the C library's expf (see test_windows_x86_64...)
 EXACT = ["matmul", "qmatmul", "dequantise", "forward_decode", "forward_last", "forward_moe_decode",
@@ -136,7 +136,8 @@ def reference(driver, tmp_path_factory):
 
 def avx2_paths() -> list[str]:
     import lessonkit.engine.kernel as K
-    return ["0", "1"] if K._rowkernel is not None and K._rowkernel.has_avx2() else ["0"]
+    paths = ["0", "1"] if K._rowkernel is not None and K._rowkernel.has_avx2() else ["0"]
+    return paths + (["2"] if K._rowkernel is not None and K._rowkernel.has_avx512() else [])
 
 
 def test_x86_64_paths_and_thread_counts_give_the_same_bits(driver, reference, tmp_path):

@@ -166,7 +166,7 @@ def strip_row_weight(strips: torch.Tensor, k: int, n: int) -> RowWeight:
     if kernel.BACKEND == "mkl" or strips.dtype != torch.float32:
         return RowWeight(unpack_strips(strips, k, n))
     rw = RowWeight.__new__(RowWeight)          # RowWeight.__init__ would pack W.T; these strips are packed
-    rw.k, rw.n, rw.dtype, rw.data, rw.avx2 = k, n, torch.float32, strips, kernel.BACKEND == "avx2"
+    rw.k, rw.n, rw.dtype, rw.data, rw.avx2 = k, n, torch.float32, strips, kernel.path_code()
     return rw
 
 
@@ -218,7 +218,7 @@ class NativeWeight:
             raise LessonkitError(f"native {kind} weight: strip-blocks {tuple(packed.shape)} {packed.dtype} do not "
                                  f"hold a [{n}, {k}] matrix ({packed_bytes(n, k, kind)} bytes)")
         self.k, self.n, self.kind, self.data = k, n, kind, packed
-        self.avx2 = kernel.BACKEND == "avx2"
+        self.avx2 = kernel.path_code()
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.k:

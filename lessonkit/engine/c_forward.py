@@ -101,7 +101,7 @@ def plan_for(model) -> tuple["CForward | None", str]:
         fwd = CForward(model)
         reason = fwd.unpacked
         if reason is None:
-            return fwd, f"one C call per forward ({'avx2' if fwd.avx2 else 'portable'})"
+            return fwd, f"one C call per forward ({('portable', 'avx2', 'avx512')[fwd.avx2]})"
     if req == "c":
         raise LessonkitError(f"LESSONKIT_FORWARD=c, but this model cannot take the C forward: {reason}")
     return None, f"PyTorch forward: {reason}"
@@ -145,7 +145,7 @@ class CForward:
                                   wt["lm_head"].n, self.cos.shape[0], E, c.top_k if c.is_moe else 1,
                                   int(bool(c.norm_topk_prob)), int(bool(c.qk_norm)),
                                   int(model.store._pool is not None)], dtype=torch.int64)
-        self.avx2 = bool(wt["lm_head"].avx2)
+        self.avx2 = int(wt["lm_head"].avx2)
         self.eps = float(c.norm_eps)
         self.clip = float(c.clip_qkv) if c.clip_qkv is not None else 0.0
         self._lock = threading.Lock()    # one forward at a time: the expert tables and _held are per call
@@ -170,7 +170,7 @@ class CForward:
         if got is None:
             self.unpacked = self.unpacked or f"{name} is not packed for the C kernel"
             return 0, KIND["f32"]
-        if bool(w.avx2) != bool(self.model.wt["lm_head"].avx2):
+        if int(w.avx2) != int(self.model.wt["lm_head"].avx2):
             self.unpacked = self.unpacked or f"{name} was prepared for another kernel path"
         self.keep.append(got[2])
         return got[0], got[1]

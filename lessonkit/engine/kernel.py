@@ -4,6 +4,8 @@ A short forward (decode, speculative verify, drafting; at most ROWWISE_MAX rows)
 the transposed weights W [in, out]. Exactness needs every row's result to equal a one-row product bit for
 bit, whatever the other rows are. Three backends, chosen once at import:
 
+  avx512    the C kernel's AVX2 path with the native-block products of up to 6 rows in 512-bit registers
+            (AVX-512 F and BW): the same chains 16 lanes at a time, so the same bits;
   avx2      the C kernel, AVX2 + FMA: each output is one fixed-order FMA chain over the input dimension,
             weights packed at load into 16-column strips and read once per call for all rows;
   portable  the same C kernel without AVX2 vectors (one correctly rounded fma per weight, the FMA
@@ -11,7 +13,7 @@ bit, whatever the other rows are. Three backends, chosen once at import:
   mkl       no kernel binary for this platform: rows in groups of at most ROW_GROUP on MKL's GEMV path,
             which is row-invariant too but makes one pass over the weights per group.
 
-`LESSONKIT_KERNEL=avx2|portable|mkl|auto` forces a backend (tests use it to compare the paths).
+`LESSONKIT_KERNEL=avx512|avx2|portable|mkl|auto` forces a backend (tests use it to compare the paths).
 
 The kernel is a plain C shared library, no Python ABI, loaded with ctypes (which releases the GIL during
 each call): one binary per OS and CPU serves every Python version. The wheel ships six, cross-built with
@@ -41,7 +43,7 @@ import torch
 
 from lessonkit.engine.errors import LessonkitError
 
-ABI = 5                                 # csrc/rowkernel.c's rk_abi() this module calls
+ABI = 6                                 # csrc/rowkernel.c's rk_abi() this module calls
 KERNELS = Path(__file__).resolve().parent / "kernels"      # the shipped binaries (csrc/build_kernels.py)
 _SYSTEMS = {"linux": ("linux", ".so"), "win32": ("windows", ".dll"), "darwin": ("macos", ".dylib")}
 _MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}
@@ -77,7 +79,7 @@ class KernelLibrary:
     sizes or kinds, RuntimeError on a CPU without AVX2 when the AVX2 path is asked for, MemoryError."""
 
     SIGNATURES = {
-        "rk_abi": [], "rk_max_threads": [], "rk_has_avx2": [],
+        "rk_abi": [], "rk_max_threads": [], "rk_has_avx2": [], "rk_has_avx512": [],
         "rk_matmul": [_ADDR, _I64, _I64, _I64, _ADDR, _I64, _ADDR, _I64, _I32],
         "rk_qmatmul": [_ADDR, _I64, _I64, _I64, _ADDR, _I32, _I64, _ADDR, _I64, _I32],
         "rk_dequantise": [_ADDR, _I32, _I64, _I64, _ADDR, _I32],
@@ -124,20 +126,23 @@ class KernelLibrary:
     def has_avx2(self) -> bool:
         return bool(self.lib.rk_has_avx2())
 
+    def has_avx512(self) -> bool:
+        return bool(self.lib.rk_has_avx512())
+
     def matmul(self, x, m, k, ldx, w, n, y, ldy, use_avx2) -> None:
         """y[m, :n] = x[m, :k] @ W (W packed in float strips at address w)"""
-        self._check("matmul", self.lib.rk_matmul(x, m, k, ldx, w, n, y, ldy, bool(use_avx2)))
+        self._check("matmul", self.lib.rk_matmul(x, m, k, ldx, w, n, y, ldy, int(use_avx2)))
 
     def qmatmul(self, x, m, k, ldx, w, kind, n, y, ldy, use_avx2) -> None:
         """the same on native strip-blocks, kind 0 = Q4_1, 1 = Q8_0"""
-        rc = self.lib.rk_qmatmul(x, m, k, ldx, w, kind, n, y, ldy, bool(use_avx2))
+        rc = self.lib.rk_qmatmul(x, m, k, ldx, w, kind, n, y, ldy, int(use_avx2))
         if rc == RK_BAD_KIND:
             raise ValueError(f"rowkernel.qmatmul: unknown block kind {kind} (0: Q4_1, 1: Q8_0)")
         self._check("qmatmul", rc)
 
     def dequantise(self, w, kind, k, n, out, use_avx2) -> None:
         """native strips -> float32 strips"""
-        rc = self.lib.rk_dequantise(w, kind, k, n, out, bool(use_avx2))
+        rc = self.lib.rk_dequantise(w, kind, k, n, out, int(use_avx2))
         self._check("dequantise", RK_BAD_SIZES if rc == RK_BAD_KIND else rc, "bad arguments")
 
     def set_threads(self, n: int) -> int:
@@ -150,14 +155,14 @@ class KernelLibrary:
     def dense_step(self, plan, L, D, H, G, hd, inter, vocab, out_rows, eps, token, pos, use_avx2, logits) -> None:
         """one decode step of a small dense model (csrc/rowkernel.c documents the plan)"""
         self._check("dense_step", self.lib.rk_dense_step(plan, L, D, H, G, hd, inter, vocab, out_rows, eps, token,
-                                                         pos, bool(use_avx2), logits))
+                                                         pos, int(use_avx2), logits))
 
     def forward(self, plan, dims, eps, clip, x, tokens, m, start, k_cache, v_cache, alloc, logits, first, use_avx2,
                 routing=0, unique=0, fetch=0) -> int:
         """a whole forward of m rows at positions start.. (csrc/forward.c documents the plan); returns
         RK_FETCH_FAILED when the caller's fetch reported an error (the caller holds it), else raises or 0"""
         rc = self.lib.rk_forward(plan, dims, eps, clip, x, tokens, m, start, k_cache, v_cache, alloc, logits, first,
-                                 bool(use_avx2), routing, unique, fetch)
+                                 int(use_avx2), routing, unique, fetch)
         if rc == RK_FETCH_FAILED:
             return rc
         self._check("forward", RK_BAD_SIZES if rc == RK_BAD_KIND else rc,
@@ -227,18 +232,16 @@ ISAS = ("avx512", "avx2", "neon", "portable")
 
 def _isa_request() -> str:
     """LESSONKIT_ISA=avx512|avx2|neon|portable as a LESSONKIT_KERNEL value ("" when unset). The C kernel has
-    an AVX2 + FMA path and a portable path, which is NEON fmla on arm64 and plain C elsewhere; this build has
-    no AVX-512 path (never tested on an AVX-512 machine), so avx512 is refused by name, never silently
-    replaced."""
+    an AVX-512 path (native blocks; AVX2 for the rest), an AVX2 + FMA path and a portable path, which is NEON
+    fmla on arm64 and plain C elsewhere. A path the CPU lacks is refused by name, never silently replaced."""
     isa = os.environ.get("LESSONKIT_ISA", "").strip().lower()
     if not isa:
         return ""
     if isa not in ISAS:
         raise LessonkitError(f"LESSONKIT_ISA={isa!r}: expected one of {', '.join(ISAS)}")
     arm = platform.machine().lower() in ("aarch64", "arm64")
-    if isa == "avx512":
-        raise LessonkitError("LESSONKIT_ISA=avx512: this build of the kernel has no AVX-512 path; "
-                             "LESSONKIT_ISA=avx2 runs on AVX-512 CPUs (same bits on every path)")
+    if isa == "avx512" and arm:
+        raise LessonkitError(f"LESSONKIT_ISA=avx512: AVX-512 is x86's; this CPU is {platform.machine()}")
     if isa == "neon" and not arm:
         raise LessonkitError(f"LESSONKIT_ISA=neon: NEON is arm64's; this CPU is {platform.machine()}")
     if isa == "avx2" and arm:
@@ -250,8 +253,8 @@ def _isa_request() -> str:
 
 def _choose() -> tuple[str, str]:
     forced = os.environ.get("LESSONKIT_KERNEL", "").strip().lower()
-    if forced not in ("", "auto", "avx2", "portable", "mkl"):
-        raise ValueError(f"LESSONKIT_KERNEL={forced!r}: expected avx2, portable, mkl or auto")
+    if forced not in ("", "auto", "avx512", "avx2", "portable", "mkl"):
+        raise ValueError(f"LESSONKIT_KERNEL={forced!r}: expected avx512, avx2, portable, mkl or auto")
     isa = _isa_request()
     if isa and forced not in ("", "auto", isa):
         raise LessonkitError(f"LESSONKIT_ISA and LESSONKIT_KERNEL disagree ({os.environ['LESSONKIT_ISA']} vs "
@@ -265,8 +268,15 @@ def _choose() -> tuple[str, str]:
         return "mkl", f"no C kernel binary loaded ({_IMPORT_ERROR})"
     if forced == "portable":
         return "portable", "forced by LESSONKIT_KERNEL=portable" if not isa else "forced by LESSONKIT_ISA"
+    if forced == "avx512" and not _rowkernel.has_avx512():
+        raise LessonkitError(f"LESSONKIT_{'ISA' if isa else 'KERNEL'}=avx512: this CPU has no AVX-512 F + BW "
+                             "(LESSONKIT_ISA=avx2 gives the same bits)")
+    if _rowkernel.has_avx512() and forced != "avx2":
+        return "avx512", ("forced by LESSONKIT_ISA" if isa else "C kernel loaded and this CPU has AVX-512 F + BW "
+                          "(native-block products in 512-bit registers, the rest AVX2)")
     if _rowkernel.has_avx2():
-        return "avx2", "C kernel loaded and this CPU has AVX2 + FMA"
+        return "avx2", ("forced by LESSONKIT_ISA" if isa else "forced by LESSONKIT_KERNEL=avx2") if forced == "avx2" \
+            else "C kernel loaded and this CPU has AVX2 + FMA"
     if forced == "avx2":
         raise LessonkitError("LESSONKIT_KERNEL=avx2: this CPU has no AVX2/FMA")
     if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
@@ -275,7 +285,7 @@ def _choose() -> tuple[str, str]:
 
 
 def isa(backend_name: str | None = None) -> str:
-    """The instruction set the kernel's path runs: avx2, neon (arm64's portable path), portable, or mkl."""
+    """The instruction set the kernel's path runs: avx512, avx2, neon (arm64's portable path), portable, or mkl."""
     b = backend_name or BACKEND
     if b == "portable" and platform.machine().lower() in ("aarch64", "arm64"):
         return "neon"
@@ -283,6 +293,11 @@ def isa(backend_name: str | None = None) -> str:
 
 
 BACKEND, WHY = _choose()
+
+
+def path_code(backend_name: str | None = None) -> int:
+    """The C entry points' use_avx2 argument for a backend: 0 portable, 1 AVX2, 2 AVX-512 (native blocks)."""
+    return {"avx2": 1, "avx512": 2}.get(backend_name or BACKEND, 0)
 
 
 def backend() -> dict:
@@ -297,12 +312,14 @@ def using(name: str):
     """Weights prepared inside the block take backend `name` ("avx2", "portable" or "mkl"): benchmarks
     and lessons load the same model twice to compare the paths side by side in one process."""
     global BACKEND, WHY
-    if name not in ("avx2", "portable", "mkl"):
-        raise ValueError(f"unknown kernel backend {name!r}: expected avx2, portable or mkl")
+    if name not in ("avx512", "avx2", "portable", "mkl"):
+        raise ValueError(f"unknown kernel backend {name!r}: expected avx512, avx2, portable or mkl")
     if name != "mkl" and _rowkernel is None:
         raise RuntimeError(f"backend {name}: no C kernel binary loaded ({_IMPORT_ERROR})")
     if name == "avx2" and not _rowkernel.has_avx2():
         raise RuntimeError("backend avx2: this CPU has no AVX2/FMA")
+    if name == "avx512" and not _rowkernel.has_avx512():
+        raise RuntimeError("backend avx512: this CPU has no AVX-512 F + BW")
     old = BACKEND, WHY
     BACKEND, WHY = name, f"chosen for a comparison ({name})"
     try:
@@ -367,7 +384,7 @@ class RowWeight:
             raise ValueError(f"RowWeight needs a 2-D weight, got shape {tuple(w_t.shape)}")
         self.k, self.n = w_t.shape
         self.dtype = w_t.dtype
-        self.avx2 = BACKEND == "avx2"                 # the path is fixed when the weight is prepared
+        self.avx2 = path_code()                       # the path is fixed when the weight is prepared
         if BACKEND == "mkl" or w_t.dtype != torch.float32:
             self.data = w_t.contiguous()
         else:
