@@ -18,9 +18,10 @@ up to a multiple of 16 with zero columns): strip s holds rows 0..K-1 of its 16 c
 rows x P strips; a one-row product runs 4 strips side by side (8 independent FMA chains), so it is as fast
 as a GEMV, and an M-row product reads every weight from memory once: extra rows cost arithmetic only.
 
-Two paths, same arithmetic: AVX2 + FMA (selected at import when the CPU has both) and a portable C
-path, one correctly rounded fma per weight (never the C library's fmaf, which is not correctly rounded
-everywhere: see "fma" below). The pair is tested for equal bits.
+Paths, same arithmetic: AVX2 + FMA (selected at import when the CPU has both), AVX-512 F + BW for the
+native-block register blocks (the rest of that path is AVX2's: see "AVX-512" below), and a portable C path,
+one correctly rounded fma per weight (never the C library's fmaf, which is not correctly rounded everywhere:
+see "fma" below). They are tested for equal bits.
 
 Native blocks (qmatmul). SmolLM2 ships as llama.cpp Q4_1 blocks (32 weights: w = d * q + m, d and m
 half floats, q a 4-bit code) and a Q8_0 embedding (w = d * q, q an int8). Dequantised in float32 with a
@@ -55,8 +56,9 @@ tests/test_platforms_kernel.py runs csrc/kernel_check.c against the shipped bina
 paths), under qemu-aarch64 and under wine64, and compares hashes of the output bits.
 
 Threads. set_threads(n) starts n - 1 detached workers (a pool shared by every product, one product at a
-time); a product's strips are split into n contiguous ranges, so each output element is still one chain
-computed by one thread and the bits cannot depend on n (tested at 1, 2 and 3 threads). */
+time); a product's strips are cut into 3n contiguous chunks that the threads claim one at a time (see "the
+thread pool" below), so each output element is still one chain computed by one thread and the bits cannot
+depend on n or on who ran which chunk (tested at 1, 2, 3 and 8 threads). */
 #include "portable.h"
 #include "format.h"   /* QK, STRIP, Q41_BLOCK, Q80_BLOCK, KIND_*: the packed format, shared with lessonkit/engine/blocks.py */
 

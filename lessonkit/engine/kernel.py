@@ -2,10 +2,9 @@
 
 A short forward (decode, speculative verify, drafting; at most ROWWISE_MAX rows) multiplies its rows by
 the transposed weights W [in, out]. Exactness needs every row's result to equal a one-row product bit for
-bit, whatever the other rows are. Three backends, chosen once at import:
+bit, whatever the other rows are. Four backends, chosen once at import:
 
-  avx512    the C kernel's AVX2 path with the native-block products of up to 6 rows in 512-bit registers
-            (AVX-512 F and BW): the same chains 16 lanes at a time, so the same bits;
+  avx512    as avx2, with native-block products of up to 6 rows in 512-bit registers (same chains, same bits);
   avx2      the C kernel, AVX2 + FMA: each output is one fixed-order FMA chain over the input dimension,
             weights packed at load into 16-column strips and read once per call for all rows;
   portable  the same C kernel without AVX2 vectors (one correctly rounded fma per weight, the FMA
@@ -126,7 +125,7 @@ class KernelLibrary:
     def has_avx2(self) -> bool:
         return bool(self.lib.rk_has_avx2())
 
-    def has_avx512(self) -> bool:
+    def has_avx512(self) -> bool:   # AVX-512 F + BW, and the OS saves the 512-bit state
         return bool(self.lib.rk_has_avx512())
 
     def matmul(self, x, m, k, ldx, w, n, y, ldy, use_avx2) -> None:
@@ -240,12 +239,9 @@ def _isa_request() -> str:
     if isa not in ISAS:
         raise LessonkitError(f"LESSONKIT_ISA={isa!r}: expected one of {', '.join(ISAS)}")
     arm = platform.machine().lower() in ("aarch64", "arm64")
-    if isa == "avx512" and arm:
-        raise LessonkitError(f"LESSONKIT_ISA=avx512: AVX-512 is x86's; this CPU is {platform.machine()}")
-    if isa == "neon" and not arm:
-        raise LessonkitError(f"LESSONKIT_ISA=neon: NEON is arm64's; this CPU is {platform.machine()}")
-    if isa == "avx2" and arm:
-        raise LessonkitError(f"LESSONKIT_ISA=avx2: AVX2 is x86's; this CPU is {platform.machine()}")
+    if (isa == "neon") != arm and isa != "portable":
+        owner = "arm64" if isa == "neon" else "x86"
+        raise LessonkitError(f"LESSONKIT_ISA={isa}: {isa.upper()} is {owner}'s; this CPU is {platform.machine()}")
     if isa == "portable" and arm:
         raise LessonkitError("LESSONKIT_ISA=portable: on arm64 the portable path is NEON (LESSONKIT_ISA=neon)")
     return "portable" if isa == "neon" else isa
@@ -272,11 +268,10 @@ def _choose() -> tuple[str, str]:
         raise LessonkitError(f"LESSONKIT_{'ISA' if isa else 'KERNEL'}=avx512: this CPU has no AVX-512 F + BW "
                              "(LESSONKIT_ISA=avx2 gives the same bits)")
     if _rowkernel.has_avx512() and forced != "avx2":
-        return "avx512", ("forced by LESSONKIT_ISA" if isa else "C kernel loaded and this CPU has AVX-512 F + BW "
-                          "(native-block products in 512-bit registers, the rest AVX2)")
+        return "avx512", "forced by LESSONKIT_ISA" if isa else "C kernel loaded and this CPU has AVX-512 F + BW"
     if _rowkernel.has_avx2():
-        return "avx2", ("forced by LESSONKIT_ISA" if isa else "forced by LESSONKIT_KERNEL=avx2") if forced == "avx2" \
-            else "C kernel loaded and this CPU has AVX2 + FMA"
+        return "avx2", f"forced by LESSONKIT_{'ISA' if isa else 'KERNEL=avx2'}" if forced == "avx2" else \
+            "C kernel loaded and this CPU has AVX2 + FMA"
     if forced == "avx2":
         raise LessonkitError("LESSONKIT_KERNEL=avx2: this CPU has no AVX2/FMA")
     if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
@@ -296,7 +291,7 @@ BACKEND, WHY = _choose()
 
 
 def path_code(backend_name: str | None = None) -> int:
-    """The C entry points' use_avx2 argument for a backend: 0 portable, 1 AVX2, 2 AVX-512 (native blocks)."""
+    """The C entry points' use_avx2 argument: 0 portable, 1 AVX2, 2 AVX-512 (native blocks; AVX2 for the rest)."""
     return {"avx2": 1, "avx512": 2}.get(backend_name or BACKEND, 0)
 
 
