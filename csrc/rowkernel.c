@@ -542,31 +542,29 @@ static const int STRIPS_512[7][3] = {{0, 0, 0}, {8, 4, 1}, {4, 1, 0}, {4, 1, 0},
     {Q##_4x2, Q##_4x1, 0}, {Q##_5x2, Q##_5x1, 0}, {Q##_6x2, Q##_6x1, 0}}
 static const qblock_fn QBLOCKS_512[2][7][3] = {NATIVE_TABLE_512(q41z), NATIVE_TABLE_512(q80z)};
 
-static void qrows_avx512(const float *x, int64_t ldx, int m, int64_t k, const uint8_t *w, int kind, float *y,
-                         int64_t ldy, int64_t n)
+/* m <= 6 rows, every strip, one register block height: widths[t] strips at a time with blocks[t], widest
+   first (the AVX2 blocks' widths as rows_avx2; the AVX-512 blocks' in STRIPS_512) */
+static void qrows_with(const int widths[3], const qblock_fn blocks[3], const float *x, int64_t ldx, int64_t k,
+                       const uint8_t *w, int kind, float *y, int64_t ldy, int64_t n)
 {
     const int64_t nstrips = (n + STRIP - 1) / STRIP;
     const size_t sb = strip_bytes(kind, k);
     int64_t s = 0;
-    for (int t = 0; t < 3 && STRIPS_512[m][t]; t++) {
-        const int p = STRIPS_512[m][t];
-        for (; s + p <= nstrips; s += p)
-            QBLOCKS_512[kind][m][t](x, ldx, k, w + s * sb, sb, y + s * STRIP, ldy, n - s * STRIP);
-    }
+    for (int t = 0; t < 3 && widths[t]; t++)
+        for (; s + widths[t] <= nstrips; s += widths[t])
+            blocks[t](x, ldx, k, w + s * sb, sb, y + s * STRIP, ldy, n - s * STRIP);
 }
 
-/* m <= 6 rows, every strip, one register block height (the blocks' widths as rows_avx2) */
 static void qrows_avx2(const float *x, int64_t ldx, int m, int64_t k, const uint8_t *w, int kind, float *y,
                        int64_t ldy, int64_t n)
 {
-    const int64_t nstrips = (n + STRIP - 1) / STRIP;
-    const size_t sb = strip_bytes(kind, k);
-    int64_t s = 0;
-    for (int t = 0; t < 3 && STRIPS[m][t]; t++) {
-        const int p = STRIPS[m][t];
-        for (; s + p <= nstrips; s += p)
-            QBLOCKS[kind][m][t](x, ldx, k, w + s * sb, sb, y + s * STRIP, ldy, n - s * STRIP);
-    }
+    qrows_with(STRIPS[m], QBLOCKS[kind][m], x, ldx, k, w, kind, y, ldy, n);
+}
+
+static void qrows_avx512(const float *x, int64_t ldx, int m, int64_t k, const uint8_t *w, int kind, float *y,
+                         int64_t ldy, int64_t n)
+{
+    qrows_with(STRIPS_512[m], QBLOCKS_512[kind][m], x, ldx, k, w, kind, y, ldy, n);
 }
 #endif
 
