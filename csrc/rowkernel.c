@@ -639,17 +639,19 @@ none is left; the caller then waits for the chunks others claimed. A chunk is a 
 strips (attention: of row-head pairs), so every output element is still one chain computed by one thread and
 the bits do not depend on the thread count or on who ran which chunk. Why claim instead of a fixed share per
 thread: with more threads than free cores (other programs, the test suite's workers) a worker can lose its
-core for a scheduler tick, and with fixed shares every product then waited for it (measured here, 2 threads
-under a load of 5 on 2 cores: 3.7 tokens/s against 23.4 with 1 thread); with claiming, the caller and the
-running workers take the chunks a descheduled worker never claimed.
+core for a scheduler tick, and with fixed shares every product then waited for it (measured 2026-12-03 on an
+Intel Xeon, 2 cores, three busy processes beside it: 2 threads decoded 2.2-2.4 tokens/s against 26-28 with 1
+thread; docs/kernel.md); with claiming, the caller and the running workers take the chunks a descheduled
+worker never claimed.
 
 The job word: job number (24 bits) | threads (8) | chunks (16) | next chunk (16). A claim is a compare-and-
 swap of the whole word, so a worker can only claim a chunk of the job the word names, and it reads job_fn and
 job_ctx after its claim: that job cannot end (nor the next begin) before the claimed chunk is done. Only a
 worker whose id is below the job's thread count takes part (its scratch buffer exists). A claim could be
 confused with another job's only if a worker stalled between reading the word and its compare-and-swap while
-exactly 2^24 jobs ran and the word came back to the same value (hours of decoding): ruled out in practice,
-stated here because the 24 bits are a choice.
+a multiple of 2^24 jobs ran (minutes of decoding, about 200 jobs a token, during which that thread never
+ran) and the word came back to exactly the same value: ruled out in practice, stated here because the 24
+bits are a choice.
 
 Workers spin on the wake counter (job_gen) for SPIN_S after their last job, then sleep on a condition
 variable. One job at a time (pool_lock); a caller that finds the pool busy (another Python thread) runs its

@@ -72,7 +72,8 @@ def paths_ok() -> bool:
         print(f"  FAIL weights: {e}")
     good = check_row_invariance([(256, 768), (576, 960), (1536, 576)])
     ok &= good
-    path = {"avx512": "C kernel, AVX-512 (native blocks) + AVX2", "avx2": "C kernel, AVX2 + FMA", "portable": "C kernel, portable path",
+    path = {"avx512": "C kernel, AVX-512 (native blocks) + AVX2", "avx2": "C kernel, AVX2 + FMA",
+            "portable": "C kernel, portable path",
             "mkl": f"MKL GEMV rows, {kb['row_group']} row(s) per call"}[kb["backend"]]
     print(f"  {'OK  ' if good else 'FAIL'} exact short forwards: {path} ({kb['why']}); "
           f"rows 1..16 {'equal' if good else 'DIFFER FROM'} one-row products bit for bit, "

@@ -288,11 +288,12 @@ def isa(backend_name: str | None = None) -> str:
 
 
 BACKEND, WHY = _choose()
+PATH_CODES = ("portable", "avx2", "avx512")
 
 
 def path_code(backend_name: str | None = None) -> int:
-    """The C entry points' use_avx2 argument: 0 portable, 1 AVX2, 2 AVX-512 (native blocks; AVX2 for the rest)."""
-    return {"avx2": 1, "avx512": 2}.get(backend_name or BACKEND, 0)
+    """The C entry points' use_avx2 argument, an index of PATH_CODES (mkl: 0, it calls no C product)."""
+    return PATH_CODES.index(backend_name or BACKEND) if (backend_name or BACKEND) in PATH_CODES else 0
 
 
 def backend() -> dict:
