@@ -1,8 +1,8 @@
 """The whole forward of a dense Llama in one C call (csrc/forward.c), and when the engine takes it.
 
 `Transformer.forward` runs a dense model's M new rows (decode M = 1, verify k + 1, a prefill chunk) through
-`CForward.run` when `plan_for` finds everything the C forward needs: the C kernel loaded (avx2 or portable
-backend), float32 compute and every product's weight packed for the kernel (float32 strips or native Q4_1 /
+`CForward.run` when `plan_for` finds everything the C forward needs: the C kernel loaded (avx512, avx2 or
+portable backend), float32 compute and every product's weight packed for the kernel (float32 strips or native Q4_1 /
 Q8_0 strip-blocks). Dense Llama models run in one C call per forward; a mixture of experts too, with one
 Python call per expert a layer uses (`fetch`: the expert store reads it, from disk if it must), so the store's
 counters and eviction order are the PyTorch forward's. Otherwise, and when LESSONKIT_FORWARD=torch asks for
@@ -10,8 +10,8 @@ it, the PyTorch forward in model.py runs: the reference the C forward is tested 
 without a kernel binary (and the one with the one-layer-ahead expert prefetch).
 
 The C forward's numerics are specified in docs/numerics.md: every value depends on its row and position
-only, so its logits are equal bit for bit across M, prefill chunking, thread counts, the AVX2 and portable
-paths, and native vs float32 weights. Against the PyTorch forward the products are equal; the sums (RMSNorm,
+only, so its logits are equal bit for bit across M, prefill chunking, thread counts, the AVX-512, AVX2 and
+portable paths, and native vs float32 weights. Against the PyTorch forward the products are equal; the sums (RMSNorm,
 attention) run in another fixed order and exp is the forward's own, so logits differ by a measured bound
 (tests/test_forward.py).
 """

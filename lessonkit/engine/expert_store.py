@@ -12,7 +12,7 @@ Records in packed layout (lessonkit.engine.blocks, format 2, what every conversi
 "format" = blocks.EXPERTS_FORMAT) are already in the kernel's layout, so a miss is one read and the buffer
 read into IS the weight: float32 strips become a RowWeight, native Q4_1 / Q8_0 strip-blocks a NativeWeight,
 with no transpose and no re-pack (bf16 strips are widened, one elementwise copy). Older float files ([3, I, D]
-per expert, format 1, as the shipped tiny models are) are transposed and packed on every load. With
+per expert, format 1, as the shipped drafters are) are transposed and packed on every load. With
 native=True, native blocks are multiplied as blocks (a fifth of the bytes), otherwise dequantised to float32
 strips on read; either way the same float32 values reach the chains. A format-1 record of native blocks
 (GGUF rows, written by older lessonkit versions) is refused, naming the file and the fix (legacy_rows=True
