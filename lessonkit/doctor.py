@@ -9,8 +9,8 @@ from lessonkit.engine.kernel import physical_cores
 def doctor() -> int:
     import platform
     from importlib.metadata import PackageNotFoundError, version
-    from lessonkit.engine.checkpoint import verify_manifest
-    from lessonkit.engine.registry import ADAPTED, MODELS_DIR, SHIPPED, smollm2_cache_dir
+    from lessonkit.models.integrity import verify_manifest
+    from lessonkit.models.registry import ADAPTED, MODELS_DIR, SHIPPED, smollm2_cache_dir
     ok = True
     print(f"python {platform.python_version()} on {platform.platform()}")
     for pkg in ["torch", "safetensors", "numpy", "pandas", "matplotlib", "ipywidgets", "jupyterlab", "papermill",
@@ -41,8 +41,8 @@ def doctor() -> int:
             ok &= s == "ok"
             print(f"  {'OK  ' if s == 'ok' else 'FAIL'} mtp/{fn}: {s}")
     try:
-        from lessonkit.engine.checkpoint import sha256_file
-        from lessonkit.engine.gguf_loader import SMOLLM2_SHA256, smollm2_gguf_path
+        from lessonkit.engine.safe_files import sha256_file
+        from lessonkit.models.gguf_loader import SMOLLM2_SHA256, smollm2_gguf_path
         p = smollm2_gguf_path()
         good = sha256_file(p) == SMOLLM2_SHA256
         ok &= good

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate
-from lessonkit.engine.registry import load_model
+from lessonkit.models.registry import load_model
 from lessonkit.grammar.drafter import GrammarDrafter, resolve_grammar
 from lessonkit.grammar.json_schema import schema_grammar
 from lessonkit.grammar.tokens import TokenGrammar
@@ -384,7 +384,7 @@ class StackPipeline:
     def warm_up(self, texts, recorded: dict | None = None, progress: bool = False) -> int:
         """Run the semantic cache over the stream before the timed items (a cache that has been running),
         untimed and uncounted: entries, hits and audits as a live run would make them. recorded: this judge's
-        answer lines per text (lessonkit.workloads.judge.recorded_answers), the same bytes the engine gives;
+        answer lines per text (lessonkit.semcache.judge.recorded_answers), the same bytes the engine gives;
         a text without one is judged live. Returns the number of judged-live texts."""
         if self.front is None or not texts:
             return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import transformers
 
-from lessonkit.engine.checkpoint import convert_hf_checkpoint
+from lessonkit.models.convert import convert_hf_checkpoint
 
 
 def byte_tokenizer_json() -> str:

@@ -5,7 +5,7 @@ The slow disk is this script's, not the workbook's: every write the workbook mak
 write_all, safetensors' save_file, Path.write_text / write_bytes) goes out in CHUNK-byte pieces with a
 PAUSE_S pause after each, nothing else changes. Jobs:
   prefix-cache DIR PROMPT   lessonkit generate --model tiny-moe --prefix-cache DIR (greedy, 4 new tokens)
-  convert HF_DIR OUT        lessonkit.engine.checkpoint.convert_hf_checkpoint(HF_DIR, OUT)
+  convert HF_DIR OUT        lessonkit.models.convert.convert_hf_checkpoint(HF_DIR, OUT)
   judge OUT                 train_adapter(TINY_JUDGE) and save_adapter(..., OUT)
 """
 from __future__ import annotations
@@ -25,7 +25,8 @@ def slow_disk() -> None:
 
     import lessonkit.engine.atomic as atomic
     import lessonkit.engine.checkpoint as checkpoint
-    import lessonkit.workloads.judge_train as judge_train
+    import lessonkit.models.convert as convert
+    import lessonkit.training.judge as judge_train
 
     def write_slowly(fd: int, data) -> None:
         view = memoryview(bytes(data))
@@ -54,7 +55,7 @@ def slow_disk() -> None:
         return write_bytes(self, text.encode(encoding or "utf-8", errors or "strict"))
 
     atomic.write_all = write_slowly
-    checkpoint.save_file = judge_train.save_file = save_file
+    checkpoint.save_file = convert.save_file = judge_train.save_file = save_file
     Path.write_bytes, Path.write_text = write_bytes, write_text
 
 
@@ -68,11 +69,11 @@ def main(job: str, *args: str) -> int:
         return cli(["generate", "--model", "tiny-moe", "--prompt", args[1], "--max-new-tokens", "4", "--json",
                     "--prefix-cache", args[0]])
     if job == "convert":
-        from lessonkit.engine.checkpoint import convert_hf_checkpoint
+        from lessonkit.models.convert import convert_hf_checkpoint
         convert_hf_checkpoint(args[0], args[1])
         return 0
     if job == "judge":
-        from lessonkit.workloads.judge_train import JudgeTrainConfig, save_adapter, train_adapter
+        from lessonkit.training.judge import JudgeTrainConfig, save_adapter, train_adapter
         cfg = JudgeTrainConfig(**TINY_JUDGE)
         model, log = train_adapter(cfg, progress=False)
         save_adapter(model, cfg, {k: v for k, v in log.items() if k not in ("cache_s", "cycle_s", "train_time_s")},

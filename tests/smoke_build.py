@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lessonkit.lessons.runner import run_all
+from lessonkit.report.runner import run_all
 
 
 @pytest.fixture(scope="session")

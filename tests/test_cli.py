@@ -83,7 +83,7 @@ def test_doctor_passes_on_the_shipped_files(capsys):
 
 def test_manifest_catches_an_edited_byte(moe_dir, tmp_path):
     import shutil
-    from lessonkit.engine.checkpoint import verify_manifest
+    from lessonkit.models.integrity import verify_manifest
     d = tmp_path / "copy"
     shutil.copytree(moe_dir, d)
     assert set(verify_manifest(d).values()) == {"ok"}
@@ -121,12 +121,12 @@ def test_command_table_choices_match_the_code():
     from lessonkit.cli import COMMANDS
     from lessonkit.semcache.policies import POLICY_NAMES
     from lessonkit.workloads.corpus import PRESETS as CORPUS_PRESETS
-    from lessonkit.workloads.train import PRESETS as TRAIN_PRESETS
+    from lessonkit.training.tiny_models import PRESETS as TRAIN_PRESETS
 
     def choices(entry, flag):
         return next(kw["choices"] for flags, kw in entry[2] if flag in flags)
-    from lessonkit.speculative.cut_draft import PRESETS as CUT_PRESETS
-    from lessonkit.workloads.judge_train import PRESETS as JUDGE_PRESETS
+    from lessonkit.training.cut_draft import PRESETS as CUT_PRESETS
+    from lessonkit.training.judge import PRESETS as JUDGE_PRESETS
     assert sorted(choices(COMMANDS["train"], "name")) == sorted([*TRAIN_PRESETS, *CUT_PRESETS, "judge"])
     assert sorted(choices(COMMANDS["train"], "--model")) == sorted(JUDGE_PRESETS)
     assert sorted(choices(COMMANDS["corpus"][1]["build"], "--preset")) == sorted(CORPUS_PRESETS)

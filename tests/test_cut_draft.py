@@ -1,6 +1,6 @@
 """A drafter with a reduced output layer (config head_rows) and borrowed tensors (borrow.json): its logits are
 the full model's on its rows and -inf elsewhere, on every step path; it drafts losslessly; its files load
-assembled and are refused by name when wrong. The cut's training loss and model (speculative.cut_draft)."""
+assembled and are refused by name when wrong. The cut's training loss and model (training.cut_draft)."""
 import json
 import shutil
 
@@ -9,17 +9,18 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lessonkit.engine import kernel
-from lessonkit.engine.checkpoint import export_hf, write_manifest
+from lessonkit.models.convert import export_hf
+from lessonkit.models.integrity import write_manifest
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.draft_step import CompiledStep, why_not
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate
-from lessonkit.engine.registry import load_model
+from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import ModelDrafter, lean_decode_step
 from lessonkit.speculative.verify import speculative_generate
-from lessonkit.speculative.cut_draft import cut_loss, cut_model, reduced_targets
-from lessonkit.workloads.distill import distill_loss
+from lessonkit.training.cut_draft import cut_loss, cut_model, reduced_targets
+from lessonkit.training.distill import distill_loss
 from tests.hf_tiny import make_hf
 
 torch.set_num_threads(1)
@@ -204,7 +205,7 @@ def corpus_engine():
 
 def test_teacher_rows_come_from_the_split_head_or_spread_over_it(corpus_engine):
     from dataclasses import replace
-    from lessonkit.workloads.distill import PRESETS, _stream, corpus_rows
+    from lessonkit.training.distill import PRESETS, _stream, corpus_rows
     head = replace(PRESETS["test"], text_rows=6, greedy_rows=3, seq_len=32)
     spread = replace(head, spread=True)
     ids = _stream(corpus_engine, "code", "train", None)
@@ -225,7 +226,7 @@ def test_teacher_rows_come_from_the_split_head_or_spread_over_it(corpus_engine):
 def test_teacher_pass_cache_keys_before_the_spread_option_are_kept(corpus_engine):
     """Passes cached before DistillConfig.spread existed keep their file; a spread pass gets its own."""
     from dataclasses import replace
-    from lessonkit.workloads.distill import PRESETS, cache_path
+    from lessonkit.training.distill import PRESETS, cache_path
     assert cache_path(corpus_engine, PRESETS["tiny-moe"]).name.endswith("-9a2293bbf39c.pt")
     assert cache_path(corpus_engine, replace(PRESETS["tiny-moe"], spread=True)).name != \
         cache_path(corpus_engine, PRESETS["tiny-moe"]).name

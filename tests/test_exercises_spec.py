@@ -175,7 +175,7 @@ def test_distill_check_rejects_wrong_losses(fn):
 
 
 def test_distill_check_passes_the_workbook_loss_and_flags_a_stub():
-    from lessonkit.workloads.distill import distill_loss as workbook_loss
+    from lessonkit.training.distill import distill_loss as workbook_loss
     ok, out = run(check.distill_loss, lambda lg, ids, p: workbook_loss(lg, ids, p, hard_weight=0.0))
     assert ok is True and "passed" in out, out
     ok, out = run(check.distill_loss, solution_functions(NB)["distill_loss"])

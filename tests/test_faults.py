@@ -106,7 +106,7 @@ def test_verify_lists_bad_files_keeps_them_and_exits_nonzero(tmp_path, capsys):
 def test_unwritable_snapshot_directory_keeps_the_generation(tmp_path, capsys, monkeypatch):
     code, plain, _ = generate_cli(capsys)
     d = tmp_path / "pc"
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     sub = PrefixCache(d, load_model("tiny-moe")).subdir         # exists; only kv/<key> is unwritable
     read_only(monkeypatch, sub)
     with pytest.warns(PrefixCacheWarning, match="read-only"):
@@ -196,7 +196,7 @@ def home(tmp_path, monkeypatch):
 
 def test_flipped_bit_in_a_user_model_is_one_clear_error(tmp_path, home, capsys):
     from lessonkit.engine.errors import LessonkitError
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     d = tmp_path / "mine"
     shutil.copytree(MOE, d)
     assert load_model(str(d)).weights_verified is True
@@ -209,7 +209,7 @@ def test_flipped_bit_in_a_user_model_is_one_clear_error(tmp_path, home, capsys):
 
 
 def test_flipped_bit_in_a_registered_model_is_caught(tmp_path, home, monkeypatch):
-    from lessonkit.engine import registry
+    from lessonkit.models import registry
     from lessonkit.engine.errors import LessonkitError
     models = tmp_path / "models"
     shutil.copytree(MOE, models / "tiny-moe")
@@ -224,7 +224,7 @@ def test_flipped_bit_in_a_registered_model_is_caught(tmp_path, home, monkeypatch
 
 def test_converted_cache_is_checked_at_load(home):
     """The converted SmolLM2 cache is held to its manifest (a copy of tiny-moe stands in for the 515 MB)."""
-    from lessonkit.engine import registry
+    from lessonkit.models import registry
     from lessonkit.engine.errors import LessonkitError
     d = registry.smollm2_cache_dir()
     shutil.copytree(MOE, d)
@@ -235,8 +235,8 @@ def test_converted_cache_is_checked_at_load(home):
 
 
 def test_a_clean_start_rehashes_nothing(tmp_path, home, monkeypatch):
-    from lessonkit.engine import integrity
-    from lessonkit.engine.integrity import check_model_files
+    from lessonkit.models import integrity
+    from lessonkit.models.integrity import check_model_files
     d = tmp_path / "m"
     shutil.copytree(MOE, d)
     calls = []
@@ -257,7 +257,7 @@ def test_a_clean_start_rehashes_nothing(tmp_path, home, monkeypatch):
     ("not json", "unreadable"),
 ])
 def test_doctor_fails_closed_on_empty_or_bad_manifests(tmp_path, manifest, status):
-    from lessonkit.engine.checkpoint import verify_manifest
+    from lessonkit.models.integrity import verify_manifest
     d = tmp_path / "m"
     shutil.copytree(MOE, d)
     (d / "manifest.json").write_text(manifest if isinstance(manifest, str) else json.dumps(manifest))
@@ -266,9 +266,10 @@ def test_doctor_fails_closed_on_empty_or_bad_manifests(tmp_path, manifest, statu
 
 
 def test_manifest_entries_outside_the_model_directory_are_refused(tmp_path, home):
-    from lessonkit.engine.checkpoint import sha256_file, verify_manifest
+    from lessonkit.engine.safe_files import sha256_file
+    from lessonkit.models.integrity import verify_manifest
     from lessonkit.engine.errors import LessonkitError
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     d = tmp_path / "m"
     shutil.copytree(MOE, d)
     secret = tmp_path / "secret.txt"
@@ -288,8 +289,8 @@ def test_manifest_entries_outside_the_model_directory_are_refused(tmp_path, home
 
 
 def test_user_directory_without_manifest_loads_unverified(tmp_path, home):
-    from lessonkit.engine.integrity import model_integrity
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.integrity import model_integrity
+    from lessonkit.models.registry import load_model
     d = tmp_path / "m"
     shutil.copytree(MOE, d)
     (d / "manifest.json").unlink()
@@ -298,7 +299,7 @@ def test_user_directory_without_manifest_loads_unverified(tmp_path, home):
 
 
 def test_doctor_fails_on_a_broken_shipped_manifest(tmp_path, monkeypatch, home, capsys):
-    from lessonkit.engine import registry
+    from lessonkit.models import registry
     models = tmp_path / "models"
     for name in ("tiny-moe", "tiny-draft"):
         shutil.copytree(MOE.parent / name, models / name)
@@ -321,7 +322,7 @@ def test_flipped_bit_in_a_stored_embedding_is_never_served(tmp_path):
     import numpy as np
     from lessonkit.semcache.policies import make_policy, run_stream
     from lessonkit.semcache.store import CacheStore, SemcacheIntegrityWarning
-    from lessonkit.workloads.judge import RuleJudge
+    from lessonkit.semcache.judge import RuleJudge
     path = tmp_path / "cache.sqlite"
     s = CacheStore(path, "scope")
     cached = _unit(0, 1)
@@ -347,7 +348,7 @@ def test_a_stopped_policy_stays_stopped_after_a_restart(tmp_path):
     from lessonkit.semcache.audit import AuditConfig
     from lessonkit.semcache.policies import make_policy, run_stream
     from lessonkit.semcache.store import CacheStore
-    from lessonkit.workloads.judge import RuleJudge
+    from lessonkit.semcache.judge import RuleJudge
     path = tmp_path / "cache.sqlite"
     b, b2, c, c_q, b_q = ("cron b ok", "cron b is ok", "disk c 40%", "disk c 95%", "cron b FAILED")
     judge = RuleJudge({b: False, b2: False, c: False, c_q: True, b_q: True})

@@ -123,7 +123,7 @@ def test_eos_token_id_outside_the_vocabulary_is_refused(tmp_path, home, capsys):
 
 @pytest.mark.parametrize("memo", [DEEP, "[1, 2]", "{", b"\xff\xfe"])
 def test_a_damaged_verified_json_is_rebuilt_with_one_warning(tmp_path, home, memo):
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     d = tmp_path / "m"
     shutil.copytree(MOE, d)
     home.mkdir()
@@ -178,7 +178,7 @@ def test_an_un_retired_entry_is_never_served(tmp_path):
 def test_a_tampered_policy_stop_keeps_the_policy_stopped(tmp_path, tamper):
     from lessonkit.semcache.policies import make_policy, run_stream
     from lessonkit.semcache.store import SemcacheIntegrityWarning
-    from lessonkit.workloads.judge import RuleJudge
+    from lessonkit.semcache.judge import RuleJudge
     path = tmp_path / "cache.sqlite"
     s = _store(path)
     s.put("cron b ok", _unit(1, 0), False)
@@ -343,7 +343,7 @@ LONG = "The river keeps its own counsel. " * 84          # about 1,000 of tiny-m
 
 @pytest.mark.parametrize("extra", [[], ["--draft", "ngram"], ["--prefix-cache", "{tmp}/pc"]])
 def test_max_new_tokens_past_the_context_keeps_the_text(tmp_path, capsys, extra):
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     eng = load_model("tiny-moe")
     room = eng.config.max_seq_len - len(eng.encode(LONG))
     assert 0 < room < 40
@@ -364,7 +364,7 @@ def test_max_new_tokens_past_the_context_keeps_the_text(tmp_path, capsys, extra)
 
 def test_generate_stops_at_a_full_kv_cache_and_keeps_what_it_made():
     from lessonkit.engine.generate import generate
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     eng = load_model("tiny-moe")
     ids = eng.encode("The river keeps its own counsel")
     cache = eng.new_cache(64)

@@ -6,10 +6,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lessonkit.engine.adapters import merged_model_dir
+from lessonkit.models.adapters import merged_model_dir
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.workloads.lora_model import LoraModel
+from lessonkit.training.lora import LoraModel
 from tests.hf_tiny import make_hf
 
 
@@ -77,7 +77,7 @@ def test_adapter_naming_a_missing_weight_is_refused(stream_dir, tmp_path):
 
 @pytest.mark.slow
 def test_judge_training_is_reproducible():
-    from lessonkit.workloads.judge_train import JudgeTrainConfig, train_adapter
+    from lessonkit.training.judge import JudgeTrainConfig, train_adapter
     cfg = JudgeTrainConfig("tiny-moe", n_top=1, rank=2, epochs=1, batch=8, n_originals=6, n_shots=2, warmup=2)
     (m1, log1), (m2, log2) = train_adapter(cfg, progress=False), train_adapter(cfg, progress=False)
     assert log1["losses"] == log2["losses"]
@@ -87,8 +87,8 @@ def test_judge_training_is_reproducible():
 
 
 def test_shipped_judge_loads_as_base_plus_adapter():
-    from lessonkit.engine.registry import MODELS_DIR, list_models, resolve_model_dir
-    from lessonkit.engine.checkpoint import verify_manifest
+    from lessonkit.models.registry import MODELS_DIR, list_models, resolve_model_dir
+    from lessonkit.models.integrity import verify_manifest
     assert "tiny-moe-judge" in list_models()
     name, d = resolve_model_dir("tiny-moe-judge")
     assert name == "tiny-moe-judge" and (d / "dense.safetensors").exists()
@@ -100,7 +100,7 @@ def test_shipped_judge_loads_as_base_plus_adapter():
 
 
 def test_unknown_judge_adapter_is_refused(monkeypatch, tmp_path):
-    from lessonkit.engine import registry
+    from lessonkit.models import registry
     monkeypatch.setattr(registry, "MODELS_DIR", tmp_path)
     with pytest.raises(LessonkitError, match="train judge"):
         registry.resolve_model_dir("tiny-moe-judge")

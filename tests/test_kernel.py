@@ -14,7 +14,7 @@ needs_c = pytest.mark.skipif(K._rowkernel is None, reason=f"no C kernel binary l
 
 
 def _smollm2_config():
-    from lessonkit.engine.registry import resolve_model_dir
+    from lessonkit.models.registry import resolve_model_dir
     return ModelConfig.load(resolve_model_dir("smollm2-135m")[1] / "config.json")
 
 

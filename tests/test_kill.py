@@ -216,7 +216,7 @@ def test_model_conversion_killed_while_writing(tmp_path, home, monkeypatch):
             outcome = "later run: the old model, whole"
         else:
             outcome = "later run: the reference tokens" if code == 0 else "later run: refused"
-        from lessonkit.engine.checkpoint import convert_hf_checkpoint
+        from lessonkit.models.convert import convert_hf_checkpoint
         convert_hf_checkpoint(hf, out)                                              # the next clean run
         now = {k: v for k, v in fr.tree_digest(out).items() if not Path(k).name.startswith(TMP_PREFIX)}
         if now != ref_files:
@@ -244,9 +244,9 @@ def test_judge_training_killed_while_writing(tmp_path, home, monkeypatch):
     from safetensors.torch import load_file
 
     from kill_child import TINY_JUDGE
-    from lessonkit.engine.adapters import read_adapter
+    from lessonkit.models.adapters import read_adapter
     from lessonkit.engine.errors import LessonkitError
-    from lessonkit.workloads.judge_train import JudgeTrainConfig, save_adapter
+    from lessonkit.training.judge import JudgeTrainConfig, save_adapter
     monkeypatch.setenv("LESSONKIT_HOME", str(home / "lessonkit"))
     cfg = JudgeTrainConfig(**TINY_JUDGE)
     # the reference: one uninterrupted child run (training is seeded and deterministic)

@@ -1,7 +1,7 @@
-"""The shape of the house: dependencies point one way,
-engine <- workloads <- techniques <- stack <- lessons <- bench <- commands (doctor) <- cli,
-with no import cycles, short modules and short functions. Imports are read with `ast` (every import
-counts, also one inside a function), so nothing here imports the package."""
+"""The shape of the house: rooms that say what they hold, dependencies pointing one way,
+engine <- models <- workloads <- techniques <- training, stack <- measure <- lessons <- report, bench
+<- commands (doctor) <- cli, with no import cycles, short modules and short functions. Imports are read with
+`ast` (every import counts, also one inside a function), so nothing here imports the package."""
 from __future__ import annotations
 
 import ast
@@ -13,8 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "lessonkit"
 TECHNIQUES = ("speculative", "mtp", "grammar", "prefix_cache", "semcache", "gap")
-LAYER = {"__init__": 0, "engine": 0, "workloads": 1, **{t: 2 for t in TECHNIQUES}, "stack": 3,
-         "lessons": 4, "exercises": 4, "bench": 5, "commands": 6, "doctor": 6, "cli": 7, "__main__": 8}
+LAYER = {"__init__": 0, "engine": 0, "models": 1, "workloads": 2, **{t: 3 for t in TECHNIQUES}, "training": 4,
+         "stack": 4, "measure": 5, "lessons": 6, "exercises": 6, "report": 7, "bench": 7, "commands": 8,
+         "doctor": 8, "cli": 9, "__main__": 10}
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 DRAWING = ("matplotlib", "ipywidgets")
@@ -187,3 +188,29 @@ def _defined_names(module: str) -> set[str]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names |= {(a.asname or a.name).split(".")[0] for a in node.names}
     return names
+
+
+BLOCK_DRAWING = """
+import importlib, pkgutil, sys
+class NoDrawing:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {drawing!r}:
+            raise ImportError(f"{{name}} is blocked: a benchmark must not load it")
+sys.meta_path.insert(0, NoDrawing())
+import lessonkit.bench, lessonkit.measure
+mods = [m.name for p in (lessonkit.bench, lessonkit.measure) for m in pkgutil.iter_modules(p.__path__, p.__name__ + ".")]
+for name in mods:
+    importlib.import_module(name)
+print(len(mods))
+"""
+
+
+def test_benchmarks_import_without_matplotlib():
+    """Every bench and measure module imports with matplotlib and ipywidgets blocked: `lessonkit bench` needs
+    neither (the ast ladder above sees direct imports; this sees what each module loads, transitively)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", BLOCK_DRAWING.format(drawing=set(DRAWING))], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert int(r.stdout.split()[-1]) >= len([m for m in MODULES if _unit(m) in ("bench", "measure")]) - 2

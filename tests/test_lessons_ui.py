@@ -12,7 +12,7 @@ import lessonkit
 import lessonkit.engine.resources
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.exercises import call
-from lessonkit.lessons.runner import execute_notebook
+from lessonkit.report.runner import execute_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").rglob("*.ipynb"))
@@ -136,7 +136,7 @@ def test_counting_axes_have_whole_ticks_and_long_legends_sit_beside_the_data():
 
 def test_routing_heat_ticks_sit_on_experts_and_layers():
     import matplotlib.pyplot as plt
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     from lessonkit.lessons.engine import routing_heat
     _, fig = routing_heat(load_model("tiny-moe"), ["def f(x):\n    return x\n"])
     ax = fig.axes[0]
@@ -184,7 +184,7 @@ def test_a_panel_shows_full_labels_and_recomputes_when_a_control_moves(monkeypat
 
 def test_a_schema_valid_answer_is_reported_valid_though_the_model_stopped_on_its_end_token():
     from lessonkit.engine.generate import GenerationResult
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     from lessonkit.lessons.grammar import schema_answer
     eng = load_model("tiny-moe")
     person = {"type": "object", "required": ["name", "age", "city"],
@@ -198,7 +198,7 @@ def test_a_schema_valid_answer_is_reported_valid_though_the_model_stopped_on_its
 
 
 def test_lesson_3_panel_gives_forced_bytes_and_the_drafting_ceiling():
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     from lessonkit.lessons.grammar import corpus_records, forcing_table
     eng, records = load_model("tiny-moe"), corpus_records(12)
     compact = forcing_table(eng, records)
@@ -220,7 +220,7 @@ def shown(monkeypatch):
 
 def test_lesson_2_panel_shows_acceptance_per_position_and_kind(shown):
     import pandas as pd
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     from lessonkit.lessons.mtp import quant_panel
     from lessonkit.mtp.evaluate import eval_windows
     from lessonkit.mtp.head import Shared, load_head

@@ -128,7 +128,7 @@ def test_smollm2_vocabulary_masks_equal_the_reference():
     """The real 49,152-token vocabulary: deep tokens, partial UTF-8 tokens, long whitespace runs."""
     from tokenizers import Tokenizer
 
-    from lessonkit.engine.registry import resolve_model_dir
+    from lessonkit.models.registry import resolve_model_dir
     tok = Tokenizer.from_file(str(resolve_model_dir("smollm2-135m")[1] / "tokenizer.json"))
     for g in GRAMMARS:
         tg = TokenGrammar(g, tok)

@@ -51,7 +51,7 @@ def test_quantise_roundtrip_levels_and_errors():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from hf_tiny import make_hf
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     _, d = make_hf("olmoe", tmp_path_factory.mktemp("mtp"))
     eng = load_model(str(d))
     cfg = MtpConfig.from_target(eng.config, 64)
@@ -120,7 +120,7 @@ def test_tensor_checks_find_missing_nonfinite_and_untrained(tiny, tmp_path):
 
 # ---------------------------------------------------------------- the shipped heads on the real models
 def _engine(name):
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     return load_model(name)
 
 

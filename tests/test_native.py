@@ -13,7 +13,7 @@ import torch
 import lessonkit.engine.kernel as K
 from lessonkit.engine import blocks as qb
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.gguf_loader import NATIVE_KINDS, block_rows, smollm2_gguf_path
+from lessonkit.models.gguf_loader import NATIVE_KINDS, block_rows, smollm2_gguf_path
 
 needs_c = pytest.mark.skipif(K._rowkernel is None or K.BACKEND == "mkl", reason="C kernel not built or not active")
 PATHS = (["avx512"] if K._rowkernel is not None and K._rowkernel.has_avx512() else []) \
@@ -107,7 +107,7 @@ def test_block_kind_refuses_what_is_not_blocks():
 # ---- the model -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def engines():
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     if K._rowkernel is None or K.BACKEND == "mkl":
         pytest.skip("native weights need the C kernel")
     return load_model("smollm2-135m", weights="native"), load_model("smollm2-135m", weights="f32")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lessonkit.lessons.runner import execute_notebook
+from lessonkit.report.runner import execute_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))

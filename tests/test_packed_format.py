@@ -19,13 +19,14 @@ from safetensors.torch import load_file, save_file
 import lessonkit.engine.kernel as K
 from lessonkit.bench.streaming import count_packs
 from lessonkit.engine import blocks as qb
-from lessonkit.engine.checkpoint import experts_layout, load_experts, repack_experts
+from lessonkit.engine.checkpoint import experts_layout, load_experts
+from lessonkit.models.convert import repack_experts
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.expert_store import ExpertStore
 from lessonkit.engine.generate import generate
-from lessonkit.engine.registry import MODELS_DIR, resolve_model_dir
+from lessonkit.models.registry import MODELS_DIR, resolve_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "csrc" / "format.h"
@@ -82,7 +83,7 @@ def test_format_h_static_asserts_refuse_a_wrong_size(tmp_path):
 @pytest.fixture(scope="module")
 def gguf_mlp():
     import gguf
-    from lessonkit.engine.gguf_loader import NATIVE_KINDS, block_rows, smollm2_gguf_path
+    from lessonkit.models.gguf_loader import NATIVE_KINDS, block_rows, smollm2_gguf_path
     r = gguf.GGUFReader(str(smollm2_gguf_path()))
     named = {t.name: t for t in r.tensors}
     out = {n: torch.from_numpy(block_rows(named[f"blk.2.ffn_{n}.weight"])) for n in ("gate", "up", "down")}
@@ -261,7 +262,7 @@ def test_old_native_layout_is_refused_naming_the_file_and_the_fix(smollm2, smoll
     with pytest.raises(LessonkitError, match="GGUF rows"):
         load_experts(smollm2_old, ModelConfig.load(smollm2_old / "config.json"))
     # the command the error names fixes it, in place, and the folder then streams
-    r = subprocess.run([sys.executable, "-m", "lessonkit.engine.checkpoint", "repack", str(smollm2_old)],
+    r = subprocess.run([sys.executable, "-m", "lessonkit.models.convert", "repack", str(smollm2_old)],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "rewritten in packed layout" in r.stdout, r.stderr
     assert (smollm2_old / "experts.safetensors").read_bytes() == (smollm2 / "experts.safetensors").read_bytes()
@@ -305,7 +306,7 @@ def test_corrupt_packed_files_are_refused_naming_the_file(tmp_path):
 
 def test_conversion_writes_the_packed_layout(smollm2):
     assert experts_layout(smollm2 / "experts.safetensors") == 2
-    from lessonkit.engine.registry import CONVERTER_REVISION
+    from lessonkit.models.registry import CONVERTER_REVISION
     assert smollm2.name.endswith(f"-c{CONVERTER_REVISION}")
 
 

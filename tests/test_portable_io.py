@@ -52,7 +52,7 @@ def test_read_at_gives_the_same_bytes_on_every_path(path, tmp_path, monkeypatch)
 
 
 def test_expert_store_reads_identical_experts_without_preadv(monkeypatch):
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     store = load_model("tiny-moe").store
     keys = sorted(store._entries)[:: max(1, len(store._entries) // 12)]
     want = [store._read(k) for k in keys]

@@ -18,7 +18,7 @@ from lessonkit.bench import prefix as bench_prefix
 from lessonkit.engine import atomic
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.kv_cache import KVCache
-from lessonkit.engine.checkpoint import sha256_file
+from lessonkit.engine.safe_files import sha256_file
 from lessonkit.lessons.prefix_cache import tiny_random_model
 from lessonkit.prefix_cache.cache import PrefixCache, PrefixCacheWarning
 from lessonkit.prefix_cache.generate import generate_with_prefix_cache, results_identical, score

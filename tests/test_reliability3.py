@@ -111,7 +111,7 @@ def _torn_writes(monkeypatch, crash_at: str):
     """Every way a file reaches the disk writes half its bytes and then the process 'dies' (raises) while
     writing crash_at: save_file, Path.write_text/write_bytes and the atomic helper's write_all."""
     import lessonkit.engine.atomic as atomic
-    import lessonkit.workloads.judge_train as jt
+    import lessonkit.training.judge as jt
 
     class Died(BaseException):
         pass
@@ -161,7 +161,7 @@ def _torn_writes(monkeypatch, crash_at: str):
 
 @pytest.mark.parametrize("crash_at", ["adapter.safetensors", "adapter.json", "judge.json", "train_log.json"])
 def test_a_crash_while_saving_the_judge_leaves_every_file_whole(tmp_path, monkeypatch, crash_at):
-    from lessonkit.workloads.judge_train import PRESETS, save_adapter
+    from lessonkit.training.judge import PRESETS, save_adapter
     cfg = PRESETS["tiny-moe"]
     out = tmp_path / "tiny-moe-judge"
     save_adapter(_Lora(1), cfg, {"losses": [1.0]}, out)

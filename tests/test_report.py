@@ -9,9 +9,9 @@ import pytest
 
 from lessonkit.lessons.headline import (LESSON_MODULES, Column, Headline, Sentence, format_value, headline_for,
                                         main_table, missing_figures, sentence_texts)
-from lessonkit.lessons.report import duration, machine_info
+from lessonkit.report.html import duration, machine_info
 from lessonkit.lessons.results import record_results
-from lessonkit.lessons.runner import lesson_notebooks
+from lessonkit.report.runner import lesson_notebooks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,7 +95,7 @@ def test_a_notebook_page_loads_nothing_from_the_network_and_renders_its_formulas
     import re
     import shutil
 
-    from lessonkit.lessons.report import render_notebooks
+    from lessonkit.report.html import render_notebooks
     (tmp_path / "notebooks").mkdir()
     shutil.copy(ROOT / "notebooks" / "01_speculative.ipynb", tmp_path / "notebooks")
     page = (tmp_path / render_notebooks(tmp_path, ["01_speculative"])["01_speculative"]).read_text(encoding="utf-8")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lessonkit.lessons.runner import lesson_notebooks
+from lessonkit.report.runner import lesson_notebooks
 from tests.smoke_build import smoke_build  # noqa: F401  (the session fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ def test_a_notebook_page_renders_its_formulas_offline(tmp_path):
     formula section: build/test-artifacts/report/formulas.png."""
     import shutil
 
-    from lessonkit.lessons.report import render_notebooks
+    from lessonkit.report.html import render_notebooks
     (tmp_path / "notebooks").mkdir()
     shutil.copy(ROOT / "notebooks" / "01_speculative.ipynb", tmp_path / "notebooks")
     html = tmp_path / render_notebooks(tmp_path, ["01_speculative"])["01_speculative"]

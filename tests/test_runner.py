@@ -9,7 +9,7 @@ import html5lib
 import pytest
 
 from lessonkit.lessons.headline import headline_for, missing_figures, sentence_texts
-from lessonkit.lessons.runner import compare_summaries, lesson_notebooks
+from lessonkit.report.runner import compare_summaries, lesson_notebooks
 from tests.smoke_build import smoke_build  # noqa: F401  (the session fixture)
 
 LESSONS = [p.stem for p in lesson_notebooks()]

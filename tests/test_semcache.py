@@ -14,7 +14,7 @@ from lessonkit.semcache.audit import AuditConfig, Auditor, allows_serving, clopp
 from lessonkit.semcache.policies import (CosinePolicy, ExactPolicy, content_key, guard_allows, load_embedder,
                                          make_policy, run_stream)
 from lessonkit.semcache.store import CacheStore, scope_key
-from lessonkit.workloads.judge import RecordedJudge, RuleJudge
+from lessonkit.semcache.judge import RecordedJudge, RuleJudge
 from lessonkit.workloads.monitoring import StreamConfig, generate_stream, load_stream
 
 
@@ -283,9 +283,9 @@ def test_real_embedder_puts_a_number_swap_above_the_gptcache_threshold():
 
 @pytest.mark.slow
 def test_real_judge_is_deterministic_and_agrees_with_the_recorded_ground_truth():
-    pytest.importorskip("lessonkit.engine.registry")
-    pytest.importorskip("lessonkit.engine.gguf_loader")
-    from lessonkit.workloads.judge import load_judge
+    pytest.importorskip("lessonkit.models.registry")
+    pytest.importorskip("lessonkit.models.gguf_loader")
+    from lessonkit.semcache.judge import load_judge
     try:
         j = load_judge()
     except (LessonkitError, FileNotFoundError, ImportError) as exc:

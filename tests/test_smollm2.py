@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.gguf_loader import (
+from lessonkit.models.gguf_loader import (
     SMOLLM2_GGUF_BYTES,
     SMOLLM2_SHA256,
     load_gguf,
@@ -220,14 +220,14 @@ def test_greedy_paris_transformers(smol, hf_model):
 # ---- the same bars on lessonkit's engine ----------------------------------------------------
 @pytest.fixture(scope="module")
 def engine(smol, tmp_path_factory):
-    """The registered model when lessonkit.engine.registry exists, else a fresh conversion of our state dict."""
+    """The registered model when lessonkit.models.registry exists, else a fresh conversion of our state dict."""
     try:
-        registry = importlib.import_module("lessonkit.engine.registry")
+        registry = importlib.import_module("lessonkit.models.registry")
     except ImportError:
         registry = None
     if registry is not None:
         return registry.load_model("smollm2-135m")
-    checkpoint = pytest.importorskip("lessonkit.engine.checkpoint")
+    checkpoint = pytest.importorskip("lessonkit.models.convert")
     engine_mod = pytest.importorskip("lessonkit.engine.engine")
     out = tmp_path_factory.mktemp("smollm2-stream")
     checkpoint.convert_hf_state_dict(smol.hf_config, smol.state_dict, out, smol.tokenizer_json(),

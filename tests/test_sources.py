@@ -235,7 +235,7 @@ CONDITIONS = {
     "docs/mtp.md": ["The real head of Colibri PR 397 differs 20-30x"],
     "docs/speculative.md": ["this workbook's choice"],
     "lessonkit/lessons/mtp.py": ["issue 640: 43-44%, issue 163: 49%"],
-    "lessonkit/mtp/train.py": ["In Colibri PR 397"],
+    "lessonkit/training/mtp_heads.py": ["In Colibri PR 397"],
 }
 
 

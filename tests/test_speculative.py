@@ -262,7 +262,7 @@ def test_greedy_verify_rule():
 
 # ---- trained models, when present ----------------------------------------------------------------------
 def _registry(name, optional=False):
-    from lessonkit.engine.registry import resolve_model_dir
+    from lessonkit.models.registry import resolve_model_dir
     try:
         return resolve_model_dir(name)[1]
     except Exception as e:
@@ -403,7 +403,7 @@ def test_compiled_draft_step_refuses_a_full_cache(tiny):
                                            ("smollm2-135m", "smollm2-draft"), ("smollm2-135m", "mtp")])
 def test_greedy_identical_named_drafters(model, drafter):
     """Every shipped drafter, by its `--draft` name, on its target: k = 1, 3 and auto, one prompt per kind."""
-    from lessonkit.engine.registry import SHIPPED, load_model
+    from lessonkit.models.registry import SHIPPED, load_model
     _registry(model)
     if drafter in SHIPPED:
         _registry(drafter)

@@ -12,7 +12,7 @@ import pytest
 from lessonkit import stack
 from lessonkit.bench import stack as bench_stack
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.registry import MODELS_DIR, load_model
+from lessonkit.models.registry import MODELS_DIR, load_model
 from lessonkit.lessons import stack as lesson
 from lessonkit.lessons.prefix_cache import tiny_random_model
 from lessonkit.speculative.drafters import Draft, OracleDrafter
@@ -160,7 +160,7 @@ def test_front_safe_margin_reuses_only_confident_negatives(tiny, monkeypatch):
 @pytest.mark.skipif(not (MODELS_DIR / "tiny-moe-judge" / "adapter.json").exists(), reason="no trained judge")
 def test_front_scorer_reads_the_judges_recorded_scores_and_they_are_the_live_ones():
     from lessonkit.semcache.policies import SAFE_MARGINS
-    from lessonkit.workloads.judge import trained_prompt
+    from lessonkit.semcache.judge import trained_prompt
     from lessonkit.workloads.triage import load_stream
     eng = load_model("tiny-moe-judge")
     prefix = trained_prompt("tiny-moe-judge")["prefix"]
@@ -168,7 +168,7 @@ def test_front_scorer_reads_the_judges_recorded_scores_and_they_are_the_live_one
     assert stack.front_safe_margin(eng, prefix + " ") is None          # prompted otherwise: no calibrated margin
     recorded, live = stack.front_scorer(eng, prefix)
     for it in load_stream()[:3]:
-        # lesson 5 records scores rounded to 5 decimals (workloads.judge.record_scores): equal to that rounding
+        # lesson 5 records scores rounded to 5 decimals (semcache.judge.record_scores): equal to that rounding
         assert abs(recorded(it.text) - live.score(it.text)) <= 5e-6
     assert live.calls == 3                                              # the recorded ones were read, not recomputed
 
@@ -178,7 +178,7 @@ def test_front_safe_margins_cover_the_judges_calibration_spread():
     (lesson 5's rule, from its recorded scores), rounded up to at most half a unit above it."""
     from lessonkit.lessons.semantic_cache import calibrate_safe_margin
     from lessonkit.semcache.policies import SAFE_MARGINS
-    from lessonkit.workloads.judge import RecordedJudge, answers_path
+    from lessonkit.semcache.judge import RecordedJudge, answers_path
     from lessonkit.workloads.triage import load_stream
     items = load_stream()[:300]
     for name, margin in SAFE_MARGINS.items():
@@ -262,7 +262,7 @@ def test_bad_technique_is_one_clear_error(tiny, workload):
 
 
 def test_recorded_answer_lines_belong_to_one_judge_prompt_and_cap(tiny, tmp_path):
-    from lessonkit.workloads.judge import recorded_answers, write_answer_lines
+    from lessonkit.semcache.judge import recorded_answers, write_answer_lines
     path = write_answer_lines(tiny, "prefix", 12, {"a": '{"needs_action":false}'}, tmp_path / "lines.json")
     assert recorded_answers(tiny, "prefix", 12, path) == {"a": '{"needs_action":false}'}
     assert recorded_answers(tiny, "other prefix", 12, path) == {}      # another prompt: warm up live

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from lessonkit.workloads import corpus
 
-from lessonkit.workloads import train
+from lessonkit.training import tiny_models as train
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.errors import LessonkitError
 
@@ -161,7 +161,7 @@ def test_shipped_cut_drafter_borrows_its_embedding_and_learnt_from_its_start():
     together stay under 80 MB."""
     from safetensors import safe_open
 
-    from lessonkit.engine.checkpoint import verify_manifest
+    from lessonkit.models.integrity import verify_manifest
     d = MODELS / "smollm2-draft"
     assert json.loads((d / "borrow.json").read_text()) == {"base": "smollm2-135m", "tensors": ["embed"]}
     with safe_open(str(d / "dense.safetensors"), "pt") as f:
@@ -252,7 +252,7 @@ def test_load_balancing_loss_is_one_when_uniform_and_grows_when_collapsed():
 
 
 def test_export_round_trip_and_routing_not_collapsed(tmp_path, windows, moe, draft):
-    from lessonkit.engine.checkpoint import export_hf
+    from lessonkit.models.convert import export_hf
     for name, eng in (("tiny-moe", moe), ("tiny-draft", draft)):
         hf = train.load_hf(export_hf(MODELS / name, tmp_path / name))
         x = windows["records"][0][:-1]
@@ -275,7 +275,7 @@ def test_remeasure_rewrites_the_card_and_keeps_the_weights(tmp_path):
     weights untouched, the manifest valid again."""
     import shutil
 
-    from lessonkit.engine.integrity import model_integrity
+    from lessonkit.models.integrity import model_integrity
     src = MODELS / "tiny-draft"
     d = shutil.copytree(src, tmp_path / "tiny-draft")
     old = json.loads((d / "train_log.json").read_text())["speculative"]

@@ -12,7 +12,7 @@ import torch
 
 from lessonkit.engine.generate import generate
 from lessonkit.engine.machine import cpu_name
-from lessonkit.engine.timing import median_time
+from lessonkit.measure.timing import median_time
 
 
 def machine_info() -> dict:

@@ -9,10 +9,10 @@ import transformers
 
 from lessonkit.bench.common import decode_rate, goal, machine_info, median_times, memcpy_bandwidth
 from lessonkit.bench.native import outside_kernel_share
-from lessonkit.engine.checkpoint import export_hf
+from lessonkit.models.convert import export_hf
 from lessonkit.engine.generate import generate
-from lessonkit.engine.registry import load_model, resolve_model_dir
-from lessonkit.engine.timing import median_time
+from lessonkit.models.registry import load_model, resolve_model_dir
+from lessonkit.measure.timing import median_time
 
 PROMPTS = ['{"ts": "2026-03-01T12:00:00Z", "host": "web-', "def parse_config(path):\n    ",
            "The expert cache keeps the most recently used"]

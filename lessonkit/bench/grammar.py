@@ -6,11 +6,11 @@ import json
 from lessonkit.bench.common import machine_info
 from lessonkit.bench.grammar_masks import mask_section, mask_targets
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.registry import load_model
+from lessonkit.models.registry import load_model
 from lessonkit.grammar.measure import drafting_ceiling
 from lessonkit.grammar.records import monitoring_grammar
 from lessonkit.grammar.tokens import TokenGrammar
-from lessonkit.lessons.grammar import corpus_records, grammar_ab, schema_compile_times
+from lessonkit.measure.grammar import corpus_records, grammar_ab, schema_compile_times
 from lessonkit.workloads.corpus import load_documents
 
 

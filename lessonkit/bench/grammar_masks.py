@@ -18,11 +18,11 @@ import numpy as np
 import torch
 
 from lessonkit.bench.common import goal, machine_info
-from lessonkit.engine.registry import resolve_model_dir
+from lessonkit.models.registry import resolve_model_dir
 from lessonkit.grammar.json_schema import schema_grammar
 from lessonkit.grammar.measure import sample_text
 from lessonkit.grammar.tokens import TokenGrammar, trie_levels, vocabulary_trie
-from lessonkit.lessons.grammar import _test_schema_dir
+from lessonkit.measure.grammar import _test_schema_dir
 
 MASK_TARGET_MS, COMPILE_TARGET_MS = 1.0, 2.0
 

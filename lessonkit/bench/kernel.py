@@ -13,9 +13,9 @@ import torch
 
 from lessonkit.bench.common import goal, machine_info
 from lessonkit.engine import kernel
-from lessonkit.engine.registry import load_model
+from lessonkit.models.registry import load_model
 from lessonkit.speculative.gate import measure_cost_curve
-from lessonkit.engine.roofline import roofline
+from lessonkit.measure.roofline import roofline
 
 ROWS = (1, 2, 4, 8, 16)
 

@@ -27,9 +27,9 @@ import torch
 from lessonkit.bench.common import decode_rate, goal, machine_info, prefill_rate
 from lessonkit.engine import kernel
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.gguf_loader import load_smollm2, smollm2_gguf_path, to_transformers
-from lessonkit.engine.integrity import lessonkit_home
-from lessonkit.engine.registry import load_model
+from lessonkit.models.gguf_loader import load_smollm2, smollm2_gguf_path, to_transformers
+from lessonkit.engine.resources import lessonkit_home
+from lessonkit.models.registry import load_model
 
 VERSION = "0.3.36"
 MODEL = "smollm2-135m"

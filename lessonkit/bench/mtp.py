@@ -4,8 +4,8 @@ from __future__ import annotations
 import statistics
 
 from lessonkit.bench.common import goal, machine_info
-from lessonkit.engine.registry import load_model
-from lessonkit.lessons.mtp import prompts_from_corpus, speed_comparison
+from lessonkit.models.registry import load_model
+from lessonkit.measure.mtp import prompts_from_corpus, speed_comparison
 from lessonkit.mtp.evaluate import HELDOUT_SAMPLE, acceptance_by_kind, heldout_sample, pooled_acceptance
 from lessonkit.mtp.head import Shared, load_head
 

@@ -15,7 +15,7 @@ import torch
 from lessonkit.bench.common import goal, machine_info, median_times
 from lessonkit.engine import blocks, kernel
 from lessonkit.engine.generate import generate
-from lessonkit.engine.registry import load_model
+from lessonkit.models.registry import load_model
 
 PROMPT = "The expert cache keeps the most recently used experts in memory, and"
 

@@ -5,8 +5,8 @@ import tempfile
 from pathlib import Path
 
 from lessonkit.bench.common import goal, machine_info
-from lessonkit.engine.registry import load_model
-from lessonkit.engine.timing import median_time
+from lessonkit.models.registry import load_model
+from lessonkit.measure.timing import median_time
 from lessonkit.prefix_cache.cache import PrefixCache
 from lessonkit.prefix_cache.generate import results_identical, score
 from lessonkit.workloads.reviews import make_items, system_prompt_ids

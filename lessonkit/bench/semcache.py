@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from lessonkit.bench.common import machine_info
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.lessons.semantic_cache import SMOKE_ITEMS, time_hits, time_judge
+from lessonkit.measure.semcache import SMOKE_ITEMS, time_hits, time_judge
 from lessonkit.semcache.policies import AUDIT_OFF, embed_stream, make_policy, run_stream
-from lessonkit.workloads.judge import RuleJudge, ground_truth_judge
+from lessonkit.semcache.judge import RuleJudge, ground_truth_judge
 from lessonkit.workloads.monitoring import load_stream
 
 def bench(args) -> dict:

@@ -4,7 +4,7 @@ Pairs (same prompts, same weights, in one process, median of repeats):
   tiny-moe + tiny-draft     lessonkit ModelDrafter (k=4 and k=auto) vs transformers `assistant_model=`
   smollm2-135m              n-gram, the distilled smollm2-draft (k=4, k=auto) and the MTP head (k=2, k=auto)
                             vs plain greedy and transformers `prompt_lookup_num_tokens=`
-transformers runs on the same weights exported with `lessonkit.engine.checkpoint.export_hf`. Every row's
+transformers runs on the same weights exported with `lessonkit.models.convert.export_hf`. Every row's
 output is compared with lessonkit's plain greedy output (identical_to_plain). Experts are resident
 (unlimited budget, warmed up) so the comparison is about compute, not disk.
 """
@@ -18,11 +18,12 @@ import torch
 import transformers
 
 from lessonkit.bench.common import goal, machine_info
-from lessonkit.engine.checkpoint import export_hf
+from lessonkit.models.convert import export_hf
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate
-from lessonkit.engine.registry import lessonkit_home, load_model
-from lessonkit.lessons.grounded import grounded_rows
+from lessonkit.engine.resources import lessonkit_home
+from lessonkit.models.registry import load_model
+from lessonkit.measure.grounded import grounded_rows
 from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.speculative.drafters import ModelDrafter, NGramDrafter
 from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens_per_pos, measure_cost_curve,

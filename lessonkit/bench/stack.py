@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from lessonkit.bench.common import machine_info
-from lessonkit.lessons.stack import ablation, available_models, load_engine, run_config
+from lessonkit.measure.stack import ablation, available_models, load_engine, run_config
 from lessonkit.stack import embed_workload
 from lessonkit.workloads.triage import make_workload
 

@@ -1,21 +1,22 @@
 """The engine: a decoder-only transformer that streams MoE experts from disk, and nothing above it.
 
   config        ModelConfig (Llama and OLMoE / Mixtral families) and named presets
+  checkpoint    the streaming layout on disk (dense + packed experts) and loading it
+  blocks        native Q4_1 / Q8_0 weight blocks and the kernel's packed layout
+  kernel        the C kernel binding: row-invariant products, the thread pool, ISA dispatch
+  c_forward     one C call per forward (dense Llama and OLMoE-style MoE)
+  model         the forward pass and its exactness rules (row-invariant products)
+  draft_step    a small drafter's single-row step
   kv_cache      preallocated KV cache with rollback and snapshots
   expert_store  experts read with one pread each into an LRU cache with a byte budget
-  model         the forward pass and its exactness rules (row-invariant products)
   engine        Engine = model + expert store + tokenizer, with a provenance fingerprint
   generate      prefill, decode, greedy / sampled generation: the reference every technique matches
-  registry      named models and checkpoint directories -> Engine
-  checkpoint    the streaming layout on disk, conversion from / to Hugging Face
-  gguf_loader   SmolLM2's GGUF file in Hugging Face form, and chat templates
   quant         weight quantisation (int8 / int4, per row or per group)
   attention     the one scaled dot-product attention (grouped by kv head)
-  kernel        row-invariant products for short forwards (the C kernel or MKL row groups)
-  roofline      bytes per token against the machine's copy bandwidth
-  atomic        crash-safe writes (temporary file, fsync, rename, directory fsync)
-  timing        median wall time of repeats
+  resources     the one resolver for the workbook's own files, and the per-user cache folder
+  atomic, safe_files, portable_io   crash-safe writes, files read without surprises, one I/O on every OS
+  machine       the CPU's name (for every figure)
   errors        LessonkitError, the one exception for bad input
 
-Nothing here imports a technique, a lesson, a benchmark or the CLI.
+Imports: nothing else of lessonkit. Named models, conversion and integrity are lessonkit.models.
 """

@@ -334,7 +334,7 @@ def old_rows_error(path, name: str) -> str:
             f"re-packed at every load); this lessonkit reads native experts only in packed layout {LAYOUT_VERSION} "
             f"(metadata format {EXPERTS_FORMAT!r}). For smollm2-135m, `--model smollm2-135m` converts it again from "
             f"the GGUF into a new folder (this one may be deleted); for another folder, "
-            f"`python -m lessonkit.engine.checkpoint repack FOLDER` rewrites it packed")
+            f"`python -m lessonkit.models.convert repack FOLDER` rewrites it packed")
 
 
 def packed_expert_layout(numel: int, blocks: bool, inter: int, dim: int, name: str) -> tuple[str, int]:

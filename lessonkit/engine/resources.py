@@ -1,11 +1,14 @@
 """The one resolver for the workbook's own files: data (models, corpus, Epoch AI data), notebooks, docs, the
 schemas lesson 03 uses. Installed from a wheel they lie in the package (lessonkit/workbook/, found with
 importlib.resources); in a clone they lie beside it. User-writable state (converted models, caches) is elsewhere:
-integrity.lessonkit_home(). No other module finds these files through its own `__file__`."""
+lessonkit_home() below. No other module finds these files through its own `__file__`."""
 from __future__ import annotations
 
+import os
 from importlib.resources import files
 from pathlib import Path
+
+import platformdirs
 
 from lessonkit.engine.errors import LessonkitError
 
@@ -46,3 +49,12 @@ def data_dir() -> Path:
         raise LessonkitError(f"lessonkit at {PACKAGE_DIR} has no workbook data ({d} lacks models/ or corpus/): "
                              "reinstall the wheel, or run from a clone with `pip install -e .`")
     return d
+
+
+def lessonkit_home() -> Path:
+    """The per-user cache folder: hash memo, converted and merged models, teacher passes. LESSONKIT_HOME when
+    set, else platformdirs' user cache folder (~/.cache/lessonkit on Linux, ~/Library/Caches/lessonkit on
+    macOS, %LOCALAPPDATA%\\lessonkit\\Cache on Windows). Defined here, the lowest module that needs it; the
+    registry re-exports it."""
+    home = os.environ.get("LESSONKIT_HOME")
+    return Path(home) if home else Path(platformdirs.user_cache_dir("lessonkit", appauthor=False))

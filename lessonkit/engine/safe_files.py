@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import stat
@@ -115,3 +116,11 @@ def refuse_overwrite(out: str | Path, force: bool) -> None:
         return
     raise LessonkitError(f"{p}: already exists{' and is not empty' if p.is_dir() else ''}; "
                          f"use --force to write over it")
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()

@@ -33,13 +33,14 @@ import os
 import re
 import sysconfig
 import traceback
-from pathlib import Path
+
+from lessonkit.engine.resources import PACKAGE_DIR
 
 NOT_IMPLEMENTED = "not implemented yet"
 RAISED_ON_CASE = "{name}: on case '{label}' {error}"    # how run_cases reports an exception by default
 
 
-_NOT_THE_STUDENTS = tuple({str(Path(__file__).resolve().parents[1]), *(
+_NOT_THE_STUDENTS = tuple({str(PACKAGE_DIR), *(
     os.path.realpath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib"))})
 _NOTEBOOK_CELL = re.compile(r"ipykernel_\d+[/\\]\d+\.py$|^<ipython-input-")
 

@@ -245,7 +245,7 @@ def on_this_run(fn, smoke: bool = False, seed: int = 0) -> bool:
     measured speed-up. True when your function gives the cost model's prediction on this run's numbers."""
     import torch
 
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     from lessonkit.exercises import NOT_IMPLEMENTED, call
     from lessonkit.grammar.records import monitoring_grammar
     from lessonkit.grammar.tokens import TokenGrammar

@@ -148,7 +148,7 @@ def eh_proj_diagnosis(fn) -> bool:
 def on_the_real_head(int4_per_row, model: str = "tiny-moe") -> None:
     """Your per-row int4 applied to the shipped head's eh_proj (stored with its halves 25x apart): the share of
     each half's weights your quantiser sends to 0, and the same for the natural-ratio control."""
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     from lessonkit.exercises import NOT_IMPLEMENTED, call
     from lessonkit.mtp.head import load_head, rescale_embedding_half
     head = load_head(load_model(model))

@@ -412,7 +412,7 @@ def on_this_machine(predict, best_k_fn=None, smoke: bool = False, seed: int = 0)
     speed-up at k = 4, plain and speculative interleaved), then print your prediction (and your best k, with the
     measured c) next to the measurement. A stub leaves its line out."""
     from lessonkit.engine.generate import generate
-    from lessonkit.engine.registry import load_model
+    from lessonkit.models.registry import load_model
     from lessonkit.speculative.drafters import ModelDrafter
     from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve
     from lessonkit.speculative.verify import speculative_generate, total_stats

@@ -22,10 +22,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.resources import PACKAGE_DIR
 from lessonkit.grammar.gbnf import AnyChar, Cls, Group, Lit, Ref, Rep, parse_rules, range_mask
 
 END, CHAR, RULE = 0, 1, 2
-GRAMMAR_DIR = Path(__file__).with_name("grammars")
+GRAMMAR_DIR = PACKAGE_DIR / "grammar" / "grammars"
 BUILTIN_GRAMMARS = ("json", "json-compact", "ndjson", "ndjson-compact")
 # Limits that turn hostile input into one clear error long before memory runs out (issue 35):
 MAX_LITERAL = 100_000           # bytes in one literal

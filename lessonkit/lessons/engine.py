@@ -4,7 +4,6 @@ Each experiment returns data (a DataFrame) and a Figure. Also the figures of the
 (loss curve, expert load) and greedy continuations of held-out corpus prompts."""
 from __future__ import annotations
 
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -12,7 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lessonkit.engine.generate import generate
-from lessonkit.engine.registry import load_model
+from lessonkit.models.registry import load_model
 from lessonkit.lessons.figures import integer_axis
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import quantity_table, show_panel
@@ -197,7 +196,7 @@ def loss_curve_figure(log: dict):
 
 
 def cut_curve_figure(log: dict):
-    """A cut drafter's training (lessonkit.speculative.cut_draft): batch loss, and held-out agreement with its
+    """A cut drafter's training (lessonkit.training.cut_draft): batch loss, and held-out agreement with its
     target per kind of text as training goes on."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
     a.plot([s["step"] for s in log["steps"]], [s["loss"] for s in log["steps"]], lw=0.8)
@@ -268,7 +267,7 @@ def continuation_samples(engine, n_per_kind: int = 1, max_new_tokens: int = 60) 
 
 
 def save_loss_curve(log: dict, path) -> None:
-    """loss_curve.png of a shipped model (`lessonkit train` passes this to workloads.train.ship)."""
+    """loss_curve.png of a shipped model (`lessonkit train` passes this to training.tiny_models.ship)."""
     loss_curve_figure(log).savefig(path, dpi=80)
 
 

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.prefix_cache.cache import PrefixCache
 from lessonkit.stack import Judge
-from lessonkit.workloads.judge import trained_prompt
+from lessonkit.semcache.judge import trained_prompt
 from lessonkit.workloads.triage import follows_schema, needs_action
 
 

@@ -17,8 +17,8 @@ from tqdm.auto import tqdm
 
 from lessonkit.engine import c_forward, kernel
 from lessonkit.engine.machine import cpu_name
-from lessonkit.engine.registry import load_model
-from lessonkit.engine.roofline import roofline as measure_roofline
+from lessonkit.models.registry import load_model
+from lessonkit.measure.roofline import roofline as measure_roofline
 from lessonkit.speculative.gate import measure_cost_curve
 from lessonkit.lessons.figures import integer_axis, legend_beside
 

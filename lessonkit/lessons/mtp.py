@@ -14,11 +14,12 @@ from lessonkit.lessons.figures import legend_beside
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import show_panel
 from lessonkit.mtp.drafter import MtpDrafter
-from lessonkit.mtp.evaluate import acceptance_by_kind, pooled_acceptance, text_windows
+from lessonkit.mtp.evaluate import acceptance_by_kind, pooled_acceptance
 from lessonkit.mtp.head import MtpHead, Shared, eh_scale_ratio, load_head
 from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.speculative.vocab import frequent_tokens
-from lessonkit.workloads.corpus import KINDS
+from lessonkit.measure.mtp import (  # noqa: F401 (the experiments this lesson's notebook runs)
+    prompts_from_corpus, speed_comparison)
 
 def train_loss_figure(log: dict, title: str = ""):
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
@@ -133,47 +134,6 @@ def numeric_path(engine, head: MtpHead, states: dict, depth: int = 1, bf16_targe
     if bf16_target_states is not None:
         out["float32 head, bfloat16 target"] = pool(head, bf16_target_states)
     return out
-
-
-def prompts_from_corpus(engine, n_per_kind: int = 1, prompt_len: int = 48) -> dict[str, list[list[int]]]:
-    """Held-out prompts per kind of text (the first tokens of held-out windows not used for acceptance)."""
-    return {k: text_windows(engine, k, "heldout", n_per_kind, prompt_len, skip=40).tolist() for k in KINDS}
-
-
-def speed_comparison(engine, head: MtpHead | None = None, prompts: dict | None = None, max_new_tokens: int = 64,
-                     ks=(1, 2, 3), quant: str = "none", repeats: int = 1) -> list[dict]:
-    """Plain greedy vs MTP drafting with k drafts per verify, same prompts, same process; output compared
-    token by token. One row per (kind, contender). Times are medians over `repeats`."""
-    head = head if head is not None else load_head(engine)
-    prompts = prompts if prompts is not None else prompts_from_corpus(engine)
-    drafter = MtpDrafter(engine, head, quant=quant)
-    rows = []
-    try:
-        for kind, plist in prompts.items():
-            for p in plist:
-                ts, ref = [], None
-                for _ in range(repeats):
-                    r = generate(engine, p, max_new_tokens, use_eos=False)
-                    ts.append(r.stats["wall_s"])
-                    ref = r.token_ids
-                base = statistics.median(ts)
-                rows.append({"model": engine.name, "kind": kind, "name": "plain greedy", "k": 0,
-                             "tokens_per_s": len(ref) / base, "identical_to_plain": True,
-                             "acceptance_rate": None, "tokens_per_forward": 1.0, "speedup": 1.0})
-                for k in ks:
-                    ts, res = [], None
-                    for _ in range(repeats):
-                        res = speculative_generate(engine, drafter, p, max_new_tokens, k=k, use_eos=False)
-                        ts.append(res.stats["wall_s"])
-                    t = statistics.median(ts)
-                    rows.append({"model": engine.name, "kind": kind, "name": f"mtp k={k}" + (f" {quant}" if quant != "none" else ""),
-                                 "k": k, "tokens_per_s": len(res.token_ids) / t,
-                                 "identical_to_plain": res.token_ids == ref,
-                                 "acceptance_rate": res.stats["acceptance_rate"],
-                                 "tokens_per_forward": res.stats["tokens_per_forward"], "speedup": base / t})
-    finally:
-        drafter.close()
-    return rows
 
 
 def speed_figure(rows: list[dict], title: str = ""):

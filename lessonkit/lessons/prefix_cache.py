@@ -16,9 +16,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from lessonkit.engine.checkpoint import convert_hf_state_dict
-from lessonkit.engine.registry import load_model
-from lessonkit.engine.timing import median_time
+from lessonkit.models.convert import convert_hf_state_dict
+from lessonkit.models.registry import load_model
+from lessonkit.measure.timing import median_time
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import quantity_table, show_panel
 from lessonkit.prefix_cache.cache import PrefixCache, PrefixCacheWarning

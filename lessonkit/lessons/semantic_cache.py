@@ -6,7 +6,6 @@ recorded ground-truth file when its judge fingerprint matches the live judge, el
 """
 from __future__ import annotations
 
-import statistics
 import time
 
 import matplotlib.pyplot as plt
@@ -17,14 +16,12 @@ from tqdm.auto import tqdm
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import quantity_table, show_panel
 from lessonkit.semcache.audit import AuditConfig, clopper_pearson_upper
-from lessonkit.semcache.policies import POLICY_NAMES, embed_stream, load_embedder, make_policy, run_stream
-from lessonkit.semcache.store import CacheStore
-from lessonkit.workloads.judge import (DEFAULT_JUDGE, UNTRAINED_JUDGE, RecordedJudge, agreement, answers_path,
+from lessonkit.semcache.policies import POLICY_NAMES, embed_stream, make_policy, run_stream
+from lessonkit.semcache.judge import (DEFAULT_JUDGE, UNTRAINED_JUDGE, RecordedJudge, agreement, answers_path,
                                        ground_truth_judge)
 from lessonkit.workloads.monitoring import load_stream
-
-SMOKE_ITEMS = 300
-
+from lessonkit.measure.semcache import (  # noqa: F401 (the experiments this lesson's notebook runs)
+    SMOKE_ITEMS, time_hits, time_saved_s, time_judge)
 
 
 class LessonData:
@@ -221,50 +218,6 @@ def _audit_title(result, traj) -> str:
     return (f"{result.policy}: {losses} loss{'es' if losses != 1 else ''} in {audits} audit{'s' if audits != 1 else ''}, "
             f"upper bound {upper:.2f}" + (f" > limit {result.audit.limit:g}: stopped serving at query {stopped}"
                                           if stopped is not None else ""))
-
-
-def time_hits(texts, policy, judge, embeddings, n: int = 40) -> dict:
-    """Cache-side time per query on a hit and on a miss, with the query embedded live (medians over ``n``, ms).
-
-    The stream runs once on precomputed embeddings to find its hits; then each of the first ``n``
-    hits is replayed against the filled store: embed the query (MiniLM, one text), search, guard.
-    """
-    store = CacheStore(":memory:", "timing")
-    result = run_stream(texts, policy, judge, embeddings=embeddings, store=store)
-    embedder = load_embedder()
-    embedder.embed_one("warm-up")
-    hit_ms, miss_ms = [], []
-    for r in [r for r in result.records if r.hit][:n]:
-        t0 = time.perf_counter()
-        policy.lookup(store, r.text, embedder.embed_one(r.text))
-        hit_ms.append((time.perf_counter() - t0) * 1e3)
-    for r in [r for r in result.records if not r.hit][:n]:      # a miss pays the lookup too, then the judge
-        t0 = time.perf_counter()
-        policy.lookup(store, r.text, embedder.embed_one(r.text))
-        miss_ms.append((time.perf_counter() - t0) * 1e3)
-    return {"median_hit_ms": statistics.median(hit_ms) if hit_ms else None, "hits_timed": len(hit_ms),
-            "median_miss_lookup_ms": statistics.median(miss_ms) if miss_ms else None, "misses_timed": len(miss_ms)}
-
-
-def time_saved_s(summary: dict, judge_ms: float, hit_ms: float, miss_lookup_ms: float) -> float:
-    """Net seconds the cache saved on a stream: the judge calls it saved, minus the lookup that every query
-    pays (a hit's embed + search + guard, and a miss's embed + search before it goes to the judge anyway)."""
-    misses = summary["queries"] - summary["hits"]
-    return (summary["judge_calls_saved"] * judge_ms - summary["hits"] * hit_ms - misses * miss_lookup_ms) / 1e3
-
-
-def time_judge(judge, texts, n: int = 15) -> float:
-    """Median wall time of a fresh judge call in ms (the real judge, not the recorded file).
-
-    One untimed warm-up call first: it runs the constant instruction head once for the snapshot.
-    """
-    judge(texts[0])
-    times = []
-    for t in texts[:n]:
-        t0 = time.perf_counter()
-        judge(t)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def policy_table(data, *, policy: str, threshold: float, audit_rate: float, seed: int = 0) -> pd.DataFrame:

@@ -10,7 +10,6 @@ Each experiment returns a DataFrame and a matplotlib Figure:
 """
 from __future__ import annotations
 
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -20,7 +19,7 @@ from tqdm.auto import tqdm
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import generate, probs_from_logits
-from lessonkit.engine.registry import load_model
+from lessonkit.models.registry import load_model
 from lessonkit.engine.draft_step import why_not
 from lessonkit.lessons.break_even import (simulate_disk, break_even_surface, break_even_acceptance, break_even_table, cost_model_inputs, disk_cost_model, validate_cost_model, plot_break_even)  # noqa: F401  (lesson 1 calls them here)
 from lessonkit.lessons.figures import integer_axis, legend_beside

@@ -13,10 +13,10 @@ from tqdm.auto import tqdm
 
 from lessonkit.engine.atomic import atomic_write
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.registry import lessonkit_home
+from lessonkit.engine.resources import lessonkit_home
 from lessonkit.mtp.head import MtpHead, Shared, block, head_logits, mtp_input
 from lessonkit.workloads.corpus import EOT, KINDS, load_documents
-from lessonkit.workloads.distill import spread_slots
+from lessonkit.workloads.corpus import spread_slots
 
 SPREAD_SEED = 7
 # the held-out sample behind the head's figures (`bench mtp`, the card): 12 windows x 128 tokens per kind of

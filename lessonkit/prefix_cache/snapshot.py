@@ -34,7 +34,8 @@ from typing import Mapping, Sequence
 import torch
 from safetensors.torch import save
 
-from lessonkit.engine.checkpoint import parse_safetensors_header, sha256_file
+from lessonkit.engine.checkpoint import parse_safetensors_header
+from lessonkit.engine.safe_files import sha256_file
 from lessonkit.engine.errors import LessonkitError
 
 FORMAT = "lessonkit-prefix-kv"

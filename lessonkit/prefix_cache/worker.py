@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from lessonkit.engine.resources import PACKAGE_DIR
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.registry import load_model
+from lessonkit.models.registry import load_model
 from lessonkit.prefix_cache.cache import PrefixCache
 from lessonkit.prefix_cache.generate import ScoreResult, score
 from lessonkit.prefix_cache.snapshot import DEFAULT_BLOCK_SIZE, DEFAULT_BUDGET_BYTES

@@ -10,7 +10,7 @@ from lessonkit.engine.errors import LessonkitError
 from lessonkit.semcache.audit import AuditConfig, Auditor
 from lessonkit.semcache.policies import SAFE_MARGINS, CosinePolicy
 from lessonkit.semcache.store import CacheStore
-from lessonkit.workloads.judge import RecordedJudge, TrainedJudge, answers_path, trained_prompt
+from lessonkit.semcache.judge import RecordedJudge, TrainedJudge, answers_path, trained_prompt
 from lessonkit.workloads.triage import ITEM_TEMPLATE, parse_answer
 
 

@@ -1,6 +1,6 @@
 """Semantic caching above the engine: reuse a judge's earlier answer for a nearly identical item.
 
-Lesson 5. A monitoring judge answers "does this item need action?" (lessonkit.workloads.judge); its fresh
+Lesson 5. A monitoring judge answers "does this item need action?" (lessonkit.semcache.judge); its fresh
 answer is the ground truth. A cache hit is a *loss* when the served answer differs from what the
 judge says now, and an *actionable loss* when a served "no" hides a fresh "yes".
 

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lessonkit.engine.generate import generate
-from lessonkit.engine.registry import load_model
+from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import ModelDrafter
 from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.workloads.corpus import KINDS, prompts_by_kind
@@ -48,7 +48,7 @@ def drafter_acceptance(target, draft_engine, *, k: int = 4, n: int = 8, max_new_
 
 
 def measure_shipped(target_name: str):
-    """A `measure(model_dir)` callback for `workloads.train.ship`: the draft model in model_dir
+    """A `measure(model_dir)` callback for `training.tiny_models.ship`: the draft model in model_dir
     drafting for `target_name`."""
     def measure(model_dir: Path) -> dict:
         return drafter_acceptance(load_model(target_name), load_model(str(model_dir)))   # assembled if it borrows

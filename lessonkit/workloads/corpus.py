@@ -34,6 +34,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from pydoc_data.topics import topics
 
+import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from lessonkit.engine.resources import workbook_path
@@ -457,3 +458,10 @@ def prompts_by_kind(engine=None, n: int = 20, max_tokens: int = 48, *, seed: int
                 break
         out[kind] = prompts
     return out
+
+
+def spread_slots(n_slots: int, n: int, seed: int) -> list[int]:
+    """n distinct window slots of 0 .. n_slots - 1, drawn with `seed`, in order: a sample of a whole token
+    stream rather than of its first documents."""
+    g = torch.Generator().manual_seed(seed)
+    return sorted(torch.randperm(n_slots, generator=g)[:n].tolist())

@@ -3,7 +3,7 @@ extract). This is where prompt lookup drafting pays, and what editors, log tools
 converters ask a local model all day."""
 from __future__ import annotations
 
-from lessonkit.engine.gguf_loader import apply_chat_template
+from lessonkit.models.gguf_loader import apply_chat_template
 
 GROUNDED_REQUESTS = [
     "Fix the spelling in this sentence and return the corrected sentence only: The expert cahce keeps the "

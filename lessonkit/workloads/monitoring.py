@@ -11,7 +11,7 @@ needs action. The stream mixes four relations to an earlier item:
   (another host, service, domain or database) and ``unit_change`` (ms -> s, days -> hours, ...).
 
 ``needs_action`` is the generator's *intended* label. It is not the ground truth of the lesson:
-the ground truth is whatever the judge answers fresh (see lessonkit.workloads.judge).
+the ground truth is whatever the judge answers fresh (see lessonkit.semcache.judge).
 Everything is drawn from one ``random.Random(seed)``, so a seed gives the same stream everywhere.
 """
 from __future__ import annotations

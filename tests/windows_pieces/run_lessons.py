@@ -1,10 +1,10 @@
-"""Execute lesson notebooks at SMOKE sizes with the suite's helper (lessonkit.lessons.runner, as
+"""Execute lesson notebooks at SMOKE sizes with the suite's helper (lessonkit.report.runner, as
 tests/test_notebooks.py does), recording into OUT/build/results. Usage: run_lessons.py OUT NAME..."""
 import sys
 import time
 from pathlib import Path
 
-from lessonkit.lessons.runner import execute_notebook
+from lessonkit.report.runner import execute_notebook
 
 ROOT = Path(__file__).resolve().parents[2]
 

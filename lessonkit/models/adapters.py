@@ -20,7 +20,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lessonkit.engine.atomic import publish_dir
-from lessonkit.engine.checkpoint import load_dense, load_experts, sha256_file, write_manifest
+from lessonkit.engine.checkpoint import load_dense, load_experts
+from lessonkit.engine.safe_files import sha256_file
+from lessonkit.models.integrity import write_manifest
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
 

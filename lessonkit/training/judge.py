@@ -1,7 +1,7 @@
 """`lessonkit train judge --model M`: teach the monitoring task to a workbook model with a LoRA adapter.
 
 Recipe (cheap on a CPU): the judge's prompt is a fixed prefix (instruction + few-shot examples,
-lessonkit.workloads.judge_data.judge_prefix) then the item, then the answer line. Only the last
+lessonkit.training.judge_data.judge_prefix) then the item, then the answer line. Only the last
 `n_top` layers get adapters, so
 
   1. the frozen bottom layers run once over the prefix and once over every training example
@@ -10,7 +10,7 @@ lessonkit.workloads.judge_data.judge_prefix) then the item, then the answer line
      are shared by the batch), then a batch of cached examples with gradient; the loss is the
      cross-entropy of the answer tokens only, the needs_action token weighted `decision_weight` times;
   3. the adapter (scale folded in) is written to data/models/<model>-judge/ with its card; the
-     engine loads base weights + adapter merged (lessonkit.engine.adapters).
+     engine loads base weights + adapter merged (lessonkit.models.adapters).
 
 Everything is seeded and runs on `threads` torch threads with deterministic algorithms, so a rerun
 gives the same adapter on the same machine and library versions.
@@ -30,14 +30,14 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from lessonkit.engine.atomic import atomic_write
-from lessonkit.engine.checkpoint import write_manifest
+from lessonkit.models.integrity import write_manifest
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.registry import MODELS_DIR, load_model, resolve_model_dir
-from lessonkit.workloads.judge import (agreement, answer_head, answers_path, load_trained_judge, write_answer_lines,
+from lessonkit.models.registry import MODELS_DIR, load_model, resolve_model_dir
+from lessonkit.semcache.judge import (agreement, answer_head, answers_path, load_trained_judge, write_answer_lines,
                                       write_ground_truth)
-from lessonkit.workloads.judge_data import (N_SHOTS, TRAIN_STREAM, check_disjoint, judge_answer, judge_prefix,
+from lessonkit.training.judge_data import (N_SHOTS, TRAIN_STREAM, check_disjoint, judge_answer, judge_prefix,
                                             training_items)
-from lessonkit.workloads.lora_model import ATTN, MLP, LoraModel
+from lessonkit.training.lora import ATTN, MLP, LoraModel
 from lessonkit.workloads.monitoring import load_stream
 from lessonkit.workloads.triage import ITEM_TEMPLATE, parse_answer
 
@@ -291,7 +291,7 @@ LoRA adapter (rank {cfg.rank}, alpha {cfg.alpha}) on {', '.join(cfg.targets)} of
 Reproduce: `lessonkit train judge --model {cfg.model}` (seed {cfg.seed}, {cfg.threads} torch thread(s)).
 
 ## Data
-- {log['train_items']} distinct training items from `lessonkit.workloads.judge_data` (monitoring generator,
+- {log['train_items']} distinct training items from `lessonkit.training.judge_data` (monitoring generator,
   seed {TRAIN_STREAM.seed}, {cfg.n_originals} originals with paraphrases and hard negatives; own hosts,
   services, domains, databases, jobs, queues, IPs and phrasings; disjointness checked: {log['disjointness']['shared_items']}
   shared items, {log['disjointness']['shared_names']} shared names, {log['disjointness']['shared_phrasings']} shared phrasings).{_data_options(cfg)}

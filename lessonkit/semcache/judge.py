@@ -27,8 +27,8 @@ from tqdm.auto import tqdm
 
 from lessonkit.engine.resources import workbook_path
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.gguf_loader import apply_chat_template, load_smollm2, to_transformers
-from lessonkit.engine.registry import MODELS_DIR, load_model
+from lessonkit.models.gguf_loader import apply_chat_template, load_smollm2, to_transformers
+from lessonkit.models.registry import MODELS_DIR, load_model
 
 INSTRUCTION = (
     "You triage alerts for an on-call engineer. Answer with one word: yes if an engineer must act "

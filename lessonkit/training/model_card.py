@@ -1,4 +1,4 @@
-"""The model card (card.md) of a model trained by lessonkit.workloads.train: architecture, data, held-out
+"""The model card (card.md) of a model trained by lessonkit.training.tiny_models: architecture, data, held-out
 figures, measured drafting figures when given, training settings and time, files."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ def _data_lines(log: dict) -> list[str]:
     c = log["config"]
     if c["distill_from"]:
         lines = ["", "## Data: the target's own predictions", "",
-                 f"Teacher pass over {c['distill_from']} (lessonkit/workloads/distill.py, preset "
+                 f"Teacher pass over {c['distill_from']} (lessonkit/training/distill.py, preset "
                  f"{log['distill_preset']!r}): corpus train-split windows teacher-forced in batched prefill and "
                  "short corpus prompts followed by the target's greedy continuation; labels are the target's top-k "
                  "next-token probabilities at every position. Tokens per source/kind: "
@@ -51,13 +51,13 @@ def _measured_lines(log: dict) -> list[str]:
 
 
 def cut_card(log: dict, files: dict) -> str:
-    """card.md of a drafter cut from its target (lessonkit.speculative.cut_draft)."""
+    """card.md of a drafter cut from its target (lessonkit.training.cut_draft)."""
     c, p = log["config"], log["params"]
     agree = log["heldout_agreement_with_" + c["target"]]
     lines = [f"# {log['name']}", "",
              f"Draft model cut from {c['target']}: its layers {', '.join(map(str, c['layers']))}, fine-tuned on "
              f"{c['target']}'s own predictions, with an output layer over its {c['head_rows']:,} most frequent "
-             "corpus tokens (lessonkit/speculative/cut_draft.py explains the design).", "",
+             "corpus tokens (lessonkit/training/cut_draft.py explains the design).", "",
              "## Architecture", "",
              f"- {len(c['layers'])} layers of {c['target']} (width, heads and MLP unchanged); input embedding "
              f"borrowed from {c['target']} at load (borrow.json; frozen in training, not shipped)",
@@ -67,7 +67,7 @@ def cut_card(log: dict, files: dict) -> str:
              f"- weights read per draft token: {p['read_per_token']:,}, {p['read_per_token'] / p['target_read_per_token']:.3f}"
              f" of a {c['target']} step's {p['target_read_per_token']:,}; trained: {p['trainable']:,}",
              "", "## Data: the target's own predictions", "",
-             f"Teacher pass over {c['target']} (lessonkit/workloads/distill.py, preset {log['distill_preset']!r}): "
+             f"Teacher pass over {c['target']} (lessonkit/training/distill.py, preset {log['distill_preset']!r}): "
              "corpus train-split windows teacher-forced in batched prefill and short corpus prompts followed by "
              "the target's greedy continuation; labels are the target's top-k next-token probabilities. Tokens "
              "per source/kind: " + ", ".join(f"{k} {v:,}" for k, v in log["train_tokens"].items()) + ".",
@@ -95,7 +95,7 @@ def cut_card(log: dict, files: dict) -> str:
 
 
 def model_card(log: dict, files: dict) -> str:
-    """card.md of a model trained by lessonkit.workloads.train (or cut_draft), from its log and file sizes."""
+    """card.md of a model trained by lessonkit.training.tiny_models (or cut_draft), from its log and file sizes."""
     if log.get("kind") == "cut":
         return cut_card(log, files)
     c, p = log["config"], log["params"]

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import jinja2
 
-from lessonkit.engine.resources import workbook_root
+from lessonkit.engine.resources import PACKAGE_DIR, workbook_root
 from lessonkit.lessons.headline import headline_for, main_table, sentence_texts
 
-TEMPLATES = Path(__file__).parent / "templates"
+TEMPLATES = PACKAGE_DIR / "report" / "templates"
 VERSIONED = ("lessonkit", "torch", "numpy", "pandas", "matplotlib", "papermill", "nbconvert")
 
 

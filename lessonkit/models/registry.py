@@ -7,16 +7,19 @@ from pathlib import Path
 import torch
 
 from lessonkit.engine.resources import workbook_path
-from lessonkit.engine.adapters import merged_model_dir
+from lessonkit.models.adapters import merged_model_dir
 from lessonkit.engine.atomic import publish_dir
-from lessonkit.engine.borrowed import BORROW_FILE, assembled_dir, read_borrow
-from lessonkit.engine.checkpoint import (LAYOUT_FILES, convert_hf_checkpoint, convert_hf_state_dict,
-                                         sha256_file, write_manifest)
+from lessonkit.models.borrowed import BORROW_FILE, assembled_dir, read_borrow
+from lessonkit.engine.checkpoint import LAYOUT_FILES
+from lessonkit.models.convert import convert_hf_checkpoint, convert_hf_state_dict
+from lessonkit.engine.safe_files import sha256_file
+from lessonkit.models.integrity import write_manifest
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.integrity import check_model_files, lessonkit_home
-from lessonkit.engine.gguf_loader import SMOLLM2_SHA256, load_gguf, smollm2_gguf_path
+from lessonkit.models.integrity import check_model_files
+from lessonkit.engine.resources import lessonkit_home
+from lessonkit.models.gguf_loader import SMOLLM2_SHA256, load_gguf, smollm2_gguf_path
 
 MODELS_DIR = workbook_path("data", "models")
 CONVERTER_REVISION = 4          # of the converted SmolLM2 folder (smollm2_cache_dir)

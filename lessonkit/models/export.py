@@ -20,9 +20,9 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from lessonkit.engine.atomic import publish_dir, replace
-from lessonkit.engine.checkpoint import export_hf
+from lessonkit.models.convert import export_hf
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.integrity import refuse_special_files
+from lessonkit.models.integrity import refuse_special_files
 
 EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 

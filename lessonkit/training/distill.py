@@ -32,10 +32,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from lessonkit.engine.atomic import atomic_write
-from lessonkit.engine.checkpoint import export_hf
+from lessonkit.models.convert import export_hf
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.registry import lessonkit_home, load_model
-from lessonkit.workloads.corpus import EOT, KINDS, load_documents
+from lessonkit.engine.resources import lessonkit_home
+from lessonkit.models.registry import load_model
+from lessonkit.workloads.corpus import EOT, KINDS, load_documents, spread_slots
 
 
 @dataclass(frozen=True)
@@ -144,13 +145,6 @@ def _line_starts(engine, ids: list[int], prompt_len: int) -> list[int]:
     """Positions that follow a token containing a line break (each distinct token decoded once)."""
     breaks = {t: "\n" in engine.decode([t]) for t in set(ids)}
     return [i + 1 for i, t in enumerate(ids[:-prompt_len - 1]) if breaks[t]]
-
-
-def spread_slots(n_slots: int, n: int, seed: int) -> list[int]:
-    """n distinct window slots of 0 .. n_slots - 1, drawn with `seed`, in order: a sample of a whole token
-    stream rather than of its first documents."""
-    g = torch.Generator().manual_seed(seed)
-    return sorted(torch.randperm(n_slots, generator=g)[:n].tolist())
 
 
 def _window_starts(n_slots: int, n: int, cfg: DistillConfig, kind: str) -> list[int]:

@@ -37,13 +37,14 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, O
 
 from lessonkit.engine.resources import workbook_path, workbook_root
 from lessonkit.engine.atomic import atomic_write
-from lessonkit.engine.checkpoint import convert_hf_checkpoint, export_hf, write_manifest
+from lessonkit.models.convert import convert_hf_checkpoint, export_hf
+from lessonkit.models.integrity import write_manifest
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.registry import load_model
+from lessonkit.models.registry import load_model
 from lessonkit.workloads.corpus import CORPUS_DIR, EOT, KINDS, load_documents, load_tokenizer
-from lessonkit.workloads.distill import PRESETS as DISTILL_PRESETS
-from lessonkit.workloads.model_card import model_card
-from lessonkit.workloads.distill import (DistillData, distill_data, distill_loss, heldout, student_agreement,
+from lessonkit.training.distill import PRESETS as DISTILL_PRESETS
+from lessonkit.training.model_card import model_card
+from lessonkit.training.distill import (DistillData, distill_data, distill_loss, heldout, student_agreement,
                                         teacher_model)
 
 ROOT = workbook_root()

@@ -23,8 +23,8 @@ from lessonkit.mtp.evaluate import (HELDOUT_SAMPLE, TargetStates, acceptance_by_
 from lessonkit.mtp.head import (NORMS, REAL_SCALE_RATIO, MtpConfig, MtpHead, Shared, block, eh_scale_ratio, init_head,
                                 mtp_input, rescale_embedding_half)
 from lessonkit.workloads.corpus import KINDS
-from lessonkit.workloads.distill import PRESETS as DISTILL_PRESETS
-from lessonkit.workloads.distill import distill_data, distill_loss, heldout
+from lessonkit.training.distill import PRESETS as DISTILL_PRESETS
+from lessonkit.training.distill import distill_data, distill_loss, heldout
 
 @dataclass(frozen=True)
 class TrainMtpConfig:
@@ -170,7 +170,7 @@ def train_head(engine, tc: TrainMtpConfig = TrainMtpConfig(), progress: bool = T
 
 def _labels_line(train: dict) -> str:
     if train.get("distill_preset"):
-        return ("- data and labels: distillation (lessonkit/workloads/distill.py, preset "
+        return ("- data and labels: distillation (lessonkit/training/distill.py, preset "
                 f"{train['distill_preset']!r}): corpus windows teacher-forced and corpus prompts followed by the "
                 "target's own greedy continuation; per row t the target's top-k distribution for position t+2 "
                 f"(+ {train['hard_weight']} x CE on its greedy pick) plus a smooth-L1 regression of the target's "

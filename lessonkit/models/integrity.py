@@ -14,36 +14,19 @@ A model directory's manifest.json lists `{"format_version": 1, "sha256": {file n
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import warnings
 from pathlib import Path
 
-import platformdirs
 
 from lessonkit.engine.atomic import atomic_write
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.safe_files import load_json_file, require_regular
+from lessonkit.engine.checkpoint import FORMAT_VERSION, LAYOUT_FILES
+from lessonkit.engine.resources import lessonkit_home
+from lessonkit.engine.safe_files import load_json_file, require_regular, sha256_file  # noqa: F401 (re-exported)
 
 MEMO_NAME = "verified.json"
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
-
-
-def lessonkit_home() -> Path:
-    """The per-user cache folder: hash memo, converted and merged models, teacher passes. LESSONKIT_HOME when
-    set, else platformdirs' user cache folder (~/.cache/lessonkit on Linux, ~/Library/Caches/lessonkit on
-    macOS, %LOCALAPPDATA%\\lessonkit\\Cache on Windows). Defined here, the lowest module that needs it; the
-    registry re-exports it."""
-    home = os.environ.get("LESSONKIT_HOME")
-    return Path(home) if home else Path(platformdirs.user_cache_dir("lessonkit", appauthor=False))
 
 
 def read_manifest(model_dir: Path) -> dict[str, str]:
@@ -175,3 +158,19 @@ def check_model_files(model_dir: str | Path, *, required: bool = True) -> bool:
             hint = " (a flipped bit or an edit: restore the file, or re-create the model)" if s == "MISMATCH" else ""
             raise LessonkitError(f"{model_dir / f}: {s} against {model_dir / 'manifest.json'}{hint}")
     return True
+
+
+def write_manifest(model_dir: str | Path, files: list[str] | None = None) -> dict:
+    """manifest.json with the SHA-256 of the layout's files (or of `files`, names inside model_dir),
+    written atomically."""
+    model_dir = Path(model_dir)
+    files = {f: sha256_file(model_dir / f) for f in (files or LAYOUT_FILES) if (model_dir / f).exists()}
+    m = {"format_version": FORMAT_VERSION, "sha256": files}
+    atomic_write(model_dir / "manifest.json", (json.dumps(m, indent=2) + "\n").encode())
+    return m
+
+
+def verify_manifest(model_dir: str | Path) -> dict[str, str]:
+    """File -> 'ok' / 'MISMATCH' / 'missing' / 'refused: ...' (used by `lessonkit doctor`); a missing,
+    unreadable or empty manifest fails (lessonkit.models.integrity has the rules)."""
+    return model_integrity(model_dir, required=True)

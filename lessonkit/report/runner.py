@@ -1,6 +1,6 @@
 """The main job: execute every lesson notebook headlessly (papermill) into build/, keep every figure as
 a PNG, and write build/summary.json (every figure each lesson recorded) with build/report.html and
-build/summary.md (the report: lessonkit.lessons.report)."""
+build/summary.md (the report: lessonkit.report.html)."""
 from __future__ import annotations
 
 import base64
@@ -64,8 +64,8 @@ def _fmt(v) -> str:
 
 def write_summary(build_dir: Path, status: dict[str, dict], *, smoke: bool = False, total_s: float | None = None) -> None:
     """build/summary.json (every recorded figure, for `lessonkit compare`), then build/report.html and
-    build/summary.md (lessonkit.lessons.report: the same figures in sentences, tables and pictures)."""
-    from lessonkit.lessons.report import recorded_results, write_report
+    build/summary.md (lessonkit.report.html: the same figures in sentences, tables and pictures)."""
+    from lessonkit.report.html import recorded_results, write_report
     results = recorded_results(build_dir)
     total_s = sum(s["seconds"] for s in status.values()) if total_s is None else total_s
     report = write_report(build_dir, status, smoke=smoke, total_s=total_s)

@@ -1,12 +1,12 @@
 """A trainable copy of an engine model's top layers with low-rank adapters (LoRA), in plain torch.
 
-Training a judge (lessonkit.workloads.judge_train) adapts only the last `n_top` layers: the frozen
+Training a judge (lessonkit.training.judge) adapts only the last `n_top` layers: the frozen
 bottom is run once per example (`bottom`), its output cached, and the top layers are trained on that
 cache for many epochs. The math is the engine's (lessonkit/engine/model.py): RMSNorm, rotate-half
 RoPE, grouped-query attention, SwiGLU experts (one for Llama, top-k of E for OLMoE with a softmax
 router), written batched and differentiable. It is checked against the engine's logits
 (tests/test_judge_train.py); after training the adapter is merged into plain weights
-(lessonkit.engine.adapters) and the engine runs the result.
+(lessonkit.models.adapters) and the engine runs the result.
 
 Shapes: B batch, S new positions, P prefix positions, D hidden, H / G query / kv heads, hd head dim.
 A prefix (the judge's shared prompt) is given as its keys and values per layer, computed without
@@ -77,7 +77,7 @@ class LoraModel(torch.nn.Module):
         return y
 
     def adapter_tensors(self) -> dict[str, torch.Tensor]:
-        """The adapter in the layout of lessonkit.engine.adapters (scale folded into B)."""
+        """The adapter in the layout of lessonkit.models.adapters (scale folded into B)."""
         out = {}
         for key, p in self.lora.items():
             name, part = key[:-3].replace("__", "."), key[-1]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 
 from lessonkit.engine.generate import generate
-from lessonkit.engine.registry import load_model
+from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import NGramDrafter
 from lessonkit.speculative.verify import speculative_generate
 from lessonkit.workloads.grounded import grounded_prompts

@@ -1,0 +1,13 @@
+"""Training: every trainer in the workbook, each writing a model folder with its manifest and card.
+
+  tiny_models   the shipped tiny targets and drafters (`lessonkit train`)
+  distill       teacher passes and distilled drafters
+  cut_draft     a drafter cut from its target's layers
+  mtp_heads     multi-token-prediction heads (`lessonkit mtp train`)
+  judge         the semantic cache's judge (LoRA on tiny-moe), with judge_data its examples
+  lora          the LoRA model the judge trains
+  model_card    the card written beside each trained model
+
+Imports: the engine, models, workloads and the techniques (a head or drafter it trains). Nothing below
+imports training: a technique loads what training wrote, never the trainer.
+"""
