@@ -214,3 +214,11 @@ def test_benchmarks_import_without_matplotlib():
                        text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert int(r.stdout.split()[-1]) >= len([m for m in MODULES if _unit(m) in ("bench", "measure")]) - 2
+
+
+def test_only_the_resolver_uses___file__():
+    """One resolver finds the workbook's files (lessonkit.engine.resources: a wheel's copy or a clone); no other
+    module finds them, or its own package data, through its own `__file__`."""
+    users = [m for m, path in MODULES.items() if m != "lessonkit.engine.resources"
+             and any(isinstance(n, ast.Name) and n.id == "__file__" for n in ast.walk(ast.parse(path.read_text())))]
+    assert not users, users

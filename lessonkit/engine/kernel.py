@@ -41,9 +41,10 @@ from pathlib import Path
 import torch
 
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.resources import PACKAGE_DIR
 
 ABI = 6                                 # csrc/rowkernel.c's rk_abi() this module calls
-KERNELS = Path(__file__).resolve().parent / "kernels"      # the shipped binaries (csrc/build_kernels.py)
+KERNELS = PACKAGE_DIR / "engine" / "kernels"      # the shipped binaries (csrc/build_kernels.py)
 _SYSTEMS = {"linux": ("linux", ".so"), "win32": ("windows", ".dll"), "darwin": ("macos", ".dylib")}
 _MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}
 
