@@ -13,13 +13,14 @@ from lessonkit.engine.quant import fake_quantise
 from lessonkit.lessons.figures import legend_beside
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import show_panel
+from lessonkit.measure.mtp import prompts_from_corpus  # noqa: F401 (the experiments this lesson's notebook runs)
+from lessonkit.measure.mtp import speed_comparison
 from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.mtp.evaluate import acceptance_by_kind, pooled_acceptance
 from lessonkit.mtp.head import MtpHead, Shared, eh_scale_ratio, load_head
 from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.speculative.vocab import frequent_tokens
-from lessonkit.measure.mtp import (  # noqa: F401 (the experiments this lesson's notebook runs)
-    prompts_from_corpus, speed_comparison)
+
 
 def train_loss_figure(log: dict, title: str = ""):
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))

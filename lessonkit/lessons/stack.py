@@ -12,11 +12,11 @@ import pandas as pd
 
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import show_panel
+from lessonkit.measure.stack import (ABLATION_COLUMNS, ROWS,  # noqa: F401 (the experiments this lesson's notebook runs)
+                                     ablation, ablation_table, available_models, choose_drafter, drafter_candidates,
+                                     load_engine, model_workload, one_item, run_config, smoke_engine, torch_threads)
 from lessonkit.stack import PRESETS, StackConfig, embed_workload
 from lessonkit.workloads.triage import make_workload
-from lessonkit.measure.stack import (  # noqa: F401 (the experiments this lesson's notebook runs)
-    ROWS, drafter_candidates, choose_drafter, torch_threads, one_item, ABLATION_COLUMNS, ablation, ablation_table,
-    smoke_engine, available_models, model_workload, load_engine, run_config)
 
 
 def plot_ablation(df, title: str | None = None):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from lessonkit.engine.resources import workbook_path
+
 from lessonkit.engine.generate import generate
+from lessonkit.engine.resources import workbook_path
 from lessonkit.grammar.drafter import GrammarDrafter, verify_k
 from lessonkit.grammar.json_schema import schema_grammar
 from lessonkit.grammar.tokens import TokenGrammar

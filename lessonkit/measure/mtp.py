@@ -3,6 +3,7 @@ compared token by token. Lesson 2 draws it; `lessonkit bench mtp` reports it."""
 from __future__ import annotations
 
 import statistics
+
 from lessonkit.engine.generate import generate
 from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.mtp.evaluate import text_windows

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import statistics
 import time
+
 from lessonkit.semcache.policies import load_embedder, run_stream
 from lessonkit.semcache.store import CacheStore
-
 
 SMOKE_ITEMS = 300
 

@@ -6,18 +6,19 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from dataclasses import replace
+
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
+
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.models.registry import MODELS_DIR, load_model
 from lessonkit.mtp.head import head_path
+from lessonkit.semcache.judge import recorded_answers, trained_prompt
 from lessonkit.stack import (PRESETS, TECHNIQUES, StackConfig, StackPipeline, StackRun, embed_workload,
                              judge_token_grammar, run_stack)
-from lessonkit.semcache.judge import recorded_answers, trained_prompt
 from lessonkit.workloads.triage import Workload, make_workload, needs_action
-
 
 ROWS = {                           # row name -> techniques on
     "plain engine": (),
