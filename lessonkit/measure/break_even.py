@@ -1,0 +1,215 @@
+"""When speculation pays, measured and modelled: verify cost against acceptance on a throttled disk, the break-even
+acceptance of a cost ratio, the disk cost model's inputs measured from expert misses, and its check against
+measured cells. Lesson 1 draws these."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from lessonkit.engine.engine import Engine
+from lessonkit.engine.generate import generate
+from lessonkit.speculative.drafters import OracleDrafter
+from lessonkit.speculative.gate import expected_tokens, measure_cost_curve
+from lessonkit.speculative.verify import speculative_generate, total_stats
+
+
+def simulate_disk(engine, mb_per_s: float | None) -> None:
+    """Make every expert miss cost bytes / (mb_per_s MB/s) of extra wall time (a slow-disk model);
+    None restores plain reads (which on this machine come from the page cache at memory speed)."""
+    store = engine.store
+    if not hasattr(store, "_real_read"):
+        store._real_read = store._read
+    real = store._real_read
+    if mb_per_s is None:
+        store._read = real
+        return
+
+    def slow_read(key):
+        t0 = time.perf_counter()
+        t = real(key)
+        wait = store._entries[key][1] / (mb_per_s * 2**20) - (time.perf_counter() - t0)
+        end = time.perf_counter() + max(wait, 0.0)
+        while time.perf_counter() < end:        # busy-wait: sleep() granularity is too coarse here
+            pass
+        store.io_s += max(wait, 0.0)
+        return t
+    store._read = slow_read
+
+def _measured_cell(model_dir, prompts, nb, P, k, max_new_tokens, disk_mb_s, dtype, oracle_engine, total) -> dict:
+    """One cell of the break-even surface, measured: plain and speculative greedy at budget nb (experts per
+    model; None = all), oracle error rate P, depth k, on a simulated disk of disk_mb_s MB/s (None: page cache)."""
+    mb = None if nb is None else nb * oracle_engine.expert_bytes / 2**20
+    eng = Engine(model_dir, name=f"budget-{nb or 'all'}", expert_budget_mb=mb, dtype=dtype)
+    simulate_disk(eng, disk_mb_s)
+
+    def run(fn):
+        sts = []
+        for p in prompts:
+            eng.store.clear()
+            sts.append(fn(p).stats)
+        return total_stats(sts)
+    plain = run(lambda p: generate(eng, p, max_new_tokens))
+    oracle = OracleDrafter(eng, P, seed=0, horizon=max_new_tokens + k + 2, oracle_engine=oracle_engine)
+    t = run(lambda p: speculative_generate(eng, oracle, p, max_new_tokens, k=k))
+    return {"budget_experts": nb or total, "budget_frac": (nb or total) / total, "error_rate": P,
+            "acceptance": 1 - P, "k": k, "acceptance_rate": t["acceptance_rate"],
+            "tokens_per_forward": t["tokens_per_forward"], "speedup": plain["wall_s"] / t["wall_s"],
+            "unique_experts_per_token": t["unique_experts_per_token"],
+            "plain_unique_experts_per_token": plain["unique_experts_per_token"],
+            "bytes_read_per_token": t["bytes_read_per_token"],
+            "plain_bytes_read_per_token": plain["bytes_read_per_token"],
+            "expert_hit_rate": t["expert_hit_rate"], "plain_expert_hit_rate": plain["expert_hit_rate"]}
+
+def break_even_acceptance(cost_ratio: float, k: int) -> float | None:
+    """The acceptance a* at which E(a*, k) = cost_ratio: speculation at depth k pays for a > a*. cost_ratio is
+    what one verify step costs in plain steps (T(k+1)/T(1) + k c, with expert reads when disk-bound).
+    0.0 when even a = 0 pays (cost_ratio <= 1); None when no acceptance pays (cost_ratio >= k + 1)."""
+    if cost_ratio <= 1.0:
+        return 0.0
+    if cost_ratio >= k + 1:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(60):                            # E(a, k) rises with a: bisect
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, k) < cost_ratio else (lo, mid)
+    return (lo + hi) / 2
+
+def break_even_table(cost: list[float], c: float, ks) -> pd.DataFrame:
+    """Per k: the verify cost T(k+1)/T(1), the draft cost k c, their sum (what a verify step costs in plain
+    steps) and the break-even acceptance a* (speculation pays when E(a, k) is above the sum)."""
+    rows = []
+    for k in ks:
+        ratio = cost[k] / cost[0] + k * c
+        rows.append({"k": k, "verify_cost_ratio": cost[k] / cost[0], "draft_cost_kc": k * c,
+                     "cost_per_verify_step": ratio, "a_star": break_even_acceptance(ratio, k)})
+    return pd.DataFrame(rows)
+
+def _continuation(engine, prompt: list[int], n: int) -> list[int]:
+    return generate(engine, prompt, n).token_ids
+
+def _misses_along(eng, prompts, rows_of, r: int, n_tokens: int) -> tuple[float, list[int]]:
+    """Expert misses per forward of r rows (from an empty expert cache, after each prompt's prefill), the rows
+    taken from rows_of(prompt index, position, r); and each prefill's misses."""
+    n_fw = n_miss = 0
+    pre = []
+    for i, p in enumerate(prompts):
+        eng.store.clear()
+        eng.store.reset_counters()
+        cache = eng.new_cache(len(p) + n_tokens + r + 2)
+        eng.forward(p, cache)
+        pre.append(eng.store.misses)
+        eng.store.reset_counters()
+        for pos in range(0, n_tokens - 1, r):
+            eng.forward(rows_of(i, pos, r), cache)
+            n_fw += 1
+        n_miss += eng.store.misses
+    return n_miss / max(n_fw, 1), pre
+
+def cost_model_inputs(model_dir, prompts: list[list[int]], *, budget_experts=(2, 6, None), rows=(1, 2, 3, 5),
+                      max_new_tokens: int = 48, dtype=torch.float32, repeats: int = 3,
+                      cost: list[float] | None = None, seed: int = 0) -> dict:
+    """The measured inputs of the disk cost model, in seconds: T(r) (the verify cost curve, every expert
+    resident; `cost` if given), the prefill, and per budget the prefill's expert misses and R(r, B): misses per
+    forward of r rows from an empty expert cache along each prompt's greedy continuation (the rows an accepted
+    draft brings) and along random tokens after the first row (the rows a rejected draft brings: they route
+    more widely); the page-cache read time and the bytes of one expert read. No disk is simulated: seconds."""
+    full = Engine(model_dir, name="budget-all", dtype=dtype)
+    total = full.config.n_layers * full.config.n_experts
+    cost = cost if cost is not None else measure_cost_curve(full, max(rows) - 1, repeats=repeats)
+    gens = [generate(full, p, max_new_tokens) for p in prompts]
+    conts = [g.token_ids for g in gens]
+    # a decode step is more than its forward (sampling, stop checks, the cache): that per-step overhead, measured
+    step_s = sum(g.stats["wall_s"] - g.stats["ttft_s"] for g in gens) / max(sum(len(c) - 1 for c in conts), 1)
+    gen = torch.Generator().manual_seed(seed)
+    noise = torch.randint(0, full.config.vocab_size, (len(prompts), max_new_tokens + max(rows)), generator=gen).tolist()
+    prefill_s = []
+    for p in prompts:
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            full.forward(p, full.new_cache(len(p) + 2))
+            best = min(best, time.perf_counter() - t0)
+        prefill_s.append(best)
+    reads, prefill_reads, io_s, misses, nbytes = {}, {}, 0.0, 0, 0
+    for nb in budget_experts:
+        mb = None if nb is None else nb * full.expert_bytes / 2**20
+        eng = Engine(model_dir, name=f"budget-{nb or 'all'}", expert_budget_mb=mb, dtype=dtype)
+        b = nb or total
+        for r in rows:
+            reads[(b, r, "accepted")], pre = _misses_along(eng, prompts, lambda i, pos, r: conts[i][pos:pos + r], r,
+                                                           max_new_tokens)
+            reads[(b, r, "rejected")], _ = _misses_along(eng, prompts, lambda i, pos, r: conts[i][pos:pos + 1]
+                                                         + noise[i][pos + 1:pos + r], r, max_new_tokens)
+        prefill_reads[b] = float(np.mean(pre))
+        io_s, misses, nbytes = io_s + eng.store.io_s, misses + eng.store.misses, nbytes + eng.store.bytes_read
+    return {"T_s": {r: cost[r - 1] for r in rows}, "prefill_s": float(np.mean(prefill_s)),
+            "step_overhead_s": max(0.0, step_s - cost[0]),
+            "reads_per_forward": reads, "prefill_reads": prefill_reads, "budgets": [nb or total for nb in budget_experts],
+            "total_experts": total, "read_bytes": nbytes / misses if misses else full.expert_bytes,
+            "page_cache_read_s": io_s / misses if misses else 0.0, "new_tokens": max_new_tokens}
+
+def _break_even_disk(ratio_of, k: int) -> float | None:
+    """a* where E(a, k) = ratio_of(a) (the verify step's cost in plain steps may depend on a: rejected rows
+    route more widely); None when no a in [0, 1] pays."""
+    f = lambda a: expected_tokens(a, k) - ratio_of(a)
+    if f(0.0) >= 0:
+        return 0.0
+    if f(1.0) <= 0:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
+    return (lo + hi) / 2
+
+def disk_cost_model(inputs: dict, *, disk_mb_s: float | None, acceptances=tuple(np.round(np.linspace(0, 1, 11), 2)),
+                    ks=(1, 2, 4)) -> pd.DataFrame:
+    """The break-even surface predicted by the cost model (header above) from `cost_model_inputs`: one row per
+    (budget, acceptance, k) with the predicted speed-up, E(a, k) and the break-even acceptance a* of that
+    budget and k."""
+    t_disk = inputs["read_bytes"] / (disk_mb_s * 2**20) if disk_mb_s else 0.0
+    t_read = max(inputs["page_cache_read_s"], t_disk)
+    T, R, n = inputs["T_s"], inputs["reads_per_forward"], inputs["new_tokens"]
+    o = inputs.get("step_overhead_s", 0.0)            # per decode or verify step, besides its forward
+    out = []
+    for b in inputs["budgets"]:
+        pre = inputs["prefill_s"] + inputs["prefill_reads"][b] * t_read
+        plain_step = T[1] + o + R[(b, 1, "accepted")] * t_read
+        plain = pre + (n - 1) * plain_step
+
+        def verify_step(a, k):         # each of the k drafted rows is a rejected (random) token with chance 1 - a
+            return T[k + 1] + o + (a * R[(b, k + 1, "accepted")] + (1 - a) * R[(b, k + 1, "rejected")]) * t_read
+        for k in ks:
+            a_star = _break_even_disk(lambda a: verify_step(a, k) / plain_step, k)
+            for a in acceptances:
+                e, step = expected_tokens(a, k), verify_step(a, k)
+                out.append({"budget_experts": b, "budget_frac": b / inputs["total_experts"], "acceptance": float(a),
+                            "k": k, "E_tokens_per_verify": e, "speedup": plain / (pre + (n - 1) / e * step),
+                            "step_cost_ratio": step / plain_step, "a_star": a_star,
+                            "reads_per_plain_step": R[(b, 1, "accepted")],
+                            "reads_per_verify": (step - T[k + 1] - o) / t_read if t_read else 0.0,
+                            "t_read_ms": t_read * 1e3})
+    return pd.DataFrame(out)
+
+def validate_cost_model(model_dir, prompts: list[list[int]], model_df: pd.DataFrame, cells, *, disk_mb_s: float | None,
+                        max_new_tokens: int = 48, dtype=torch.float32) -> pd.DataFrame:
+    """Measure a few cells of the surface for real (the simulated disk busy-waits every miss) and put each
+    next to the cost model's prediction. cells: (budget experts or None, acceptance, k)."""
+    oracle_engine = Engine(model_dir, name="oracle", dtype=dtype)
+    total = oracle_engine.config.n_layers * oracle_engine.config.n_experts
+    rows = []
+    for nb, a, k in tqdm(cells, desc="cells measured for real", leave=False):
+        m = _measured_cell(model_dir, prompts, nb, round(1 - a, 6), k, max_new_tokens, disk_mb_s, dtype,
+                           oracle_engine, total)
+        pred = model_df[(model_df.budget_experts == (nb or total)) & (model_df.k == k)
+                        & (np.isclose(model_df.acceptance, a))]
+        rows.append({"budget_experts": nb or total, "acceptance": a, "k": k,
+                     "measured_acceptance_rate": m["acceptance_rate"], "predicted_speedup": float(pred.speedup.iloc[0]),
+                     "measured_speedup": m["speedup"]})
+    df = pd.DataFrame(rows)
+    df["error"] = df.predicted_speedup / df.measured_speedup - 1
+    return df
