@@ -435,12 +435,12 @@ def test_export_to_a_read_only_directory_is_one_clear_line(tmp_path, capsys, mon
 
 @pytest.mark.parametrize("exists", [False, True])
 def test_export_on_a_full_disk_is_one_clear_line_and_leaves_nothing(tmp_path, capsys, monkeypatch, exists):
-    from lessonkit.engine import checkpoint
+    from lessonkit.models import convert
 
     def full(tensors, path, metadata=None):
         Path(path).write_bytes(b"\0" * 1000)                    # a part written, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
-    monkeypatch.setattr(checkpoint, "save_file", full)
+    monkeypatch.setattr(convert, "save_file", full)
     out = tmp_path / "out"
     if exists:
         out.mkdir()

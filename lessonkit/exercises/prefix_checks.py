@@ -320,13 +320,13 @@ def on_this_machine(bytes_fn, break_even_fn, smoke: bool = False, seed: int = 0)
 
     import torch
 
-    from lessonkit.lessons import prefix_cache as lesson
+    from lessonkit.measure import prefix_cache as measured
     torch.manual_seed(seed)
     work = Path(tempfile.mkdtemp(prefix="exercise04-"))
-    engine = lesson._load(lesson.demo_models(work / "models")[0] if smoke else "smollm2-135m")
+    engine = measured._load(measured.demo_models(work / "models")[0] if smoke else "smollm2-135m")
     n = 32 if smoke else 128
-    df = lesson.restore_vs_prefill_table(engine, work / "cache", [n], repeats=1 if smoke else 3, progress=False)
-    be = lesson.restore_break_even(df)
+    df = measured.restore_vs_prefill_table(engine, work / "cache", [n], repeats=1 if smoke else 3, progress=False)
+    be = measured.restore_break_even(df)
     elem = engine.new_cache(1).k.element_size()
     print(f"measured here ({engine.name}, {n} tokens): prefill {1e3 * be['prefill_s_per_token']:.2f} ms per token; "
           f"snapshot file {be['bytes_per_token']:,.0f} B per token; restore {float(df.iloc[0]['restore s']):.3f} s "
