@@ -3,6 +3,9 @@
 Each runs a baseline and its contenders side by side in one process, reports medians of repeats and
 ratios, and says which goals (`common.goal`) were met. None is part of the tests' pass/fail (a smoke
 test runs each once). BENCHES names them; the CLI imports one only when it runs.
+
+Imports: lessonkit.measure (the experiments the lessons share) and everything below it; no lesson and nothing
+that draws (a test imports every bench module with matplotlib blocked).
 """
 
 BENCHES = {

@@ -25,6 +25,9 @@ wrong. A judge that must call the student's function again (say, on a prefix of 
 as a third argument; run_cases then reports what that call raises as the function's own exception.
 A lesson may word the exception line its own way (`on_raise`). Checks that test properties rather
 than a list of cases (prefix_checks, spec_checks.rejection_sample) call the function through `call`.
+
+Imports: the lessons (what an exercise shares with its lesson) and everything below them; never the report,
+a benchmark or the CLI.
 """
 from __future__ import annotations
 

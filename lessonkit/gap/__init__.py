@@ -27,4 +27,6 @@ Epoch's set, and Epoch's exact windows and estimators are not published in the d
 Modules: `data` (loading, cleaning, grouping, dates), `lag` (frontiers and the lag between them),
 `growth` (compute growth of each group's frontier), `summary` (the headline figures, the sensitivity
 table, the comparison with Epoch's published numbers).
+
+Imports: lessonkit.engine only (the file resolver, LessonkitError); the lesson's figures are lessonkit.lessons.
 """

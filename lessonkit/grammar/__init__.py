@@ -8,5 +8,9 @@
   tokens       a grammar seen through a tokenizer: token bytes, vocabulary trie, masks, span tokens
   drafter      GrammarDrafter (the drafter protocol), ConstrainedDecoder, generate_with_grammar
   measure      forced bytes, span tokenisation, byte sources and the drafting ceiling, without a model
+  masks        fast token masks: the vocabulary's byte trie walked level by level
   records      the grammar of the workbook's NDJSON monitoring records
+
+Imports: the engine, workloads and lessonkit.speculative (the drafter protocol); never a trainer, the stack,
+a measurement, lesson, benchmark or the CLI.
 """

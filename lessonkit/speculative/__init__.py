@@ -4,7 +4,10 @@
             prompt lookup (n-gram), and an oracle with a dialled-in error rate
   verify    greedy and rejection-sampling verification, and the speculative loop
   gate      expected tokens per verify step, the verify cost curve, and the depth gate (k="auto")
+  vocab     a drafter's output layer over the target's most frequent tokens only (FR-Spec)
+  acceptance  a drafter's measured acceptance and draft cost, the figures its model card reports
 
 The MTP head and the grammar are drafters too (lessonkit.mtp, lessonkit.grammar); lessonkit.stack
-names every drafter for `--draft` in one dict.
+names every drafter for `--draft` in one dict. Drafters are trained in lessonkit.training.
+Imports: the engine, models and workloads; never a trainer, the stack, a lesson, benchmark or the CLI.
 """
