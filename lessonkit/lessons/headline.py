@@ -1,7 +1,7 @@
 """A lesson's headline: its results as sentences with units, its main table and its key figure.
 
 Each lesson module declares one `HEADLINE` from the figures its notebook records. The notebook's last
-cell (`record_results`) and the main job's report (`report.py`) both render it from the same recorded
+cell (`record_results`) and the main job's report (`lessonkit/report/html.py`) both render it from the same recorded
 numbers, so the notebook and `build/report.html` say the same thing.
 
 Templates are `str.format` strings whose fields are figure names, looked up whole (names may hold dots
