@@ -14,6 +14,7 @@
   kernel        row-invariant products for short forwards (the C kernel or MKL row groups)
   roofline      bytes per token against the machine's copy bandwidth
   atomic        crash-safe writes (temporary file, fsync, rename, directory fsync)
+  threads       use_threads: --threads is the C kernel's count; torch's is set from it here only
   timing        median wall time of repeats
   errors        LessonkitError, the one exception for bad input
 
