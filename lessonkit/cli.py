@@ -12,6 +12,7 @@ import sys
 from lessonkit import commands as c
 from lessonkit.bench import BENCHES
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.speculative.depth import K_MAX, parse_draft_depth
 
 
 def arg(*flags, **kw):
@@ -61,11 +62,6 @@ def nonempty(why: str):
     return parse
 
 
-def draft_k(value: str):
-    """--draft-k: 'auto' (the depth gate) or a draft length 0 .. 256."""
-    return "auto" if value == "auto" else number(0, 256, integer=True)(value)
-
-
 STOP = nonempty("an empty stop string would stop before the first token")
 SEED = number(0, 2**63 - 1, integer=True)          # torch, numpy and random all take 0 .. 2**63 - 1
 MAX_BOOT = 100_000                                 # gap: 1,000 resamples take about 1 s, this about 90 s
@@ -111,7 +107,9 @@ COMMANDS = {
         arg("--chat", action="store_true", help="wrap the prompt in the model's chat template"),
         arg("--draft", default=None, type=nonempty("an empty --draft names no drafter"),
             help="tiny-draft, model:DIR, ngram[:N], oracle:P, mtp[:SCHEME], grammar[:G]"),
-        arg("--draft-k", default="auto", type=draft_k, help="draft length K (0 .. 256) or 'auto' (depth gate)"),
+        arg("--draft-k", default=None, type=parse_draft_depth,
+            help=f"draft depth 0 .. {K_MAX} or 'auto' (the depth gate); default: the technique's own "
+                 "(the gate; with --grammar/--schema the grammar's span)"),
         arg("--grammar", default=None, type=nonempty("an empty --grammar names no grammar"),
             help="json, ndjson or PATH.gbnf"),
         arg("--schema", default=None, type=nonempty("an empty --schema names no file"), help="PATH.json (JSON Schema)"),
@@ -147,7 +145,8 @@ COMMANDS = {
         arg("name", choices=["tiny-draft", "tiny-draft-corpus", "tiny-moe", "smollm2-draft", "judge"]),
         arg("--model", default=None, choices=["smollm2-135m", "tiny-moe"], help="with judge: the base model"),
         arg("--steps", type=number(1, integer=True), default=None, help="override the preset's step count (quick checks)"),
-        arg("--threads", type=number(1, integer=True), default=None, help="torch threads (default: the preset's, 1)"),
+        arg("--threads", type=number(1, 64, integer=True), default=None,
+            help="C kernel threads, and torch's from them (default: the preset's, 1: reproducible weights)"),
         arg("--out", default=None,
             help="streaming-layout output dir (default data/models/NAME; with --steps build/models/NAME-stepsN)"), FORCE,
         arg("--no-ship", action="store_true", help="ship nothing to data/models (tiny models: the HF checkpoint under build/hf/ only)"),
@@ -193,7 +192,7 @@ COMMANDS = {
         arg("--preset", default=None, help="training preset (tiny-moe, smollm2-135m, test); default: the model's"),
         arg("--steps", type=number(1, integer=True), default=None),
         arg("--out", default=None, help="output .safetensors (default data/models/mtp/<model>.safetensors)"), FORCE,
-        arg("--threads", type=number(1, integer=True), default=2)]),
+        arg("--threads", type=number(1, 64, integer=True), default=2, help="C kernel threads, and torch's from them")]),
     "mtp-doctor": ("diagnose an MTP head (acceptance, controls, quantisation)", c.cmd_mtp_doctor, [
         arg("--model", required=True),
         arg("--quant", default="none", help="none, int8, int4, int4-g64, int4-g32, int4-g<N>"),

@@ -23,12 +23,13 @@ def _print_result(args, obj) -> None:
 
 
 def _with_overrides(cfg, args):
-    """A training preset with the command line's --steps / --threads applied."""
+    """A training preset with the command line's --steps / --threads applied; the threads (the preset's
+    unless --threads) are the kernel's and torch's for this command (use_threads)."""
     from dataclasses import replace
     if getattr(args, "steps", None) is not None:
         cfg = replace(cfg, steps=args.steps)
-    if args.threads:
-        cfg = replace(cfg, threads=args.threads)
+    cfg = replace(cfg, threads=args.threads or cfg.threads)
+    use_threads(cfg.threads)
     return cfg
 
 
@@ -90,7 +91,8 @@ def cmd_generate(args) -> int:
     elif args.draft:
         from lessonkit.speculative.verify import speculative_generate
         from lessonkit.stack import make_drafter
-        k = parse_draft_k(args.draft_k)
+        from lessonkit.speculative.depth import AUTO
+        k = AUTO if args.draft_k is None else args.draft_k     # parsed by argparse (speculative.depth)
         drafter = make_drafter(args.draft, eng, seed=args.seed)
         res = speculative_generate(eng, drafter, ids, max_new, k=k, callback=stream, **kw)
     elif args.prefix_cache:
@@ -113,27 +115,14 @@ def cmd_generate(args) -> int:
 
 
 def use_threads(n: int | None) -> int:
-    """Set the C kernel's thread count for this command (default: the machine's physical cores); returns it."""
-    from lessonkit.engine import kernel
-    return kernel.set_threads(n or kernel.physical_cores())
+    """--threads: the C kernel's threads, and torch's from them (lessonkit.engine.threads); returns the count."""
+    from lessonkit.engine.threads import use_threads as use
+    return use(n)
 
 
 def kernel_path() -> str:
     from lessonkit.engine import kernel
     return kernel.BACKEND
-
-
-def parse_draft_k(value) -> int | str:
-    """'auto' or a non-negative integer (for --draft-k)."""
-    if value == "auto":
-        return "auto"
-    try:
-        k = int(value)
-    except (TypeError, ValueError):
-        raise LessonkitError(f"--draft-k must be a non-negative integer or 'auto', got {value!r}") from None
-    if k < 0:
-        raise LessonkitError(f"--draft-k must be a non-negative integer or 'auto', got {value!r}")
-    return k
 
 
 class _Streamer:
@@ -179,13 +168,11 @@ def cmd_lessons(args) -> int:
 
 
 def cmd_run(args) -> int:
-    import os
-
     from lessonkit.engine import kernel
     from lessonkit.report.runner import run_all
-    # the notebooks' kernels read it at import: every lesson runs with this many kernel threads
-    os.environ["LESSONKIT_THREADS"] = str(args.threads or kernel.physical_cores())
-    return run_all(build_dir=args.build_dir, smoke=args.smoke, only=args.only)
+    # every lesson runs with this many kernel threads: a papermill parameter (KERNEL_THREADS), not the environment
+    return run_all(build_dir=args.build_dir, smoke=args.smoke, only=args.only,
+                   threads=args.threads or kernel.physical_cores())
 
 
 def cmd_bench(args) -> int:
@@ -294,9 +281,8 @@ def cmd_train_judge(args) -> int:
     from lessonkit.training.judge import PRESETS, train_judge
     if args.model is None:
         raise LessonkitError("lessonkit train judge needs --model (smollm2-135m or tiny-moe)")
-    cfg = PRESETS[args.model]
-    if args.threads:
-        cfg = replace(cfg, threads=args.threads)
+    cfg = replace(PRESETS[args.model], threads=args.threads or PRESETS[args.model].threads)
+    use_threads(cfg.threads)
     summary = train_judge(cfg, progress=not args.json, ndjson_check=ndjson_answers)
     _print_result(args, summary)
     return 0
@@ -409,13 +395,11 @@ def cmd_train_mtp(args) -> int:
     from dataclasses import replace
     from pathlib import Path
 
-    import torch
-
     from lessonkit.engine.atomic import atomic_write
     from lessonkit.models.registry import load_model
     from lessonkit.mtp.head import head_path, save_head
     from lessonkit.training.mtp_heads import PRESETS, TrainMtpConfig, train_head, write_card
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     eng = load_model(args.model)
     tc = PRESETS.get(args.preset or eng.name, TrainMtpConfig())
     if args.preset and args.preset not in PRESETS:

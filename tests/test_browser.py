@@ -77,7 +77,7 @@ def jupyter_lab(tmp_path: Path):
     nb = _smoke_copy(root)
     port = _free_port()
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "IPYTHONDIR": str(tmp_path / "ipython"),
-           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "LESSONKIT_BUILD": str(tmp_path / "build")}
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
            f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}",
            f"--LabApp.user_settings_dir={_settings(tmp_path / 'settings')}",

@@ -36,7 +36,7 @@ PARSE_CASES = [
     (GEN + ["--draft", BAD_UTF8], "--draft", "not valid UTF-8"),
     # found by the fuzz layer's long run (tests/test_fuzz.py)
     (GEN + ["--draft-k", "\u202e", "--schema", "s.json"], "--draft-k", "is not an integer"),
-    (GEN + ["--draft-k", "100000"], "--draft-k", "at most 256"),
+    (GEN + ["--draft-k", "100000"], "--draft-k", "at most 15"),
     (GEN + ["--prompt=--"], "--prompt=--", "'--' cannot be a value"),
     (GEN + ["--dtype=--"], "--dtype=--", "'--' cannot be a value"),
 ]

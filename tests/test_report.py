@@ -63,14 +63,13 @@ def test_every_lesson_notebook_has_a_headline_whose_key_figure_it_draws():
     assert headline_for("99_elsewhere") is None
 
 
-def test_record_results_writes_the_table_and_returns_the_sentences(tmp_path, monkeypatch):
-    monkeypatch.setenv("LESSONKIT_BUILD", str(tmp_path))
+def test_record_results_writes_the_table_and_returns_the_sentences(tmp_path):
     figures = {"model": "tiny-moe", "prefix_tokens": 64, "restore_over_prefill": 0.5, "restore_s": 0.001,
                "prefill_s": 0.002, "batch_items": 4, "batch_speedup_warm_vs_off": 1.8, "ttft_off_s": 0.009,
                "ttft_warm_s": 0.006, "scores_identical": True, "bytes_per_token": 279.75,
                "shape_keyed_cache_changes_output": True, "foreign_tokens_restored": 0}
     table = pd.DataFrame({"TTFT s": [0.1, float("nan")]}, index=pd.Index(["off", "warm"], name="mode"))
-    shown = record_results("04_prefix_cache", figures, table=table)
+    shown = record_results("04_prefix_cache", figures, table=table, build_dir=tmp_path)
     saved = json.loads((tmp_path / "results" / "04_prefix_cache.json").read_text())
     assert saved["figures"] == figures
     assert saved["table"] == [{"mode": "off", "TTFT s": 0.1}, {"mode": "warm", "TTFT s": None}]

@@ -3,7 +3,7 @@ expert budgets from one expert to unlimited), and the sampler keeps the target's
 import pytest
 import torch
 
-from lessonkit.commands import parse_draft_k
+from lessonkit.speculative.depth import parse_draft_depth as parse_draft_k
 from lessonkit.engine import kernel
 from lessonkit.engine.draft_step import CompiledStep, why_not
 from lessonkit.engine.engine import Engine

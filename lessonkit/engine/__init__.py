@@ -16,6 +16,7 @@
   resources     the one resolver for the workbook's own files, and the per-user cache folder
   atomic, safe_files, portable_io   crash-safe writes, files read without surprises, one I/O on every OS
   machine       the CPU's name (for every figure)
+  threads       use_threads: --threads is the C kernel's count; torch's is set from it here only
   errors        LessonkitError, the one exception for bad input
 
 Imports: nothing else of lessonkit. Named models, conversion and integrity are lessonkit.models.

@@ -339,8 +339,8 @@ THREADS = 1
 
 
 def _threads_from_env() -> None:
-    """LESSONKIT_THREADS=N: the thread count a process starts with (the CLI sets it for the notebooks it runs);
-    unset, one thread (tests and notebooks share cores)."""
+    """LESSONKIT_THREADS=N: a user's override of the library default, the count a process starts with; unset, one
+    thread (tests and notebooks share cores). Commands take --threads; notebooks KERNEL_THREADS (engine.threads)."""
     raw = os.environ.get("LESSONKIT_THREADS", "").strip()
     if not raw:
         return

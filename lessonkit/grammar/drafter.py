@@ -23,10 +23,10 @@ import torch
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import (GenerationResult, SamplingParams, engine_counters, finish_stats, prefill,
                                        sample_token)
-from lessonkit.engine.model import ROWWISE_MAX
 from lessonkit.grammar.automaton import Grammar, GrammarState, load_grammar
 from lessonkit.grammar.json_schema import schema_grammar_file
 from lessonkit.grammar.tokens import TokenGrammar
+from lessonkit.speculative.depth import K_MAX, DraftDepth, parse_draft_depth
 from lessonkit.speculative.drafters import Draft
 from lessonkit.speculative.verify import speculative_generate
 
@@ -232,9 +232,12 @@ def resolve_grammar(grammar: str | None = None, schema: str | None = None, *, wh
 
 def generate_with_grammar(eng, prompt_ids: list[int], max_new_tokens: int, *, grammar: str | None = None,
                           schema: str | None = None, mode: str = "draft", draft: str | None = None,
-                          draft_k="auto", temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                          draft_k: DraftDepth | None = None, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
                           stop_strings=(), callback=None, whitespace: str = "compact", **drafter_kw):
-    """`generate --grammar/--schema [--mode draft|constrain]`. Draft mode is lossless; constrain mode is not."""
+    """`generate --grammar/--schema [--mode draft|constrain]`. Draft mode is lossless; constrain mode is not.
+
+    draft_k: a draft depth (lessonkit.speculative.depth); None (the default) drafts the grammar's span,
+    grammar_depth(max_draft), and "auto" is the depth gate, as everywhere."""
     if draft:
         raise LessonkitError("--draft cannot be combined with --grammar/--schema: the grammar is the drafter")
     g = resolve_grammar(grammar, schema, whitespace=whitespace)
@@ -247,7 +250,7 @@ def generate_with_grammar(eng, prompt_ids: list[int], max_new_tokens: int, *, gr
     if mode != "draft":
         raise LessonkitError(f"mode must be 'draft' or 'constrain', not {mode!r}")
     drafter = GrammarDrafter(tg, **drafter_kw)
-    k = verify_k(drafter.max_draft) if draft_k in (None, "auto") else int(draft_k)
+    k = grammar_depth(drafter.max_draft) if draft_k is None else parse_draft_depth(draft_k)
     res = speculative_generate(eng, drafter, prompt_ids, max_new_tokens, k=k, temperature=temperature, top_p=top_p,
                                seed=seed, stop_strings=stop_strings, callback=callback)
     st = drafter.stats()
@@ -264,6 +267,11 @@ def generate_with_grammar(eng, prompt_ids: list[int], max_new_tokens: int, *, gr
     return res
 
 
-def verify_k(max_draft: int = 24) -> int:
-    """Drafts per verify step: max_draft, capped where the engine's verify forward stays row-invariant."""
-    return max(1, min(max_draft, ROWWISE_MAX - 1))
+def grammar_depth(max_draft: int = 24) -> int:
+    """The grammar drafter's own draft depth, its "span" (not "auto", which is the depth gate): max_draft,
+    capped at K_MAX, where the engine's verify forward stays row-invariant (lessonkit.speculative.depth).
+    A fixed depth, because a forced token is always accepted: deeper never costs a rejection."""
+    return max(1, min(max_draft, K_MAX))
+
+
+verify_k = grammar_depth     # the name the lessons and exercises have used

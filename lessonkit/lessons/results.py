@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 from lessonkit.lessons.headline import headline_for, sentence_texts
@@ -48,11 +47,11 @@ class HeadlineSentences:
         return "**Headline results of this run**\n\n" + repr(self)
 
 
-def record_results(lesson: str, figures: dict, table=None) -> HeadlineSentences:
-    """Write figures (and the lesson's main table) to $LESSONKIT_BUILD/results/<lesson>.json when set,
-    and return the headline sentences they make."""
+def record_results(lesson: str, figures: dict, table=None, *, build_dir: str | Path | None = None) -> HeadlineSentences:
+    """Write figures (and the lesson's main table) to build_dir/results/<lesson>.json when given (the
+    notebook's BUILD_DIR parameter, set by `lessonkit run`), and return the headline sentences they make."""
     clean = {k: _plain(v) for k, v in figures.items()}
-    build = os.environ.get("LESSONKIT_BUILD")
+    build = build_dir
     if build:
         out = Path(build) / "results"
         out.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -23,22 +22,25 @@ def lesson_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
     return sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
 
 
-def execute_notebook(nb: Path, out: Path, *, smoke: bool, build_dir: Path, kernel: str = "python3",
-                     timeout: int = 1800, extra: dict | None = None, progress: dict | bool = False) -> None:
+def run_parameters(*, smoke: bool, build_dir: Path, threads: int | None = None) -> dict:
+    """What `lessonkit run` tells a notebook, as papermill parameters (never environment variables): each
+    lesson's parameters cell declares them with None defaults (the library's own defaults).
+    BUILD_DIR: where record_results writes results/<lesson>.json; KERNEL_THREADS: the C kernel's threads
+    (and torch's from them, lessonkit.engine.threads.use_threads)."""
+    return {"SMOKE": smoke, "INTERACTIVE": False, "BUILD_DIR": str(Path(build_dir).resolve()),
+            "KERNEL_THREADS": threads}
+
+
+def execute_notebook(nb: Path, out: Path, *, smoke: bool, build_dir: Path, threads: int | None = None,
+                     kernel: str = "python3", timeout: int = 1800, extra: dict | None = None,
+                     progress: dict | bool = False) -> None:
     """Execute one notebook with papermill. progress: False, or tqdm arguments for a bar over its cells.
     The kernel logs errors only: its start-up warning about local TCP sockets is not a student's concern."""
     import papermill as pm
-    env_before = os.environ.get("LESSONKIT_BUILD")
-    os.environ["LESSONKIT_BUILD"] = str(build_dir.resolve())
-    try:
-        pm.execute_notebook(str(nb), str(out), parameters={"SMOKE": smoke, "INTERACTIVE": False, **(extra or {})},
-                            cwd=str(nb.parent), kernel_name=kernel, progress_bar=progress, execution_timeout=timeout,
-                            extra_arguments=["--IPKernelApp.log_level=ERROR"])
-    finally:
-        if env_before is None:
-            os.environ.pop("LESSONKIT_BUILD", None)
-        else:
-            os.environ["LESSONKIT_BUILD"] = env_before
+    parameters = {**run_parameters(smoke=smoke, build_dir=build_dir, threads=threads), **(extra or {})}
+    pm.execute_notebook(str(nb), str(out), parameters=parameters, cwd=str(nb.parent), kernel_name=kernel,
+                        progress_bar=progress, execution_timeout=timeout,
+                        extra_arguments=["--IPKernelApp.log_level=ERROR"])
 
 
 def extract_figures(executed: Path, fig_dir: Path) -> list[Path]:
@@ -78,7 +80,10 @@ def write_summary(build_dir: Path, status: dict[str, dict], *, smoke: bool = Fal
                      for n, s in status.items()}}, indent=2), encoding="utf-8")
 
 
-def run_all(build_dir: str | Path = "build", smoke: bool = False, only: list[str] | None = None) -> int:
+def run_all(build_dir: str | Path = "build", smoke: bool = False, only: list[str] | None = None,
+            threads: int | None = None) -> int:
+    """Execute the lessons (those whose name contains one of `only`) into build_dir; threads: the C kernel's
+    threads in each notebook (None: the library default). Returns 1 if any lesson failed."""
     build_dir = Path(build_dir)
     (build_dir / "notebooks").mkdir(parents=True, exist_ok=True)
     nbs = [p for p in lesson_notebooks() if not only or any(o in p.name for o in only)]
@@ -92,7 +97,7 @@ def run_all(build_dir: str | Path = "build", smoke: bool = False, only: list[str
         out = build_dir / "notebooks" / nb.name
         t0 = time.perf_counter()
         try:
-            execute_notebook(nb, out, smoke=smoke, build_dir=build_dir,
+            execute_notebook(nb, out, smoke=smoke, build_dir=build_dir, threads=threads,
                              progress={"desc": f"  {nb.stem}", "position": 1, "leave": False})
             st = "ok"
         except Exception as e:  # papermill raises PapermillExecutionError with the cell's traceback

@@ -6,6 +6,7 @@
   gate      expected tokens per verify step, the verify cost curve, and the depth gate (k="auto")
   vocab     a drafter's output layer over the target's most frequent tokens only (FR-Spec)
   acceptance  a drafter's measured acceptance and draft cost, the figures its model card reports
+  depth     the draft depth type: k in 0 .. K_MAX = 15 or "auto" (the gate), parsed once (--draft-k)
 
 The MTP head and the grammar are drafters too (lessonkit.mtp, lessonkit.grammar); lessonkit.stack
 names every drafter for `--draft` in one dict. Drafters are trained in lessonkit.training.

@@ -32,6 +32,7 @@ from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.generate import (GenerationResult, SamplingParams, StopChecker, engine_counters,
                                        finish_stats, prefill, probs_from_logits, sample_token)
 from lessonkit.engine.model import ROWWISE_MAX
+from lessonkit.speculative.depth import AUTO, K_MAX, parse_draft_depth
 from lessonkit.speculative.drafters import Draft, Drafter
 from lessonkit.speculative.gate import DepthGate, cost_curve
 
@@ -115,21 +116,19 @@ class _Tally:
 
 
 def _draft_width(target, k, k_max: int, cost, probe_every: int, learn_cost: bool) -> tuple[DepthGate | None, int]:
-    """(depth gate or None, the most drafts per step); checks k against the exact verify path."""
-    kmax_allowed = ROWWISE_MAX - 1
-    if (k == "auto" and k_max > kmax_allowed) or (isinstance(k, int) and k > kmax_allowed):
-        raise LessonkitError(f"draft length {k_max if k == 'auto' else k} too long: a verify forward of more than "
-                             f"{ROWWISE_MAX} rows takes the GEMM path, which is not bit-identical to decoding; "
-                             f"use k <= {kmax_allowed}")
-    if k == "auto":
-        if cost is not None:
-            k_max = min(k_max, len(cost) - 1)          # a shorter measured curve bounds the depth
-        gate = DepthGate(cost if cost is not None else cost_curve(target, k_max), k_max=k_max,
-                         probe_every=probe_every, learn_cost=learn_cost)
-        return gate, k_max
-    if isinstance(k, int) and not isinstance(k, bool) and k >= 0:
+    """(depth gate or None, the most drafts per step). k is a draft depth (lessonkit.speculative.depth);
+    a library caller's bad one, or a gate deeper than K_MAX, is refused here naming the value and the limit."""
+    k = parse_draft_depth(k)
+    if k != AUTO:
         return None, k
-    raise LessonkitError(f"draft length k must be a non-negative integer or 'auto', got {k!r}")
+    if isinstance(k_max, bool) or not isinstance(k_max, int) or not 0 <= k_max <= K_MAX:
+        raise LessonkitError(f"k_max={k_max!r}: the depth gate's deepest draft must be an integer 0 .. K_MAX={K_MAX} "
+                             f"(a verify forward of more than {ROWWISE_MAX} rows is not bit-identical to decoding)")
+    if cost is not None:
+        k_max = min(k_max, len(cost) - 1)          # a shorter measured curve bounds the depth
+    gate = DepthGate(cost if cost is not None else cost_curve(target, k_max), k_max=k_max,
+                     probe_every=probe_every, learn_cost=learn_cost)
+    return gate, k_max
 
 
 def _prepare_drafter(drafter, target, params: SamplingParams, prompt: list[int], reset: bool) -> float:
@@ -183,8 +182,8 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
     reset_drafter=False: the caller already reset the drafter (e.g. before prefilling that prefix, so an
     MTP head saw its hidden states).
 
-    k: drafts per step, or "auto" for the depth gate, which uses `cost` (seconds of a verify forward of
-    1 .. k_max+1 rows; measured once per engine when None) and refines it online unless learn_cost=False.
+    k: a draft depth (speculative.depth): at most k drafts per step, or "auto": the depth gate, which uses `cost`
+    (seconds of a verify forward of 1 .. k_max+1 rows; measured when None), refined online unless learn_cost=False.
     """
     params = SamplingParams(temperature, top_p, seed)
     if max_new_tokens < 0:

@@ -1,0 +1,23 @@
+"""Threads: one meaning, the C kernel's thread count (lessonkit.engine.kernel.set_threads).
+
+Every command's --threads is that count. `use_threads` is the one place torch's thread count is derived from
+it (torch runs the long GEMM forwards and training; the kernel runs the short row-invariant ones), so a
+command never runs the two with different counts it was given. Commands call it at their edge; `lessonkit run`
+hands the count to each notebook as the papermill parameter KERNEL_THREADS, and the notebook calls it.
+Places that pin torch alone for a while (one thread while timing on a shared machine, a trainer's preset
+for reproducible weights) say why where they do it.
+"""
+from __future__ import annotations
+
+
+def use_threads(n: int | None = None) -> int:
+    """Run the C kernel with n threads (None: this machine's physical cores) and torch with the same n.
+    Without an n torch keeps its own default (the physical cores too, unless OMP_NUM_THREADS pins it: a
+    test harness or a user on shared cores). Returns the kernel's count in use (1 without the C kernel
+    binary). Results do not depend on it: each kernel output is one chain computed by one thread."""
+    from lessonkit.engine import kernel
+    in_use = kernel.set_threads(kernel.physical_cores() if n is None else n)     # checks n
+    if n is not None:
+        import torch
+        torch.set_num_threads(n)
+    return in_use
