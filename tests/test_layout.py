@@ -222,3 +222,12 @@ def test_only_the_resolver_uses___file__():
     users = [m for m, path in MODULES.items() if m != "lessonkit.engine.resources"
              and any(isinstance(n, ast.Name) and n.id == "__file__" for n in ast.walk(ast.parse(path.read_text())))]
     assert not users, users
+
+
+def test_only_engine_threads_sets_torchs_thread_count():
+    """--threads means the C kernel's threads; torch's count is set from it, or pinned for a while, in
+    lessonkit.engine.threads only (use_threads, pin_torch_threads, torch_threads)."""
+    setters = [f"{m}:{n.lineno}" for m, path in MODULES.items() if m != "lessonkit.engine.threads"
+               for n in ast.walk(ast.parse(path.read_text()))
+               if isinstance(n, ast.Attribute) and n.attr == "set_num_threads"]
+    assert not setters, setters

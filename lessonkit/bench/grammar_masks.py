@@ -18,11 +18,12 @@ import numpy as np
 import torch
 
 from lessonkit.bench.common import goal, machine_info
-from lessonkit.models.registry import resolve_model_dir
+from lessonkit.engine.threads import pin_torch_threads
 from lessonkit.grammar.json_schema import schema_grammar
 from lessonkit.grammar.measure import sample_text
 from lessonkit.grammar.tokens import TokenGrammar, trie_levels, vocabulary_trie
 from lessonkit.measure.grammar import _test_schema_dir
+from lessonkit.models.registry import resolve_model_dir
 
 MASK_TARGET_MS, COMPILE_TARGET_MS = 1.0, 2.0
 
@@ -114,7 +115,7 @@ def mask_section(smoke: bool = False, repeats: int = 5, reference: bool | None =
     """Per-schema rows and the summary: medians over schemas of each figure (the slow reference walk is left
     out of smoke runs unless asked for)."""
     reference = not smoke if reference is None else reference
-    torch.set_num_threads(1)
+    pin_torch_threads(1)
     tok = smollm2_tokenizer()
     table, trie = vocabulary_trie(tok)
     trie_levels(trie, table)                     # once per tokenizer, not part of any schema's figures

@@ -27,8 +27,9 @@ import torch
 from lessonkit.bench.common import decode_rate, goal, machine_info, prefill_rate
 from lessonkit.engine import kernel
 from lessonkit.engine.errors import LessonkitError
-from lessonkit.models.gguf_loader import load_smollm2, smollm2_gguf_path, to_transformers
 from lessonkit.engine.resources import lessonkit_home
+from lessonkit.engine.threads import pin_torch_threads
+from lessonkit.models.gguf_loader import load_smollm2, smollm2_gguf_path, to_transformers
 from lessonkit.models.registry import load_model
 
 VERSION = "0.3.36"
@@ -238,7 +239,7 @@ def _lessonkit_contenders(prompt: list[int], prefill: list[int]) -> dict:
         eng = load_model(MODEL, weights=weights)
 
         def run(n, g, p, eng=eng):
-            torch.set_num_threads(1)      # lessonkit's threads are the kernel's; more OpenMP threads only contend
+            pin_torch_threads(1)          # lessonkit's threads are the kernel's; more OpenMP threads only contend
             kernel.set_threads(n)
             return {"decode_tok_s": decode_rate(eng, prompt, g), "prefill_tok_s": prefill_rate(eng, prefill[:p])}
         out[("lessonkit", eng.weights, str(eng.model_dir))] = run
@@ -249,7 +250,7 @@ def _transformers_contender(gguf, q4: Path, prompt: list[int], prefill: list[int
     hf = to_transformers(gguf)
 
     def run(n, g, p):
-        torch.set_num_threads(n)
+        pin_torch_threads(n)
         return {"decode_tok_s": hf_decode_rate(hf, prompt, g), "prefill_tok_s": hf_prefill_rate(hf, prefill[:p])}
     return {("transformers", "float32", str(q4)): run}
 

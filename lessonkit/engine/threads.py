@@ -9,6 +9,8 @@ for reproducible weights) say why where they do it.
 """
 from __future__ import annotations
 
+import contextlib
+
 
 def use_threads(n: int | None = None) -> int:
     """Run the C kernel with n threads (None: this machine's physical cores) and torch with the same n.
@@ -18,6 +20,26 @@ def use_threads(n: int | None = None) -> int:
     from lessonkit.engine import kernel
     in_use = kernel.set_threads(kernel.physical_cores() if n is None else n)     # checks n
     if n is not None:
-        import torch
-        torch.set_num_threads(n)
+        pin_torch_threads(n)
     return in_use
+
+
+def pin_torch_threads(n: int) -> None:
+    """torch on n threads from here on, the kernel untouched: a trainer's preset count (the weights it writes
+    depend on how torch's threaded products split their sums) or a benchmark's single OpenMP thread beside the
+    kernel's own threads. The one place besides `torch_threads` that sets torch's count."""
+    import torch
+    torch.set_num_threads(max(1, int(n)))
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch on n threads for the block, its count restored after: one thread is far steadier than two on an
+    oversubscribed CPU when a lesson times a short forward."""
+    import torch
+    old = torch.get_num_threads()
+    pin_torch_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

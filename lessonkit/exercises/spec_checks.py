@@ -417,7 +417,8 @@ def on_this_machine(predict, best_k_fn=None, smoke: bool = False, seed: int = 0)
     from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve
     from lessonkit.speculative.verify import speculative_generate, total_stats
     from lessonkit.workloads.corpus import prompts_by_kind
-    torch.set_num_threads(1)
+    from lessonkit.engine.threads import pin_torch_threads
+    pin_torch_threads(1)
     target, draft = load_model("tiny-moe"), load_model("tiny-draft")
     prompts = [p for ps in prompts_by_kind(target, n=1, max_tokens=48, seed=seed).values() for p in ps]
     n_new, k = (8, 2) if smoke else (48, 4)

@@ -3,16 +3,15 @@ plain engine, answers compared), the drafter chosen by timing, one item side by 
 `lessonkit bench stack` reports it."""
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from dataclasses import replace
 
 import pandas as pd
-import torch
 from tqdm.auto import tqdm
 
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.threads import torch_threads
 from lessonkit.models.registry import MODELS_DIR, load_model
 from lessonkit.mtp.head import head_path
 from lessonkit.semcache.judge import recorded_answers, trained_prompt
@@ -72,16 +71,6 @@ def choose_drafter(engine, workload: Workload, cfg: StackConfig = StackConfig(),
     best = ok.sort_values("wall_s").iloc[0]["drafter"]
     return str(best), df
 
-@contextlib.contextmanager
-def torch_threads(n: int):
-    """Run with n torch threads (one thread is far steadier than two on an oversubscribed CPU)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(n)))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
 def one_item(engine, workload: Workload, cfg: StackConfig = StackConfig(), index: int = 0,
              model_drafter: str | None = "ngram"):
     """One item, plain engine vs the engine techniques together: the answers side by side (DataFrame)."""
@@ -121,7 +110,7 @@ def ablation(engine, cfg: StackConfig | str = "default", *, rows=None, embedding
     """Plain engine, each technique on its own, all together, on one engine.
 
     Returns (DataFrame with ABLATION_COLUMNS, dict of the StackRuns, drafter DataFrame). Timing runs
-    with torch.set_num_threads(cfg.threads); the embedding time (once per stream) is added to the
+    with torch_threads(cfg.threads); the embedding time (once per stream) is added to the
     rows that use the semantic cache.
     """
     cfg = PRESETS[cfg] if isinstance(cfg, str) else cfg

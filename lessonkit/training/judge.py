@@ -30,13 +30,14 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from lessonkit.engine.atomic import atomic_write
-from lessonkit.models.integrity import write_manifest
 from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.threads import pin_torch_threads
+from lessonkit.models.integrity import write_manifest
 from lessonkit.models.registry import MODELS_DIR, load_model, resolve_model_dir
 from lessonkit.semcache.judge import (agreement, answer_head, answers_path, load_trained_judge, write_answer_lines,
                                       write_ground_truth)
 from lessonkit.training.judge_data import (N_SHOTS, TRAIN_STREAM, check_disjoint, judge_answer, judge_prefix,
-                                            training_items)
+                                           training_items)
 from lessonkit.training.lora import ATTN, MLP, LoraModel
 from lessonkit.workloads.monitoring import load_stream
 from lessonkit.workloads.triage import ITEM_TEMPLATE, parse_answer
@@ -142,7 +143,7 @@ def train_adapter(cfg: JudgeTrainConfig, progress: bool = True, resume: Path | N
     are loaded, the shuffles of the done cycles replayed, and training goes on from cycle k (the result is
     the one an uninterrupted run gives)."""
     torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.threads)
+    pin_torch_threads(cfg.threads)
     torch.use_deterministic_algorithms(True)
     t0 = time.perf_counter()
     stream = replace(TRAIN_STREAM, n_originals=cfg.n_originals,

@@ -35,17 +35,18 @@ from tqdm.auto import tqdm
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, OlmoeConfig, OlmoeForCausalLM,
                           PreTrainedTokenizerFast)
 
-from lessonkit.engine.resources import workbook_path, workbook_root
 from lessonkit.engine.atomic import atomic_write
+from lessonkit.engine.errors import LessonkitError
+from lessonkit.engine.resources import workbook_path, workbook_root
+from lessonkit.engine.threads import pin_torch_threads
 from lessonkit.models.convert import convert_hf_checkpoint, export_hf
 from lessonkit.models.integrity import write_manifest
-from lessonkit.engine.errors import LessonkitError
 from lessonkit.models.registry import load_model
-from lessonkit.workloads.corpus import CORPUS_DIR, EOT, KINDS, load_documents, load_tokenizer
 from lessonkit.training.distill import PRESETS as DISTILL_PRESETS
-from lessonkit.training.model_card import model_card
 from lessonkit.training.distill import (DistillData, distill_data, distill_loss, heldout, student_agreement,
                                         teacher_model)
+from lessonkit.training.model_card import model_card
+from lessonkit.workloads.corpus import CORPUS_DIR, EOT, KINDS, load_documents, load_tokenizer
 
 ROOT = workbook_root()
 MODELS_DIR = workbook_path("data", "models")
@@ -327,7 +328,7 @@ def _log_step(log, bar, step, t0, cfg, losses) -> None:
 def train(cfg: TrainConfig, *, corpus_dir: str | Path = CORPUS_DIR, hf_out: str | Path | None = None,
           progress: bool = True) -> dict:
     """Train one model; saves it in HF format to hf_out (default build/hf/<name>) and returns the log."""
-    torch.set_num_threads(cfg.threads)
+    pin_torch_threads(cfg.threads)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(cfg.seed)
     tokenizer, tok_path = load_tokenizer(corpus_dir), Path(corpus_dir) / "tokenizer.json"
