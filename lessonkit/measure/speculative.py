@@ -1,0 +1,127 @@
+"""Speculative decoding measured: one verify step traced row by row, drafters timed against plain greedy on the same
+prompts (outputs compared), the lesson's models, and the total-variation distance of sampled speculation from
+the target's own sampling. Lesson 1 draws these."""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from lessonkit.engine.generate import generate, probs_from_logits
+from lessonkit.models.registry import load_model
+from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve, predicted_speedup
+from lessonkit.speculative.verify import speculative_generate, total_stats, verify_sampling
+
+
+def _verify_rows(target, drafter, context: list[int], k: int):
+    """(draft, target picks) of one verify step after `context`."""
+    drafter.reset(list(context))
+    draft = list(drafter.propose(list(context), k).tokens)[:k]
+    cache = target.new_cache(len(context) + k + 2)
+    target.forward(context[:-1], cache)
+    logits = target.forward([context[-1], *draft], cache)
+    return draft, [int(torch.argmax(row)) for row in logits]
+
+def trace_verify_step(target, drafter, prompt: list[int], *, k: int = 4, search: int = 24) -> pd.DataFrame:
+    """One verify step, traced: the drafter proposes k tokens after the text so far; one forward of the target
+    over the last token and the k drafts gives its own greedy pick at each of the k+1 rows; drafts are
+    accepted while they equal the target's pick, and the first mismatch (or the row after the last draft)
+    emits the target's pick instead: the bonus token. The step shown is the first one along the prompt's
+    greedy continuation (up to `search` tokens in) where some drafts are accepted and one is rejected, else
+    the first step. One row per position, with the tokens as text; attrs["context_tokens"] says where."""
+    cont = generate(target, prompt, search).token_ids
+    chosen = None
+    for n in range(len(cont) + 1):
+        draft, picks = _verify_rows(target, drafter, list(prompt) + cont[:n], k)
+        acc = next((i for i, (d, t) in enumerate(zip(draft, picks)) if d != t), len(draft))
+        if chosen is None or 0 < acc < len(draft):
+            chosen = (n, draft, picks)
+        if 0 < acc < len(draft):
+            break
+    n, draft, picks = chosen
+    rows, accepting = [], True
+    for i in range(len(draft) + 1):
+        d = draft[i] if i < len(draft) else None
+        ok = accepting and d is not None and d == picks[i]
+        emitted = d if ok else (picks[i] if accepting else None)
+        rows.append({"row": i, "drafted": "" if d is None else repr(target.decode([d])),
+                     "target picks": repr(target.decode([picks[i]])),
+                     "verdict": ("accepted" if ok else "rejected: target's pick is the bonus token" if d is not None
+                                 else "bonus token (every draft accepted)") if accepting else "discarded",
+                     "emitted": "" if emitted is None else repr(target.decode([emitted]))})
+        accepting = ok
+    df = pd.DataFrame(rows).set_index("row")
+    df.attrs["context_tokens"] = len(prompt) + n
+    return df
+
+def _timed_runs(fn, prompts, repeats):
+    best = None
+    for _ in range(repeats):
+        sts = [fn(p).stats for p in prompts]
+        tot = total_stats(sts)
+        if best is None or tot["wall_s"] < best["wall_s"]:
+            best = tot
+    return best
+
+def drafter_table(target, drafters: dict, prompts: list[list[int]], *, k: int = 4, max_new_tokens: int = 32,
+                  repeats: int = 2, cost: list[float] | None = None) -> pd.DataFrame:
+    """drafter_comparison's table, without its figure."""
+    cost = cost if cost is not None else measure_cost_curve(target, k)
+    ref = {i: generate(target, p, max_new_tokens).token_ids for i, p in enumerate(prompts)}
+    best, same = {}, {name: True for name in drafters}
+    for _ in tqdm(range(repeats), desc=f"drafters on {target.name}", leave=False):
+        for name in ["plain", *drafters]:
+            if name == "plain":
+                res = [generate(target, p, max_new_tokens) for p in prompts]
+            else:
+                res = [speculative_generate(target, drafters[name], p, max_new_tokens, k=k) for p in prompts]
+                same[name] &= all(r.token_ids == ref[i] for i, r in enumerate(res))
+            tot = total_stats([r.stats for r in res])
+            if name not in best or tot["wall_s"] < best[name]["wall_s"]:
+                best[name] = tot
+    plain = best["plain"]
+    t_tok = plain["wall_s"] / plain["new_tokens"]
+    rows = []
+    for name in drafters:
+        r = best[name]
+        cond = conditional_per_pos(r["num_accepted_tokens_per_pos"], r["num_drafts"])
+        rows.append({"model": target.name, "drafter": name, "k": k, "acceptance_rate": r["acceptance_rate"],
+                     **{f"a{i + 1}": a for i, a in enumerate(cond)},
+                     "c": (r["draft_s"] / r["num_draft_tokens"] / t_tok) if r["num_draft_tokens"] else 0.0,
+                     "measured_speedup": plain["wall_s"] / r["wall_s"],
+                     "refined_speedup": predicted_speedup(plain, r, k, cost),
+                     "identical_to_plain": same[name]})
+    return pd.DataFrame(rows)
+
+def lesson_models(model: str = "tiny-moe", draft: str = "tiny-draft", *, expert_budget_mb=None):
+    """(target, draft engine, a note naming them)."""
+    return load_model(model, expert_budget_mb=expert_budget_mb), load_model(draft), f"{model} + {draft}"
+
+def sampling_tv(target, draft_engine, prompt: list[int], *, n: int = 20_000, temperature: float = 1.0, seed: int = 0):
+    """Total-variation distance between the target's next-token distribution and the first token emitted
+    by one speculative step (k=1, draft sampled from the drafter), for the correct sampler and for a broken
+    one that accepts every draft. Returns a DataFrame."""
+    p = probs_from_logits(target.forward(prompt, target.new_cache(), last_only=True)[-1], temperature)
+    q = probs_from_logits(draft_engine.forward(prompt, draft_engine.new_cache(), last_only=True)[-1], temperature)
+    gen = torch.Generator().manual_seed(seed)
+    V = p.numel()
+    rows = []
+    for name in ("modified rejection sampling", "broken: accept every draft"):
+        counts = torch.zeros(V)
+        for _ in range(n):
+            x = int(torch.multinomial(q, 1, generator=gen))
+            if name.startswith("broken"):
+                t = x
+            else:
+                n_acc, t = verify_sampling(torch.stack([p, p]), [x], q[None], gen)
+                if n_acc == 1:                  # accepted: the first emitted token is the draft
+                    t = x
+            counts[t] += 1
+        tv = 0.5 * float((counts / n - p).abs().sum())
+        rows.append({"sampler": name, "samples": n, "TV(emitted, target)": tv})
+    # sampling noise floor: TV of n exact samples from p
+    exact = torch.bincount(torch.multinomial(p, n, replacement=True, generator=gen), minlength=V).float()
+    rows.append({"sampler": "exact samples from p (noise floor)", "samples": n,
+                 "TV(emitted, target)": 0.5 * float((exact / n - p).abs().sum())})
+    rows.append({"sampler": "draft q itself", "samples": None, "TV(emitted, target)": 0.5 * float((q - p).abs().sum())})
+    return pd.DataFrame(rows)
