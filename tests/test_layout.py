@@ -231,3 +231,24 @@ def test_only_engine_threads_sets_torchs_thread_count():
                for n in ast.walk(ast.parse(path.read_text()))
                if isinstance(n, ast.Attribute) and n.attr == "set_num_threads"]
     assert not setters, setters
+
+
+READS_A_FILE = ("read_csv(", "read_json(", "read_parquet(", "open(", "json.load(", "np.load(", ".read_text(",
+                ".read_bytes(", "safe_open(", "load_file(")
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT / "notebooks")))
+def test_no_notebook_reads_a_file_itself(nb):
+    """The package reads the workbook's files (and names the file when one is missing or corrupt); a notebook
+    calls it. Code written as a string for the reader (a sample text) does not count."""
+    reads = []
+    for cell in json.loads(nb.read_text(encoding="utf-8"))["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        from IPython.core.inputtransformer2 import TransformerManager
+        tree = ast.parse(TransformerManager().transform_cell("".join(cell["source"])))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                call = ast.unparse(node.func) + "("
+                reads += [call for r in READS_A_FILE if call.endswith(r) or call == r]
+    assert not reads, reads

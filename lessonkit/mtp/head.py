@@ -35,6 +35,7 @@ from lessonkit.engine.attention import attend
 from lessonkit.engine.errors import LessonkitError
 from lessonkit.engine.model import apply_rope, rms_norm
 from lessonkit.engine.quant import fake_quantise, get_scheme
+from lessonkit.engine.safe_files import load_json_file
 
 
 MTP_DIR = workbook_path("data", "models", "mtp")
@@ -202,6 +203,11 @@ def eh_scale_ratio(head: MtpHead) -> float:
 # ----------------------------------------------------------------------------- the file
 def head_path(model_name: str) -> Path:
     return MTP_DIR / f"{model_name}.safetensors"
+
+
+def load_train_log(model_name: str) -> dict:
+    """The training log shipped beside a model's MTP head (losses per step, the run's settings)."""
+    return load_json_file(head_path(model_name).with_suffix(".train_log.json"))
 
 
 def save_head(head: MtpHead, path: str | Path) -> Path:

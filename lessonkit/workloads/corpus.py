@@ -423,6 +423,15 @@ def train_tokenizer(corpus_dir: str | Path = CORPUS_DIR, vocab_size: int = 4096)
 
 
 
+def tokenizer_json(corpus_dir: str | Path = CORPUS_DIR) -> str:
+    """The corpus tokenizer as JSON text: what a model folder's tokenizer.json holds (a tiny random model's)."""
+    path = Path(corpus_dir) / "tokenizer.json"
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise LessonkitError(f"{path}: cannot read the corpus tokenizer ({e})") from None
+
+
 def load_tokenizer(corpus_dir: str | Path = CORPUS_DIR):
     path = Path(corpus_dir) / "tokenizer.json"
     if not path.exists():
