@@ -1,7 +1,7 @@
 """The wheel is the workbook: code, the C kernel's binary for one platform, and the workbook's own files.
 
 What a wheel holds beyond the Python code (build_py below):
-  lessonkit/workbook/{data,notebooks,docs,tests/schemas}   copied from the repository (lessonkit.engine.resources
+  lessonkit/workbook/{data,notebooks,docs,tests/schemas}   copied from the repository (lessonkit.files.resources
                                                            finds them there; in a clone it finds them beside it)
   lessonkit/engine/kernels/rowkernel-<os>-<arch>.<ext>     the kernel for the wheel's platform only (a plain C
                                                            library loaded with ctypes: no Python ABI, so one
@@ -26,7 +26,7 @@ from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-WORKBOOK_PARTS = ("data", "notebooks", "docs", "tests/schemas")     # = lessonkit.engine.resources.WORKBOOK_PARTS
+WORKBOOK_PARTS = ("data", "notebooks", "docs", "tests/schemas")     # = lessonkit.files.resources.WORKBOOK_PARTS
 KERNELS = Path("lessonkit") / "engine" / "kernels"
 
 # wheel platform tag -> (os, arch) of the kernel binary it carries

@@ -2,7 +2,9 @@
 
 The house, bottom up; every import points down (tests/test_layout.py checks it, docs/architecture.md draws it):
 
-  engine/        the forward, KV cache, expert store, kernel binding, the on-disk layout, the file resolver
+  errors.py      LessonkitError, the one exception for bad input
+  files/         the one resolver of the workbook's files, crash-safe writes, safe reads, portable I/O
+  engine/        the forward, KV cache, expert store, kernel binding, the on-disk layout, threads
   models/        named models, conversion (GGUF, safetensors), integrity manifests, export, adapters
   workloads/     the request streams and texts the lessons serve (corpus, monitoring, triage, grounded)
   speculative/   \\
@@ -23,7 +25,7 @@ The house, bottom up; every import points down (tests/test_layout.py checks it, 
 A notebook finds the workbook's data and models through the installed package (`data_dir()`, `workbook_path()`),
 never through its working directory, so a notebook copied out of the repository, or installed from the wheel, runs.
 """
-from lessonkit.engine.resources import (PACKAGE_DIR, data_dir, installed_from_wheel, workbook_path,
+from lessonkit.files.resources import (PACKAGE_DIR, data_dir, installed_from_wheel, workbook_path,
                                        workbook_root)
 
 __version__ = "0.1.0"

@@ -11,7 +11,7 @@ import sys
 
 from lessonkit import commands as c
 from lessonkit.bench import BENCHES
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.speculative.depth import K_MAX, parse_draft_depth
 
 
@@ -248,7 +248,7 @@ def main(argv=None) -> int:
     names_as_bytes(sys.stdout)
     try:
         if getattr(args, "out", None) and not getattr(args, "measure_only", False):
-            from lessonkit.engine.safe_files import refuse_overwrite
+            from lessonkit.files.safe_files import refuse_overwrite
             refuse_overwrite(args.out, args.force)          # a user's --out is kept unless --force
         return int(args.func(args) or 0)
     except LessonkitError as e:

@@ -10,7 +10,7 @@ import json
 import sys
 
 from lessonkit.bench import BENCHES
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 
 
 def _print_json(obj) -> None:
@@ -395,7 +395,7 @@ def cmd_train_mtp(args) -> int:
     from dataclasses import replace
     from pathlib import Path
 
-    from lessonkit.engine.atomic import atomic_write
+    from lessonkit.files.atomic import atomic_write
     from lessonkit.models.registry import load_model
     from lessonkit.mtp.head import head_path, save_head
     from lessonkit.training.mtp_heads import PRESETS, TrainMtpConfig, train_head, write_card

@@ -2,7 +2,7 @@
 backend and threads, native or float32 weights, the drafters' step)."""
 from __future__ import annotations
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.kernel import physical_cores
 
 
@@ -41,7 +41,7 @@ def doctor() -> int:
             ok &= s == "ok"
             print(f"  {'OK  ' if s == 'ok' else 'FAIL'} mtp/{fn}: {s}")
     try:
-        from lessonkit.engine.safe_files import sha256_file
+        from lessonkit.files.safe_files import sha256_file
         from lessonkit.models.gguf_loader import SMOLLM2_SHA256, smollm2_gguf_path
         p = smollm2_gguf_path()
         good = sha256_file(p) == SMOLLM2_SHA256

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import generate
 from lessonkit.models.registry import load_model
 from lessonkit.grammar.drafter import GrammarDrafter, resolve_grammar

@@ -23,7 +23,7 @@ CHUNK, PAUSE_S = 8192, 0.002
 def slow_disk() -> None:
     import safetensors.torch as st
 
-    import lessonkit.engine.atomic as atomic
+    import lessonkit.files.atomic as atomic
     import lessonkit.engine.checkpoint as checkpoint
     import lessonkit.models.convert as convert
     import lessonkit.training.judge as judge_train

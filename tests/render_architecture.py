@@ -90,7 +90,8 @@ def render(graph: dict[str, set[str]] | None = None) -> str:
     counts = arrows(graph)
     n_rooms = sum(len(r) for r in floors().values())
     head = [BEGIN, "",
-            f"{n_rooms} rooms on {len(floors())} floors, {len(counts)} arrows between rooms. An arrow runs from the "
+            f"`{n_rooms}` rooms on `{len(floors())}` floors, `{len(counts)}` arrows between rooms (counted from the "
+            "code when this was rendered). An arrow runs from the "
             "room that imports to the room it imports; its label counts the module-to-module imports it stands "
             "for (a module importing another counts once, however many names it takes).", ""]
     tail = ["", "## The rooms, floor by floor", "",

@@ -14,7 +14,7 @@ from lessonkit.models.integrity import write_manifest
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.draft_step import CompiledStep, why_not
 from lessonkit.engine.engine import Engine
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import generate
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import ModelDrafter, lean_decode_step

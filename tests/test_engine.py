@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from lessonkit.engine.engine import Engine
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from tests.hf_tiny import make_hf
 
 KINDS = ["olmoe", "llama", "llama-tied"]

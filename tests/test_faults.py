@@ -195,7 +195,7 @@ def home(tmp_path, monkeypatch):
 
 
 def test_flipped_bit_in_a_user_model_is_one_clear_error(tmp_path, home, capsys):
-    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.errors import LessonkitError
     from lessonkit.models.registry import load_model
     d = tmp_path / "mine"
     shutil.copytree(MOE, d)
@@ -210,7 +210,7 @@ def test_flipped_bit_in_a_user_model_is_one_clear_error(tmp_path, home, capsys):
 
 def test_flipped_bit_in_a_registered_model_is_caught(tmp_path, home, monkeypatch):
     from lessonkit.models import registry
-    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.errors import LessonkitError
     models = tmp_path / "models"
     shutil.copytree(MOE, models / "tiny-moe")
     monkeypatch.setattr(registry, "MODELS_DIR", models)
@@ -225,7 +225,7 @@ def test_flipped_bit_in_a_registered_model_is_caught(tmp_path, home, monkeypatch
 def test_converted_cache_is_checked_at_load(home):
     """The converted SmolLM2 cache is held to its manifest (a copy of tiny-moe stands in for the 515 MB)."""
     from lessonkit.models import registry
-    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.errors import LessonkitError
     d = registry.smollm2_cache_dir()
     shutil.copytree(MOE, d)
     assert registry.load_model("smollm2-135m").weights_verified is True
@@ -266,9 +266,9 @@ def test_doctor_fails_closed_on_empty_or_bad_manifests(tmp_path, manifest, statu
 
 
 def test_manifest_entries_outside_the_model_directory_are_refused(tmp_path, home):
-    from lessonkit.engine.safe_files import sha256_file
+    from lessonkit.files.safe_files import sha256_file
     from lessonkit.models.integrity import verify_manifest
-    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.errors import LessonkitError
     from lessonkit.models.registry import load_model
     d = tmp_path / "m"
     shutil.copytree(MOE, d)
@@ -447,7 +447,7 @@ DEEP_SCHEMAS = {
 
 @pytest.mark.parametrize("name", list(DEEP_SCHEMAS))
 def test_hostile_schema_is_one_clear_error(name):
-    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.errors import LessonkitError
     from lessonkit.grammar.json_schema import compile_schema, schema_grammar
     schema, message = DEEP_SCHEMAS[name]
     for fn in (compile_schema, schema_grammar):
@@ -481,7 +481,7 @@ def test_hostile_schema_file_via_the_cli(tmp_path, capsys, text, message):
     ("root ::= " + "(" * 90 + '"a"' + "+" * 60 + ")" * 90, None),       # deep but allowed: it compiles
 ])
 def test_deep_gbnf_is_one_clear_error(tmp_path, gbnf, message):
-    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.errors import LessonkitError
     from lessonkit.grammar.automaton import Grammar
     if message is None:
         assert Grammar(gbnf, "g.gbnf").matches(b"aaa")

@@ -207,7 +207,7 @@ def _sqlite_read_only(monkeypatch, path):
 
 
 def test_a_read_only_store_is_one_clear_line_before_the_run(tmp_path, monkeypatch, capsys):
-    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.errors import LessonkitError
     from lessonkit.semcache import policies
     path = tmp_path / "cache.sqlite"
     _store(path).close()
@@ -223,7 +223,7 @@ def test_a_read_only_store_is_one_clear_line_before_the_run(tmp_path, monkeypatc
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="chmod does not stop root; the simulated case above covers it")
 def test_a_read_only_store_by_chmod(tmp_path):
-    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.errors import LessonkitError
     path = tmp_path / "cache.sqlite"
     _store(path).close()
     path.chmod(0o444)
@@ -320,7 +320,7 @@ def test_a_damaged_index_is_rebuilt_not_a_crash(tmp_path, capsys, damage):
 
 
 def test_a_full_disk_at_start_up_is_a_warning_and_the_text(tmp_path, capsys, monkeypatch):
-    from lessonkit.engine import atomic
+    from lessonkit.files import atomic
     from lessonkit.prefix_cache.cache import PrefixCacheWarning
     code, plain, _ = generate_cli(capsys)
 
@@ -470,8 +470,8 @@ def test_an_existing_out_is_kept_without_force(tmp_path, capsys, monkeypatch, ar
 
 
 def test_refuse_overwrite_allows_a_new_or_empty_out_and_force(tmp_path):
-    from lessonkit.engine.errors import LessonkitError
-    from lessonkit.engine.safe_files import refuse_overwrite
+    from lessonkit.errors import LessonkitError
+    from lessonkit.files.safe_files import refuse_overwrite
     (tmp_path / "empty").mkdir()
     refuse_overwrite(tmp_path / "new", False)
     refuse_overwrite(tmp_path / "empty", False)

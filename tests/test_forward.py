@@ -11,7 +11,7 @@ import torch
 
 import lessonkit.engine.kernel as K
 from lessonkit.engine import c_forward
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.models.registry import load_model
 
 needs_c = pytest.mark.skipif(K._rowkernel is None or K.BACKEND == "mkl", reason="C kernel not built or not active")

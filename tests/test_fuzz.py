@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 import fuzz_cli as fz
 import fuzz_run as fr
 from lessonkit.cli import build_parser
-from lessonkit.engine.atomic import atomic_write
+from lessonkit.files.atomic import atomic_write
 
 LONG = os.environ.get("LESSONKIT_FUZZ") == "long"
 # short: derandomised (the same cases every run); long: random, many

@@ -14,7 +14,7 @@ from lessonkit.gap.data import FILES, classify, exclude_family, from_months, loa
 from lessonkit.gap.growth import compute_frontier, fit_growth
 from lessonkit.gap.lag import estimate_lag, frontier_records, lag_months, level_at
 from lessonkit.gap.summary import comparison_table, headline, sensitivity
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 
 ECI_HEADER = ["Model version", "ECI Score", "Release date", "Organization", "Country",
               "Model accessibility", "Training compute (FLOP)", "Confidence", "Model name",

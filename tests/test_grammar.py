@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.cli import main
 from lessonkit.grammar.automaton import BUILTIN_GRAMMARS, Grammar, load_grammar
 

@@ -138,7 +138,7 @@ def test_two_megabytes_of_brackets_and_a_five_megabyte_enum_stop_early(tmp_path)
     'root ::= "' + "x" * 100_001 + '"',
 ])
 def test_huge_gbnf_is_one_clear_error(text):
-    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.errors import LessonkitError
     from lessonkit.grammar.automaton import Grammar
     with pytest.raises(LessonkitError, match="too large|limit is 100,000"):
         Grammar(text, "g.gbnf")

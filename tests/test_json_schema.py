@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.grammar.json_schema import compile_schema, order_like_schema, schema_grammar
 
 SCHEMA_DIR = Path(__file__).parent / "schemas"

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.training import judge_data as jd
 from lessonkit.workloads.monitoring import FAMILIES, _entity_pool, load_stream
 

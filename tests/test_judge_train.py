@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 
 from lessonkit.models.adapters import merged_model_dir
 from lessonkit.engine.engine import Engine
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.training.lora import LoraModel
 from tests.hf_tiny import make_hf
 

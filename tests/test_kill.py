@@ -38,7 +38,7 @@ import pytest
 import fuzz_run as fr
 from fuzz_cli import ROOT
 from lessonkit.cli import main
-from lessonkit.engine.atomic import TMP_PREFIX, atomic_write
+from lessonkit.files.atomic import TMP_PREFIX, atomic_write
 
 LONG = os.environ.get("LESSONKIT_FUZZ") == "long"
 KILLS_LONG = 20
@@ -245,7 +245,7 @@ def test_judge_training_killed_while_writing(tmp_path, home, monkeypatch):
 
     from kill_child import TINY_JUDGE
     from lessonkit.models.adapters import read_adapter
-    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.errors import LessonkitError
     from lessonkit.training.judge import JudgeTrainConfig, save_adapter
     monkeypatch.setenv("LESSONKIT_HOME", str(home / "lessonkit"))
     cfg = JudgeTrainConfig(**TINY_JUDGE)

@@ -1,7 +1,7 @@
 """The shape of the house: rooms that say what they hold, dependencies pointing one way,
-engine <- models <- workloads <- techniques <- training, stack <- measure <- lessons <- report, bench
-<- commands (doctor) <- cli, with no import cycles, short modules and short functions. Imports are read with
-`ast` (every import counts, also one inside a function), so nothing here imports the package."""
+errors, files <- engine <- models <- workloads <- techniques <- training, stack <- measure <- lessons <-
+report, bench <- commands (doctor) <- cli, with no import cycles, short modules and short functions. Imports are
+read with `ast` (every import counts, also one inside a function), so nothing here imports the package."""
 from __future__ import annotations
 
 import ast
@@ -13,9 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "lessonkit"
 TECHNIQUES = ("speculative", "mtp", "grammar", "prefix_cache", "semcache", "gap")
-LAYER = {"__init__": 0, "engine": 0, "models": 1, "workloads": 2, **{t: 3 for t in TECHNIQUES}, "training": 4,
-         "stack": 4, "measure": 5, "lessons": 6, "exercises": 6, "report": 7, "bench": 7, "commands": 8,
-         "doctor": 8, "cli": 9, "__main__": 10}
+LAYER = {"__init__": 0, "errors": 0, "files": 0, "engine": 1, "models": 2, "workloads": 3,
+         **{t: 4 for t in TECHNIQUES}, "training": 5, "stack": 5, "measure": 6, "lessons": 7, "exercises": 7,
+         "report": 8, "bench": 8, "commands": 9, "doctor": 9, "cli": 10, "__main__": 11}
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 DRAWING = ("matplotlib", "ipywidgets")
@@ -217,9 +217,9 @@ def test_benchmarks_import_without_matplotlib():
 
 
 def test_only_the_resolver_uses___file__():
-    """One resolver finds the workbook's files (lessonkit.engine.resources: a wheel's copy or a clone); no other
+    """One resolver finds the workbook's files (lessonkit.files.resources: a wheel's copy or a clone); no other
     module finds them, or its own package data, through its own `__file__`."""
-    users = [m for m, path in MODULES.items() if m != "lessonkit.engine.resources"
+    users = [m for m, path in MODULES.items() if m != "lessonkit.files.resources"
              and any(isinstance(n, ast.Name) and n.id == "__file__" for n in ast.walk(ast.parse(path.read_text())))]
     assert not users, users
 

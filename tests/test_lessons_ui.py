@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import lessonkit
-import lessonkit.engine.resources
-from lessonkit.engine.errors import LessonkitError
+import lessonkit.files.resources
+from lessonkit.errors import LessonkitError
 from lessonkit.exercises import call
 from lessonkit.report.runner import execute_notebook
 
@@ -31,7 +31,7 @@ def test_no_notebook_locates_the_workbook_through_its_working_directory(nb):
 
 def test_data_dir_is_found_through_the_package(monkeypatch, tmp_path):
     assert lessonkit.data_dir() == ROOT / "data"
-    monkeypatch.setattr(lessonkit.engine.resources, "workbook_root", lambda: tmp_path)
+    monkeypatch.setattr(lessonkit.files.resources, "workbook_root", lambda: tmp_path)
     with pytest.raises(LessonkitError, match="reinstall the wheel"):
         lessonkit.data_dir()
 

@@ -9,7 +9,7 @@ import torch
 
 from lessonkit.cli import main
 from lessonkit.engine import quant
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import generate
 from lessonkit.lessons.mtp import prompts_from_corpus
 from lessonkit.mtp.doctor import doctor, tensor_problems

@@ -12,7 +12,7 @@ import torch
 
 import lessonkit.engine.kernel as K
 from lessonkit.engine import blocks as qb
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.models.gguf_loader import NATIVE_KINDS, block_rows, smollm2_gguf_path
 
 needs_c = pytest.mark.skipif(K._rowkernel is None or K.BACKEND == "mkl", reason="C kernel not built or not active")

@@ -55,7 +55,7 @@ def test_workbook_py_sets_up_what_workbook_does():
 def test_the_sdist_manifest_holds_what_the_wheel_copies():
     """setup.py copies WORKBOOK_PARTS into the wheel: the sdist (MANIFEST.in) must carry each of them, and
     setup.py's list must be the resolver's."""
-    from lessonkit.engine.resources import WORKBOOK_PARTS
+    from lessonkit.files.resources import WORKBOOK_PARTS
     manifest = (ROOT / "MANIFEST.in").read_text(encoding="utf-8")
     setup_py = (ROOT / "setup.py").read_text(encoding="utf-8")
     import ast

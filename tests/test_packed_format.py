@@ -23,7 +23,7 @@ from lessonkit.engine.checkpoint import experts_layout, load_experts
 from lessonkit.models.convert import repack_experts
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.engine import Engine
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.expert_store import ExpertStore
 from lessonkit.engine.generate import generate
 from lessonkit.models.registry import MODELS_DIR, resolve_model_dir

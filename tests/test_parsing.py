@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lessonkit.cli import COMMANDS, build_parser, main
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.speculative.depth import AUTO, K_MAX, parse_draft_depth
 
 ROOT = Path(__file__).resolve().parents[1]

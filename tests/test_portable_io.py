@@ -1,4 +1,4 @@
-"""Windows I/O (issue 42, item 3): each fallback of lessonkit.engine.portable_io and safe_files gives what
+"""Windows I/O (issue 42, item 3): each fallback of lessonkit.files.portable_io and safe_files gives what
 the POSIX path gives, and every text file lessonkit opens names its encoding (a static check here; the
 command line under EncodingWarning-as-error is in tests/test_windows_pieces.py)."""
 import ast
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from lessonkit.engine import portable_io, safe_files
-from lessonkit.engine.portable_io import read_at, touch_nofollow
+from lessonkit.files import portable_io, safe_files
+from lessonkit.files.portable_io import read_at, touch_nofollow
 from lessonkit.prefix_cache.faults import pid_alive
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,7 +115,7 @@ def test_prefix_cache_imports_without_fcntl():
             "    if mine and name == 'fcntl': raise ModuleNotFoundError(name)\n"
             "    if mine and name == 'msvcrt': return type(sys)('msvcrt')\n    return real(name, g, *a, **k)\n"
             "builtins.__import__ = imp\nsys.modules.pop('fcntl', None)\n"
-            "import lessonkit.prefix_cache.cache, lessonkit.engine.portable_io as p\n"
+            "import lessonkit.prefix_cache.cache, lessonkit.files.portable_io as p\n"
             "assert p.fcntl is None\nprint('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, encoding="utf-8", cwd=ROOT)
     assert r.stdout.strip() == "ok", r.stderr[-2000:]

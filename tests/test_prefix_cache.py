@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from lessonkit.bench import prefix as bench_prefix
-from lessonkit.engine import atomic
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.files import atomic
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.kv_cache import KVCache
-from lessonkit.engine.safe_files import sha256_file
+from lessonkit.files.safe_files import sha256_file
 from lessonkit.lessons.prefix_cache import tiny_random_model
 from lessonkit.prefix_cache.cache import PrefixCache, PrefixCacheWarning
 from lessonkit.prefix_cache.generate import generate_with_prefix_cache, results_identical, score
@@ -280,7 +280,7 @@ CHILD_PRELUDE = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     sys.path.insert(0, {tests!r})
     from test_prefix_cache import fake_cache, empty_cache, make
-    import lessonkit.engine.atomic as atomic
+    import lessonkit.files.atomic as atomic
     from pathlib import Path
     d = Path({d!r})
 """)

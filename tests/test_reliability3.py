@@ -110,7 +110,7 @@ class _Lora:
 def _torn_writes(monkeypatch, crash_at: str):
     """Every way a file reaches the disk writes half its bytes and then the process 'dies' (raises) while
     writing crash_at: save_file, Path.write_text/write_bytes and the atomic helper's write_all."""
-    import lessonkit.engine.atomic as atomic
+    import lessonkit.files.atomic as atomic
     import lessonkit.training.judge as jt
 
     class Died(BaseException):
@@ -249,7 +249,7 @@ def test_the_sources_unpack_on_every_python_3_11(tmp_path, monkeypatch, old_pyth
 @pytest.mark.parametrize("old_python", [False, True], ids=["3.11.4+", "3.11.0-3"])
 @pytest.mark.parametrize("evil", ["dotdot", "symlink out", "absolute symlink", "hard link out", "fifo"])
 def test_a_hostile_member_is_refused_on_every_python_3_11(tmp_path, monkeypatch, evil, old_python):
-    from lessonkit.engine.errors import LessonkitError
+    from lessonkit.errors import LessonkitError
     (tmp_path / "victim").mkdir()
     with pytest.raises(LessonkitError, match="refusing to unpack member"):
         _fetch(tmp_path, monkeypatch, evil, old_python)

@@ -5,7 +5,7 @@ import json
 import jsonschema
 import pytest
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.grammar.json_refs import resolve_references
 from lessonkit.grammar.json_schema import schema_grammar
 

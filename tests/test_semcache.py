@@ -9,7 +9,7 @@ import sqlite3
 import numpy as np
 import pytest
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.semcache.audit import AuditConfig, Auditor, allows_serving, clopper_pearson_upper
 from lessonkit.semcache.policies import (CosinePolicy, ExactPolicy, content_key, guard_allows, load_embedder,
                                          make_policy, run_stream)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.models.gguf_loader import (
     SMOLLM2_GGUF_BYTES,
     SMOLLM2_SHA256,

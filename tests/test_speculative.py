@@ -7,7 +7,7 @@ from lessonkit.speculative.depth import parse_draft_depth as parse_draft_k
 from lessonkit.engine import kernel
 from lessonkit.engine.draft_step import CompiledStep, why_not
 from lessonkit.engine.engine import Engine
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import generate, probs_from_logits
 from lessonkit.speculative.drafters import Draft, Drafter, ModelDrafter, NGramDrafter, OracleDrafter, lean_decode_step
 from lessonkit.speculative.gate import DepthGate, expected_tokens, leviathan_speedup

@@ -11,7 +11,7 @@ import pytest
 
 from lessonkit import stack
 from lessonkit.bench import stack as bench_stack
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.models.registry import MODELS_DIR, load_model
 from lessonkit.lessons import stack as lesson
 from lessonkit.lessons.prefix_cache import tiny_random_model

@@ -59,7 +59,7 @@ def _met(log_dir: Path) -> list[dict]:
 def test_the_stand_ins_are_windows(tmp_path):
     """The bootstrap reaches a new Python: fcntl refused to lessonkit, no preadv/pread, O_NOFOLLOW 0,
     utime without follow_symlinks, a locale that is not UTF-8."""
-    code = ("import locale, os\nimport lessonkit.engine.portable_io as p\n"
+    code = ("import locale, os\nimport lessonkit.files.portable_io as p\n"
             "print(p.fcntl is None, hasattr(os, 'preadv') or hasattr(os, 'pread'), os.O_NOFOLLOW,\n"
             "      os.utime in os.supports_follow_symlinks, locale.getpreferredencoding(False))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, encoding="utf-8",

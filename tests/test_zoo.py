@@ -14,7 +14,7 @@ from lessonkit.workloads import corpus
 
 from lessonkit.training import tiny_models as train
 from lessonkit.engine.engine import Engine
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 
 MODELS = train.MODELS_DIR
 KNOWN_KEYS = {

@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 
 from lessonkit.engine.generate import generate
-from lessonkit.engine.machine import cpu_name
+from lessonkit.measure.machine import cpu_name
 from lessonkit.measure.timing import median_time
 
 

@@ -5,7 +5,7 @@ import json
 
 from lessonkit.bench.common import machine_info
 from lessonkit.bench.grammar_masks import mask_section, mask_targets
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.models.registry import load_model
 from lessonkit.grammar.measure import drafting_ceiling
 from lessonkit.grammar.records import monitoring_grammar

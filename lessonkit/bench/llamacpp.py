@@ -26,8 +26,8 @@ import torch
 
 from lessonkit.bench.common import decode_rate, goal, machine_info, prefill_rate
 from lessonkit.engine import kernel
-from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.resources import lessonkit_home
+from lessonkit.errors import LessonkitError
+from lessonkit.files.resources import lessonkit_home
 from lessonkit.engine.threads import pin_torch_threads
 from lessonkit.models.gguf_loader import load_smollm2, smollm2_gguf_path, to_transformers
 from lessonkit.models.registry import load_model

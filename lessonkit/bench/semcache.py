@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from lessonkit.bench.common import machine_info
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.measure.semcache import SMOKE_ITEMS, time_hits, time_judge
 from lessonkit.semcache.policies import AUDIT_OFF, embed_stream, make_policy, run_stream
 from lessonkit.semcache.judge import RuleJudge, ground_truth_judge

@@ -19,9 +19,9 @@ import transformers
 
 from lessonkit.bench.common import goal, machine_info
 from lessonkit.models.convert import export_hf
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import generate
-from lessonkit.engine.resources import lessonkit_home
+from lessonkit.files.resources import lessonkit_home
 from lessonkit.models.registry import load_model
 from lessonkit.measure.grounded import grounded_rows
 from lessonkit.mtp.drafter import MtpDrafter

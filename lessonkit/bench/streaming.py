@@ -32,7 +32,7 @@ from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.expert_store import ExpertStore
 from lessonkit.engine.generate import generate
-from lessonkit.engine.portable_io import read_at
+from lessonkit.files.portable_io import read_at
 from lessonkit.models.registry import resolve_model_dir
 
 PROMPTS = ["The expert cache keeps the most recently used", "def parse_config(path):\n    "]

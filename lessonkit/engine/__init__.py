@@ -13,11 +13,7 @@
   generate      prefill, decode, greedy / sampled generation: the reference every technique matches
   quant         weight quantisation (int8 / int4, per row or per group)
   attention     the one scaled dot-product attention (grouped by kv head)
-  resources     the one resolver for the workbook's own files, and the per-user cache folder
-  atomic, safe_files, portable_io   crash-safe writes, files read without surprises, one I/O on every OS
-  machine       the CPU's name (for every figure)
   threads       use_threads: --threads is the C kernel's count; torch's is set from it here only
-  errors        LessonkitError, the one exception for bad input
 
-Imports: nothing else of lessonkit. Named models, conversion and integrity are lessonkit.models.
+Imports: lessonkit.files and lessonkit.errors only. Named models, conversion and integrity are lessonkit.models.
 """

@@ -31,7 +31,7 @@ import os
 import torch
 
 from lessonkit.engine import kernel
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.kernel import RowWeight
 
 # ---- the packed format: this table and csrc/format.h's constants are the one definition (C names as keys;

@@ -26,7 +26,7 @@ import torch
 
 from lessonkit.engine import blocks as qb
 from lessonkit.engine import kernel
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 
 KIND = {"f32": -1, "q4_1": 0, "q8_0": 1}
 

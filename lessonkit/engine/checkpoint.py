@@ -27,9 +27,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from lessonkit.engine import blocks as qb
-from lessonkit.engine.atomic import atomic_write
+from lessonkit.files.atomic import atomic_write
 from lessonkit.engine.config import ModelConfig
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 
 FORMAT_VERSION = 1
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)     # weights a config expects (besides uint8 blocks)

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from lessonkit.engine.atomic import atomic_write
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.files.atomic import atomic_write
+from lessonkit.errors import LessonkitError
 
 
 POSITIVE_INTS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "intermediate_size",

@@ -10,9 +10,9 @@ from tokenizers import Tokenizer, pre_tokenizers
 
 from lessonkit.engine.blocks import choose_weights
 from lessonkit.engine.checkpoint import load_dense
-from lessonkit.engine.safe_files import sha256_file
+from lessonkit.files.safe_files import sha256_file
 from lessonkit.engine.config import ModelConfig
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.expert_store import ExpertStore
 from lessonkit.engine.kv_cache import KVCache
 from lessonkit.engine.model import Transformer

@@ -35,9 +35,9 @@ import torch
 
 from lessonkit.engine import blocks as qb
 from lessonkit.engine.checkpoint import layers_error, layers_held, parse_safetensors_header
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.kernel import RowWeight
-from lessonkit.engine.portable_io import BINARY, read_at
+from lessonkit.files.portable_io import BINARY, read_at
 
 _ST_DTYPES = {"F32": (np.float32, torch.float32), "BF16": (np.uint16, torch.bfloat16),
               "F16": (np.float16, torch.float16)}

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.kv_cache import KVCache
 
 

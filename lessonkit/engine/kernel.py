@@ -40,8 +40,8 @@ from pathlib import Path
 
 import torch
 
-from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.resources import PACKAGE_DIR
+from lessonkit.errors import LessonkitError
+from lessonkit.files.resources import PACKAGE_DIR
 
 ABI = 6                                 # csrc/rowkernel.c's rk_abi() this module calls
 KERNELS = PACKAGE_DIR / "engine" / "kernels"      # the shipped binaries (csrc/build_kernels.py)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 
 
 class KVCache:

@@ -42,7 +42,7 @@ from lessonkit.engine import blocks as qb
 from lessonkit.engine import c_forward
 from lessonkit.engine.attention import attend
 from lessonkit.engine.config import ModelConfig
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.expert_store import ExpertStore
 from lessonkit.engine.kv_cache import KVCache
 from lessonkit.engine.kernel import ROW_PAD, ROWWISE_MAX, RowWeight, ensure_row_group, pad_rows

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ import re
 import sysconfig
 import traceback
 
-from lessonkit.engine.resources import PACKAGE_DIR
+from lessonkit.files.resources import PACKAGE_DIR
 
 NOT_IMPLEMENTED = "not implemented yet"
 RAISED_ON_CASE = "{name}: on case '{label}' {error}"    # how run_cases reports an exception by default

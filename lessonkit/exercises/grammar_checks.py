@@ -12,7 +12,7 @@ import json
 import math
 import random
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.exercises import number, run_cases
 from lessonkit.grammar.automaton import Grammar, GrammarState, load_grammar
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lessonkit.engine.resources import workbook_path
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.files.resources import workbook_path
+from lessonkit.errors import LessonkitError
 
 DATA_DIR = workbook_path("data", "epoch")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.gap.data import grouped, to_months
 
 CI_LEVEL = 0.90           # Epoch quotes 90% intervals

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.resources import PACKAGE_DIR
+from lessonkit.errors import LessonkitError
+from lessonkit.files.resources import PACKAGE_DIR
 from lessonkit.grammar.gbnf import AnyChar, Cls, Group, Lit, Ref, Rep, parse_rules, range_mask
 
 END, CHAR, RULE = 0, 1, 2

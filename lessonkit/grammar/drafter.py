@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import (GenerationResult, SamplingParams, engine_counters, finish_stats, prefill,
                                        sample_token)
 from lessonkit.grammar.automaton import Grammar, GrammarState, load_grammar

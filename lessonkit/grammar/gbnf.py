@@ -21,7 +21,7 @@ import bisect
 
 from dataclasses import dataclass
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 
 ALL_BYTES = (1 << 256) - 1
 

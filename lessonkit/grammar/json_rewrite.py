@@ -9,7 +9,7 @@ import urllib.parse
 
 import jsonschema
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.grammar.json_merge import Conflict, merge
 from lessonkit.grammar.json_rules import has_type, json_equal
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import jsonschema
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.grammar.automaton import MAX_LITERAL, Grammar
 from lessonkit.grammar.json_containers import ContainerRules
 from lessonkit.grammar.gbnf import literal

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.grammar.gbnf import MAX_NESTING, byte_class, literal, repeat_suffix
 from lessonkit.grammar.json_rules import json_string_content
 

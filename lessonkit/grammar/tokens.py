@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from lessonkit.engine.engine import byte_decoder
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.grammar.automaton import Grammar, GrammarState
 from lessonkit.grammar.masks import StateTable, TrieLevels, legal_tokens, walk_below
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from lessonkit.engine.resources import workbook_path
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.files.resources import workbook_path
+from lessonkit.errors import LessonkitError
 
 PARTS = {"notebooks": ("*.ipynb", "exercises/*.ipynb"), "docs": ("*.md",)}
 SOLUTIONS = ("solutions/*.ipynb",)

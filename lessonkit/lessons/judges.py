@@ -11,7 +11,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.prefix_cache.cache import PrefixCache
 from lessonkit.stack import Judge
 from lessonkit.semcache.judge import trained_prompt

@@ -15,7 +15,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from lessonkit.engine import kernel
-from lessonkit.engine.machine import cpu_name
+from lessonkit.measure.machine import cpu_name
 from lessonkit.lessons.figures import integer_axis, legend_beside
 from lessonkit.measure.kernel import (blas_name, cost_paths,  # noqa: F401 (the experiments this lesson's notebook runs)
                                       engines_to_compare, forwards_to_compare, load_on, rounding_demo, summation_orders)

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from lessonkit.engine.draft_step import why_not
 from lessonkit.engine.engine import Engine
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import generate
 from lessonkit.lessons.break_even import break_even_surface, plot_break_even  # noqa: F401 (lesson 1 calls them here)
 from lessonkit.lessons.figures import integer_axis, legend_beside

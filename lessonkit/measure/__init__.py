@@ -1,6 +1,7 @@
 """Measurement: experiments and instruments that return data (dicts, tables), never a plot.
 
   timing        median wall time of repeats
+  machine       the CPU's name (named with every figure)
   roofline      bytes per token against the machine's copy bandwidth
   engine        one token's path through the layers, a decode's time profile, continuations (lesson 0)
   kernel        BLAS rounding by row count, summation orders, the engines a comparison loads (lessons 0, 1)

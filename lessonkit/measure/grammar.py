@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from lessonkit.engine.generate import generate
-from lessonkit.engine.resources import workbook_path
+from lessonkit.files.resources import workbook_path
 from lessonkit.grammar.drafter import GrammarDrafter, verify_k
 from lessonkit.grammar.json_schema import schema_grammar
 from lessonkit.grammar.tokens import TokenGrammar

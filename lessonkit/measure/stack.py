@@ -10,7 +10,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from lessonkit.engine.config import ModelConfig
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.threads import torch_threads
 from lessonkit.models.registry import MODELS_DIR, load_model
 from lessonkit.mtp.head import head_path

@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from lessonkit.engine.atomic import publish_dir
+from lessonkit.files.atomic import publish_dir
 from lessonkit.engine.checkpoint import load_dense, load_experts
-from lessonkit.engine.safe_files import sha256_file
+from lessonkit.files.safe_files import sha256_file
 from lessonkit.models.integrity import write_manifest
 from lessonkit.engine.config import ModelConfig
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 
 ADAPTER_FILES = ("adapter.json", "adapter.safetensors")
 EXPERT_PARTS = {"gate": 0, "up": 1, "down": 2}

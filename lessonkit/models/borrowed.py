@@ -19,12 +19,12 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from lessonkit.engine.atomic import publish_dir
+from lessonkit.files.atomic import publish_dir
 from lessonkit.engine.checkpoint import FORMAT_VERSION, _dense_shapes, load_dense
-from lessonkit.engine.safe_files import sha256_file
+from lessonkit.files.safe_files import sha256_file
 from lessonkit.models.integrity import write_manifest
 from lessonkit.engine.config import ModelConfig
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 
 BORROW_FILE = "borrow.json"
 REVISION = 2                 # of the assembly: a directory assembled by other code is rebuilt, not reused

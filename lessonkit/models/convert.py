@@ -11,11 +11,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from lessonkit.engine.atomic import atomic_write
+from lessonkit.files.atomic import atomic_write
 from lessonkit.engine.checkpoint import (FORMAT_VERSION, _atomic_save, _check_shapes, _layer_tensors, _Tensors,
                                          experts_layout, load_dense, load_experts, save_packed_experts)
 from lessonkit.engine.config import ModelConfig
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.models.integrity import write_manifest
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
-from lessonkit.engine.atomic import publish_dir, replace
+from lessonkit.files.atomic import publish_dir, replace
 from lessonkit.models.convert import export_hf
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.models.integrity import refuse_special_files
 
 EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")

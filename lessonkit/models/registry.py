@@ -6,19 +6,19 @@ from pathlib import Path
 
 import torch
 
-from lessonkit.engine.resources import workbook_path
+from lessonkit.files.resources import workbook_path
 from lessonkit.models.adapters import merged_model_dir
-from lessonkit.engine.atomic import publish_dir
+from lessonkit.files.atomic import publish_dir
 from lessonkit.models.borrowed import BORROW_FILE, assembled_dir, read_borrow
 from lessonkit.engine.checkpoint import LAYOUT_FILES
 from lessonkit.models.convert import convert_hf_checkpoint, convert_hf_state_dict
-from lessonkit.engine.safe_files import sha256_file
+from lessonkit.files.safe_files import sha256_file
 from lessonkit.models.integrity import write_manifest
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.engine import Engine
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.models.integrity import check_model_files
-from lessonkit.engine.resources import lessonkit_home
+from lessonkit.files.resources import lessonkit_home
 from lessonkit.models.gguf_loader import SMOLLM2_SHA256, load_gguf, smollm2_gguf_path
 
 MODELS_DIR = workbook_path("data", "models")

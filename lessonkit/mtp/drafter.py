@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.model import rms_norm
 from lessonkit.mtp.head import MtpHead, Shared, block, head_logits, load_head, mtp_input
 from lessonkit.speculative.drafters import Draft

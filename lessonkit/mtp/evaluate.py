@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from lessonkit.engine.atomic import atomic_write
-from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.resources import lessonkit_home
+from lessonkit.files.atomic import atomic_write
+from lessonkit.errors import LessonkitError
+from lessonkit.files.resources import lessonkit_home
 from lessonkit.mtp.head import MtpHead, Shared, block, head_logits, mtp_input
 from lessonkit.workloads.corpus import EOT, KINDS, load_documents
 from lessonkit.workloads.corpus import spread_slots

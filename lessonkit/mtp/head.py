@@ -29,13 +29,13 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from lessonkit.engine.resources import workbook_path
-from lessonkit.engine.atomic import atomic_write
+from lessonkit.files.resources import workbook_path
+from lessonkit.files.atomic import atomic_write
 from lessonkit.engine.attention import attend
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.model import apply_rope, rms_norm
 from lessonkit.engine.quant import fake_quantise, get_scheme
-from lessonkit.engine.safe_files import load_json_file
+from lessonkit.files.safe_files import load_json_file
 
 
 MTP_DIR = workbook_path("data", "models", "mtp")

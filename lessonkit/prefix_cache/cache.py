@@ -2,13 +2,13 @@
 
 Layout of a cache directory DIR (one snapshot format: lessonkit.prefix_cache.snapshot):
 
-    DIR/.lock                          file lock (lessonkit.engine.portable_io): one writer of the index at a time
+    DIR/.lock                          file lock (lessonkit.files.portable_io): one writer of the index at a time
     DIR/index.json                     an acceleration only: rebuilt from the files when stale
     DIR/kv/<fingerprint[:32]>/<token ids sha256[:40]>.safetensors
 
 A prompt that shares only part of a saved prefix resumes from the deepest shared block (or the
 exact end of a saved prompt). Crash safety: a snapshot is written to a temporary file in the same
-directory, fsynced, renamed over its final name and the directory fsynced (lessonkit.engine.atomic);
+directory, fsynced, renamed over its final name and the directory fsynced (lessonkit.files.atomic);
 a reader sees a whole file or none. A corrupt, truncated or foreign file is reported in one warning
 naming it, removed and recomputed (with repair=False, as `lessonkit prefix-cache verify` opens it,
 nothing is removed: bad files are only listed). A directory this process cannot write is used
@@ -33,10 +33,10 @@ from typing import Sequence
 
 import torch
 
-from lessonkit.engine.atomic import TMP_PREFIX, replace, write_temp
-from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.portable_io import lock, touch_nofollow, unlock
-from lessonkit.engine.safe_files import leads_outside, open_nofollow
+from lessonkit.files.atomic import TMP_PREFIX, replace, write_temp
+from lessonkit.errors import LessonkitError
+from lessonkit.files.portable_io import lock, touch_nofollow, unlock
+from lessonkit.files.safe_files import leads_outside, open_nofollow
 from lessonkit.prefix_cache.faults import PrefixCacheStats, PrefixCacheWarning, disk_full, pid_alive, read_only_error
 from lessonkit.prefix_cache.index import read_index
 from lessonkit.prefix_cache.snapshot import (DEFAULT_BLOCK_SIZE, DEFAULT_BUDGET_BYTES, FORMAT, FORMAT_VERSION,

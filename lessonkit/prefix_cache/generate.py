@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import generate
 from lessonkit.prefix_cache.cache import PrefixCache, PrefixCacheWarning
 

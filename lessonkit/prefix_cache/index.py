@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from lessonkit.engine.safe_files import special_file
+from lessonkit.files.safe_files import special_file
 
 
 def _count(v, lo: int = 0) -> bool:

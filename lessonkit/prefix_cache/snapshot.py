@@ -6,7 +6,7 @@ holds a JSON header (format version, provenance fingerprint, token ids hash, n t
 chained block hashes, a SHA-256 of the payload, and a SHA-256 of the header itself so an edited
 fingerprint is caught). Layout of a cache directory DIR:
 
-    DIR/.lock                          file lock (lessonkit.engine.portable_io): one writer of the index at a time
+    DIR/.lock                          file lock (lessonkit.files.portable_io): one writer of the index at a time
     DIR/index.json                     an acceleration only: rebuilt from the files when stale
     DIR/kv/<fingerprint[:32]>/<token ids sha256[:40]>.safetensors
 
@@ -35,8 +35,8 @@ import torch
 from safetensors.torch import save
 
 from lessonkit.engine.checkpoint import parse_safetensors_header
-from lessonkit.engine.safe_files import sha256_file
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.files.safe_files import sha256_file
+from lessonkit.errors import LessonkitError
 
 FORMAT = "lessonkit-prefix-kv"
 

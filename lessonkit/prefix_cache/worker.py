@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from lessonkit.engine.resources import PACKAGE_DIR
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.files.resources import PACKAGE_DIR
+from lessonkit.errors import LessonkitError
 from lessonkit.models.registry import load_model
 from lessonkit.prefix_cache.cache import PrefixCache
 from lessonkit.prefix_cache.generate import ScoreResult, score

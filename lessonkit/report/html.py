@@ -19,7 +19,7 @@ from pathlib import Path
 
 import jinja2
 
-from lessonkit.engine.resources import PACKAGE_DIR, workbook_root
+from lessonkit.files.resources import PACKAGE_DIR, workbook_root
 from lessonkit.lessons.headline import headline_for, main_table, sentence_texts
 
 TEMPLATES = PACKAGE_DIR / "report" / "templates"

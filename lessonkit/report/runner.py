@@ -12,8 +12,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from lessonkit.engine.resources import workbook_path
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.files.resources import workbook_path
+from lessonkit.errors import LessonkitError
 
 NOTEBOOKS = workbook_path("notebooks")
 
@@ -115,7 +115,7 @@ def run_all(build_dir: str | Path = "build", smoke: bool = False, only: list[str
 def load_summary_figures(p: str | Path) -> dict[str, dict]:
     """{lesson: {figure: value}} of a build/summary.json; one LessonkitError naming the file when it is
     not one (not UTF-8 JSON, nested too deeply, a list where an object belongs, ...)."""
-    from lessonkit.engine.safe_files import load_json_file
+    from lessonkit.files.safe_files import load_json_file
     data = load_json_file(p, "lessonkit summary.json")
     lessons = data.get("lessons") if isinstance(data, dict) else None
     if not isinstance(lessons, dict):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from scipy.stats import beta
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 
 
 def clopper_pearson_upper(losses: int, audits: int, confidence: float = 0.95) -> float:

@@ -6,7 +6,7 @@ the judge's log-odds for it were at least the judge's calibrated margin below it
 """
 from __future__ import annotations
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.semcache.audit import AuditConfig, Auditor
 from lessonkit.semcache.policies import SAFE_MARGINS, CosinePolicy
 from lessonkit.semcache.store import CacheStore

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lessonkit.engine.resources import workbook_path
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.files.resources import workbook_path
+from lessonkit.errors import LessonkitError
 from lessonkit.models.gguf_loader import apply_chat_template, load_smollm2, to_transformers
 from lessonkit.models.registry import MODELS_DIR, load_model
 

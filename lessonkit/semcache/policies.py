@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.threads import torch_threads
 from lessonkit.semcache.audit import AuditConfig, Auditor
 from lessonkit.semcache.store import CacheStore, Entry, scope_key

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.safe_files import require_regular
+from lessonkit.errors import LessonkitError
+from lessonkit.files.safe_files import require_regular
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 from typing import Literal, Union
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 
 AUTO = "auto"
 K_MAX = 15

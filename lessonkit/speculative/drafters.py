@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from lessonkit.engine.attention import attend
 from lessonkit.engine.draft_step import CompiledStep, why_not
 from lessonkit.engine.engine import Engine
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import probs_from_logits
 from lessonkit.engine.model import apply_rope, rms_norm
 

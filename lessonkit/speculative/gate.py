@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 
 
 def expected_tokens(a: float, k: int) -> float:

@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import (GenerationResult, SamplingParams, StopChecker, engine_counters,
                                        finish_stats, prefill, probs_from_logits, sample_token)
 from lessonkit.engine.model import ROWWISE_MAX

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from lessonkit.engine.safe_files import sha256_file
+from lessonkit.files.safe_files import sha256_file
 from lessonkit.engine.kernel import RowWeight
 from lessonkit.workloads.corpus import KINDS, load_documents
 

@@ -38,10 +38,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lessonkit.engine.atomic import atomic_write
+from lessonkit.files.atomic import atomic_write
 from lessonkit.engine.checkpoint import FORMAT_VERSION, _atomic_save, _check_shapes, _layer_tensors, _Tensors
 from lessonkit.engine.config import ModelConfig
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.threads import pin_torch_threads
 from lessonkit.models.borrowed import BORROW_FILE
 from lessonkit.models.integrity import write_manifest

@@ -31,10 +31,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from lessonkit.engine.atomic import atomic_write
+from lessonkit.files.atomic import atomic_write
 from lessonkit.models.convert import export_hf
-from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.resources import lessonkit_home
+from lessonkit.errors import LessonkitError
+from lessonkit.files.resources import lessonkit_home
 from lessonkit.models.registry import load_model
 from lessonkit.workloads.corpus import EOT, KINDS, load_documents, spread_slots
 

@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from lessonkit.engine.atomic import atomic_write
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.files.atomic import atomic_write
+from lessonkit.errors import LessonkitError
 from lessonkit.engine.threads import pin_torch_threads
 from lessonkit.models.integrity import write_manifest
 from lessonkit.models.registry import MODELS_DIR, load_model, resolve_model_dir

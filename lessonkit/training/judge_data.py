@@ -29,7 +29,7 @@ import random
 import re
 from dataclasses import replace
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 from lessonkit.workloads.monitoring import (FAMILIES, FAMILY_BY_NAME, PERTURBATIONS, MonitoringItem, StreamConfig,
                                             _entity_pool, generate_stream)
 from lessonkit.workloads.triage import INSTRUCTION, ITEM_TEMPLATE

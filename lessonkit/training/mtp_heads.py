@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from lessonkit.engine.atomic import atomic_write
+from lessonkit.files.atomic import atomic_write
 from lessonkit.engine.model import rms_norm
 from lessonkit.mtp.evaluate import (HELDOUT_SAMPLE, TargetStates, acceptance_by_kind, cached_states, eval_windows,
                                     heldout_sample)

@@ -35,9 +35,9 @@ from tqdm.auto import tqdm
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, OlmoeConfig, OlmoeForCausalLM,
                           PreTrainedTokenizerFast)
 
-from lessonkit.engine.atomic import atomic_write
-from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.resources import workbook_path, workbook_root
+from lessonkit.files.atomic import atomic_write
+from lessonkit.errors import LessonkitError
+from lessonkit.files.resources import workbook_path, workbook_root
 from lessonkit.engine.threads import pin_torch_threads
 from lessonkit.models.convert import convert_hf_checkpoint, export_hf
 from lessonkit.models.integrity import write_manifest

@@ -37,8 +37,8 @@ from pydoc_data.topics import topics
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from lessonkit.engine.resources import workbook_path
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.files.resources import workbook_path
+from lessonkit.errors import LessonkitError
 
 EOT = "<|endoftext|>"
 KINDS = ("prose", "code", "records")

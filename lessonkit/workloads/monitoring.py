@@ -21,8 +21,8 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lessonkit.engine.resources import workbook_path
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.files.resources import workbook_path
+from lessonkit.errors import LessonkitError
 
 HOSTS = [f"web-{i:02d}" for i in range(1, 13)] + [f"db-{i:02d}" for i in range(1, 7)] + \
     [f"cache-{i:02d}" for i in range(1, 5)] + ["lb-01", "lb-02", "batch-01"]

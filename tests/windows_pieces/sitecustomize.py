@@ -110,7 +110,7 @@ def _utime(path, times=None, *, ns=None, dir_fd=None, follow_symlinks=True):
 
 def _lseek(fd, pos, how):
     caller = sys._getframe(1)
-    if caller.f_globals.get("__name__") == "lessonkit.engine.portable_io" and caller.f_code.co_name == "read_at":
+    if caller.f_globals.get("__name__") == "lessonkit.files.portable_io" and caller.f_code.co_name == "read_at":
         _met["seek_reads"] += 1
     return _real_lseek(fd, pos, how)
 

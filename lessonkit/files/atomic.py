@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from lessonkit.engine.portable_io import BINARY
+from lessonkit.files.portable_io import BINARY
 
 TMP_PREFIX = ".tmp-"
 CHUNK = 1 << 20                    # write in 1 MiB chunks

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import platformdirs
 
-from lessonkit.engine.errors import LessonkitError
+from lessonkit.errors import LessonkitError
 
 PACKAGE_DIR = Path(str(files("lessonkit"))).resolve()
 SHIPPED = "workbook"        # the wheel's copy of the workbook's files: lessonkit/workbook/{data,notebooks,docs,...}

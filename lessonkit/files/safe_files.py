@@ -19,8 +19,8 @@ import os
 import stat
 from pathlib import Path
 
-from lessonkit.engine.errors import LessonkitError
-from lessonkit.engine.portable_io import BINARY
+from lessonkit.errors import LessonkitError
+from lessonkit.files.portable_io import BINARY
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)      # os.open flag: fail (ELOOP) rather than follow a final symlink
 
