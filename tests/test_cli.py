@@ -104,7 +104,7 @@ def test_bench_smoke_runs_once(name, capsys):
 
 def test_help_is_quick_and_imports_no_torch_or_technique():
     """Building the parser imports the command table only; each command imports its code when it runs."""
-    allowed = {"lessonkit.cli", "lessonkit.commands", "lessonkit.bench", "lessonkit.engine", "lessonkit.errors",
+    allowed = {"lessonkit.cli", "lessonkit.commands", "lessonkit.bench", "lessonkit.files", "lessonkit.errors",
                "lessonkit.files.resources",       # the resolver `import lessonkit` exports: pathlib and importlib only
                "lessonkit.speculative", "lessonkit.speculative.depth"}   # --draft-k's parser: argparse and errors only
     code = ("import sys, time; t = time.perf_counter(); from lessonkit.cli import build_parser; build_parser(); "
