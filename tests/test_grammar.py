@@ -235,7 +235,7 @@ from types import SimpleNamespace
 
 import torch
 
-from lessonkit.grammar.drafter import ConstrainedDecoder, GrammarDrafter, generate_with_grammar, verify_k
+from lessonkit.grammar.drafter import ConstrainedDecoder, GrammarDrafter, generate_with_grammar, grammar_depth
 from lessonkit.grammar.measure import span_tokenisation_report
 from lessonkit.grammar.tokens import TokenGrammar, token_byte_table
 from lessonkit.grammar.json_schema import schema_grammar
@@ -369,7 +369,7 @@ def test_schema_drafting_forces_more_than_plain_ndjson(tok):
     res = generate_with_grammar(target, prompt, 1000, grammar="ndjson-compact")
     drafter = GrammarDrafter(g, tok)
     from lessonkit.speculative.verify import speculative_generate
-    res2 = speculative_generate(target, drafter, prompt, 1000, k=verify_k())
+    res2 = speculative_generate(target, drafter, prompt, 1000, k=grammar_depth())
     assert res2.token_ids == plain.token_ids
     st = drafter.stats()
     assert st["accepted"] > 5 * res.stats["accepted"] and st["grammar_acceptance"] > 0.9
@@ -460,7 +460,7 @@ def test_byte_sources_label_drafted_forced_and_free(tok):
     target = FakeTarget(tok, COMPACT)
     tg = TokenGrammar(schema_grammar(RECORD_SCHEMA, whitespace="compact", ndjson=True), tok, eos_ids=[target.eos])
     d = GrammarDrafter(tg)
-    res = speculative_generate(target, d, prompt, 1000, k=verify_k())
+    res = speculative_generate(target, d, prompt, 1000, k=grammar_depth())
     gen = [t for t in res.token_ids if t != target.eos]
     assert len(d.provenance) >= len(gen)
     assert d.provenance.count("drafted") == d.stats()["accepted"]

@@ -273,5 +273,3 @@ def grammar_depth(max_draft: int = 24) -> int:
     A fixed depth, because a forced token is always accepted: deeper never costs a rejection."""
     return max(1, min(max_draft, K_MAX))
 
-
-verify_k = grammar_depth     # the name the lessons and exercises have used

@@ -4,7 +4,7 @@ tokens per forward drafting would reach if the model wrote exactly the given tok
 from __future__ import annotations
 
 from lessonkit.grammar.automaton import Grammar
-from lessonkit.grammar.drafter import GrammarDrafter, verify_k
+from lessonkit.grammar.drafter import GrammarDrafter, grammar_depth
 from lessonkit.grammar.tokens import TokenGrammar
 
 
@@ -80,7 +80,7 @@ def drafting_ceiling(tg: TokenGrammar, token_lists: list[list[int]], *, k: int |
     """Tokens per forward the grammar drafter would reach if the model wrote exactly these token
     sequences (e.g. valid records, tokenised canonically): every step drafts, keeps the drafts that match
     the next tokens, and gains one token of its own. No model runs; it bounds what drafting can give."""
-    k = verify_k() if k is None else k
+    k = grammar_depth() if k is None else k
     tokens = forwards = proposed = accepted = 0
     for ids in token_lists:
         d = GrammarDrafter(tg, **drafter_kw)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lessonkit.engine.generate import generate
 from lessonkit.files.resources import workbook_path
-from lessonkit.grammar.drafter import GrammarDrafter, verify_k
+from lessonkit.grammar.drafter import GrammarDrafter, grammar_depth
 from lessonkit.grammar.json_schema import schema_grammar
 from lessonkit.grammar.tokens import TokenGrammar
 from lessonkit.speculative.verify import speculative_generate
@@ -48,7 +48,7 @@ def grammar_ab(eng, prompt_ids: list[int], max_new_tokens: int, tg: TokenGrammar
 
     plain_t, draft_t = [], []
     plain = drafted = drafter = None
-    k = verify_k()
+    k = grammar_depth()
     generate(eng, prompt_ids, 4)                      # process warm-up (kernels, allocator), both arms alike
     speculative_generate(eng, GrammarDrafter(tg, **drafter_kw), prompt_ids, 4, k=k)
 
@@ -67,7 +67,7 @@ def grammar_ab(eng, prompt_ids: list[int], max_new_tokens: int, tg: TokenGrammar
             _clear_experts(eng)
         drafter = GrammarDrafter(tg, **drafter_kw)
         t = time.perf_counter()
-        drafted = speculative_generate(eng, drafter, prompt_ids, max_new_tokens, k=verify_k(drafter.max_draft))
+        drafted = speculative_generate(eng, drafter, prompt_ids, max_new_tokens, k=grammar_depth(drafter.max_draft))
         draft_t.append(time.perf_counter() - t)
 
     for r in range(repeats):                          # alternate the order so drift hits both arms
