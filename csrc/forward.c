@@ -218,11 +218,11 @@ static void run_attention(attention_t *a)
 }
 
 static int fwd_product(const float *x, int64_t ldx, int64_t m, int64_t k, uint64_t w, int64_t kind, float *y,
-                       int64_t ldy, int64_t n, int avx2)
+                       int64_t ldy, int64_t n, int path)
 {
     product_t p = {0};
     p.x = x, p.ldx = ldx, p.m = m, p.k = k, p.w = (const void *)(uintptr_t)w, p.kind = (int)kind;
-    p.y = y, p.ldy = ldy, p.n = n, p.avx2 = avx2;
+    p.y = y, p.ldy = ldy, p.n = n, p.avx2 = path & PATH_ISA, p.path = path & ~PATH_ISA;
     return run_product(&p) ? RK_NO_MEMORY : RK_OK;
 }
 
@@ -284,7 +284,8 @@ typedef int64_t (*fetch_fn)(int64_t, int64_t, int64_t *);
 typedef struct {
     int64_t L, D, H, G, hd, I, V, R, E, A, norm_topk, qk_norm, prefetch;
     float eps, clip;
-    int avx2;
+    int avx2;               /* the ISA (path & PATH_ISA) */
+    int path;               /* the ISA and the numerics bits, for products */
 } shape_t;
 
 /* the router and the experts of one MoE layer on xn [M, D]: out [M, D] = sum over the row's top-A experts of
@@ -298,7 +299,7 @@ static int moe_layer(const shape_t *c, int64_t l, const int64_t *p, const float 
     int64_t *rows = (int64_t *)malloc((size_t)M * sizeof(int64_t));
     if (!rows) return RK_NO_MEMORY;
     int rc = RK_OK;
-    STEP(fwd_product(xn, D, M, D, (uint64_t)p[12], p[13], probs, E, E, c->avx2));
+    STEP(fwd_product(xn, D, M, D, (uint64_t)p[12], p[13], probs, E, E, c->path));
     for (int64_t r = 0; r < M && rc == 0; r++) {            /* softmax, then the top A (ties: lower id first) */
         float *pr = probs + r * E, mx = -INFINITY;
         for (int64_t e = 0; e < E; e++) mx = pr[e] > mx ? pr[e] : mx;
@@ -324,7 +325,7 @@ static int moe_layer(const shape_t *c, int64_t l, const int64_t *p, const float 
         /* one-layer-ahead prefetch, as the PyTorch forward guesses it: this layer's input routed by the next
            layer's router (top A of its logits), each expert of the union handed to fetch with no entry */
         const int64_t *pn = p + PLAN_LAYER;
-        STEP(fwd_product(xn, D, M, D, (uint64_t)pn[12], pn[13], ahead, E, E, c->avx2));
+        STEP(fwd_product(xn, D, M, D, (uint64_t)pn[12], pn[13], ahead, E, E, c->path));
         for (int64_t e = 0; e < E && rc == RK_OK; e++) {
             int wanted = 0;
             for (int64_t r = 0; r < M && !wanted; r++) {
@@ -351,10 +352,10 @@ static int moe_layer(const shape_t *c, int64_t l, const int64_t *p, const float 
         if (prof_on) prof_fetch_s += rk_now_s() - tf;
         if (!entry[0] || !entry[2]) { rc = RK_BAD_SIZES; break; }
         for (int64_t j = 0; j < n; j++) memcpy(xe + j * D, xn + (rows[j] / A) * D, (size_t)D * sizeof(float));
-        STEP(fwd_product(xe, D, n, D, (uint64_t)entry[0], entry[1], ge, 2 * I, 2 * I, c->avx2));
+        STEP(fwd_product(xe, D, n, D, (uint64_t)entry[0], entry[1], ge, 2 * I, 2 * I, c->path));
         swiglu_rows(ge, n, I, c->avx2);
         float *de = xe;                                      /* the gathered rows are no longer needed */
-        STEP(fwd_product(ge, 2 * I, n, I, (uint64_t)entry[2], entry[3], de, D, D, c->avx2));
+        STEP(fwd_product(ge, 2 * I, n, I, (uint64_t)entry[2], entry[3], de, D, D, c->path));
         for (int64_t j = 0; j < n; j++) memcpy(slots + rows[j] * D, de + j * D, (size_t)D * sizeof(float));
     }
     for (int64_t r = 0; r < M && rc == 0; r++) {            /* y = s0 * w0, then + s_a * w_a in slot order */
@@ -415,7 +416,7 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
 {
     const int64_t *plan = (const int64_t *)plan_a, *dims = (const int64_t *)dims_a;
     shape_t c = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9], dims[10],
-                 dims[11], dims[12], eps, clip, use_avx2 == 2 ? 2 : use_avx2 != 0};
+                 dims[11], dims[12], eps, clip, (use_avx2 & PATH_ISA) == 2 ? 2 : (use_avx2 & PATH_ISA) != 0, 0};
     const int64_t L = c.L, D = c.D, H = c.H, G = c.G, hd = c.hd, I = c.I, V = c.V, E = c.E, A = c.A;
     if (L < 1 || D < 1 || H < 1 || G < 1 || H % G || hd < 2 || hd % 2 || I < 1 || V < 1 || M < 1 || start < 0 ||
         start + M > alloc || start + M > c.R || first < 0 || first >= M || E < 1 || A < 1 || A > E)
@@ -429,12 +430,13 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
         for (int i = 0; i < 5; i++)
             if (kinds[i] < -1 || kinds[i] > 1 || (kinds[i] >= 0 && ks[i] % QK)) return RK_BAD_KIND;
     }
-    if (!choose_matmul(use_avx2))
+    if (!choose_matmul(c.avx2))
         return RK_NO_AVX2;
 #if !HAVE_X86
     c.avx2 = 0;
 #endif
-    const int avx2 = c.avx2;
+    const int avx2 = c.avx2, path = c.avx2 | (use_avx2 & (PATH_INT8 | PATH_NO_VNNI));
+    c.path = path;
     const int64_t nq = H * hd, nkv = G * hd, nqkv = nq + 2 * nkv, S = start + M;
     float *x = (float *)x_a, *logits = (float *)logits_a;
     float *kc = (float *)kc_a, *vc = (float *)vc_a;
@@ -462,7 +464,7 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
         float *kl = kc + l * alloc * nkv, *vl = vc + l * alloc * nkv;
         rms_rows(x, (const float *)(uintptr_t)p[0], xn, M, D, eps);
         prof_mark(&t, 0);
-        STEP(fwd_product(xn, D, M, D, (uint64_t)p[1], p[2], qkv, nqkv, nqkv, avx2));
+        STEP(fwd_product(xn, D, M, D, (uint64_t)p[1], p[2], qkv, nqkv, nqkv, path));
         prof_mark(&t, 1);
         for (int64_t r = 0; r < M; r++) {
             float *row = qkv + r * nqkv;
@@ -480,16 +482,16 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
         prof_mark(&t, 0);
         run_attention(&a);
         prof_mark(&t, 2);
-        STEP(fwd_product(att, nq, M, nq, (uint64_t)p[3], p[4], mix, D, D, avx2));
+        STEP(fwd_product(att, nq, M, nq, (uint64_t)p[3], p[4], mix, D, D, path));
         prof_mark(&t, 1);
         for (int64_t i = 0; i < M * D; i++) x[i] = x[i] + mix[i];
         rms_rows(x, (const float *)(uintptr_t)p[5], xn, M, D, eps);
         prof_mark(&t, 0);
         const double fetched = prof_fetch_s;
         if (E == 1) {
-            STEP(fwd_product(xn, D, M, D, (uint64_t)p[6], p[7], gu, 2 * I, 2 * I, avx2));
+            STEP(fwd_product(xn, D, M, D, (uint64_t)p[6], p[7], gu, 2 * I, 2 * I, path));
             swiglu_rows(gu, M, I, avx2);
-            STEP(fwd_product(gu, 2 * I, M, I, (uint64_t)p[8], p[9], mix, D, D, avx2));
+            STEP(fwd_product(gu, 2 * I, M, I, (uint64_t)p[8], p[9], mix, D, D, path));
             if (unique) unique[l] = 1;
         } else {
             int64_t used = 0;
@@ -504,7 +506,7 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
     }
     if (rc == 0) {
         rms_rows(x + first * D, (const float *)(uintptr_t)plan[0], xn, M - first, D, eps);
-        STEP(fwd_product(xn, D, M - first, D, (uint64_t)plan[1], plan[2], logits, V, V, avx2));
+        STEP(fwd_product(xn, D, M - first, D, (uint64_t)plan[1], plan[2], logits, V, V, path));
         prof_mark(&t, 4);
     }
     free(buf);

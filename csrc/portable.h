@@ -230,9 +230,19 @@ static int rk_cpu_avx512(void)
     const int f = (r[1] >> 16) & 1, bw = (r[1] >> 30) & 1;
     return f && bw && (rk_xgetbv0() & 0xe6) == 0xe6;
 }
+/* AVX-512 VNNI (vpdpbusd): CPUID leaf 7, ECX bit 11 (the int8 numerics' fastest dot, csrc/intdot.c) */
+static int rk_cpu_avx512vnni(void)
+{
+    unsigned r[4];
+    rk_cpuid(0, 0, r);
+    if (r[0] < 7) return 0;
+    rk_cpuid(7, 0, r);
+    return (r[2] >> 11) & 1;
+}
 #else
 static int rk_cpu_avx2_fma_f16c(void) { return 0; }
 static int rk_cpu_avx512(void) { return 0; }
+static int rk_cpu_avx512vnni(void) { return 0; }
 #endif
 
 #endif

@@ -577,7 +577,11 @@ typedef struct {
     float *y;
     int64_t ldy, n;
     float **scratch;        /* per part: GROUP_BYTES of float strips (native weights, M > 6 or portable) */
+    int path;               /* the caller's path word: PATH_INT8 (csrc/intdot.c) and PATH_NO_VNNI bits */
+    const void *qx;         /* int8 numerics: the rows quantised once per product (a qx_t) */
 } product_t;
+
+#include "intdot.c"         /* the int8 numerics: integer block dots on native weights */
 
 static int64_t group_strips(int64_t k)
 {
@@ -625,6 +629,7 @@ static void product_part(void *ctx, int part, int parts, int thread)
         return;
     }
     const uint8_t *w = (const uint8_t *)p->w + s0 * strip_bytes(p->kind, p->k);
+    if (p->path & PATH_INT8) { int_product((const qx_t *)p->qx, p->m, p->k, w, p->kind, y, p->ldy, n, p->path, p->scratch[thread]); return; }
 #if HAVE_X86
     if (p->avx2 == 2 && p->m <= 6) { qrows_avx512(p->x, p->ldx, (int)p->m, p->k, w, p->kind, y, p->ldy, n); return; }
     if (p->avx2 && p->m <= 6) { qrows_avx2(p->x, p->ldx, (int)p->m, p->k, w, p->kind, y, p->ldy, n); return; }
@@ -781,9 +786,33 @@ static int ensure_scratch(float **buf, size_t *cap, size_t need)
 }
 
 /* run a product on the pool (or alone when the pool is busy); -1 when scratch could not be allocated */
+static int run_product_on(product_t *p);
+
+/* int8 numerics on native weights: the rows quantised once (csrc/intdot.c), then the product */
 static int run_product(product_t *p)
 {
-    const size_t need = (p->kind == KIND_F32) ? 0 : (size_t)group_strips(p->k) * STRIP * (size_t)p->k;
+    if (!(p->path & PATH_INT8) || p->kind == KIND_F32) {
+        p->path &= ~PATH_INT8;
+        return run_product_on(p);
+    }
+    const int64_t nb = p->k / QK;
+    const size_t qbytes = ((size_t)(p->m * p->k) + 63) & ~(size_t)63;
+    uint8_t *buf = (uint8_t *)malloc(qbytes + 2 * (size_t)(p->m * nb) * sizeof(float));
+    if (!buf) return -1;
+    qx_t qx = {(const int8_t *)buf, (const float *)(buf + qbytes), (const float *)(buf + qbytes) + p->m * nb};
+    quantise_rows(p->x, p->ldx, p->m, p->k, p->kind, (int8_t *)buf, (float *)(buf + qbytes),
+                  (float *)(buf + qbytes) + p->m * nb);
+    p->qx = &qx;
+    const int rc = run_product_on(p);
+    free(buf);
+    return rc;
+}
+
+static int run_product_on(product_t *p)
+{
+    size_t need = (p->kind == KIND_F32) ? 0 : (size_t)group_strips(p->k) * STRIP * (size_t)p->k;
+    if ((p->path & PATH_INT8) && int_scratch_bytes(p->k) > need * sizeof(float))
+        need = (int_scratch_bytes(p->k) + sizeof(float) - 1) / sizeof(float);
     float *own = NULL, *bufs[MAXT];
     int rc = 0;
     if (rk_mutex_trylock(&pool_lock) == 0) {
@@ -807,7 +836,7 @@ static int run_product(product_t *p)
 lessonkit/engine/kernel.py loads this library with ctypes (which releases the GIL around every call) and
 turns the codes below into the exceptions the engine raises. Addresses are uintptr_t, sizes int64_t; every
 entry point returns RK_OK or an error code. */
-#define RK_ABI 6               /* bumped when an entry point's arguments change; kernel.py refuses another */
+#define RK_ABI 7               /* bumped when an entry point's arguments change; kernel.py refuses another */
 enum {
     RK_OK = 0,
     RK_BAD_SIZES = 1,          /* a size < 1, a leading dimension < the row, K not a multiple of 32 */
@@ -839,6 +868,14 @@ static int cpu_avx512(void)
 }
 
 RK_EXPORT int32_t rk_has_avx512(void) { return cpu_avx512(); }
+RK_EXPORT int32_t rk_has_vnni(void)
+{
+#if HAVE_X86
+    return cpu_vnni();
+#else
+    return 0;
+#endif
+}
 
 /* the path a call asked for (use_avx2: 0 portable, 1 AVX2, 2 AVX-512 for native blocks and AVX2 for the
    rest): NULL when the CPU lacks it */
@@ -870,6 +907,7 @@ RK_EXPORT int32_t rk_matmul(uintptr_t x, int64_t m, int64_t k, int64_t ldx, uint
 {
     product_t p = {0};
     p.x = (const float *)x, p.m = m, p.k = k, p.ldx = ldx, p.w = (const void *)w, p.n = n;
+    use_avx2 &= PATH_ISA;                 /* float weights: the numerics bits do not apply */
     p.y = (float *)y, p.ldy = ldy, p.avx2 = use_avx2 == 2 ? 2 : use_avx2 != 0, p.kind = KIND_F32;
     return product_call(&p);
 }
@@ -882,7 +920,8 @@ RK_EXPORT int32_t rk_qmatmul(uintptr_t x, int64_t m, int64_t k, int64_t ldx, uin
         return RK_BAD_KIND;
     product_t p = {0};
     p.x = (const float *)x, p.m = m, p.k = k, p.ldx = ldx, p.w = (const void *)w, p.kind = kind, p.n = n;
-    p.y = (float *)y, p.ldy = ldy, p.avx2 = use_avx2 == 2 ? 2 : use_avx2 != 0;
+    p.y = (float *)y, p.ldy = ldy, p.avx2 = (use_avx2 & PATH_ISA) == 2 ? 2 : (use_avx2 & PATH_ISA) != 0;
+    p.path = use_avx2 & (PATH_INT8 | PATH_NO_VNNI);
     return product_call(&p);
 }
 
@@ -893,6 +932,7 @@ RK_EXPORT int32_t rk_dequantise(uintptr_t w, int32_t kind, int64_t k, int64_t n,
         return RK_BAD_KIND;
     if (k < QK || k % QK || n < 1)
         return RK_BAD_SIZES;
+    use_avx2 &= PATH_ISA;
     if (!choose_matmul(use_avx2))
         return RK_NO_AVX2;
     const int64_t ns = (n + STRIP - 1) / STRIP;
@@ -990,7 +1030,7 @@ RK_EXPORT int32_t rk_dense_step(uintptr_t plan_a, int64_t L, int64_t D, int64_t 
     if (L < 1 || D < 1 || H < 1 || G < 1 || H % G || hd < 2 || hd % 2 || I < 1 || NV < 1 || V < 1 || token < 0 ||
         token >= NV || pos < 0)
         return RK_BAD_SIZES;
-    const matmul_fn mm = choose_matmul(use_avx2);
+    const matmul_fn mm = choose_matmul(use_avx2 & PATH_ISA);
     if (!mm)
         return RK_NO_AVX2;
     const uint64_t *plan = (const uint64_t *)(uintptr_t)plan_a;

@@ -43,7 +43,7 @@ import torch
 from lessonkit.errors import LessonkitError
 from lessonkit.files.resources import PACKAGE_DIR
 
-ABI = 6                                 # csrc/rowkernel.c's rk_abi() this module calls
+ABI = 7                                 # csrc/rowkernel.c's rk_abi() this module calls
 KERNELS = PACKAGE_DIR / "engine" / "kernels"      # the shipped binaries (csrc/build_kernels.py)
 _SYSTEMS = {"linux": ("linux", ".so"), "win32": ("windows", ".dll"), "darwin": ("macos", ".dylib")}
 _MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}
@@ -79,7 +79,7 @@ class KernelLibrary:
     sizes or kinds, RuntimeError on a CPU without AVX2 when the AVX2 path is asked for, MemoryError."""
 
     SIGNATURES = {
-        "rk_abi": [], "rk_max_threads": [], "rk_has_avx2": [], "rk_has_avx512": [],
+        "rk_abi": [], "rk_max_threads": [], "rk_has_avx2": [], "rk_has_avx512": [], "rk_has_vnni": [],
         "rk_matmul": [_ADDR, _I64, _I64, _I64, _ADDR, _I64, _ADDR, _I64, _I32],
         "rk_qmatmul": [_ADDR, _I64, _I64, _I64, _ADDR, _I32, _I64, _ADDR, _I64, _I32],
         "rk_dequantise": [_ADDR, _I32, _I64, _I64, _ADDR, _I32],
@@ -128,6 +128,9 @@ class KernelLibrary:
 
     def has_avx512(self) -> bool:   # AVX-512 F + BW, and the OS saves the 512-bit state
         return bool(self.lib.rk_has_avx512())
+
+    def has_vnni(self) -> bool:     # AVX-512 VNNI (vpdpbusd) on top of that: the int8 numerics' fastest dot
+        return bool(self.lib.rk_has_vnni())
 
     def matmul(self, x, m, k, ldx, w, n, y, ldy, use_avx2) -> None:
         """y[m, :n] = x[m, :k] @ W (W packed in float strips at address w)"""
@@ -290,16 +293,65 @@ def isa(backend_name: str | None = None) -> str:
 
 BACKEND, WHY = _choose()
 PATH_CODES = ("portable", "avx2", "avx512")
+NUMERICS_CHOICES = ("exact", "int8")
+PATH_INT8, PATH_NO_VNNI = 4, 8      # csrc/intdot.c: bits of the path word above the ISA's two
 
 
-def path_code(backend_name: str | None = None) -> int:
-    """The C entry points' use_avx2 argument, an index of PATH_CODES (mkl: 0, it calls no C product)."""
-    return PATH_CODES.index(backend_name or BACKEND) if (backend_name or BACKEND) in PATH_CODES else 0
+def _choose_numerics() -> tuple[str, str]:
+    """How native-block products compute (LESSONKIT_NUMERICS=exact|int8|auto): `exact` dequantises every weight
+    to float32 and gives the float32 model's bits; `int8` quantises each row's activations to 8 bits per block
+    of 32 and takes integer block dots (csrc/intdot.c; docs/numerics.md): row-invariant by construction, not
+    the float32 model's bits. Float weights always compute in float32."""
+    req = os.environ.get("LESSONKIT_NUMERICS", "").strip().lower() or "auto"
+    if req not in NUMERICS_CHOICES + ("auto",):
+        raise LessonkitError(f"LESSONKIT_NUMERICS={req!r}: expected exact, int8 or auto")
+    if req == "int8" and (_rowkernel is None or BACKEND == "mkl"):
+        raise LessonkitError(f"LESSONKIT_NUMERICS=int8 needs the C kernel ({WHY})")
+    if req != "auto":
+        return req, f"asked for (LESSONKIT_NUMERICS={req})"
+    if _rowkernel is None or BACKEND == "mkl":
+        return "exact", f"default without the C kernel ({WHY})"
+    return DEFAULT_NUMERICS, f"default on the C kernel ({DEFAULT_NUMERICS}: docs/kernel.md has the measurements)"
+
+
+DEFAULT_NUMERICS = "exact"
+NUMERICS, NUMERICS_WHY = _choose_numerics()
+
+
+def path_code(backend_name: str | None = None, numerics: str | None = None) -> int:
+    """The C entry points' path word: the ISA (an index of PATH_CODES; mkl: 0, it calls no C product), plus
+    PATH_INT8 when native-block products take the int8 numerics."""
+    name = backend_name or BACKEND
+    code = PATH_CODES.index(name) if name in PATH_CODES else 0
+    return code | (PATH_INT8 if (numerics or NUMERICS) == "int8" and name != "mkl" else 0)
+
+
+def numerics_of(code: int) -> str:
+    """The numerics a path word selects."""
+    return "int8" if int(code) & PATH_INT8 else "exact"
+
+
+@contextlib.contextmanager
+def numerics(name: str):
+    """Weights prepared inside the block take numerics `name` ("exact" or "int8"): benchmarks and lessons load
+    the same model twice to compare the two side by side in one process."""
+    global NUMERICS, NUMERICS_WHY
+    if name not in NUMERICS_CHOICES:
+        raise LessonkitError(f"numerics {name!r}: expected one of {', '.join(NUMERICS_CHOICES)}")
+    if name == "int8" and (_rowkernel is None or BACKEND == "mkl"):
+        raise LessonkitError(f"numerics int8 needs the C kernel ({WHY})")
+    old = NUMERICS, NUMERICS_WHY
+    NUMERICS, NUMERICS_WHY = name, f"chosen for a comparison ({name})"
+    try:
+        yield
+    finally:
+        NUMERICS, NUMERICS_WHY = old
 
 
 def backend() -> dict:
     """Which path short forwards take, and why (for `lessonkit doctor`)."""
-    return {"backend": BACKEND, "isa": isa(), "why": WHY, "built": _rowkernel is not None,
+    return {"backend": BACKEND, "isa": isa(), "why": WHY, "numerics": NUMERICS, "numerics_why": NUMERICS_WHY,
+            "vnni": bool(_rowkernel is not None and _rowkernel.has_vnni()), "built": _rowkernel is not None,
             "binary": BINARY, "binary_why": BINARY_WHY,
             "row_group": ROW_GROUP if BACKEND == "mkl" else None, "threads": THREADS}
 
