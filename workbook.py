@@ -2,10 +2,12 @@
 
     py workbook.py run      (Windows)      python3 workbook.py run     (Linux, macOS: same as ./workbook run)
     py workbook.py test                    python3 workbook.py test
+    py workbook.py test --platforms        python3 workbook.py test --platforms
 
 Each sets up .venv/ beside this file (PyTorch's CPU build, lessonkit with its dev extras, SmolLM2's weights
 through `lessonkit setup`) when it is missing or older than the set-up files, then runs the main job (every
-lesson headlessly into build/) or the test suite. `--print` shows the commands without running them.
+lesson headlessly into build/) or the test suite (without the platform tests; `test --platforms` runs those
+alone, as ./workbook does). `--print` shows the commands without running them.
 ./workbook does the same in bash; a test checks that the two install the same things."""
 from __future__ import annotations
 
@@ -40,21 +42,29 @@ def stale() -> bool:
     return newest > STAMP.stat().st_mtime
 
 
+# ./workbook's pytest runs: the suite on two workers, then its serial tests (they measure wall time) alone; and
+# `test --platforms`, the platform tests (wheel venvs, qemu, wine, ThreadSanitizer), which CI runs after the suite
+SUITE = [["-n", "2", "--dist", "worksteal", "-m", "not serial and not platforms", "--durations=15"],
+         ["-m", "serial and not platforms"]]
+PLATFORMS = ["-n", "2", "--dist", "worksteal", "-m", "platforms", "--durations=15"]
+
+
 def job_commands(job: str, args: list[str]) -> list[list[str]]:
     py = str(venv_python())
     if job == "run":
         return [[py, "-m", "lessonkit", "run", *args]]
+    if args[:1] == ["--platforms"]:
+        return [[py, "-m", "pytest", "-q", *PLATFORMS, *args[1:]]]
     if args:
         return [[py, "-m", "pytest", "-q", *args]]
-    return [[py, "-m", "pytest", "-q", "-n", "2", "--dist", "worksteal", "-m", "not serial", "--durations=15"],
-            [py, "-m", "pytest", "-q", "-m", "serial"]]
+    return [[py, "-m", "pytest", "-q", *job] for job in SUITE]
 
 
 def main(argv: list[str]) -> int:
     show = "--print" in argv
     argv = [a for a in argv if a != "--print"]
     if not argv or argv[0] not in ("run", "test"):
-        print("usage: workbook.py run|test [args] [--print]", file=sys.stderr)
+        print("usage: workbook.py run|test [--platforms] [args] [--print]", file=sys.stderr)
         return 64
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     env.setdefault("OMP_NUM_THREADS", "1")          # batch-1 decoding is latency-bound (README)

@@ -11,6 +11,10 @@ import pytest
 
 from lessonkit.report.runner import run_all
 
+# whichever test asks first waits for the whole SMOKE main job (every lesson once, 3-5 min on 2 shared cores):
+# the modules that read it take this budget (tests/conftest.py) instead of 60 s
+SMOKE_BUDGET = pytest.mark.budget(360, "the first test to ask for smoke_build runs the SMOKE main job for the session")
+
 
 @pytest.fixture(scope="session")
 def smoke_build(tmp_path_factory) -> tuple[Path, int]:

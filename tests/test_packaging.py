@@ -28,12 +28,25 @@ def test_environment_yml_names_the_same_packages_as_pyproject():
     assert got == want, f"only in environment.yml: {got - want}; only in pyproject: {want - got}"
 
 
-def test_ci_runs_the_readme_test_command_verbatim():
+def test_ci_runs_the_readme_test_commands_verbatim_one_after_the_other():
     readme = (ROOT / "README.md").read_text()
-    ci = (ROOT / ".ci" / "run").read_text()
-    cmds = re.findall(r"^\s*(\./workbook \w+)\s*$", readme, flags=re.M)
-    assert "./workbook test" in cmds and "./workbook run" in cmds
-    assert "./workbook test" in ci.splitlines()
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    cmds = re.findall(r"^\s*(\./workbook \w+(?: --platforms)?)\s*$", readme, flags=re.M)
+    assert {"./workbook test", "./workbook test --platforms", "./workbook run"} <= set(cmds), cmds
+    runs = [line.split(" ||")[0] for line in ci if line.startswith("./workbook ")]
+    assert runs == ["./workbook test", "./workbook test --platforms"], runs
+
+
+def test_the_default_test_run_leaves_the_platform_tests_to_their_own_command():
+    """`./workbook test` deselects every test marked platforms (and the slow modules carry the mark);
+    `./workbook test --platforms` selects exactly them."""
+    bash = (ROOT / "workbook").read_text(encoding="utf-8")
+    runs = re.findall(r"python -m pytest (.*?)(?:\|\||;|$)", bash, flags=re.M)
+    suite = [r for r in runs if '"$@"' not in r]
+    assert suite and all('and not platforms"' in r for r in suite), runs
+    assert any("-m platforms " in r and '"$@"' in r for r in runs), runs
+    for name in ("test_platforms_install", "test_platforms_kernel", "test_kernel_tsan"):
+        assert "pytestmark = pytest.mark.platforms" in (ROOT / "tests" / f"{name}.py").read_text(encoding="utf-8"), name
 
 
 def test_workbook_py_sets_up_what_workbook_does():
@@ -44,9 +57,14 @@ def test_workbook_py_sets_up_what_workbook_does():
     shown = subprocess.run([sys.executable, str(ROOT / "workbook.py"), "test", "--print"], capture_output=True,
                            text=True, encoding="utf-8", check=True).stdout
     for step in ('"torch==2.13.0"', '-e ".[dev]"', "lessonkit setup", "ipykernel install --sys-prefix --name python3",
-                 '-n 2 --dist worksteal -m "not serial"', "-m serial"):
+                 '-n 2 --dist worksteal -m "not serial and not platforms" --durations=15',
+                 '-m "serial and not platforms"'):
         assert step in bash, step
         assert step.replace('"', "") in shown.replace("-m lessonkit setup", "lessonkit setup"), step
+    platforms = subprocess.run([sys.executable, str(ROOT / "workbook.py"), "test", "--platforms", "--print"],
+                               capture_output=True, text=True, encoding="utf-8", check=True).stdout
+    assert platforms.splitlines()[-1].endswith("-n 2 --dist worksteal -m platforms --durations=15")
+    assert "-n 2 --dist worksteal -m platforms --durations=15" in bash
     run = subprocess.run([sys.executable, str(ROOT / "workbook.py"), "run", "--smoke", "--print"], capture_output=True,
                          text=True, encoding="utf-8", check=True).stdout
     assert run.splitlines()[-1].endswith("-m lessonkit run --smoke")

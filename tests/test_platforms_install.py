@@ -7,10 +7,11 @@ Python a student may have (3.12 is Colab's), and run from a folder that is not t
 - on each: doctor says which kernel binary loaded, and `lessonkit lessons DEST` copies a handout whose
   notebook links reach the copied docs.
 
-PyTorch: on this machine kind the CPU build of torch 2.13.0 lies on disk for Python 3.11 only; for 3.12 and
-3.13 the registry serves the CUDA build (with its CUDA libraries: about 4.5 GB installed, 2 minutes here), which
-runs on the CPU all the same. Each test skips, saying why, where its Python is missing, and fails instead when
-CI is set (CI must run them)."""
+PyTorch: the CPU build only, as the set-up installs it (`torch==2.13.0+cpu`: PyPI's Linux torch is the CUDA
+build, about 4.5 GB with its CUDA libraries, and carries no `+cpu` tag, so it can never be picked). It comes from
+pip's own sources (on this machine kind the CPU wheel lies on disk for Python 3.11) or PyTorch's CPU index,
+download.pytorch.org/whl/cpu. Each test skips, saying why, where its Python or that wheel is missing, and fails
+instead when CI is set (CI must run them)."""
 from __future__ import annotations
 
 import glob
@@ -24,8 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from workbook import TORCH
+
 ROOT = Path(__file__).resolve().parents[1]
-TORCH = "torch==2.13.0"
+TORCH_CPU = [f"{TORCH}+cpu", "--extra-index-url", "https://download.pytorch.org/whl/cpu"]   # see the docstring
 pytestmark = pytest.mark.platforms
 
 
@@ -77,13 +80,22 @@ def fresh_install(version: str, wheel: Path, tmp: Path) -> tuple[Path, dict]:
     run([py, "-m", "venv", venv], cwd=tmp, env=env)
     vpy = venv / "bin" / "python"
     pip = [vpy, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    run(pip + [TORCH], cwd=tmp, env=env)                 # see the module docstring
+    install_cpu_torch(pip, version, cwd=tmp, env=env)
     run(pip + [wheel], cwd=tmp, env=env)
     installed_s = time.perf_counter() - start
     run([vpy, "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3"], cwd=tmp, env=env)
     run([venv / "bin" / "lessonkit", "setup"], cwd=tmp, env=env)
     (tmp / f"install{version}.json").write_text(json.dumps({"seconds": installed_s}), encoding="utf-8")
     return venv, env
+
+
+def install_cpu_torch(pip: list, version: str, *, cwd: Path, env: dict) -> None:
+    """torch's CPU build into a fresh venv, or a skip (a failure in CI) naming what is missing: never the CUDA build."""
+    r = subprocess.run([str(c) for c in pip + TORCH_CPU], cwd=cwd, env=env, capture_output=True, text=True,
+                       encoding="utf-8", errors="replace", timeout=1500)
+    if r.returncode and ("No matching distribution found" in r.stderr or "ResolutionImpossible" in r.stderr):
+        _missing(f"no CPU build of {TORCH} for Python {version} here or at {TORCH_CPU[-1]}")
+    assert r.returncode == 0, f"{TORCH_CPU[0]} did not install:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
 
 def check_installed(venv: Path, env: dict, cwd: Path) -> None:

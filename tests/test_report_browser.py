@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from lessonkit.report.runner import lesson_notebooks
-from tests.smoke_build import smoke_build  # noqa: F401  (the session fixture)
+from tests.smoke_build import SMOKE_BUDGET, smoke_build  # noqa: F401  (the session fixture)
+
+pytestmark = SMOKE_BUDGET
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")

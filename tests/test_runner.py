@@ -10,7 +10,9 @@ import pytest
 
 from lessonkit.lessons.headline import headline_for, missing_figures, sentence_texts
 from lessonkit.report.runner import compare_summaries, lesson_notebooks
-from tests.smoke_build import smoke_build  # noqa: F401  (the session fixture)
+from tests.smoke_build import SMOKE_BUDGET, smoke_build  # noqa: F401  (the session fixture)
+
+pytestmark = SMOKE_BUDGET
 
 LESSONS = [p.stem for p in lesson_notebooks()]
 
