@@ -242,7 +242,6 @@ static int rk_cpu_avx512vnni(void)
 #else
 static int rk_cpu_avx2_fma_f16c(void) { return 0; }
 static int rk_cpu_avx512(void) { return 0; }
-static int rk_cpu_avx512vnni(void) { return 0; }
 #endif
 
 #endif
