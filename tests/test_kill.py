@@ -218,7 +218,11 @@ def test_model_conversion_killed_while_writing(tmp_path, home, monkeypatch):
             outcome = "later run: the reference tokens" if code == 0 else "later run: refused"
         from lessonkit.models.convert import convert_hf_checkpoint
         convert_hf_checkpoint(hf, out)                                              # the next clean run
-        now = {k: v for k, v in fr.tree_digest(out).items() if not Path(k).name.startswith(TMP_PREFIX)}
+        now = fr.tree_digest(out)
+        left = [k for k in now if Path(k).name.startswith(TMP_PREFIX)]
+        if left:
+            problems.append(f"left behind: the killed conversion's temporary files after converting again: {left}")
+        now = {k: v for k, v in now.items() if k not in left}
         if now != ref_files:
             problems.append(f"wrong: converting again differs from the reference: "
                             f"{sorted(k for k in set(now) | set(ref_files) if now.get(k) != ref_files.get(k))}")

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from lessonkit.files import portable_io, safe_files
+from lessonkit.files.atomic import pid_alive
 from lessonkit.files.portable_io import read_at, touch_nofollow
-from lessonkit.prefix_cache.faults import pid_alive
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -3,7 +3,8 @@
 The bytes go to a temporary file in the same directory, which is fsynced, renamed over its final
 name (os.replace, atomic on POSIX) and the directory fsynced, so the rename itself survives a crash.
 Temporary files are named `.tmp-<pid>-<random>.part`, so a later process can tell a dead writer's
-leftovers (its pid is gone) from a live writer's.
+leftovers (its pid is gone: a SIGKILL gives no chance to clean up) from a live writer's, and remove them
+(`remove_dead_temps`, which every writer of a folder calls before it writes there).
 """
 from __future__ import annotations
 
@@ -11,18 +12,49 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Callable
+
+import psutil
 
 from lessonkit.files.portable_io import BINARY
 
 TMP_PREFIX = ".tmp-"
 CHUNK = 1 << 20                    # write in 1 MiB chunks
+DEAD_AFTER_S = 86400               # a temporary file this old is a dead writer's, whatever its pid (pids are reused)
 
 
 def temp_path(directory: str | Path) -> Path:
     return Path(directory) / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}.part"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (psutil: on Windows `os.kill(pid, 0)` is no probe, it
+    sends CTRL_C_EVENT)."""
+    return psutil.pid_exists(pid)
+
+
+def is_dead_temp(path: Path) -> bool:
+    """Whether `path` (a `.tmp-<pid>-*.part`) was left by a writer that died: its pid is gone or the file is
+    older than DEAD_AFTER_S."""
+    try:
+        pid = int(path.name[len(TMP_PREFIX):].split("-")[0])
+        return not pid_alive(pid) or time.time() - path.stat().st_mtime > DEAD_AFTER_S
+    except (ValueError, OSError):
+        return True
+
+
+def remove_dead_temps(directory: str | Path) -> list[Path]:
+    """Remove the temporary files dead writers left in `directory`; returns them. A live writer's are kept."""
+    removed = []
+    for p in Path(directory).glob(f"{TMP_PREFIX}*.part"):
+        if is_dead_temp(p):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed.append(p)
+    return removed
 
 
 def write_all(fd: int, data) -> None:

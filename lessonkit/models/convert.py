@@ -11,7 +11,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from lessonkit.files.atomic import atomic_write
+from lessonkit.files.atomic import atomic_write, remove_dead_temps
 from lessonkit.engine.checkpoint import (FORMAT_VERSION, _atomic_save, _check_shapes, _layer_tensors, _Tensors,
                                          experts_layout, load_dense, load_experts, save_packed_experts)
 from lessonkit.engine.config import ModelConfig
@@ -38,6 +38,7 @@ def convert_hf_state_dict(hf_config: dict, state_dict: dict[str, torch.Tensor], 
     _check_shapes(c, dense, experts, source)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    remove_dead_temps(out)                  # a killed conversion's half-written files (a live writer's are kept)
     # one metadata key: safetensors writes metadata from a hash map, so with several keys their order (and
     # the file's bytes, and the SHA-256 fingerprint over them) would change from one conversion to the next
     meta = {"format": f"lessonkit-stream-v{FORMAT_VERSION}"}

@@ -33,11 +33,11 @@ from typing import Sequence
 
 import torch
 
-from lessonkit.files.atomic import TMP_PREFIX, replace, write_temp
+from lessonkit.files.atomic import TMP_PREFIX, is_dead_temp, replace, write_temp
 from lessonkit.errors import LessonkitError
 from lessonkit.files.portable_io import lock, touch_nofollow, unlock
 from lessonkit.files.safe_files import leads_outside, open_nofollow
-from lessonkit.prefix_cache.faults import PrefixCacheStats, PrefixCacheWarning, disk_full, pid_alive, read_only_error
+from lessonkit.prefix_cache.faults import PrefixCacheStats, PrefixCacheWarning, disk_full, read_only_error
 from lessonkit.prefix_cache.index import read_index
 from lessonkit.prefix_cache.snapshot import (DEFAULT_BLOCK_SIZE, DEFAULT_BUDGET_BYTES, FORMAT, FORMAT_VERSION,
                                              BadSnapshot, best_match, block_hashes, cache_key, dtype_name, encode_snapshot,
@@ -132,12 +132,7 @@ class PrefixCache:
         """Temporary files of writers that died mid-save (their pid is gone, or older than a day)."""
         removed = []
         for p in [*self.dir.glob(f"{TMP_PREFIX}*.part"), *(self.dir / "kv").glob(f"*/{TMP_PREFIX}*.part")]:
-            try:
-                pid = int(p.name[len(TMP_PREFIX):].split("-")[0])
-                dead = not pid_alive(pid) or time.time() - p.stat().st_mtime > 86400
-            except (ValueError, OSError):
-                dead = True
-            if dead and self._remove(p):
+            if is_dead_temp(p) and self._remove(p):
                 removed.append(str(p))
         return removed
 

@@ -1,11 +1,9 @@
 """What the prefix cache does when the file system says no: the errors it tells apart (a full disk,
-a read-only directory), dead writers, the warning it gives and the counters it keeps."""
+a read-only directory), the warning it gives and the counters it keeps."""
 from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
-
-import psutil
 
 
 class PrefixCacheWarning(UserWarning):
@@ -19,12 +17,6 @@ def disk_full(e: OSError) -> bool:
 def read_only_error(e: OSError) -> bool:
     """A write refused because the file system or the directory is read-only for this process."""
     return e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists (psutil: on Windows `os.kill(pid, 0)` is no probe, it
-    sends CTRL_C_EVENT)."""
-    return psutil.pid_exists(pid)
 
 
 @dataclass

