@@ -34,3 +34,28 @@ def test_a_conversion_removes_a_dead_writers_temporary_files_and_keeps_a_live_on
     convert_hf_checkpoint(tmp_path / "ref" / "hf-olmoe", out)
     assert not dead.exists() and live.exists()
     assert sorted(p.name for p in out.glob("*.part")) == [live.name]
+
+
+def test_the_judges_ground_truth_is_old_or_whole_when_the_disk_fills_mid_write(tmp_path, monkeypatch):
+    import errno
+    import types
+
+    import lessonkit.files.atomic as atomic
+    from lessonkit.semcache.judge import write_ground_truth
+    judge = types.SimpleNamespace(engine=types.SimpleNamespace(name="stand-in"), score_fingerprint="f",
+                                  instruction="Is this an incident?")
+    path = tmp_path / "judge_ground_truth.json"
+    write_ground_truth(judge, {"item a": 1.0}, path)
+    old = path.read_bytes()
+
+    def full_disk(fd, data):                        # half the bytes reach the disk, then it is full
+        import os
+        os.write(fd, bytes(data)[:len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(atomic, "write_all", full_disk)
+    try:
+        write_ground_truth(judge, {f"item {i}": float(i) for i in range(500)}, path)
+    except OSError as e:
+        assert e.errno == errno.ENOSPC
+    assert path.read_bytes() == old
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]

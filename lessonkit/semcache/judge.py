@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from lessonkit.files.atomic import atomic_write
 from lessonkit.files.resources import workbook_path
 from lessonkit.errors import LessonkitError
 from lessonkit.models.gguf_loader import apply_chat_template, load_smollm2, to_transformers
@@ -219,7 +220,7 @@ def write_ground_truth(judge: LogitJudge, scores: dict[str, float], path: str | 
            "scores": {t: round(float(v), 5) for t, v in scores.items()}}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=0, ensure_ascii=False) + "\n", encoding="utf-8")
+    atomic_write(path, (json.dumps(doc, indent=0, ensure_ascii=False) + "\n").encode("utf-8"))   # old or whole
     return path
 
 
@@ -435,7 +436,7 @@ def write_answer_lines(engine, prefix: str, max_new_tokens: int, answers: dict[s
                    "of the shipped stream (they warm the capstone's semantic cache); written by lessonkit train judge",
            "model": engine.name, "key": _prompt_key(engine, prefix, max_new_tokens), "answers": dict(answers)}
     path = Path(path or answer_lines_path(engine.name))
-    path.write_text(json.dumps(doc, indent=0, ensure_ascii=False) + "\n", encoding="utf-8")
+    atomic_write(path, (json.dumps(doc, indent=0, ensure_ascii=False) + "\n").encode("utf-8"))   # old or whole
     return path
 
 
