@@ -12,6 +12,8 @@ import sys
 from lessonkit import commands as c
 from lessonkit.bench import BENCHES
 from lessonkit.errors import LessonkitError
+from lessonkit.files.disk import USAGE as DISK_USAGE
+from lessonkit.files.disk import parse_disk
 from lessonkit.speculative.depth import K_MAX, parse_draft_depth
 
 
@@ -60,6 +62,14 @@ def nonempty(why: str):
             raise argparse.ArgumentTypeError(why)
         return text(value)
     return parse
+
+
+def disk(value: str):
+    """A disk mode (lessonkit.files.disk): warm, cold or simulated:MB/s."""
+    try:
+        return parse_disk(value)
+    except LessonkitError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a disk mode: use {DISK_USAGE}") from None
 
 
 STOP = nonempty("an empty stop string would stop before the first token")
@@ -130,6 +140,9 @@ COMMANDS = {
         arg("--smoke", action="store_true", help="tiny sizes, just checks that it runs"),
         arg("--model", default=None), arg("--repeats", type=number(1, integer=True), default=3),
         arg("--threads", type=thread_counts, default=None, help="C kernel thread counts, e.g. 1,2: llamacpp measures each (default 1,2), other benches use the first (default: physical cores)"),
+        arg("--disk", type=disk, default="cold",
+            help="streaming: where expert misses are read from: cold (past the page cache: the disk itself; default), "
+                 "warm (the page cache) or simulated:MB/s (a slower disk than yours)"),
         arg("--engines", default=None,
             help="llamacpp: which to measure, from llamacpp,lessonkit,transformers (default all)"),
         arg("--build", action="store_true",

@@ -11,6 +11,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 from lessonkit.engine.blocks import choose_weights
 from lessonkit.engine.checkpoint import load_dense
 from lessonkit.files.safe_files import sha256_file
+from lessonkit.files.disk import WARM, Disk
 from lessonkit.engine.config import ModelConfig
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.expert_store import ExpertStore
@@ -40,7 +41,8 @@ _BYTE_DECODER: dict[str, int] | None = None
 
 class Engine:
     def __init__(self, model_dir: str | Path, *, name: str | None = None, expert_budget_mb: float | None = None,
-                 dtype=torch.float32, prefetch: bool = False, quantisation: str = "none", weights: str | None = None):
+                 dtype=torch.float32, prefetch: bool = False, quantisation: str = "none", weights: str | None = None,
+                 disk: Disk | str = WARM):
         self.model_dir = Path(model_dir)
         if not self.model_dir.is_dir():
             raise LessonkitError(f"{self.model_dir}: model directory not found")
@@ -57,7 +59,7 @@ class Engine:
         native = mode == "native" and dtype == torch.float32
         self.store = ExpertStore(self.model_dir / "experts.safetensors", c.n_layers, c.n_experts,
                                  (3, c.intermediate_size, c.dim), dtype=dtype, budget_bytes=budget, prefetch=prefetch,
-                                 native=native)
+                                 native=native, disk=disk)
         self.model = Transformer(c, load_dense(self.model_dir, c, blocks=native), self.store, dtype=dtype)
         has_blocks = self.model.native or self.store.blocks
         self.weights = "native" if native and has_blocks else "f32"

@@ -18,6 +18,9 @@ strips on read; either way the same float32 values reach the chains. A format-1 
 (GGUF rows, written by older lessonkit versions) is refused, naming the file and the fix (legacy_rows=True
 reads it, packing on every load: only the benchmark's before/after comparison asks for that).
 
+Where a miss's bytes come from is the store's disk mode (lessonkit.files.disk: warm from the page cache, cold
+past it, or a simulated slower disk); a mode changes the time a miss takes, never its bytes.
+
 Shapes: E experts per layer, I intermediate size, D hidden size.
 """
 from __future__ import annotations
@@ -37,6 +40,7 @@ from lessonkit.engine import blocks as qb
 from lessonkit.engine.checkpoint import layers_error, layers_held, parse_safetensors_header
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.kernel import RowWeight
+from lessonkit.files.disk import WARM, Disk, after_read, open_cold, parse_disk
 from lessonkit.files.portable_io import BINARY, read_at
 
 _ST_DTYPES = {"F32": (np.float32, torch.float32), "BF16": (np.uint16, torch.bfloat16),
@@ -73,11 +77,12 @@ class ExpertStore:
     """Experts of every layer, read on demand from one safetensors file.
 
     budget_bytes: resident bytes allowed (None = unlimited). Counted in the compute dtype.
+    disk: where a miss's bytes come from (lessonkit.files.disk: warm, cold, simulated:MB/s).
     """
 
     def __init__(self, path: str | Path, n_layers: int, n_experts: int, shape: tuple[int, int, int],
                  *, dtype=torch.float32, budget_bytes: int | None = None, prefetch: bool = False,
-                 native: bool = False, legacy_rows: bool = False):
+                 native: bool = False, legacy_rows: bool = False, disk: Disk | str = WARM):
         self.path, self.native = Path(path), native
         self.n_layers, self.n_experts, self.shape, self.dtype = n_layers, n_experts, tuple(shape), dtype
         header, self._data_start = read_safetensors_header(self.path, metadata=True)
@@ -107,6 +112,12 @@ class ExpertStore:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch") if prefetch else None
         self.routing_counts: Counter = Counter()
         self.reset_counters()
+        self.disk = WARM
+        try:
+            self.set_disk(disk)
+        except LessonkitError:
+            self.close()
+            raise
 
     def _entry(self, name: str, h: dict, legacy_rows: bool) -> tuple[int, int, str, bool]:
         """(file offset, bytes, safetensors dtype, packed) of one record, its layout checked against the file's."""
@@ -131,6 +142,13 @@ class ExpertStore:
         if shape != self.shape:
             raise LessonkitError(f"{self.path}: tensor {name} has shape {list(shape)}, config needs {list(self.shape)}")
         return self._data_start + a, b - a, dt, False
+
+    def set_disk(self, disk: Disk | str) -> None:
+        """Read every later miss from `disk` (cold empties the file's page cache now)."""
+        disk = parse_disk(disk)
+        if disk.mode == "cold":
+            open_cold(self._fd)
+        self.disk = disk
 
     # ---- counters ------------------------------------------------------------------------------
     def reset_counters(self) -> None:
@@ -157,6 +175,7 @@ class ExpertStore:
         t = buf if st_dtype == "U8" else buf.view(_ST_DTYPES[st_dtype][1])
         name = f"{self.path}: layers.{key[0]}.experts.{key[1]}"
         ex = self._packed_expert(t, name) if packed else self._format1_expert(t, name)
+        after_read(self.disk, self._fd, off, n, t0)
         self.io_s += time.perf_counter() - t0
         self.bytes_read += n
         return ex

@@ -13,27 +13,29 @@ import torch
 
 from lessonkit.engine.engine import Engine
 from lessonkit.measure.break_even import _measured_cell  # noqa: F401 (the experiments this lesson's notebook runs)
+from lessonkit.files.disk import parse_disk
 from lessonkit.measure.break_even import (break_even_acceptance, break_even_table, cost_model_inputs, disk_cost_model,
-                                          simulate_disk, validate_cost_model)
+                                          disk_label, validate_cost_model)
 
 
 def break_even_surface(model_dir, prompts: list[list[int]], *, error_rates=(0.0, 0.25, 0.5, 0.75, 1.0),
                        budget_experts=(2, 8, None), ks=(1, 2, 4), max_new_tokens: int = 24,
-                       disk_mb_s: float | None = None, dtype=torch.float32):
+                       disk="warm", dtype=torch.float32):
     """Speed-up of greedy speculative decoding (oracle drafter, so acceptance ~ 1 - error rate) over plain
     greedy at the same expert budget (experts resident per model; None = all), for each depth k, every cell
-    measured (a simulated disk busy-waits each miss: slow; lesson 1 uses `disk_cost_model` and measures only
+    measured with expert misses read from `disk` (slow; lesson 1 uses `disk_cost_model` and measures only
     the cells in `validate_cost_model`). Each run starts from an empty expert cache. Returns (DataFrame, Figure)."""
+    disk = parse_disk(disk)
     rows = []
     oracle_engine = Engine(model_dir, name="oracle", dtype=dtype)          # shared by every oracle drafter
     total = oracle_engine.config.n_layers * oracle_engine.config.n_experts
     for nb in budget_experts:
         for P in error_rates:
             for k in ks:
-                rows.append(_measured_cell(model_dir, prompts, nb, P, k, max_new_tokens, disk_mb_s, dtype,
+                rows.append(_measured_cell(model_dir, prompts, nb, P, k, max_new_tokens, disk, dtype,
                                            oracle_engine, total))
     df = pd.DataFrame(rows)
-    return df, plot_break_even(df, disk_mb_s)
+    return df, plot_break_even(df, disk_label(disk))
 
 
 # ---- the disk-bound break-even surface from a cost model ------------------------------------------------
@@ -42,12 +44,14 @@ def break_even_surface(model_dir, prompts: list[list[int]], *, error_rates=(0.0,
 # P: the prompt's prefill with its expert reads (the same on both sides), N new tokens (the first comes from
 # the prefill), T(r): a forward of r rows with every expert resident (the verify cost curve) plus the measured
 # per-step overhead of the decode loop (sampling, stop checks: plain pays it N - 1 times), R(r, B): expert
-# misses per forward of r rows at budget B (measured), t_read: one expert miss (page-cache read, measured,
-# or bytes / disk speed, whichever is longer: what `simulate_disk` charges), E(a, k) = (1 - a^(k+1)) / (1 - a).
+# misses per forward of r rows at budget B (measured), t_read: one expert miss (`read_seconds`: the page-cache
+# read, measured, plus the bytes at the cold disk's measured rate; or for a simulated disk the bytes at its rate,
+# if longer), E(a, k) = (1 - a^(k+1)) / (1 - a).
 
 
-def plot_break_even(df: pd.DataFrame, disk_mb_s: float | None = None, measured: pd.DataFrame | None = None):
-    """Heat maps of the speed-up per (acceptance, depth), one per expert budget; with the cost model's table
+def plot_break_even(df: pd.DataFrame, disk: str = "page-cache reads", measured: pd.DataFrame | None = None):
+    """Heat maps of the speed-up per (acceptance, depth), one per expert budget (disk: where the misses were
+    read from, in words: `disk_label`); with the cost model's table
     (column a_star) a black line marks the break-even acceptance a* of each k, and cells measured for real
     (`measured`) carry their measured speed-up in a box."""
     budgets = sorted(df.budget_experts.unique())
@@ -95,7 +99,6 @@ def plot_break_even(df: pd.DataFrame, disk_mb_s: float | None = None, measured: 
     fig.colorbar(im, ax=axes[0].tolist(), label="speed-up over plain greedy (x)")
     if "a_star" in df:
         axes[0][0].legend(loc="upper left", fontsize=7)
-    disk = f"disk modelled at {disk_mb_s:g} MB/s" if disk_mb_s else "page-cache reads"
     how = "cost model; boxed: measured" if "a_star" in df else "measured"
     fig.suptitle(f"Break-even: speculation loses below a*, sooner when few experts fit\n({disk}; {how})",
                  fontsize=10)

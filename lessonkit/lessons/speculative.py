@@ -24,8 +24,9 @@ from lessonkit.lessons.figures import integer_axis, legend_beside
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import quantity_table, show_panel
 from lessonkit.measure.break_even import (break_even_acceptance,  # noqa: F401 (lesson 1 calls them here)
-                                          break_even_table, cost_model_inputs, disk_cost_model, simulate_disk,
+                                          break_even_table, cost_model_inputs, disk_cost_model, disk_label,
                                           validate_cost_model)
+from lessonkit.measure.disk import disk_read_rate  # noqa: F401 (lesson 1 measures its disk here)
 from lessonkit.measure.speculative import (_timed_runs, drafter_table, lesson_models,  # noqa: F401 (lesson 1 runs them)
                                            sampling_tv, trace_verify_step)
 from lessonkit.models.registry import load_model
@@ -290,7 +291,7 @@ HEADLINE = Headline(
         Sentence("The draft model had {tiny_draft_acceptance_rate:.0%} of its drafted tokens accepted, n-gram lookup "
                  "{ngram_acceptance_rate:.0%}; every drafter's output was checked against plain greedy (table)."),
         Sentence("A verify forward at k = 4 cost {verify_cost_ratio_k4:.2f}x a plain one-token step."),
-        Sentence("With experts streamed from a disk modelled at {disk_mb_s:g} MB/s, the cost model puts speculation "
+        Sentence("With experts streamed from {disk_words}, the cost model puts speculation "
                  "below plain speed in {break_even_cells_losing} of {break_even_cells} cells of the break-even surface "
                  "(acceptance x expert budget x depth); the cells measured for real were {validation_error_median:.0%} "
                  "off the model (median, {validation_cells} cells)."),

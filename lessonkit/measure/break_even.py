@@ -1,4 +1,5 @@
-"""When speculation pays, measured and modelled: verify cost against acceptance on a throttled disk, the break-even
+"""When speculation pays, measured and modelled: verify cost against acceptance with experts read from a disk
+(lessonkit.files.disk: cold past the page cache, warm from it, or a simulated slower disk), the break-even
 acceptance of a cost ratio, the disk cost model's inputs measured from expert misses, and its check against
 measured cells. Lesson 1 draws these."""
 from __future__ import annotations
@@ -12,39 +13,17 @@ from tqdm.auto import tqdm
 
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.generate import generate
+from lessonkit.files.disk import MB, Disk, parse_disk
 from lessonkit.speculative.drafters import OracleDrafter
 from lessonkit.speculative.gate import expected_tokens, measure_cost_curve
 from lessonkit.speculative.verify import speculative_generate, total_stats
 
 
-def simulate_disk(engine, mb_per_s: float | None) -> None:
-    """Make every expert miss cost bytes / (mb_per_s MB/s) of extra wall time (a slow-disk model);
-    None restores plain reads (which on this machine come from the page cache at memory speed)."""
-    store = engine.store
-    if not hasattr(store, "_real_read"):
-        store._real_read = store._read
-    real = store._real_read
-    if mb_per_s is None:
-        store._read = real
-        return
-
-    def slow_read(key):
-        t0 = time.perf_counter()
-        t = real(key)
-        wait = store._entries[key][1] / (mb_per_s * 2**20) - (time.perf_counter() - t0)
-        end = time.perf_counter() + max(wait, 0.0)
-        while time.perf_counter() < end:        # busy-wait: sleep() granularity is too coarse here
-            pass
-        store.io_s += max(wait, 0.0)
-        return t
-    store._read = slow_read
-
-def _measured_cell(model_dir, prompts, nb, P, k, max_new_tokens, disk_mb_s, dtype, oracle_engine, total) -> dict:
+def _measured_cell(model_dir, prompts, nb, P, k, max_new_tokens, disk: Disk, dtype, oracle_engine, total) -> dict:
     """One cell of the break-even surface, measured: plain and speculative greedy at budget nb (experts per
-    model; None = all), oracle error rate P, depth k, on a simulated disk of disk_mb_s MB/s (None: page cache)."""
+    model; None = all), oracle error rate P, depth k, every expert miss read from `disk`."""
     mb = None if nb is None else nb * oracle_engine.expert_bytes / 2**20
-    eng = Engine(model_dir, name=f"budget-{nb or 'all'}", expert_budget_mb=mb, dtype=dtype)
-    simulate_disk(eng, disk_mb_s)
+    eng = Engine(model_dir, name=f"budget-{nb or 'all'}", expert_budget_mb=mb, dtype=dtype, disk=disk)
 
     def run(fn):
         sts = []
@@ -62,7 +41,8 @@ def _measured_cell(model_dir, prompts, nb, P, k, max_new_tokens, disk_mb_s, dtyp
             "plain_unique_experts_per_token": plain["unique_experts_per_token"],
             "bytes_read_per_token": t["bytes_read_per_token"],
             "plain_bytes_read_per_token": plain["bytes_read_per_token"],
-            "expert_hit_rate": t["expert_hit_rate"], "plain_expert_hit_rate": plain["expert_hit_rate"]}
+            "expert_hit_rate": t["expert_hit_rate"], "plain_expert_hit_rate": plain["expert_hit_rate"],
+            "disk": str(disk)}
 
 def break_even_acceptance(cost_ratio: float, k: int) -> float | None:
     """The acceptance a* at which E(a*, k) = cost_ratio: speculation at depth k pays for a > a*. cost_ratio is
@@ -166,13 +146,35 @@ def _break_even_disk(ratio_of, k: int) -> float | None:
         lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
     return (lo + hi) / 2
 
-def disk_cost_model(inputs: dict, *, disk_mb_s: float | None, acceptances=tuple(np.round(np.linspace(0, 1, 11), 2)),
-                    ks=(1, 2, 4)) -> pd.DataFrame:
-    """The break-even surface predicted by the cost model (header above) from `cost_model_inputs`: one row per
-    (budget, acceptance, k) with the predicted speed-up, E(a, k) and the break-even acceptance a* of that
+def read_seconds(inputs: dict, disk: Disk, read_mb_s: float | None = None) -> float:
+    """t_read, one expert miss in seconds: the page-cache miss measured in `inputs` (warm); that plus the bytes
+    at the disk's measured rate read_mb_s (cold); or the bytes at the simulated rate, if longer (what a
+    simulated disk charges)."""
+    pc, nbytes = inputs["page_cache_read_s"], inputs["read_bytes"]
+    if disk.mode == "simulated":
+        return max(pc, nbytes / (disk.mb_s * MB))
+    if disk.mode == "cold":
+        if not read_mb_s:
+            raise ValueError("a cold disk's cost model needs its measured read rate (read_mb_s)")
+        return pc + nbytes / (read_mb_s * MB)
+    return pc
+
+def disk_label(disk: Disk | str, read_mb_s: float | None = None) -> str:
+    """The disk in words, for figures and sentences."""
+    disk = parse_disk(disk)
+    if disk.mode == "simulated":
+        return f"a simulated disk of {disk.mb_s:g} MB/s"
+    if disk.mode == "cold":
+        return f"a cold disk, {read_mb_s:.0f} MB/s measured" if read_mb_s else "a cold disk"
+    return "page-cache reads (warm)"
+
+def disk_cost_model(inputs: dict, *, disk: Disk | str, read_mb_s: float | None = None,
+                    acceptances=tuple(np.round(np.linspace(0, 1, 11), 2)), ks=(1, 2, 4)) -> pd.DataFrame:
+    """The break-even surface predicted by the cost model (header above) from `cost_model_inputs`, with expert
+    misses read from `disk` (a cold disk at its measured rate read_mb_s: `measure.disk.disk_read_rate`): one row
+    per (budget, acceptance, k) with the predicted speed-up, E(a, k) and the break-even acceptance a* of that
     budget and k."""
-    t_disk = inputs["read_bytes"] / (disk_mb_s * 2**20) if disk_mb_s else 0.0
-    t_read = max(inputs["page_cache_read_s"], t_disk)
+    t_read = read_seconds(inputs, parse_disk(disk), read_mb_s)
     T, R, n = inputs["T_s"], inputs["reads_per_forward"], inputs["new_tokens"]
     o = inputs.get("step_overhead_s", 0.0)            # per decode or verify step, besides its forward
     out = []
@@ -195,19 +197,20 @@ def disk_cost_model(inputs: dict, *, disk_mb_s: float | None, acceptances=tuple(
                             "t_read_ms": t_read * 1e3})
     return pd.DataFrame(out)
 
-def validate_cost_model(model_dir, prompts: list[list[int]], model_df: pd.DataFrame, cells, *, disk_mb_s: float | None,
+def validate_cost_model(model_dir, prompts: list[list[int]], model_df: pd.DataFrame, cells, *, disk: Disk | str,
                         max_new_tokens: int = 48, dtype=torch.float32) -> pd.DataFrame:
-    """Measure a few cells of the surface for real (the simulated disk busy-waits every miss) and put each
-    next to the cost model's prediction. cells: (budget experts or None, acceptance, k)."""
+    """Measure a few cells of the surface for real, every expert miss read from `disk` (cold: from the disk
+    itself), and put each next to the cost model's prediction. cells: (budget experts or None, acceptance, k)."""
+    disk = parse_disk(disk)
     oracle_engine = Engine(model_dir, name="oracle", dtype=dtype)
     total = oracle_engine.config.n_layers * oracle_engine.config.n_experts
     rows = []
     for nb, a, k in tqdm(cells, desc="cells measured for real", leave=False):
-        m = _measured_cell(model_dir, prompts, nb, round(1 - a, 6), k, max_new_tokens, disk_mb_s, dtype,
+        m = _measured_cell(model_dir, prompts, nb, round(1 - a, 6), k, max_new_tokens, disk, dtype,
                            oracle_engine, total)
         pred = model_df[(model_df.budget_experts == (nb or total)) & (model_df.k == k)
                         & (np.isclose(model_df.acceptance, a))]
-        rows.append({"budget_experts": nb or total, "acceptance": a, "k": k,
+        rows.append({"disk": str(disk), "budget_experts": nb or total, "acceptance": a, "k": k,
                      "measured_acceptance_rate": m["acceptance_rate"], "predicted_speedup": float(pred.speedup.iloc[0]),
                      "measured_speedup": m["speedup"]})
     df = pd.DataFrame(rows)
