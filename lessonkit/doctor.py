@@ -90,4 +90,8 @@ def paths_ok() -> bool:
     why = kernel_ready()
     print("  INFO draft step of dense drafters (tiny-draft, smollm2-draft): " +
           (f"PyTorch lean step, about 30 operations per layer ({why})" if why else "one C call per token"))
+    from lessonkit.files.disk import cold_reads
+    can, how = cold_reads()
+    print("  INFO cold expert reads (bench streaming --disk cold, lesson 1's DISK): "
+          + (f"possible here, {how}" if can else how))
     return ok

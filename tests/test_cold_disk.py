@@ -174,3 +174,8 @@ def test_bench_streaming_records_the_disk(capsys):
     (cell,) = out["speculation"]
     assert cell["predicted_speedup"] > 0 and cell["measured_speedup"] > 0
     assert all(r["identical_tokens"] for r in out["rows"])
+
+
+@pytest.mark.skipif(not LINUX, reason="posix_fadvise: Linux")
+def test_doctor_says_cold_reads_are_possible_on_linux():
+    assert disk_mod.cold_reads() == (True, "posix_fadvise(POSIX_FADV_DONTNEED) after every read")
