@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lessonkit.files.atomic import TMP_PREFIX, temp_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,3 +61,44 @@ def test_the_judges_ground_truth_is_old_or_whole_when_the_disk_fills_mid_write(t
         assert e.errno == errno.ENOSPC
     assert path.read_bytes() == old
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+# ---- the shipped models ------------------------------------------------------------------------------------------
+DRAFTERS = ["tiny-draft", "tiny-draft-corpus", "smollm2-draft"]
+
+
+def shipped_trained_models() -> list[Path]:
+    """Every model folder that `lessonkit train` shipped with a card written from its log (judges have their own)."""
+    from lessonkit.models.registry import MODELS_DIR
+    return sorted(d for d in MODELS_DIR.iterdir() if (d / "train_log.json").exists() and (d / "config.json").exists())
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_a_shipped_drafter_is_packed_listed_in_its_manifest_and_gives_its_old_layouts_tokens(name, tmp_path):
+    from test_packed_format import PROMPTS, _format1_copy, _tokens
+
+    from lessonkit.engine.checkpoint import experts_layout
+    from lessonkit.models.convert import repack_experts
+    from lessonkit.models.integrity import verify_manifest, write_manifest
+    from lessonkit.models.registry import MODELS_DIR, load_model
+    shipped = MODELS_DIR / name
+    assert experts_layout(shipped / "experts.safetensors") == 2
+    status = verify_manifest(shipped)
+    assert "experts.safetensors" in status and set(status.values()) == {"ok"}, status
+    old = _format1_copy(shipped, tmp_path / name)                   # the values in the layout it shipped in before
+    write_manifest(old)
+    # by folder, as the registry loads them: smollm2-draft borrows its embedding from smollm2-135m (borrow.json)
+    assert _tokens(load_model(str(old)), PROMPTS, 8) == _tokens(load_model(str(shipped)), PROMPTS, 8)
+    assert repack_experts(old) and (old / "experts.safetensors").read_bytes() == (shipped / "experts.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("model_dir", shipped_trained_models(), ids=lambda d: d.name)
+def test_a_shipped_models_card_is_what_its_training_log_gives(model_dir):
+    """train_log.json holds every figure the card generator reads (vocab_size included), and card.md is its
+    output for the files as shipped: nothing hand-edited, nothing stale."""
+    import json
+
+    from lessonkit.training.model_card import model_card
+    log = json.loads((model_dir / "train_log.json").read_text(encoding="utf-8"))
+    files = {p.name: p.stat().st_size for p in sorted(model_dir.iterdir()) if p.name != "card.md"}
+    assert model_card(log, files) == (model_dir / "card.md").read_text(encoding="utf-8")
