@@ -147,9 +147,25 @@ COMMANDS = {
             help="llamacpp: which to measure, from llamacpp,lessonkit,transformers (default all)"),
         arg("--build", action="store_true",
             help="llamacpp: download the llama-cpp-python sdist and build llama-bench into the cache first (minutes)")]),
-    "compare": ("what moved beyond noise between two build/summary.json files", c.cmd_compare, [
+    "compare": ("what moved beyond noise between two build/summary.json files, or two sweep folders", c.cmd_compare, [
         arg("old"), arg("new"),
         arg("--noise", type=number(0), default=0.1, help="relative change treated as noise (default 0.1)")]),
+    "sweep": ("a lesson or bench over a grid of parameters, on Dask workers (docs/sweep.md)", {
+        "run": ("run every point of the grid not yet complete in --results (a rerun resumes)", c.cmd_sweep_run, [
+            arg("point", help="what one point runs: lesson:NAME, bench:NAME or noop"),
+            arg("--grid", action="append", default=[], metavar="NAME=V1,V2", help="a swept parameter (repeatable)"),
+            arg("--grid-file", default=None, help="YAML or JSON: {grid: {NAME: [values]}, set: {...}, repeats: N}"),
+            arg("--set", action="append", default=[], metavar="NAME=VALUE", help="a fixed parameter (repeatable)"),
+            arg("--repeats", type=number(1, 1000, integer=True), default=None, help="runs of each point (default 1)"),
+            arg("--results", required=True, help="the results folder (new, or this sweep's: it resumes)"),
+            arg("--workers", type=number(1, 4096, integer=True), default=None,
+                help="local worker processes (default: physical cores) or Slurm jobs (default 2)"),
+            one_of(arg("--scheduler", default=None, help="an existing Dask scheduler, tcp://HOST:8786"),
+                   arg("--slurm", action="store_true", help="workers as Slurm jobs (needs lessonkit[slurm])")),
+            arg("--slurm-memory", default="4GB"), arg("--slurm-walltime", default="01:00:00"),
+            arg("--slurm-queue", default=None), JSON]),
+        "report": ("each recorded figure against the swept parameters: FOLDER/report.html", c.cmd_sweep_report, [
+            arg("folder", help="a sweep's results folder")])}),
     "corpus": ("build the training corpus and tokenizer under data/corpus/", {
         "build": ("rebuild data/corpus/*.txt.gz and tokenizer.json (deterministic)", c.cmd_corpus_build, [
             arg("--out", default=None, help="output folder (default data/corpus/)"), FORCE,
