@@ -11,6 +11,7 @@ import sys
 
 from lessonkit import commands as c
 from lessonkit.bench import BENCHES
+from lessonkit.engine.threads import MAX_THREADS
 from lessonkit.errors import LessonkitError
 from lessonkit.files.disk import USAGE as DISK_USAGE
 from lessonkit.files.disk import parse_disk
@@ -21,26 +22,31 @@ def arg(*flags, **kw):
     return flags, kw
 
 
-def number(lo: float | None = None, hi: float | None = None, *, zero_or_from: float | None = None,
-           integer: bool = False, open_lo: bool = False):
+class number:
     """An argparse type for a finite number in [lo, hi] (lo excluded when open_lo); zero_or_from: 0 or at
     least that value (a temperature: 0 is greedy, a tiny positive one overflows the logits). Bad values get
-    argparse's one-line error naming the option, never a traceback or a silent fallback."""
-    def parse(text: str):
+    argparse's one-line error naming the option, never a traceback or a silent fallback. Every numeric option
+    has a hi: a huge value is an error too (tests/test_bad_input.py tries each option of the table)."""
+
+    def __init__(self, lo: float, hi: float, *, zero_or_from: float | None = None, integer: bool = False,
+                 open_lo: bool = False):
+        self.lo, self.hi, self.zero_or_from, self.integer, self.open_lo = lo, hi, zero_or_from, integer, open_lo
+        self.__name__ = "an integer" if integer else "a number"      # argparse names the type in its errors
+
+    def __call__(self, text: str):
         try:
-            v = int(text) if integer else float(text)
+            v = int(text) if self.integer else float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if integer else 'a number'}") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not {self.__name__}") from None
         if v != v or v in (float("inf"), float("-inf")):
             raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-        if zero_or_from is not None and v != 0 and v < zero_or_from:
-            raise argparse.ArgumentTypeError(f"{text}: use 0 (greedy) or a value of at least {zero_or_from}")
-        if lo is not None and (v <= lo if open_lo else v < lo):
-            raise argparse.ArgumentTypeError(f"{text}: must be {'greater than' if open_lo else 'at least'} {lo}")
-        if hi is not None and v > hi:
-            raise argparse.ArgumentTypeError(f"{text}: must be at most {hi}")
+        if self.zero_or_from is not None and v != 0 and v < self.zero_or_from:
+            raise argparse.ArgumentTypeError(f"{text}: use 0 (greedy) or a value of at least {self.zero_or_from}")
+        if v <= self.lo if self.open_lo else v < self.lo:
+            raise argparse.ArgumentTypeError(f"{text}: must be {'greater than' if self.open_lo else 'at least'} {self.lo}")
+        if v > self.hi:
+            raise argparse.ArgumentTypeError(f"{text}: must be at most {self.hi:,}")
         return v
-    return parse
 
 
 def text(value: str) -> str:
@@ -75,12 +81,13 @@ def disk(value: str):
 STOP = nonempty("an empty stop string would stop before the first token")
 SEED = number(0, 2**63 - 1, integer=True)          # torch, numpy and random all take 0 .. 2**63 - 1
 MAX_BOOT = 100_000                                 # gap: 1,000 resamples take about 1 s, this about 90 s
+COUNT_MAX = 10**9          # steps, stream items, repeats: far past any run on one machine, far below int64
+THREAD_COUNT = number(1, MAX_THREADS, integer=True)   # the C kernel's threads: the one check of every --threads
 
 
 def thread_counts(text: str) -> list[int]:
-    """A comma-separated list of thread counts, each at least 1 ("1,2")."""
-    one = number(1, 4096, integer=True)
-    counts = [one(part.strip()) for part in text.split(",")]
+    """A comma-separated list of thread counts, each 1 .. MAX_THREADS ("1,2")."""
+    counts = [THREAD_COUNT(part.strip()) for part in text.split(",")]
     if not counts:
         raise argparse.ArgumentTypeError("name at least one thread count")
     return counts
@@ -97,7 +104,7 @@ MODEL = arg("--model", required=True, help="registered name or checkpoint direct
 WHITESPACE = arg("--whitespace", choices=["compact", "flexible"], default="flexible",
                  help="compact: no whitespace (best for drafting); flexible: any JSON whitespace")
 
-THREADS = arg("--threads", type=number(1, 64, integer=True), default=None,
+THREADS = arg("--threads", type=THREAD_COUNT, default=None,
               help="C kernel threads (default: this machine's physical cores); results do not depend on it")
 WEIGHTS = arg("--weights", choices=["native", "f32"], default=None,
               help="quantised models: multiply the Q4_1/Q8_0 blocks (native, default with the C kernel) or float32")
@@ -106,12 +113,12 @@ COMMANDS = {
     "models": ("list the available models", c.cmd_models, [JSON]),
     "doctor": ("versions, paths, and every model file checked against its SHA-256", c.cmd_doctor, []),
     "generate": ("generate text with the engine (and any technique)", c.cmd_generate, [
-        MODEL, arg("--prompt", required=True, type=text), arg("--max-new-tokens", type=number(0, integer=True), default=64),
+        MODEL, arg("--prompt", required=True, type=text), arg("--max-new-tokens", type=number(0, COUNT_MAX, integer=True), default=64),
         arg("--temperature", type=number(0, 100, zero_or_from=0.01), default=0.0,
             help="0 = greedy (default), else 0.01 .. 100"),
         arg("--top-p", type=number(0, 1, open_lo=True), default=1.0),
         arg("--seed", type=SEED, default=0), arg("--stop", action="append", type=STOP, help="stop string (repeatable)"),
-        arg("--expert-budget-mb", type=number(0, open_lo=True), default=None),
+        arg("--expert-budget-mb", type=number(0, COUNT_MAX, open_lo=True), default=None),
         arg("--prefetch", action="store_true", help="one-layer-ahead expert prefetch thread"),
         arg("--dtype", choices=["float32", "bfloat16"], default="float32"),
         arg("--chat", action="store_true", help="wrap the prompt in the model's chat template"),
@@ -138,7 +145,7 @@ COMMANDS = {
     "bench": ("benchmarks: baseline and contenders side by side", c.cmd_bench, [
         arg("name", choices=sorted(BENCHES)), JSON,
         arg("--smoke", action="store_true", help="tiny sizes, just checks that it runs"),
-        arg("--model", default=None), arg("--repeats", type=number(1, integer=True), default=3),
+        arg("--model", default=None), arg("--repeats", type=number(1, 1000, integer=True), default=3),
         arg("--threads", type=thread_counts, default=None, help="C kernel thread counts, e.g. 1,2: llamacpp measures each (default 1,2), other benches use the first (default: physical cores)"),
         arg("--disk", type=disk, default="cold",
             help="streaming: where expert misses are read from: cold (past the page cache: the disk itself; default), "
@@ -149,8 +156,8 @@ COMMANDS = {
             help="llamacpp: download the llama-cpp-python sdist and build llama-bench into the cache first (minutes)")]),
     "compare": ("what moved beyond noise between two build/summary.json files, or two sweep folders", c.cmd_compare, [
         arg("old"), arg("new"),
-        arg("--noise", type=number(0), default=0.1, help="relative change treated as noise (default 0.1)")]),
     "sweep": ("a lesson or bench over a grid of parameters, on Dask workers (docs/sweep.md)", {
+        arg("--noise", type=number(0, 100), default=0.1, help="relative change treated as noise (default 0.1)")]),
         "run": ("run every point of the grid not yet complete in --results (a rerun resumes)", c.cmd_sweep_run, [
             arg("point", help="what one point runs: lesson:NAME, bench:NAME or noop"),
             arg("--grid", action="append", default=[], metavar="NAME=V1,V2", help="a swept parameter (repeatable)"),
@@ -173,8 +180,8 @@ COMMANDS = {
     "train": ("train tiny-moe, distil tiny-draft from tiny-moe, cut smollm2-draft from smollm2-135m, or a monitoring judge (deterministic)", c.cmd_train, [
         arg("name", choices=["tiny-draft", "tiny-draft-corpus", "tiny-moe", "smollm2-draft", "judge"]),
         arg("--model", default=None, choices=["smollm2-135m", "tiny-moe"], help="with judge: the base model"),
-        arg("--steps", type=number(1, integer=True), default=None, help="override the preset's step count (quick checks)"),
-        arg("--threads", type=number(1, 64, integer=True), default=None,
+        arg("--steps", type=number(1, COUNT_MAX, integer=True), default=None, help="override the preset's step count (quick checks)"),
+        arg("--threads", type=THREAD_COUNT, default=None,
             help="C kernel threads, and torch's from them (default: the preset's, 1: reproducible weights)"),
         arg("--out", default=None,
             help="streaming-layout output dir (default data/models/NAME; with --steps build/models/NAME-stepsN)"), FORCE,
@@ -205,28 +212,28 @@ COMMANDS = {
             arg("--policy", default="one-sided+guard", choices=["exact", "two-sided", "one-sided", "one-sided+guard"]),
             arg("--threshold", type=number(-1, 1), default=None, help="cosine threshold (policy default if omitted)"),
             arg("--audit-rate", type=number(0, 1), default=0.05, help="share of hits re-judged after probation"),
-            arg("--audit-first", type=number(0, integer=True), default=None,
+            arg("--audit-first", type=number(0, COUNT_MAX, integer=True), default=None,
                 help="hits of a new entry always audited (default 2, or 0 with --audit-rate 0: audit off)"),
             arg("--audit-limit", type=number(0, 1, open_lo=True), default=0.10, help="stop serving above this loss bound"),
-            arg("--limit", type=number(1, integer=True), default=None, help="use only the first N items of the stream"),
+            arg("--limit", type=number(1, COUNT_MAX, integer=True), default=None, help="use only the first N items of the stream"),
             arg("--judge", default="recorded", choices=("recorded", "real", "rule")),
             arg("--store", default=":memory:", help="SQLite file for the cache (default: in memory)"),
             arg("--seed", type=SEED, default=0), JSON]),
         "record": ("recompute the judge ground-truth file with the real judge", c.cmd_semcache_record, [
             arg("--model", default="smollm2-135m", help="the judge: smollm2-135m (untrained) or a trained judge"),
             arg("--batched", action="store_true", help="score in transformers batches, check on the engine"),
-            arg("--check", type=number(0, integer=True), default=3, help="items re-scored by the engine (with --batched)")])}),
+            arg("--check", type=number(0, COUNT_MAX, integer=True), default=3, help="items re-scored by the engine (with --batched)")])}),
     "train-mtp": ("train an MTP head on a frozen target", c.cmd_train_mtp, [
         arg("--model", required=True),
         arg("--preset", default=None, help="training preset (tiny-moe, smollm2-135m, test); default: the model's"),
-        arg("--steps", type=number(1, integer=True), default=None),
+        arg("--steps", type=number(1, COUNT_MAX, integer=True), default=None),
         arg("--out", default=None, help="output .safetensors (default data/models/mtp/<model>.safetensors)"), FORCE,
-        arg("--threads", type=number(1, 64, integer=True), default=2, help="C kernel threads, and torch's from them")]),
+        arg("--threads", type=THREAD_COUNT, default=2, help="C kernel threads, and torch's from them")]),
     "mtp-doctor": ("diagnose an MTP head (acceptance, controls, quantisation)", c.cmd_mtp_doctor, [
         arg("--model", required=True),
         arg("--quant", default="none", help="none, int8, int4, int4-g64, int4-g32, int4-g<N>"),
         arg("--head", default=None, help="a head .safetensors (default: the shipped one)"),
-        arg("--windows", type=number(1, integer=True), default=3, help="held-out windows per kind of text"), JSON]),
+        arg("--windows", type=number(1, COUNT_MAX, integer=True), default=3, help="held-out windows per kind of text"), JSON]),
     "prefix-cache": ("inspect, verify or clear a persistent prefix-KV cache directory", c.cmd_prefix_cache, [
         arg("action", choices=["info", "verify", "clear"]), arg("dir"),
         arg("--model", default="smollm2-135m", help="the model whose snapshots to check (its fingerprint)"), JSON]),
@@ -234,8 +241,8 @@ COMMANDS = {
         "run": ("ablation: plain engine, each technique alone, all together", c.cmd_stack_run, [
             arg("--json", action="store_true", help="print one JSON object"),
             arg("--model", default=None, help="one model (default: tiny-moe when trained, and smollm2-135m)"),
-            arg("--limit", type=number(1, integer=True), default=None, help="judge only N items of the stream"),
-            arg("--warm-items", type=number(0, integer=True), default=None,
+            arg("--limit", type=number(1, COUNT_MAX, integer=True), default=None, help="judge only N items of the stream"),
+            arg("--warm-items", type=number(0, COUNT_MAX, integer=True), default=None,
                 help="stream items before them that warm the semantic cache (default preset: 300; 0: a cold cache)"),
             arg("--smoke", action="store_true", help="a tiny quick run")])}),
 }

@@ -73,13 +73,13 @@ def dest(flags, kw) -> str:
 
 
 def bounds(parse) -> dict | None:
-    """The lo/hi/integer of a cli.number(...) parser, read from its closure; {} for int; None otherwise."""
+    """The lo/hi/integer of a cli.number(...) parser (its attributes); {} for int; None otherwise."""
+    from lessonkit.cli import number
     if parse is int:
         return {"integer": True, "lo": None, "hi": None}
-    cells = getattr(parse, "__closure__", None) or ()
-    names = getattr(getattr(parse, "__code__", None), "co_freevars", ())
-    free = {n: c.cell_contents for n, c in zip(names, cells) if n in ("lo", "hi", "integer", "zero_or_from")}
-    return free if "integer" in free else None
+    if isinstance(parse, number):
+        return {n: getattr(parse, n) for n in ("lo", "hi", "integer", "zero_or_from")}
+    return None
 
 
 # ---- hostile values ------------------------------------------------------------------------------------------------

@@ -77,6 +77,28 @@ def test_grammar_depth_is_not_auto():
 
 
 # ---- threads ---------------------------------------------------------------------------------------
+def test_max_threads_is_the_kernels_limit():
+    """engine.threads.MAX_THREADS, which every --threads is checked against, is the C kernel's own limit."""
+    import re
+
+    from lessonkit.engine import kernel
+    from lessonkit.engine.threads import MAX_THREADS
+    src = (ROOT / "csrc" / "rowkernel.c").read_text(encoding="utf-8")
+    assert int(re.search(r"#define MAXT\s+(\d+)", src).group(1)) == MAX_THREADS      # rk_max_threads() returns it
+    if kernel._rowkernel is not None:
+        assert kernel._rowkernel.max_threads == MAX_THREADS
+
+
+@pytest.mark.parametrize("argv", [["generate", "--model", "m", "--prompt", "p"], ["run"], ["bench", "engine"],
+                                  ["train", "tiny-moe"], ["train-mtp", "--model", "m"]])
+def test_threads_past_the_kernels_limit_is_an_argparse_error_naming_it(argv, capsys):
+    from lessonkit.engine.threads import MAX_THREADS
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv + ["--threads", str(MAX_THREADS + 1)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--threads" in err and f"at most {MAX_THREADS}" in err and "Traceback" not in err
+    assert build_parser().parse_args(argv + ["--threads", str(MAX_THREADS)]).threads in (MAX_THREADS, [MAX_THREADS])
+
 def test_threads_mean_kernel_threads_everywhere():
     """Every --threads help says C kernel threads; no command handler sets torch threads itself."""
     def walk(table):

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import contextlib
 
+# The C kernel's thread limit, MAXT in csrc/rowkernel.c (rk_max_threads) (tests/test_parsing.py holds them equal): kept
+# here as a number so that every command's --threads is checked by argparse without loading the kernel.
+MAX_THREADS = 64
+
 
 def use_threads(n: int | None = None) -> int:
     """Run the C kernel with n threads (None: this machine's physical cores) and torch with the same n.
