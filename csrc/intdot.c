@@ -27,7 +27,8 @@ the scratch also holds d_w (and m_w, or the code sums Q8_0's unsigned trick need
 
 Paths (path & 3 as elsewhere; path & PATH_INT8 selects this file):
   AVX-512 VNNI: vpdpbusd, 4 products a lane, no saturation. Q4_1: codes 0..15 unsigned x activations signed.
-               Q8_0: activations + 128 unsigned x codes signed, minus 128 x (sum of the codes) per block.
+               Q8_0: codes + 128 unsigned (unpacked so) x activations signed, minus 128 x (sum of the
+               activations' codes) per block.
   AVX-512 BW and AVX2: vpmaddubsw (pairs into int16, saturating, so bounded: Q4_1 |pair| <= 2 * 15 * 127 and
                eight pairs of pairs <= 30,480 fit int16; Q8_0 takes |w| unsigned and x * sign(w), a pair
                <= 2 * 128 * 127 = 32,512 fits, widened to int32 at once), then vpmaddwd by ones.
@@ -47,7 +48,7 @@ static inline int slot(int kind, int i)
 
 /* rows x [m, k] -> q [m, k] int8 (in slot order), d and s [m, k / 32]: the rounding above */
 static void quantise_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int kind, int8_t *q, float *d,
-                          float *s)
+                          float *s, int32_t *sums)
 {
     const int64_t nb = k / QK;
     for (int64_t r = 0; r < m; r++)
@@ -69,12 +70,14 @@ static void quantise_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int
             }
             d[r * nb + b] = db;
             s[r * nb + b] = db * (float)sum;
+            sums[r * nb + b] = sum;
         }
 }
 
 typedef struct {
     const int8_t *q;         /* [m, k] quantised activations, slot order */
     const float *d, *s;      /* [m, k / 32] scales and scaled code sums */
+    const int32_t *sums;     /* [m, k / 32] code sums (the VNNI Q8_0 dot's correction) */
 } qx_t;
 
 /* the portable fma: the instruction where the CPU has one, else the proven software fma (rowkernel.c) */
@@ -147,9 +150,9 @@ AVX2H static inline void store_scales(float *dst, const uint8_t *halves)
     _mm256_storeu_ps(dst + 8, _mm256_permute2f128_ps(a, b, 0x31));
 }
 
-AVX2H static void unpack_strip(const uint8_t *w, int kind, int64_t k, uint8_t *out)
+AVX2H static void unpack_strip(const uint8_t *w, int kind, int64_t k, uint8_t *out, int vnni)
 {
-    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi8(1), one16 = _mm256_set1_epi16(1);
+    const __m256i low = _mm256_set1_epi8(15), flip = _mm256_set1_epi8((char)0x80);
     for (int64_t b = 0; b < k / QK; b++) {
         uint8_t *ob = out + b * UNPACKED_BLOCK;
         float *dw = (float *)(ob + 8 * INT_GROUP), *extra = dw + 16;
@@ -165,23 +168,17 @@ AVX2H static void unpack_strip(const uint8_t *w, int kind, int64_t k, uint8_t *o
         } else {
             const uint8_t *blk = w + b * Q80_BLOCK;
             uint8_t *absq = ob + 8 * INT_GROUP + 128;
-            __m256i sum0 = _mm256_setzero_si256(), sum1 = _mm256_setzero_si256();
             for (int g = 0; g < 8; g++) {      /* inputs 4g | 4g + 1 and 4g + 2 | 4g + 3: bytes 4g, 4g+2, 4g+1, 4g+3 */
-                const __m256i a = _mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * g));
-                const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + 64 + 64 * g));
+                __m256i a = _mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * g));
+                __m256i c = _mm256_loadu_si256((const __m256i *)(blk + 64 + 64 * g));
+                if (vnni) a = _mm256_xor_si256(a, flip), c = _mm256_xor_si256(c, flip);   /* q + 128, unsigned */
                 uint8_t *grp = ob + g * INT_GROUP;
                 store_group(grp, _mm256_unpacklo_epi8(a, c), _mm256_unpackhi_epi8(a, c));
-                const __m256i g0 = _mm256_loadu_si256((const __m256i *)grp);
-                const __m256i g1 = _mm256_loadu_si256((const __m256i *)(grp + 32));
-                _mm256_storeu_si256((__m256i *)(absq + g * INT_GROUP), _mm256_abs_epi8(g0));
-                _mm256_storeu_si256((__m256i *)(absq + g * INT_GROUP + 32), _mm256_abs_epi8(g1));
-                /* code sums per column: |q| * sign... simply q * 1 summed (exact in int16 pairs, then int32) */
-                sum0 = _mm256_add_epi32(sum0, _mm256_madd_epi16(_mm256_maddubs_epi16(ones, g0), one16));
-                sum1 = _mm256_add_epi32(sum1, _mm256_madd_epi16(_mm256_maddubs_epi16(ones, g1), one16));
+                if (vnni) continue;
+                _mm256_storeu_si256((__m256i *)(absq + g * INT_GROUP), _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)grp)));
+                _mm256_storeu_si256((__m256i *)(absq + g * INT_GROUP + 32), _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(grp + 32))));
             }
             store_scales(dw, blk);
-            _mm256_storeu_si256((__m256i *)extra, sum0);
-            _mm256_storeu_si256((__m256i *)(extra + 8), sum1);
         }
     }
 }
@@ -244,10 +241,10 @@ AVX2H static void int_row_avx2(const int8_t *xq, const float *xd, const float *x
 
 /* one row against one unpacked strip, AVX-512 (vnni: vpdpbusd; else BW's vpmaddubsw) */
 #define AVX512I RK_TARGET("avx512f,avx512bw,avx512vnni,avx2,fma,f16c")
-AVX512I static void int_row_avx512(const int8_t *xq, const float *xd, const float *xs, int64_t nb, int kind,
-                                   const uint8_t *u, float *y, int64_t ncols, int vnni)
+AVX512I static void int_row_avx512(const int8_t *xq, const float *xd, const float *xs, const int32_t *xsum,
+                                   int64_t nb, int kind, const uint8_t *u, float *y, int64_t ncols, int vnni)
 {
-    const __m512i one16 = _mm512_set1_epi16(1), flip = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
+    const __m512i one16 = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
     __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *ub = u + b * UNPACKED_BLOCK;
@@ -258,12 +255,10 @@ AVX512I static void int_row_avx512(const int8_t *xq, const float *xd, const floa
             for (int g = 0; g < 8; g++) {
                 int32_t word;
                 memcpy(&word, xw + g, 4);
-                const __m512i xv = _mm512_set1_epi32(word), wv = _mm512_loadu_si512(ub + g * INT_GROUP);
-                isum = kind == KIND_Q41 ? _mm512_dpbusd_epi32(isum, wv, xv)
-                                        : _mm512_dpbusd_epi32(isum, _mm512_xor_si512(xv, flip), wv);
+                isum = _mm512_dpbusd_epi32(isum, _mm512_loadu_si512(ub + g * INT_GROUP), _mm512_set1_epi32(word));
             }
-            if (kind == KIND_Q80)   /* (x + 128) . q - 128 * sum(q) */
-                isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(_mm512_loadu_si512(extra), 7));
+            if (kind == KIND_Q80)   /* (q + 128) . x - 128 * sum(x) */
+                isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(xsum[b] * 128));
         } else if (kind == KIND_Q41) {
             __m512i s16 = _mm512_setzero_si512();
             for (int g = 0; g < 8; g++) {
@@ -307,11 +302,11 @@ static void int_simd(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int
     const int wide = (path & PATH_ISA) == 2, vnni = wide && !(path & PATH_NO_VNNI) && cpu_vnni();
     for (int64_t s = 0; s * STRIP < n; s++) {
         const int64_t nc = n - s * STRIP < STRIP ? n - s * STRIP : STRIP;
-        unpack_strip(w + s * sb, kind, k, scratch);
+        unpack_strip(w + s * sb, kind, k, scratch, vnni);
         for (int64_t r = 0; r < m; r++) {
             const int8_t *xq = qx->q + r * k;
             float *yr = y + r * ldy + s * STRIP;
-            if (wide) int_row_avx512(xq, qx->d + r * nb, qx->s + r * nb, nb, kind, scratch, yr, nc, vnni);
+            if (wide) int_row_avx512(xq, qx->d + r * nb, qx->s + r * nb, qx->sums + r * nb, nb, kind, scratch, yr, nc, vnni);
             else int_row_avx2(xq, qx->d + r * nb, qx->s + r * nb, nb, kind, scratch, yr, nc);
         }
     }

@@ -629,7 +629,7 @@ static void product_part(void *ctx, int part, int parts, int thread)
         return;
     }
     const uint8_t *w = (const uint8_t *)p->w + s0 * strip_bytes(p->kind, p->k);
-    if (p->path & PATH_INT8) { int_product((const qx_t *)p->qx, p->m, p->k, w, p->kind, y, p->ldy, n, p->path, p->scratch[thread]); return; }
+    if (p->path & PATH_INT8) { int_product((const qx_t *)p->qx, p->m, p->k, w, p->kind, y, p->ldy, n, p->path | p->avx2, p->scratch[thread]); return; }
 #if HAVE_X86
     if (p->avx2 == 2 && p->m <= 6) { qrows_avx512(p->x, p->ldx, (int)p->m, p->k, w, p->kind, y, p->ldy, n); return; }
     if (p->avx2 && p->m <= 6) { qrows_avx2(p->x, p->ldx, (int)p->m, p->k, w, p->kind, y, p->ldy, n); return; }
@@ -797,11 +797,12 @@ static int run_product(product_t *p)
     }
     const int64_t nb = p->k / QK;
     const size_t qbytes = ((size_t)(p->m * p->k) + 63) & ~(size_t)63;
-    uint8_t *buf = (uint8_t *)malloc(qbytes + 2 * (size_t)(p->m * nb) * sizeof(float));
+    uint8_t *buf = (uint8_t *)malloc(qbytes + 3 * (size_t)(p->m * nb) * sizeof(float));
     if (!buf) return -1;
-    qx_t qx = {(const int8_t *)buf, (const float *)(buf + qbytes), (const float *)(buf + qbytes) + p->m * nb};
-    quantise_rows(p->x, p->ldx, p->m, p->k, p->kind, (int8_t *)buf, (float *)(buf + qbytes),
-                  (float *)(buf + qbytes) + p->m * nb);
+    float *d = (float *)(buf + qbytes), *s = d + p->m * nb;
+    int32_t *sums = (int32_t *)(s + p->m * nb);
+    qx_t qx = {(const int8_t *)buf, d, s, sums};
+    quantise_rows(p->x, p->ldx, p->m, p->k, p->kind, (int8_t *)buf, d, s, sums);
     p->qx = &qx;
     const int rc = run_product_on(p);
     free(buf);

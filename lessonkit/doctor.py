@@ -80,6 +80,8 @@ def paths_ok() -> bool:
           f"{torch.get_num_threads()} thread(s)")
     print(f"  INFO kernel binary: {kb['binary'] or 'none loaded'} ({kb['binary_why']}); instruction set: "
           f"{kb['isa']} (LESSONKIT_ISA=avx512|avx2|neon|portable chooses)")
+    print(f"  INFO numerics of native blocks: {kb['numerics']} ({kb['numerics_why']}; AVX-512 VNNI "
+          f"{'present' if kb['vnni'] else 'absent'}); LESSONKIT_NUMERICS=exact|int8 chooses, docs/numerics.md")
     from lessonkit.engine.c_forward import describe
     try:
         print(f"  INFO forward (smollm2-135m, tiny-moe, drafters): {describe()}")

@@ -22,7 +22,8 @@ def machine_info() -> dict:
     return {"cpu": cpu_name(), "python": platform.python_version(), "torch": torch.__version__,
             "cpu_count": os.cpu_count(),
             "physical_cores": kernel.physical_cores(), "torch_threads": torch.get_num_threads(),
-            "kernel": kernel.BACKEND, "isa": kernel.isa(), "kernel_threads": kernel.THREADS, "weights": choose_weights()[0],
+            "kernel": kernel.BACKEND, "isa": kernel.isa(), "numerics": kernel.NUMERICS,
+            "vnni": kernel.backend()["vnni"], "kernel_threads": kernel.THREADS, "weights": choose_weights()[0],
             "platform": platform.platform(), "processor": platform.processor() or platform.machine()}
 
 

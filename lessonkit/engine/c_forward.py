@@ -101,7 +101,7 @@ def plan_for(model) -> tuple["CForward | None", str]:
         fwd = CForward(model)
         reason = fwd.unpacked
         if reason is None:
-            return fwd, f"one C call per forward ({kernel.PATH_CODES[fwd.avx2]})"
+            return fwd, f"one C call per forward ({kernel.PATH_CODES[fwd.avx2 & 3]}, {kernel.numerics_of(fwd.avx2)} numerics)"
     if req == "c":
         raise LessonkitError(f"LESSONKIT_FORWARD=c, but this model cannot take the C forward: {reason}")
     return None, f"PyTorch forward: {reason}"

@@ -1,0 +1,185 @@
+"""The int8 numerics (csrc/intdot.c, docs/numerics.md): activations quantised to 8 bits per block of 32, integer
+block dots on native Q4_1 / Q8_0 strips. Bits compared with ==: every ISA path of this CPU against the portable
+reference, against an independent Python reading of the specification, across verify widths 1..16, row
+positions, prefill chunkings and thread counts 1/2/3/8, and smollm2-135m's whole C forward (decode vs verify
+vs prefill). A negative control shows that the harness sees a width-dependent float sum when there is one."""
+from fractions import Fraction
+
+import pytest
+import torch
+
+import lessonkit.engine.kernel as K
+from lessonkit.engine import blocks as qb
+
+needs_c = pytest.mark.skipif(K._rowkernel is None or K.BACKEND == "mkl", reason="C kernel not built or not active")
+ISA = K.PATH_CODES.index
+PATHS = [("portable", ISA("portable"))]
+if K._rowkernel is not None and K._rowkernel.has_avx2():
+    PATHS.append(("avx2", ISA("avx2")))
+if K._rowkernel is not None and K._rowkernel.has_avx512():
+    PATHS.append(("avx512-bw", ISA("avx512") | K.PATH_NO_VNNI))
+    if K._rowkernel.has_vnni():
+        PATHS.append(("avx512-vnni", ISA("avx512")))
+KINDS = ("q4_1", "q8_0")
+
+
+def random_blocks(n: int, k: int, kind: str, seed: int) -> torch.Tensor:
+    """GGUF rows [n, k / 32 * bytes] of random blocks of `kind` (every code value, scales of both signs for m)."""
+    g = torch.Generator().manual_seed(seed)
+    nb = k // 32
+    d = (torch.rand(n, nb, generator=g) * 0.02 + 1e-4).half().view(torch.uint8).view(n, nb, 2)
+    if kind == "q4_1":
+        m = ((torch.rand(n, nb, generator=g) - 0.7) * 0.1).half().view(torch.uint8).view(n, nb, 2)
+        q = torch.randint(0, 256, (n, nb, 16), generator=g, dtype=torch.uint8)
+        return torch.cat([d, m, q], -1).reshape(n, -1)
+    q = torch.randint(-128, 128, (n, nb, 32), generator=g, dtype=torch.int8).view(torch.uint8)
+    return torch.cat([d, q], -1).reshape(n, -1)
+
+
+def product(w: qb.NativeWeight, x: torch.Tensor, path: int) -> torch.Tensor:
+    """x @ W.T on the int8 numerics and ISA `path` (K.PATH_CODES index, plus PATH_NO_VNNI)."""
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], w.n)
+    K._rowkernel.qmatmul(x.data_ptr(), x.shape[0], w.k, x.stride(0), w.data.data_ptr(), qb.KIND_CODE[w.kind], w.n,
+                         y.data_ptr(), w.n, path | K.PATH_INT8)
+    return y
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def weight(request):
+    kind = request.param
+    return qb.NativeWeight(random_blocks(70, 576, kind, seed=1), 576, kind)
+
+
+@needs_c
+@pytest.mark.parametrize("name,path", PATHS, ids=[p[0] for p in PATHS])
+def test_every_isa_path_gives_the_portable_bits(weight, name, path):
+    x = torch.randn(16, weight.k, generator=torch.Generator().manual_seed(2)) * 4
+    x[3, 40:72] = 0.0                                   # a zero block: d = 0, codes 0
+    assert torch.equal(product(weight, x, path), product(weight, x, ISA("portable"))), name
+
+
+@needs_c
+@pytest.mark.parametrize("name,path", PATHS, ids=[p[0] for p in PATHS])
+def test_rows_do_not_depend_on_the_width_or_the_rows_beside_them(weight, name, path):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(16, weight.k, generator=gen) * 3
+    ones = torch.cat([product(weight, x[i:i + 1], path) for i in range(16)])
+    for m in range(1, 17):
+        others = torch.randn(m, weight.k, generator=gen) * 7
+        for pos in {0, m - 1, m // 2}:
+            xs = others.clone()
+            xs[pos] = x[m - 1]
+            assert torch.equal(product(weight, xs, path)[pos], ones[m - 1]), (name, m, pos)
+
+
+@needs_c
+def test_bits_do_not_depend_on_the_thread_count(weight):
+    x = torch.randn(40, weight.k, generator=torch.Generator().manual_seed(4))
+    try:
+        outs = []
+        for n in (1, 2, 3, 8):
+            K.set_threads(n)
+            outs.append([product(weight, x[:m], PATHS[-1][1]) for m in (1, 5, 16, 40)])
+    finally:
+        K.set_threads(1)
+    assert all(torch.equal(a, b) for other in outs[1:] for a, b in zip(outs[0], other))
+
+
+# ---- an independent reading of the specification, in exact rational arithmetic -------------------------
+def f32(v) -> float:
+    return torch.tensor(float(v), dtype=torch.float32).item()
+
+
+def fma32(a: float, b: float, c: float) -> float:
+    """a * b + c rounded once to float32: the exact rational, then the nearest float32 (ties to even), picked
+    among the neighbours of its float64 rounding, so no double rounding can creep in."""
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    lo = f32(float(exact))                      # float(Fraction) is correctly rounded to float64
+    # float64 -> float32 may double-round: fix by comparing the two float32 neighbours exactly
+    cands = sorted({lo, float(torch.nextafter(torch.tensor(lo), torch.tensor(float("inf"))).item()),
+                    float(torch.nextafter(torch.tensor(lo), torch.tensor(float("-inf"))).item())})
+    best = min(cands, key=lambda v: (abs(Fraction(v) - exact), int(torch.tensor(v).view(torch.int32).item()) & 1))
+    return best
+
+
+def spec_product(raw: torch.Tensor, kind: str, x: torch.Tensor) -> torch.Tensor:
+    """docs/numerics.md's int8 rounding, step by step, in Python (float32 steps via torch scalars)."""
+    d_w, m_w, q_w = qb._parts(raw, kind)
+    out = torch.empty(x.shape[0], raw.shape[0])
+    for r in range(x.shape[0]):
+        blocks = []
+        for b in range(x.shape[1] // 32):
+            xb = x[r, 32 * b:32 * b + 32]
+            amax = xb.abs().max()
+            d = (amax / torch.tensor(127.0)).item()
+            inv = (torch.tensor(1.0) / torch.tensor(d)).item() if d != 0 else 0.0
+            q = torch.round(xb * torch.tensor(inv, dtype=torch.float32)).clamp(-127, 127)
+            # torch.round is half-to-even, C's roundf half-away: ties cannot occur unless x * inv is exactly k + 0.5
+            q = torch.where((xb * inv).abs() % 1 == 0.5, torch.sign(xb * inv) * torch.ceil((xb * inv).abs()), q)
+            s = f32(d * f32(int(q.sum().item())))
+            blocks.append((d, s, q.to(torch.int64)))
+        for c in range(raw.shape[0]):
+            acc = accm = 0.0
+            for b, (d, s, q) in enumerate(blocks):
+                isum = int((q_w[c, b].to(torch.int64) * q).sum().item())
+                acc = fma32(f32(float(d_w[c, b]) * d), float(isum), acc)
+                if m_w is not None:
+                    accm = fma32(float(m_w[c, b]), s, accm)
+            out[r, c] = f32(acc + accm) if m_w is not None else acc
+    return out
+
+
+@needs_c
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_kernel_follows_the_written_specification(kind):
+    raw = random_blocks(5, 64, kind, seed=5)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(6)) * 2
+    w = qb.NativeWeight(raw, 64, kind)
+    assert torch.equal(product(w, x, ISA("portable")), spec_product(raw, kind, x))
+
+
+def width_dependent_float_sum(x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
+    """A float product whose summation order depends on the number of rows (as a BLAS's tiling does): the input
+    dimension is cut into as many partial sums as there are rows, then the partials are added."""
+    parts = max(1, x.shape[0])
+    chunks = torch.tensor_split(torch.arange(x.shape[1]), parts)
+    return sum(x[:, c] @ w_t[c] for c in chunks)
+
+
+def test_negative_control_a_width_dependent_float_sum_does_differ():
+    """The comparison above must be able to fail: the same row inside 1 and 8 rows, summed in an order that
+    depends on the width, gives other bits."""
+    gen = torch.Generator().manual_seed(7)
+    w_t, x = torch.randn(576, 64, generator=gen), torch.randn(8, 576, generator=gen)
+    alone = width_dependent_float_sum(x[:1], w_t)
+    inside = width_dependent_float_sum(x, w_t)[:1]
+    assert not torch.equal(alone, inside)
+
+
+# ---- the whole C forward on smollm2-135m's blocks -----------------------------------------------------
+@pytest.fixture(scope="module")
+def smollm2_int8():
+    from lessonkit.models.registry import load_model
+    with K.numerics("int8"):
+        eng = load_model("smollm2-135m", weights="native")
+    assert "int8" in eng.model.forward_why
+    return eng
+
+
+@needs_c
+def test_smollm2_decode_verify_and_prefill_give_the_same_logits(smollm2_int8):
+    eng = smollm2_int8
+    ids = eng.encode("Integer sums are exact in any order, so the rows cannot tell")
+    n = len(ids)
+    whole = eng.forward(ids, eng.new_cache(n))
+    for chunk in (1, 5, 16):
+        cache, out = eng.new_cache(n), []
+        for i in range(0, n, chunk):
+            out.append(eng.forward(ids[i:i + chunk], cache))
+        assert torch.equal(torch.cat(out), whole), chunk
+    try:
+        K.set_threads(3)
+        assert torch.equal(eng.forward(ids, eng.new_cache(n)), whole)
+    finally:
+        K.set_threads(1)
