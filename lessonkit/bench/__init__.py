@@ -16,6 +16,7 @@ BENCHES = {
     "grammar-masks": "lessonkit.bench.grammar_masks",
     "kernel": "lessonkit.bench.kernel",
     "llamacpp": "lessonkit.bench.llamacpp",
+    "llamacpp-spec": "lessonkit.bench.llamacpp_spec",
     "native": "lessonkit.bench.native",
     "prefix": "lessonkit.bench.prefix",
     "semcache": "lessonkit.bench.semcache",

@@ -5,9 +5,10 @@ the repeats, medians.
 
 llama.cpp is the one vendored in the llama-cpp-python 0.3.36 sdist, built CPU-only (cmake + ninja,
 GGML_NATIVE) into lessonkit_home()/llamacpp-0.3.36 only when asked (`--build`): never by the README
-commands or the tests. `llama-bench -p 512 -n 128 -r 1 -o json` runs its prefill and decode tests one
-after the other (each with its own warm-up), the same as `-p 512 -n 0` and `-p 0 -n 128`, loading the
-model once.
+commands or the tests. The same build holds llama-completion, llama-lookup and llama-speculative (llama.cpp's
+examples, hence LLAMA_BUILD_EXAMPLES=ON) for `bench llamacpp-spec` (lessonkit.bench.llamacpp_spec).
+`llama-bench -p 512 -n 128 -r 1 -o json` runs its prefill and decode tests one after the other (each with
+its own warm-up), the same as `-p 512 -n 0` and `-p 0 -n 128`, loading the model once.
 """
 from __future__ import annotations
 
@@ -35,10 +36,12 @@ from lessonkit.models.registry import load_model
 VERSION = "0.3.36"
 MODEL = "smollm2-135m"
 ENGINES = ("llamacpp", "lessonkit", "transformers")
-TOOLS = ("llama-bench", "llama-quantize")
+# llama-bench and llama-quantize for the decode anchor; llama-speculative, llama-lookup and llama-completion
+# (its plain greedy decode with the same sampling options) for the speculative comparison (issue 54).
+TOOLS = ("llama-bench", "llama-quantize", "llama-speculative", "llama-lookup", "llama-completion")
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF",
                "-DGGML_BLAS=OFF", "-DGGML_VULKAN=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-               "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+               "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON",
                "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=ON")
 # x86: no AMX tile kernels. Machines (VMs) that report AMX without enabling its tile state crash in them
 # (llama-bench SIGSEGV in ggml_backend_amx_mul_mat on the machine of docs/kernel.md); the anchor is the
@@ -162,7 +165,7 @@ def fetch_sources(root: Path, log: Path) -> Path:
 
 
 def build() -> dict:
-    """Download, unpack and build llama-bench and llama-quantize (CPU only) unless they are there."""
+    """Download, unpack and build TOOLS (CPU only) unless they are there, built with today's flags."""
     root = home()
     if is_built():
         return _build_record()
