@@ -156,10 +156,10 @@ COMMANDS = {
             help="llamacpp: download the llama-cpp-python sdist and build llama-bench into the cache first (minutes)")]),
     "compare": ("what moved beyond noise between two build/summary.json files, or two sweep folders", c.cmd_compare, [
         arg("old"), arg("new"),
-    "sweep": ("a lesson or bench over a grid of parameters, on Dask workers (docs/sweep.md)", {
         arg("--noise", type=number(0, 100), default=0.1, help="relative change treated as noise (default 0.1)")]),
+    "sweep": ("a lesson, bench or measured cell over a grid of parameters, on Dask workers (docs/sweep.md)", {
         "run": ("run every point of the grid not yet complete in --results (a rerun resumes)", c.cmd_sweep_run, [
-            arg("point", help="what one point runs: lesson:NAME, bench:NAME or noop"),
+            arg("point", help="what one point runs: lesson:NAME, bench:NAME, break-even[:MODEL] or noop"),
             arg("--grid", action="append", default=[], metavar="NAME=V1,V2", help="a swept parameter (repeatable)"),
             arg("--grid-file", default=None, help="YAML or JSON: {grid: {NAME: [values]}, set: {...}, repeats: N}"),
             arg("--set", action="append", default=[], metavar="NAME=VALUE", help="a fixed parameter (repeatable)"),
@@ -172,7 +172,12 @@ COMMANDS = {
             arg("--slurm-memory", default="4GB"), arg("--slurm-walltime", default="01:00:00"),
             arg("--slurm-queue", default=None), JSON]),
         "report": ("each recorded figure against the swept parameters: FOLDER/report.html", c.cmd_sweep_report, [
-            arg("folder", help="a sweep's results folder")])}),
+            arg("folder", help="a sweep's results folder")]),
+        "calibrate": ("measure the engine: overhead per no-op point, local sweep against a serial loop", c.cmd_sweep_calibrate, [
+            arg("--noop-points", type=number(1, 100_000, integer=True), default=200),
+            arg("--points", type=number(1, 10_000, integer=True), default=8, help="CPU-bound points for the speed-up"),
+            arg("--work", type=number(0, 10**10, integer=True), default=10_000_000, help="each point's busy iterations"),
+            arg("--workers", type=number(1, 4096, integer=True), default=2), JSON])}),
     "corpus": ("build the training corpus and tokenizer under data/corpus/", {
         "build": ("rebuild data/corpus/*.txt.gz and tokenizer.json (deterministic)", c.cmd_corpus_build, [
             arg("--out", default=None, help="output folder (default data/corpus/)"), FORCE,

@@ -187,35 +187,36 @@ def cmd_bench(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from pathlib import Path
+    import os
 
     from lessonkit.report.runner import compare_summaries
     from lessonkit.sweep.report import compare_sweeps
-    if Path(args.old).is_dir() and Path(args.new).is_dir():       # two sweeps' results folders
-        return compare_sweeps(args.old, args.new, rel_noise=args.noise)
-    return compare_summaries(args.old, args.new, rel_noise=args.noise)
+    sweeps = os.path.isdir(args.old) and os.path.isdir(args.new)        # two sweeps' results folders
+    return (compare_sweeps if sweeps else compare_summaries)(args.old, args.new, rel_noise=args.noise)
 
 
 
 def cmd_sweep_run(args) -> int:
     from lessonkit.sweep.cluster import ClusterConfig
-    from lessonkit.sweep.run import run_sweep, sweep_from
+    from lessonkit.sweep.run import describe, run_sweep, sweep_from
     sweep = sweep_from(args.point, args.grid, args.set, args.grid_file, args.repeats)
     cfg = ClusterConfig(scheduler=args.scheduler, workers=args.workers, slurm=args.slurm,
                         slurm_memory=args.slurm_memory, slurm_walltime=args.slurm_walltime, slurm_queue=args.slurm_queue)
     r = run_sweep(sweep, args.results, cfg, progress=not args.json)
-    if args.json:
-        _print_json(r)
-    else:
-        print(f"{r['points']} points: {r['skipped']} complete already, {r['done']} done now, {r['failed']} failed; "
-              f"table: {r['table']} (report: lessonkit sweep report {args.results})")
+    _print_json(r) if args.json else print(describe(r, args.results))
     return 1 if r["failed"] else 0
+
+
+def cmd_sweep_calibrate(args) -> int:
+    from lessonkit.sweep.calibrate import calibrate, describe
+    r = calibrate(n_noop=args.noop_points, n_points=args.points, work=args.work, workers=args.workers)
+    _print_json(r) if args.json else print(describe(r))
+    return 0
 
 
 def cmd_sweep_report(args) -> int:
     from lessonkit.sweep.report import write_sweep_report
-    print(f"report: {write_sweep_report(args.folder)}")
-    return 0
+    return print(f"report: {write_sweep_report(args.folder)}") or 0
 
 
 # ---- corpus and the shipped models -----------------------------------------------------------------

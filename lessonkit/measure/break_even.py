@@ -197,6 +197,19 @@ def disk_cost_model(inputs: dict, *, disk: Disk | str, read_mb_s: float | None =
                             "t_read_ms": t_read * 1e3})
     return pd.DataFrame(out)
 
+def measured_cell(model: str, *, budget_experts: int, acceptance: float, k: int, disk: Disk | str,
+                  max_new_tokens: int, prompts: int, seed: int = 0, dtype=torch.float32) -> dict:
+    """One cell of the break-even surface measured on its own, as a sweep's point does (lessonkit.sweep):
+    budget_experts 0 means every expert resident; the prompts are the first of each kind of text."""
+    from lessonkit.models.registry import resolve_model_dir
+    from lessonkit.workloads.corpus import prompts_by_kind
+    _, model_dir = resolve_model_dir(model)
+    oracle_engine = Engine(model_dir, name="oracle", dtype=dtype)
+    total = oracle_engine.config.n_layers * oracle_engine.config.n_experts
+    chosen = [ps[0] for ps in prompts_by_kind(oracle_engine, n=1, max_tokens=48, seed=seed).values()][:prompts]
+    return _measured_cell(model_dir, chosen, budget_experts or None, round(1 - acceptance, 6), k, max_new_tokens,
+                          parse_disk(disk), dtype, oracle_engine, total)
+
 def validate_cost_model(model_dir, prompts: list[list[int]], model_df: pd.DataFrame, cells, *, disk: Disk | str,
                         max_new_tokens: int = 48, dtype=torch.float32) -> pd.DataFrame:
     """Measure a few cells of the surface for real, every expert miss read from `disk` (cold: from the disk

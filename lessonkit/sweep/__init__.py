@@ -1,9 +1,9 @@
-"""Sweeps: one lesson or bench run over a grid of parameters, each point one task on Dask
+"""Sweeps: one lesson, bench or measured cell run over a grid of parameters, each point one task on Dask
 workers (a LocalCluster by default, an existing scheduler, or Slurm through dask-jobqueue).
 
   grid      the grid (command line or a YAML/JSON file), checked against the point's parameters before
             anything runs, and expanded into points with stable ids
-  points    POINT_KINDS: what a point can be (lesson, bench, noop) and how one runs
+  points    POINT_KINDS: what a point can be (lesson, bench, break-even, noop) and how one runs
   store     the results folder: sweep.json, one atomically written row per point, the table (CSV)
   cluster   the Dask client: LocalCluster, --scheduler ADDRESS or --slurm
   run       run_sweep: submit the points that are not complete, show progress, write the table

@@ -29,7 +29,7 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
 
 
-def _local_cluster(n: int):
+def local_cluster(n: int):
     from distributed import LocalCluster
     dashboard = ":0" if importlib.util.find_spec("bokeh") else None     # Dask's dashboard needs bokeh
     return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=dashboard,
@@ -60,7 +60,7 @@ def client_for(cfg: ClusterConfig):
         with client:
             yield client
         return
-    cluster = _slurm_cluster(cfg) if cfg.slurm else _local_cluster(cfg.workers or physical_cores())
+    cluster = _slurm_cluster(cfg) if cfg.slurm else local_cluster(cfg.workers or physical_cores())
     with cluster, Client(cluster) as client:
         yield client
 

@@ -4,6 +4,9 @@
   lesson      a lesson notebook run by papermill with the parameters (its `parameters` cell declares them);
               figures: what its last cell recorded (lessons.results.record_results)
   bench       `lessonkit bench NAME --json` in its own process; figures: the JSON's scalar numbers
+  break-even  one measured cell of lesson 1's break-even surface: plain and speculative greedy (the oracle
+              drafter at the given acceptance) with experts read from a disk (measure.break_even.measured_cell);
+              target: the model (default tiny-moe)
   noop        nothing, or `work` iterations of busy arithmetic: what measures the sweep engine itself
 """
 from __future__ import annotations
@@ -26,6 +29,12 @@ BENCH_PARAMS = {
     "smoke": Param(bool, False, "tiny sizes"), "repeats": Param(int, None, "repeats of each measurement"),
     "model": Param(str, None, "the model"), "threads": Param(int, None, "C kernel threads"),
     "engines": Param(str, None, "llamacpp: which engines"),
+}
+BREAK_EVEN_PARAMS = {
+    "budget_experts": Param(int, 2, "experts resident (0: all)"), "acceptance": Param(float, 1.0, "oracle acceptance"),
+    "k": Param(int, 2, "draft depth"), "disk": Param(str, "warm", "warm, cold or simulated:MB/s"),
+    "max_new_tokens": Param(int, 8, "new tokens per run"), "prompts": Param(int, 1, "prompts per run"),
+    "seed": Param(int, 0, "which prompts"), "threads": Param(int, 1, "C kernel threads"),
 }
 NOOP_PARAMS = {
     "work": Param(int, 0, "iterations of busy arithmetic (0: a no-op)"), "value": Param(int, 0, "any label"),
@@ -106,7 +115,15 @@ def run_bench(target: str, params: dict, out_dir: Path) -> dict:
     return scalars(json.loads(r.stdout))
 
 
-# ---- the no-op ----------------------------------------------------------------------------------------------
+# ---- a measured cell of lesson 1's break-even surface, and the no-op ---------------------------------------
+def run_break_even(target: str, params: dict, out_dir: Path) -> dict:
+    from lessonkit.engine.threads import use_threads
+    from lessonkit.measure.break_even import measured_cell
+    p = {n: params.get(n, d.default) for n, d in BREAK_EVEN_PARAMS.items()}
+    use_threads(p.pop("threads"))
+    return {n: v for n, v in scalars(measured_cell(target, **p)).items() if n not in BREAK_EVEN_PARAMS}
+
+
 def run_noop(target: str | None, params: dict, out_dir: Path) -> dict:
     """`work` iterations of integer arithmetic (the same result everywhere): a CPU-bound point of known size."""
     if params.get("fail"):
@@ -132,12 +149,14 @@ def scalars(obj, prefix: str = "", depth: int = 3) -> dict:
 POINT_KINDS = {
     "lesson": PointKind(lesson_params, run_lesson, needs_target=True),
     "bench": PointKind(bench_params, run_bench, needs_target=True),
+    "break-even": PointKind(lambda target: BREAK_EVEN_PARAMS, run_break_even, needs_target=False,
+                            default_target="tiny-moe"),
     "noop": PointKind(lambda target: NOOP_PARAMS, run_noop, needs_target=False),
 }
 
 
 def parse_point(text: str) -> tuple[str, str | None]:
-    """'lesson:01', 'bench:kernel', 'noop' -> (kind, target); one error naming the text."""
+    """'lesson:01', 'bench:kernel', 'break-even[:MODEL]', 'noop' -> (kind, target); one error naming the text."""
     kind, _, target = text.partition(":")
     if kind not in POINT_KINDS:
         raise LessonkitError(f"point {text!r}: the kind {kind!r} is not one of {', '.join(POINT_KINDS)}")

@@ -96,7 +96,11 @@ def _wait_all(client, futures: dict, folder: Path, bar, run: str) -> dict[str, i
     counts = {"done": 0, "failed": 0, "reused": 0}
     pending = set(futures)
     while pending:
-        finished, pending = wait(pending, timeout=0.5, return_when="FIRST_COMPLETED")
+        try:
+            finished = wait(pending, timeout=0.5, return_when="FIRST_COMPLETED").done
+        except TimeoutError:                # nothing finished in that half second
+            finished = set()
+        pending -= finished
         for f in finished:
             try:
                 row = f.result()
@@ -136,6 +140,11 @@ def run_sweep(sweep: Sweep, folder: str | Path, cluster: ClusterConfig | None = 
     finally:
         summary["table"] = str(store.write_table(folder))
     return summary
+
+
+def describe(r: dict, folder) -> str:
+    return (f"{r['points']} points: {r['skipped']} complete already, {r['done']} done now, {r['failed']} failed; "
+            f"table: {r['table']} (report: lessonkit sweep report {folder})")
 
 
 def run_serial(sweep: Sweep, folder: str | Path) -> dict:
