@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import lessonkit.engine.kernel as K
+from lessonkit.engine import kernel_library
 from lessonkit.engine.config import ModelConfig, preset
 
 needs_c = pytest.mark.skipif(K._rowkernel is None, reason=f"no C kernel binary loaded ({K.BINARY_WHY})")
@@ -138,7 +139,7 @@ def test_a_stale_kernel_binary_is_refused_not_called(monkeypatch):
     if K._rowkernel is None:
         pytest.skip("no kernel binary loads here")
     path, built = K._rowkernel.path, K.ABI
-    monkeypatch.setattr(K, "ABI", 1)                    # this code now wants ABI 1: the binary is stale
+    monkeypatch.setattr(kernel_library, "ABI", 1)       # this code now wants ABI 1: the binary is stale
     lib, name, why = K.load_library([(path, "the shipped binary")])
     assert lib is None and name is None
     assert f"{path.name} is stale (ABI {built}, this code needs 1)" in why and "build_kernels.py" in why

@@ -74,12 +74,16 @@ def format_table(result: dict) -> str:
     lines = [f"bench {result['bench']}"]
     if result.get("machine", {}).get("cpu"):
         m = result["machine"]
-        lines.append(f"cpu: {m['cpu']}; kernel path {m.get('isa')}, {m.get('kernel_threads')} kernel thread(s)")
+        lines.append(f"cpu: {m['cpu']}; kernel path {m.get('isa')}, numerics {m.get('numerics')}, "
+                     f"{m.get('kernel_threads')} kernel thread(s)")
     if result.get("rows"):
         lines.append(pd.DataFrame(result["rows"]).to_string(index=False))
     for key, groups in result.items():
         if key.endswith("_by_op") and groups:
-            lines.append(f"{key.replace('_', ' ')}: " + ", ".join(f"{g} {v:.2f}" for g, v in groups.items()))
+            nested = {k: v for k, v in groups.items() if isinstance(v, dict)} or {"": groups}
+            for who, g in nested.items():
+                lines.append(f"{key.replace('_', ' ')}{' (' + who + ')' if who else ''}: "
+                             + ", ".join(f"{op} {v:.2f}" for op, v in g.items()))
     if result.get("targets"):
         lines.append("targets:")
         for t in result["targets"]:

@@ -1,7 +1,8 @@
 """`lessonkit bench native`: smollm2-135m on its own Q4_1 / Q8_0 blocks against the float32 path.
 
-Both engines load in one process and run in turn within every repeat (medians): decode tokens/s and a
-512-token prefill at each thread count, the share of a decode step spent outside the C kernel (Python and
+Three engines load in one process and run in turn within every repeat (medians): the blocks on the exact
+numerics ("native"), the blocks on the int8 numerics ("int8", csrc/intdot.c) and float32 ("f32"). Decode
+tokens/s and a 512-token prefill at each thread count, the verify cost T(k+1)/T(1) of each numerics, the share of a decode step spent outside the C kernel (Python and
 PyTorch glue), and the identity checks the speed must not cost: native logits equal float32 logits, and
 2 or 3 threads equal 1 thread, bit for bit. The llama.cpp anchor is `lessonkit bench llamacpp`."""
 from __future__ import annotations
@@ -126,36 +127,77 @@ def identical_bits(native, f32, ids: list[int], threads: list[int]) -> dict:
     return {"native_equals_f32": same_f32, "threads_equal_one_thread": same_threads}
 
 
+def verify_cost(eng, ids: list[int], width: int, repeats: int) -> float:
+    """T(width) / T(1): seconds of one forward of `width` new rows over one of a single row, at the same cache
+    position (a speculative verify of width - 1 drafts against a decode step), medians of `repeats`."""
+    cache = eng.new_cache(len(ids) + width)
+    eng.forward(ids, cache, last_only=True)
+    n = len(ids)
+
+    def step(m):
+        def run():
+            cache.rollback(n)
+            eng.forward(ids[:m], cache)
+        return run
+    t = median_times({1: step(1), width: step(width)}, repeats, warmup=1)
+    return t[width] / t[1]
+
+
+def int8_agreement(int8, exact, ids: list[int]) -> float:
+    """Share of positions of a prefill where the int8 numerics' greedy token equals the exact path's."""
+    a = exact.forward(ids, exact.new_cache(len(ids))).argmax(-1)
+    b = int8.forward(ids, int8.new_cache(len(ids))).argmax(-1)
+    return float((a == b).float().mean())
+
+
+def load_engines() -> dict:
+    """smollm2-135m three ways: native blocks (exact numerics), native blocks (int8 numerics), float32."""
+    with kernel.numerics("exact"):
+        engines = {"native": load_model("smollm2-135m", weights="native")}
+    if kernel._rowkernel is not None and kernel.BACKEND != "mkl":
+        with kernel.numerics("int8"):
+            engines["int8"] = load_model("smollm2-135m", weights="native")
+    with kernel.numerics("exact"):
+        engines["f32"] = load_model("smollm2-135m", weights="f32")
+    return engines
+
+
 def bench(args) -> dict:
     smoke = getattr(args, "smoke", False)
     threads = list(getattr(args, "threads", None) or [1, 2])
     repeats = 1 if smoke else max(3, getattr(args, "repeats", 5))
     n_dec, n_pre = (8, 64) if smoke else (64, 512)
-    native, f32 = load_model("smollm2-135m", weights="native"), load_model("smollm2-135m", weights="f32")
+    engines = load_engines()
+    native, f32 = engines["native"], engines["f32"]
     ids = native.encode(PROMPT)
     pre_ids = (ids * (n_pre // len(ids) + 1))[:n_pre]
     checks = identical_bits(native, f32, pre_ids[:96], sorted(set(threads) | {2, 3}))
-    rows, rate = [], {}
+    rows, rate, verify = [], {}, {}
     for n in threads:
         kernel.set_threads(n)
-        t = median_steps({"native": native, "f32": f32}, n_dec, ids, repeats)
-        p = median_times({"native": lambda: prefill_s(native, pre_ids), "f32": lambda: prefill_s(f32, pre_ids)},
+        t = median_steps(engines, n_dec, ids, repeats)
+        p = median_times({w: (lambda e=e: prefill_s(e, pre_ids)) for w, e in engines.items()},
                          max(1, repeats // 2), warmup=0 if smoke else 1)
-        for w in ("native", "f32"):
+        for w in engines:
             rate[w, n] = 1 / t[w]
             rows.append({"weights": w, "threads": n, "decode_tok_s": 1 / t[w], "decode_ms": t[w] * 1e3,
                          f"prefill_{n_pre}_tok_s": n_pre / p[w]})
     kernel.set_threads(threads[0])
-    share = {w: outside_kernel_share(e, ids, n_dec) for w, e in (("native", native), ("f32", f32))}
-    ops = op_groups_ms(native, ids, n_dec)
+    for w in ("native", "int8"):
+        if w in engines:
+            verify[w] = {k: verify_cost(engines[w], ids, k + 1, 3 if smoke else 15) for k in (1, 4, 15)}
+    share = {w: outside_kernel_share(e, ids, n_dec) for w, e in engines.items()}
+    ops = {w: op_groups_ms(engines[w], ids, n_dec) for w in ("native", "int8") if w in engines}
+    agree = int8_agreement(engines["int8"], native, pre_ids[:128]) if "int8" in engines else None
     kernel.set_threads(1)
     return {"bench": "native", "model": "smollm2-135m", "machine": machine_info(), "threads": threads,
-            "forward": native.model.forward_why, "repeats": repeats, "rows": rows, "outside_kernel_share": share,
-            "native_ms_per_token_by_op": ops, **checks,
-            "targets": _targets(rows, rate, checks, threads, n_pre, share)}
+            "forward": {w: e.model.forward_why for w, e in engines.items()}, "repeats": repeats, "rows": rows,
+            "outside_kernel_share": share, "ms_per_token_by_op": ops, "verify_cost_T(k+1)/T(1)": verify,
+            "int8_greedy_agreement_with_exact": agree, **checks,
+            "targets": _targets(rows, rate, checks, threads, n_pre, share, verify)}
 
 
-def _targets(rows, rate, checks, threads, n_pre, share) -> list[dict]:
+def _targets(rows, rate, checks, threads, n_pre, share, verify) -> list[dict]:
     pre = {(r["weights"], r["threads"]): r[f"prefill_{n_pre}_tok_s"] for r in rows}
     one = threads[0]
     out = [goal("native logits == float32 logits", checks["native_equals_f32"], "true", checks["native_equals_f32"]),
@@ -170,4 +212,9 @@ def _targets(rows, rate, checks, threads, n_pre, share) -> list[dict]:
         out.append(goal("native decode, 2 threads / 1 thread", round(s, 3), ">= 1.7", s >= 1.7))
     out.append(goal("native decode: share of a step outside C", round(share["native"], 3), "<= 0.05",
                     share["native"] <= 0.05))
+    if ("int8", one) in rate:
+        i = rate["int8", one] / rate["native", one]
+        out.append(goal(f"decode int8 / exact numerics, {one} thread(s)", round(i, 3), "> 1", i > 1))
+        v = verify["int8"][4]
+        out.append(goal("verify cost T(5)/T(1), int8 numerics", round(v, 3), "<= 1.3", v <= 1.3))
     return out
