@@ -178,7 +178,8 @@ def speculation_on_disk(model_dir: Path, prompts: list[list[int]], budget: int, 
     inputs = cost_model_inputs(model_dir, prompts, budget_experts=(budget,), rows=(1, 3) if smoke else (1, 3, 5),
                                max_new_tokens=n_new, repeats=3 if smoke else 7)
     model = disk_cost_model(inputs, disk=disk, read_mb_s=read_mb_s, ks=sorted({k for *_, k in cells}))
-    check = validate_cost_model(model_dir, prompts, model, cells, disk=disk, max_new_tokens=n_new)
+    check = validate_cost_model(model_dir, prompts, model, cells, disk=disk, max_new_tokens=n_new,
+                                repeats=1 if smoke else 3)
     return [{"budget_experts": r.budget_experts, "acceptance": r.acceptance, "k": r.k,
              "predicted_speedup": round(r.predicted_speedup, 3), "measured_speedup": round(r.measured_speedup, 3),
              "error": round(r.error, 3)} for r in check.itertuples()]

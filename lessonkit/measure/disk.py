@@ -13,7 +13,7 @@ import numpy as np
 
 from lessonkit.engine.expert_store import read_safetensors_header
 from lessonkit.errors import LessonkitError
-from lessonkit.files.disk import MB, Disk, after_read, open_cold, parse_disk
+from lessonkit.files.disk import MB, WARM, Disk, after_read, open_cold, parse_disk
 from lessonkit.files.portable_io import BINARY, read_at
 
 
@@ -35,7 +35,7 @@ def disk_read_rate(path: str | Path, disk: Disk | str, *, repeats: int = 1, seed
         if disk.mode == "cold":
             open_cold(fd)
         elif disk.mode == "warm":
-            _read_all(fd, spans, disk, path)
+            _read_all(fd, spans, WARM, path)
         times = [_read_all(fd, [spans[i] for i in order.permutation(len(spans))], disk, path) for _ in range(repeats)]
     finally:
         os.close(fd)
@@ -43,6 +43,16 @@ def disk_read_rate(path: str | Path, disk: Disk | str, *, repeats: int = 1, seed
     nbytes = repeats * sum(n for _, n in spans)
     return {"disk": str(disk), "file": str(path), "read_mb_s": nbytes / sum(per_read) / MB,
             "read_ms_median": statistics.median(per_read) * 1e3, "reads": len(per_read), "bytes_read": nbytes}
+
+
+def warm_up(path: str | Path) -> None:
+    """Read every record of `path` once: the page cache then holds the file (a cold run before emptied it)."""
+    path = Path(path)
+    fd = os.open(path, os.O_RDONLY | BINARY)
+    try:
+        _read_all(fd, expert_records(path), WARM, path)
+    finally:
+        os.close(fd)
 
 
 def _read_all(fd: int, spans, disk: Disk, path: Path) -> list[float]:
