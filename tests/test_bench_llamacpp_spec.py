@@ -28,7 +28,7 @@ def recorded(tool: str, case: str, stream: str) -> str:
 
 def test_registered_and_built_with_the_speculative_tools():
     assert BENCHES["llamacpp-spec"] == "lessonkit.bench.llamacpp_spec"
-    assert set(spec.LLAMACPP_TOOLS.values()) <= set(llamacpp.TOOLS)
+    assert {tool for tool, _ in spec.LLAMACPP_TOOLS.values()} <= set(llamacpp.TOOLS)
     assert "-DLLAMA_BUILD_EXAMPLES=ON" in llamacpp.CMAKE_FLAGS      # llama-speculative and llama-lookup are examples
 
 
@@ -63,13 +63,14 @@ def test_not_built_is_one_clear_error(monkeypatch, tmp_path, capsys):
 
 
 def test_commands_are_greedy_with_one_seed():
-    cmds = {tool: spec.llamacpp_command(tool, "m.gguf", "hi", 48, 2) for tool in spec.LLAMACPP_TOOLS.values()}
+    cmds = {tool: spec.llamacpp_command(tool, "m.gguf", "hi", 48, 2) for tool, _ in spec.LLAMACPP_TOOLS.values()}
     for cmd in cmds.values():
         line = " ".join(cmd[1:])
         assert "--temp 0" in line and "--top-k 1" in line and f"-s {spec.SEED}" in line and "-t 2" in line
     assert cmds["llama-speculative"][cmds["llama-speculative"].index("-md") + 1] == "m.gguf"
     assert f"--spec-draft-n-max {spec.DEPTH}" in " ".join(cmds["llama-lookup"])
     assert "-no-cnv" in cmds["llama-completion"]      # else the chat template is applied a second time
+    assert spec.llamacpp_command("llama-lookup", "m.gguf", "hi", 48, 2, depth=0)[-2:] == ["--spec-draft-n-max", "0"]
 
 
 @pytest.mark.parametrize("tool", ["llama-completion", "llama-lookup", "llama-speculative"])

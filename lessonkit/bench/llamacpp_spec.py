@@ -4,7 +4,8 @@ Each engine is measured against its OWN plain greedy decode, on the same GGUF (s
 shipped) and the same requests (the input-grounded ones of lesson 1, in the model's chat template), at
 temperature 0 / top-k 1 and one seed:
 
-  llama.cpp   llama-completion (plain), llama-lookup (prompt n-grams) and llama-speculative with the target
+  llama.cpp   llama-completion (plain), llama-lookup with no drafts (a control: plain decoding in the
+              speculating program), llama-lookup (prompt n-grams) and llama-speculative with the target
               itself as draft model (no smaller GGUF of smollm2's vocabulary ships with lessonkit), built by
               `lessonkit bench llamacpp --build` (lessonkit.bench.llamacpp)
   lessonkit   generate (plain), speculative_generate with prompt lookup, with the target itself as drafter,
@@ -66,11 +67,15 @@ def request_texts(engine, n: int | None) -> list[str]:
 
 
 # ---- llama.cpp's side ------------------------------------------------------------------------------------
-LLAMACPP_TOOLS = {"plain greedy": "llama-completion", "prompt lookup": "llama-lookup",
-                  "self-draft": "llama-speculative"}
+# name -> (tool, draft depth). "no drafts" is llama-lookup with --spec-draft-n-max 0: one token per step, plain
+# decoding in the program that speculates, which splits the prompt's forward as llama-speculative does (all but
+# the last token, then the last alone) where llama-completion runs it whole; it tells a fork that speculation
+# makes from one that the program's own prompt batching makes.
+LLAMACPP_TOOLS = {"plain greedy": ("llama-completion", 0), "no drafts (llama-lookup, k=0)": ("llama-lookup", 0),
+                  "prompt lookup": ("llama-lookup", DEPTH), "self-draft": ("llama-speculative", DEPTH)}
 
 
-def llamacpp_command(tool: str, gguf: str, prompt: str, n_new: int, threads: int) -> list[str]:
+def llamacpp_command(tool: str, gguf: str, prompt: str, n_new: int, threads: int, depth: int = DEPTH) -> list[str]:
     """The command line of one request: greedy (temperature 0, top-k 1), one seed, one context size."""
     cmd = [str(llamacpp.binary(tool)), "-m", gguf, "-p", prompt, "-n", str(n_new), "-t", str(threads),
            "-c", "1024", "--temp", "0", "--top-k", "1", "-s", str(SEED)]
@@ -79,7 +84,7 @@ def llamacpp_command(tool: str, gguf: str, prompt: str, n_new: int, threads: int
     if tool == "llama-speculative":
         cmd += ["-md", gguf]
     if tool in ("llama-speculative", "llama-lookup"):
-        cmd += ["--spec-draft-n-max", str(DEPTH)]
+        cmd += ["--spec-draft-n-max", str(depth)]
     return cmd
 
 
@@ -122,8 +127,8 @@ def decode_stats(stderr: str, tool: str) -> dict:
             "accepted": counts["accept"]}
 
 
-def run_llamacpp(tool: str, gguf: str, prompt: str, n_new: int, threads: int, eos: str) -> Sample:
-    cmd = llamacpp_command(tool, gguf, prompt, n_new, threads)
+def run_llamacpp(tool: str, gguf: str, prompt: str, n_new: int, threads: int, eos: str, depth: int = DEPTH) -> Sample:
+    cmd = llamacpp_command(tool, gguf, prompt, n_new, threads, depth)
     r = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace")
     if r.returncode != 0:
         raise LessonkitError(f"{tool} failed (exit {r.returncode}): {r.stderr.strip()[-400:]}")
@@ -142,8 +147,8 @@ def require_built() -> None:
 def llamacpp_contenders(prompts: list[str], n_new: int, threads: int, eos: str) -> dict:
     require_built()
     gguf = str(smollm2_gguf_path())
-    return {("llama.cpp", name): (lambda i, tool=tool: run_llamacpp(tool, gguf, prompts[i], n_new, threads, eos))
-            for name, tool in LLAMACPP_TOOLS.items()}
+    return {("llama.cpp", name): (lambda i, tool=tool, k=k: run_llamacpp(tool, gguf, prompts[i], n_new, threads, eos, k))
+            for name, (tool, k) in LLAMACPP_TOOLS.items()}
 
 
 # ---- lessonkit's side ------------------------------------------------------------------------------------
@@ -271,7 +276,7 @@ def bench(args) -> dict:
             "weights": target.weights, "gguf": str(smollm2_gguf_path()),
             "llamacpp": {"version": llamacpp.VERSION, "dir": str(llamacpp.home()), "built": llamacpp.is_built(),
                          "build": build_info, "commands": {
-                             name: llamacpp_command(tool, str(smollm2_gguf_path()), "REQUEST", n_new, threads)
-                             for name, tool in LLAMACPP_TOOLS.items()}},
+                             name: llamacpp_command(tool, str(smollm2_gguf_path()), "REQUEST", n_new, threads, k)
+                             for name, (tool, k) in LLAMACPP_TOOLS.items()}},
             "threads": threads, "repeats": repeats, "new_tokens_per_request": n_new, "draft_depth": DEPTH,
             "seed": SEED, "rows": rows, "forks": forks_of, "targets": targets_of(rows), "notes": notes}
