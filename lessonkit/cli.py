@@ -176,7 +176,7 @@ COMMANDS = {
         "calibrate": ("measure the engine: overhead per no-op point, local sweep against a serial loop", c.cmd_sweep_calibrate, [
             arg("--noop-points", type=number(1, 100_000, integer=True), default=200),
             arg("--points", type=number(1, 10_000, integer=True), default=8, help="CPU-bound points for the speed-up"),
-            arg("--work", type=number(0, 10**10, integer=True), default=10_000_000, help="each point's busy iterations"),
+            arg("--work", type=number(0, 10**10, integer=True), default=60_000_000, help="each point's busy iterations"),
             arg("--workers", type=number(1, 4096, integer=True), default=2), JSON])}),
     "corpus": ("build the training corpus and tokenizer under data/corpus/", {
         "build": ("rebuild data/corpus/*.txt.gz and tokenizer.json (deterministic)", c.cmd_corpus_build, [

@@ -113,7 +113,7 @@ def test_a_sweep_through_scheduler_then_its_report_and_compare(dask_cluster, tmp
     assert {r["worker"] for r in rows} <= set(dask_cluster.worker_addresses.values())
     assert main(["sweep", "report", str(out)]) == 0
     html = (out / "report.html").read_text(encoding="utf-8")
-    assert html.count("data:image/png;base64,") == 2          # checksum and work_s, each over work x value
+    assert html.count("data:image/png;base64,") == 3          # checksum, work_s, cpu_s, each over work x value
     assert main(["compare", str(out), str(out)]) == 0
     capsys.readouterr()
 

@@ -66,7 +66,9 @@ def client_for(cfg: ClusterConfig):
 
 
 def dashboard(client) -> str | None:
-    """The dashboard's address, when the scheduler serves one."""
+    """The dashboard's address, when the scheduler serves one and bokeh (which draws it) is installed here."""
+    if importlib.util.find_spec("bokeh") is None:
+        return None
     try:
         return client.dashboard_link if client.scheduler_info().get("services", {}).get("dashboard") else None
     except (KeyError, AttributeError):

@@ -28,7 +28,7 @@ LESSON_RESERVED = ("BUILD_DIR", "INTERACTIVE")
 BENCH_PARAMS = {
     "smoke": Param(bool, False, "tiny sizes"), "repeats": Param(int, None, "repeats of each measurement"),
     "model": Param(str, None, "the model"), "threads": Param(int, None, "C kernel threads"),
-    "engines": Param(str, None, "llamacpp: which engines"),
+    "engines": Param(str, None, "llamacpp: which engines"), "disk": Param(str, None, "streaming: warm, cold or simulated:MB/s"),
 }
 BREAK_EVEN_PARAMS = {
     "budget_experts": Param(int, 2, "experts resident (0: all)"), "acceptance": Param(float, 1.0, "oracle acceptance"),
@@ -128,10 +128,11 @@ def run_noop(target: str | None, params: dict, out_dir: Path) -> dict:
     """`work` iterations of integer arithmetic (the same result everywhere): a CPU-bound point of known size."""
     if params.get("fail"):
         raise LessonkitError(f"this noop point fails on purpose (value {params.get('value', 0)})")
-    t0, acc = time.perf_counter(), 0
+    t0, c0, acc = time.perf_counter(), time.process_time(), 0
     for i in range(int(params.get("work", 0))):
         acc = (acc * 31 + i) % 1_000_003
-    return {"checksum": acc + int(params.get("value", 0)), "work_s": time.perf_counter() - t0}
+    return {"checksum": acc + int(params.get("value", 0)), "work_s": time.perf_counter() - t0,
+            "cpu_s": time.process_time() - c0}
 
 
 def scalars(obj, prefix: str = "", depth: int = 3) -> dict:

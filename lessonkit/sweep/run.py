@@ -94,7 +94,7 @@ def _lost(point: Point, error: BaseException, run: str) -> dict:
 def _wait_all(client, futures: dict, folder: Path, bar, run: str) -> dict[str, int]:
     from distributed import wait
     counts = {"done": 0, "failed": 0, "reused": 0}
-    pending = set(futures)
+    pending, last = set(futures), None
     while pending:
         try:
             finished = wait(pending, timeout=0.5, return_when="FIRST_COMPLETED").done
@@ -112,7 +112,9 @@ def _wait_all(client, futures: dict, folder: Path, bar, run: str) -> dict[str, i
             bar.update(1)
         slots = client.nthreads()
         running = sum(min(len(tasks), slots.get(w, 1)) for w, tasks in client.processing().items())
-        bar.set_postfix(done=counts["done"], running=running, failed=counts["failed"])
+        if (shown := (counts["done"], running, counts["failed"])) != last:
+            bar.set_postfix(done=shown[0], running=shown[1], failed=shown[2])
+            last = shown
     return counts
 
 
