@@ -222,6 +222,15 @@ def test_a_folder_that_is_not_a_sweep_is_left_alone(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
 
 
+def test_slurm_without_dask_jobqueue_is_one_error_before_anything_runs(tmp_path, capsys):
+    import importlib.util
+    if importlib.util.find_spec("dask_jobqueue") is not None:
+        pytest.skip("dask-jobqueue is installed here: --slurm would submit jobs")
+    assert main(["sweep", "run", "noop", "--grid", "value=1", "--slurm", "--results", str(tmp_path / "o")]) == 2
+    assert "pip install 'lessonkit[slurm]'" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_the_bench_parameters_are_the_bench_commands_options():
     from lessonkit.cli import build_parser
     from lessonkit.sweep.points import BENCH_PARAMS

@@ -29,7 +29,7 @@ def plot_lines(df: pd.DataFrame, x: str, y: str, *, title: str | None = None, hu
         line, = ax.plot([pos[v] for v in mean.index if v in pos], mean.values, marker="o",
                         label=None if label is None else f"{hue} = {label}")
         ax.scatter([pos[v] for v in g[x]], g[y], s=12, alpha=0.5, color=line.get_color())
-    if not numeric:
+    if not numeric or len(order) <= 12:          # few values: a tick at each, none between
         ax.set_xticks(list(pos.values()), names)
     ax.set_xlabel(x)
     ax.set_ylabel(y)

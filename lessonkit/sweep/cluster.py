@@ -36,9 +36,15 @@ def local_cluster(n: int):
                         silence_logs=logging.ERROR)
 
 
-def _slurm_cluster(cfg: ClusterConfig):
-    if importlib.util.find_spec("dask_jobqueue") is None:
+def check(cfg: ClusterConfig) -> None:
+    """What can be said about the cluster before anything runs (nothing is started or connected here)."""
+    if cfg.scheduler and cfg.slurm:
+        raise LessonkitError("--scheduler and --slurm exclude each other (a Slurm sweep starts its own scheduler)")
+    if cfg.slurm and importlib.util.find_spec("dask_jobqueue") is None:
         raise LessonkitError("--slurm needs dask-jobqueue: pip install 'lessonkit[slurm]' (docs/sweep.md)")
+
+
+def _slurm_cluster(cfg: ClusterConfig):
     from dask_jobqueue import SLURMCluster
     cluster = SLURMCluster(cores=1, processes=1, memory=cfg.slurm_memory, walltime=cfg.slurm_walltime,
                            queue=cfg.slurm_queue)
@@ -50,8 +56,7 @@ def _slurm_cluster(cfg: ClusterConfig):
 def client_for(cfg: ClusterConfig):
     """A connected distributed.Client; the cluster it started (if any) is closed on the way out."""
     from distributed import Client
-    if cfg.scheduler and cfg.slurm:
-        raise LessonkitError("--scheduler and --slurm exclude each other (a Slurm sweep starts its own scheduler)")
+    check(cfg)
     if cfg.scheduler:
         try:
             client = Client(cfg.scheduler, timeout="20s")

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from lessonkit.errors import LessonkitError
 from lessonkit.sweep import store
-from lessonkit.sweep.cluster import ClusterConfig, client_for, dashboard
+from lessonkit.sweep.cluster import ClusterConfig, check, client_for, dashboard
 from lessonkit.sweep.grid import Point, Sweep, checked, expand
 from lessonkit.sweep.points import POINT_KINDS
 
@@ -123,6 +123,7 @@ def run_sweep(sweep: Sweep, folder: str | Path, cluster: ClusterConfig | None = 
     """Run every point of the sweep that is not complete in folder; returns what happened and writes
     folder/results.csv (also when interrupted)."""
     sweep, points = plan(sweep)
+    check(cluster := cluster or ClusterConfig())
     folder = store.prepare(Path(folder).resolve(), sweep, points)
     todo = [p for p in points if not store.complete(folder, p.id)]
     summary = {"points": len(points), "skipped": len(points) - len(todo), "ran": len(todo), "done": 0,
@@ -130,7 +131,7 @@ def run_sweep(sweep: Sweep, folder: str | Path, cluster: ClusterConfig | None = 
     run = uuid.uuid4().hex[:8]
     try:
         if todo:
-            with client_for(cluster or ClusterConfig()) as client:
+            with client_for(cluster) as client:
                 summary["dashboard"] = dashboard(client)
                 if summary["dashboard"] and progress:
                     print(f"Dask dashboard: {summary['dashboard']}", file=sys.stderr)
