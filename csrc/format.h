@@ -25,7 +25,9 @@ packing is a permutation of the GGUF's bytes. */
 #define Q41_BLOCK 320         /* bytes of one strip-block: d[16], m[16] (f16), 16 pairs x 16 bytes of nibbles */
 #define Q80_BLOCK 544         /* d[16] (f16), 32 x 16 int8 */
 
-enum { KIND_F32 = -1, KIND_Q41 = 0, KIND_Q80 = 1 };   /* a weight's kind, as kernel.py passes it */
+enum { KIND_F32 = -1, KIND_Q41 = 0, KIND_Q80 = 1,      /* a weight's kind, as kernel.py passes it */
+       KIND_Q41I = 2, KIND_Q80I = 3 };                  /* the same blocks, codes permuted for integer dots
+                                                           (csrc/intdot.c: the int8 numerics' layout) */
 
 _Static_assert(Q41_ROW_BLOCK == 2 + 2 + QK / 2, "Q4_1 row block: d, m (f16) and QK 4-bit codes");
 _Static_assert(Q80_ROW_BLOCK == 2 + QK, "Q8_0 row block: d (f16) and QK int8 codes");

@@ -41,7 +41,8 @@ Layout. plan (int64): 8 globals then 15 per layer:
              mlp_norm [D], gate_up (packed [D, 2I]), its kind, down (packed [I, D]), its kind (dense only),
              q_norm [nq], k_norm [nkv] (qk_norm only), router (packed [D, E]), its kind (MoE only),
              the layer's expert table (MoE only): int64 [E, 4] of gate_up address, kind, down address, kind.
-  A kind is -1 (float32 strips), 0 (Q4_1 strip-blocks) or 1 (Q8_0 strip-blocks).
+  A kind is -1 (float32 strips), 0 (Q4_1 strip-blocks), 1 (Q8_0 strip-blocks), or 2 / 3 (the same in the int8
+  numerics' layout, csrc/intdot.c: products take integer block dots).
 dims (int64): L, D, H, G, hd, I, V, R (rows of the rope tables), E, A, norm_topk, qk_norm, prefetch (1: before
   a MoE layer fetches its experts, it calls fetch(layer + 1, e, NULL) for the experts the next layer's router
   would pick for this layer's input, the PyTorch forward's one-layer-ahead guess).
@@ -384,7 +385,14 @@ static int embed_row(const int64_t *plan, int64_t t, int64_t D, float *out)
     const int c = (int)(t % STRIP);
     for (int64_t b = 0; b < D / QK; b++) {
         float *o = out + b * QK;
-        if (kind == KIND_Q41) {
+        if (is_int_kind((int)kind)) {                    /* the int8 numerics' layout: d * q (+ m), two roundings */
+            const uint8_t *blk = w + b * (kind == KIND_Q41I ? Q41_BLOCK : Q80_BLOCK);
+            const float d = half_to_float(blk + 2 * c), m = kind == KIND_Q41I ? half_to_float(blk + 32 + 2 * c) : 0.0f;
+            for (int i = 0; i < QK; i++) {
+                const float v = (float)int_code(blk, (int)kind, c, i) * d;
+                o[i] = kind == KIND_Q41I ? v + m : v;
+            }
+        } else if (kind == KIND_Q41) {
             const uint8_t *blk = w + b * Q41_BLOCK;
             const float d = half_to_float(blk + 2 * c), m = half_to_float(blk + 32 + 2 * c);
             for (int j = 0; j < QK / 2; j++) {
@@ -421,14 +429,14 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
     if (L < 1 || D < 1 || H < 1 || G < 1 || H % G || hd < 2 || hd % 2 || I < 1 || V < 1 || M < 1 || start < 0 ||
         start + M > alloc || start + M > c.R || first < 0 || first >= M || E < 1 || A < 1 || A > E)
         return RK_BAD_SIZES;
-    if (tokens_a && (plan[6] < -1 || plan[6] > 1 || (plan[6] >= 0 && D % QK))) return RK_BAD_KIND;
+    if (tokens_a && (plan[6] < -1 || plan[6] > 3 || (plan[6] >= 0 && D % QK))) return RK_BAD_KIND;
     for (int64_t l = -1; l < L; l++) {               /* every weight's kind, and K a multiple of 32 for blocks */
         const int64_t *p = plan + PLAN_GLOBALS + PLAN_LAYER * l;
         const int64_t kinds[5] = {l < 0 ? plan[2] : p[2], l < 0 ? -1 : p[4], l < 0 || E > 1 ? -1 : p[7],
                                   l < 0 || E > 1 ? -1 : p[9], l < 0 || E == 1 ? -1 : p[13]};
         const int64_t ks[5] = {D, H * hd, D, I, D};
         for (int i = 0; i < 5; i++)
-            if (kinds[i] < -1 || kinds[i] > 1 || (kinds[i] >= 0 && ks[i] % QK)) return RK_BAD_KIND;
+            if (kinds[i] < -1 || kinds[i] > 3 || (kinds[i] >= 0 && ks[i] % QK)) return RK_BAD_KIND;
     }
     if (!choose_matmul(c.avx2))
         return RK_NO_AVX2;

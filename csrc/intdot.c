@@ -4,51 +4,51 @@ Why. The exact path builds every weight in float (widen, convert, dequantising F
 weight) and then spends one FMA per weight per row, so a step of M rows costs about (3 + M) operations a
 weight: extra verify rows are never cheap, and the step is compute-bound. Here each row's activations are
 quantised to 8 bits once per product, as llama.cpp's Q8_1 does, and every block of 32 weights meets them in
-an integer dot product. Integer sums are exact in any order, so a row's result cannot depend on the ISA, the
-thread split or the rows beside it: row invariance holds by construction, not by carefully fixed chains.
+an integer dot product: one vpdpbusd does 64 multiply-adds. Integer sums are exact in any order, so a row's
+result cannot depend on the ISA, the thread split or the rows beside it: row invariance holds by construction.
 
 Numerics (docs/numerics.md is the specification). Per row, per block b of 32 inputs:
-    amax = max |x_i|;  d = amax / 127;  id = d ? 1 / d : 0;  q_i = roundf(x_i * id) (clamped to +-127; NaN: 0)
+    amax = max |x_i|;  d = amax / 127;  id = d ? 1 / d : 0;  q_i = roundf(x_i * id), halves away from zero
+    (clamped to +-127; NaN: 0)
     s = d * (sum of q_i)                                            (one rounding)
 Per output column c, blocks in order b = 0, 1, ..., with the weights' d_w (and m_w for Q4_1):
     isum = sum of q_w,i * q_i                                       (int32, exact: |isum| < 2^20)
     acc  = fma(d_w * d, (float)isum, acc)                           (the product rounded once, then one fma)
     accm = fma(m_w, s, accm)                                        (Q4_1 only: the block minimum's share)
     y    = acc + accm  (Q4_1)  or  acc  (Q8_0)
-Every path computes exactly these float operations per column; only the integer dot differs in how it is
-summed, and integer sums are exact. Float weights (KIND_F32) never take this path.
+Every path computes exactly these float operations per column; only the integer dot is summed in another
+order, and integer sums are exact.
 
-Layout. The portable path reads the strip-blocks as they are (csrc/format.h). The SIMD paths unpack one
-strip at a time into the caller's scratch (L1/L2-resident, used by every row of the step, then the next
-strip), as groups of 4 inputs x 16 columns, 64 bytes: dword j holds column P[j]'s codes for inputs 4g..4g+3,
-P = 0-3, 8-11, 4-7, 12-15 (what two rounds of byte and word unpacking give). Q8_0's bytes come in the order
-4g, 4g+2, 4g+1, 4g+3, so its quantised activations are stored in that order too (slot() below). Per block
-the scratch also holds d_w (and m_w, or the code sums Q8_0's unsigned trick needs) as 16 floats in P order.
+Layout (KIND_Q41I, KIND_Q80I in format.h): the strip-blocks of format.h with their code bytes permuted at load
+(rk_repack_int) so that one 32-bit lane holds one column's codes for 4 consecutive inputs, the order an
+integer dot instruction takes them; the same bytes, the same size, the same d (and m) halves first:
+  Q4_1 int (320 bytes): d[16], m[16] f16, then 4 groups h of 64 bytes: byte 4c + j of group h holds column
+                        c's code for input 8h + j (low nibble) and 8h + 4 + j (high nibble);
+  Q8_0 int (544 bytes): d[16] f16, then 8 groups g of 64 bytes: byte 4c + j of group g holds column c's code
+                        for input 4g + j, plus 128 (stored unsigned, as vpdpbusd's first operand wants it).
+One strip-block is loaded once and, unpacked in registers (a mask and a shift for Q4_1, nothing for Q8_0 on
+VNNI), used by every row of the step: up to 6 rows at a time on AVX-512, 2 on AVX2.
 
-Paths (path & 3 as elsewhere; path & PATH_INT8 selects this file):
-  AVX-512 VNNI: vpdpbusd, 4 products a lane, no saturation. Q4_1: codes 0..15 unsigned x activations signed.
-               Q8_0: codes + 128 unsigned (unpacked so) x activations signed, minus 128 x (sum of the
-               activations' codes) per block.
+Paths:
+  AVX-512 VNNI: vpdpbusd, 4 products a lane into int32, no saturation. Q4_1: codes (0..15) unsigned x
+               activations signed. Q8_0: codes + 128 unsigned x activations signed, minus 128 x (the sum of
+               the row's codes in the block).
   AVX-512 BW and AVX2: vpmaddubsw (pairs into int16, saturating, so bounded: Q4_1 |pair| <= 2 * 15 * 127 and
-               eight pairs of pairs <= 30,480 fit int16; Q8_0 takes |w| unsigned and x * sign(w), a pair
-               <= 2 * 128 * 127 = 32,512 fits, widened to int32 at once), then vpmaddwd by ones.
-  portable:    plain C over the packed layout, the reference the others are tested against bit for bit.
+               the 8 pairs of a block's column <= 30,480 fit int16; Q8_0 takes |w| unsigned and x * sign(w), a
+               pair <= 2 * 128 * 127 = 32,512 fits, widened to int32 at once), then vpmaddwd by ones.
+  portable:    plain C, the reference the others are tested against bit for bit.
 PATH_NO_VNNI makes an AVX-512 product take the BW instructions (tests compare the two on VNNI CPUs). */
 
 #define PATH_ISA 3           /* path & 3: 0 portable, 1 AVX2, 2 AVX-512 */
-#define PATH_INT8 4          /* int8 activations, integer block dots (this file) */
+#define PATH_INT8 4          /* the weights were prepared for the int8 numerics (Python's bookkeeping) */
 #define PATH_NO_VNNI 8       /* AVX-512 int8 without vpdpbusd */
-#define INT_GROUP 64         /* bytes of one unpacked group: 4 inputs x 16 columns */
+#define IGROUP 64            /* bytes of one group of codes: 16 columns x 4 bytes */
 
-/* where input i of a block sits among the quantised activations of kind `kind` (an involution) */
-static inline int slot(int kind, int i)
-{
-    return kind == KIND_Q80 ? (i & ~3) | ((i & 1) << 1) | ((i >> 1) & 1) : i;
-}
+static int is_int_kind(int kind) { return kind == KIND_Q41I || kind == KIND_Q80I; }
 
-/* rows x [m, k] -> q [m, k] int8 (in slot order), d and s [m, k / 32]: the rounding above */
-static void quantise_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int kind, int8_t *q, float *d,
-                          float *s, int32_t *sums)
+/* rows x [m, k] -> q [m, k] int8, d, s and the code sums [m, k / 32]: the rounding above */
+static void quantise_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int8_t *q, float *d, float *s,
+                          int32_t *sums)
 {
     const int64_t nb = k / QK;
     for (int64_t r = 0; r < m; r++)
@@ -63,10 +63,17 @@ static void quantise_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int
             int8_t *qb = q + r * k + b * QK;
             int32_t sum = 0;
             for (int i = 0; i < QK; i++) {
-                float v = roundf(xb[i] * id);
+                /* roundf (halves away from zero) from exact steps: v's integer part t (|v| <= 127.00002, so the
+                   conversion is exact and vectorises), its fraction v - t (exact), then one step away from zero
+                   when that is at least a half; NaN becomes 0, then the clamp to +-127 */
+                float v = xb[i] * id;
                 v = v != v ? 0.0f : v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
-                qb[slot(kind, i)] = (int8_t)v;
-                sum += (int32_t)v;
+                const int32_t t = (int32_t)v;
+                const float frac = v - (float)t;
+                int32_t qi = t + (frac >= 0.5f) - (frac <= -0.5f);
+                qi = qi > 127 ? 127 : qi < -127 ? -127 : qi;
+                qb[i] = (int8_t)qi;
+                sum += qi;
             }
             d[r * nb + b] = db;
             s[r * nb + b] = db * (float)sum;
@@ -75,10 +82,62 @@ static void quantise_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int
 }
 
 typedef struct {
-    const int8_t *q;         /* [m, k] quantised activations, slot order */
+    const int8_t *q;         /* [m, k] quantised activations */
     const float *d, *s;      /* [m, k / 32] scales and scaled code sums */
     const int32_t *sums;     /* [m, k / 32] code sums (the VNNI Q8_0 dot's correction) */
 } qx_t;
+
+/* column c's code for input i of one int-layout strip-block (Q4_1: 0..15; Q8_0: -128..127) */
+static inline int int_code(const uint8_t *blk, int kind, int c, int i)
+{
+    if (kind == KIND_Q41I) {
+        const uint8_t byte = blk[64 + IGROUP * (i / 8) + 4 * c + (i % 4)];
+        return (i % 8) < 4 ? byte & 15 : byte >> 4;
+    }
+    return (int)blk[32 + IGROUP * (i / 4) + 4 * c + (i % 4)] - 128;
+}
+
+/* strip-blocks of format.h (kind 0 / 1) -> the int layout (kind 2 / 3), ns strips of k inputs */
+static void repack_int(const uint8_t *src, int kind, int64_t k, int64_t ns, uint8_t *dst)
+{
+    const size_t bb = kind == KIND_Q41 ? Q41_BLOCK : Q80_BLOCK;
+    for (int64_t blkno = 0; blkno < ns * (k / QK); blkno++) {
+        const uint8_t *s = src + blkno * bb;
+        uint8_t *o = dst + blkno * bb;
+        if (kind == KIND_Q41) {
+            memcpy(o, s, 64);
+            for (int c = 0; c < STRIP; c++)
+                for (int i = 0; i < QK; i++) {
+                    const int code = (s[64 + STRIP * (i / 2) + c] >> (4 * (i % 2))) & 15;
+                    uint8_t *byte = o + 64 + IGROUP * (i / 8) + 4 * c + (i % 4);
+                    *byte = (i % 8) < 4 ? (uint8_t)((*byte & 0xf0) | code) : (uint8_t)((*byte & 0x0f) | (code << 4));
+                }
+        } else {
+            memcpy(o, s, 32);
+            for (int c = 0; c < STRIP; c++)
+                for (int i = 0; i < QK; i++) o[32 + IGROUP * (i / 4) + 4 * c + (i % 4)] = s[32 + STRIP * i + c] ^ 0x80;
+        }
+    }
+}
+
+/* int-layout strips -> the float strip layout (out: ns x k x 16 floats): d * q (+ m), two roundings, as the
+   loader computes the float32 weights */
+static void dequant_int(const uint8_t *w, int kind, int64_t k, int64_t ns, float *out)
+{
+    const size_t bb = kind == KIND_Q41I ? Q41_BLOCK : Q80_BLOCK;
+    for (int64_t s = 0; s < ns; s++)
+        for (int64_t b = 0; b < k / QK; b++) {
+            const uint8_t *blk = w + (s * (k / QK) + b) * bb;
+            float *o = out + s * STRIP * k + b * QK * STRIP;
+            for (int c = 0; c < STRIP; c++) {
+                const float d = half_to_float(blk + 2 * c), mn = kind == KIND_Q41I ? half_to_float(blk + 32 + 2 * c) : 0.0f;
+                for (int i = 0; i < QK; i++) {
+                    const float v = (float)int_code(blk, kind, c, i) * d;
+                    o[STRIP * i + c] = kind == KIND_Q41I ? v + mn : v;
+                }
+            }
+        }
+}
 
 /* the portable fma: the instruction where the CPU has one, else the proven software fma (rowkernel.c) */
 static inline float fma_portable(float a, float b, float c)
@@ -94,7 +153,7 @@ static void int_portable(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w,
                          int64_t n)
 {
     const int64_t nb = k / QK;
-    const size_t sb = strip_bytes(kind, k);
+    const size_t sb = strip_bytes(kind, k), bb = kind == KIND_Q41I ? Q41_BLOCK : Q80_BLOCK;
     for (int64_t s = 0; s * STRIP < n; s++) {
         const int64_t nc = n - s * STRIP < STRIP ? n - s * STRIP : STRIP;
         for (int64_t r = 0; r < m; r++) {
@@ -102,189 +161,172 @@ static void int_portable(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w,
             for (int c = 0; c < nc; c++) {
                 float acc = 0.0f, accm = 0.0f;
                 for (int64_t b = 0; b < nb; b++) {
-                    const int8_t *xb = xq + b * QK;
+                    const uint8_t *blk = w + s * sb + b * bb;
                     int32_t isum = 0;
-                    float dw;
-                    if (kind == KIND_Q41) {
-                        const uint8_t *blk = w + s * sb + b * Q41_BLOCK;
-                        for (int j = 0; j < QK / 2; j++) {
-                            const int code = blk[64 + STRIP * j + c];
-                            isum += (code & 15) * xb[2 * j] + (code >> 4) * xb[2 * j + 1];
-                        }
-                        dw = half_to_float(blk + 2 * c);
-                        accm = fma_portable(half_to_float(blk + 32 + 2 * c), qx->s[r * nb + b], accm);
-                    } else {
-                        const uint8_t *blk = w + s * sb + b * Q80_BLOCK;
-                        for (int i = 0; i < QK; i++) isum += (int8_t)blk[32 + STRIP * i + c] * xb[slot(kind, i)];
-                        dw = half_to_float(blk + 2 * c);
-                    }
-                    acc = fma_portable(dw * qx->d[r * nb + b], (float)isum, acc);
+                    for (int i = 0; i < QK; i++) isum += int_code(blk, kind, c, i) * xq[b * QK + i];
+                    if (kind == KIND_Q41I) accm = fma_portable(half_to_float(blk + 32 + 2 * c), qx->s[r * nb + b], accm);
+                    acc = fma_portable(half_to_float(blk + 2 * c) * qx->d[r * nb + b], (float)isum, acc);
                 }
-                y[r * ldy + s * STRIP + c] = kind == KIND_Q41 ? acc + accm : acc;
+                y[r * ldy + s * STRIP + c] = kind == KIND_Q41I ? acc + accm : acc;
             }
         }
     }
 }
 
 #if HAVE_X86
-/* ---- unpacking one strip into scratch (AVX2 instructions, shared by the AVX2 and AVX-512 paths) ------
-scratch per block b: groups [8][64] bytes, then d_w [16] floats, then m_w [16] floats (Q4_1) or, for Q8_0,
-|codes| [8][64] bytes (the AVX2 / BW dots) and the code sums [16] int32 (the VNNI dot), all in P order */
-#define UNPACKED_BLOCK (8 * INT_GROUP + 16 * 4 + 16 * 4 + 8 * INT_GROUP)
-
-/* two 256-bit vectors of byte pairs (t0: columns 0-7, t1: 8-15; lane 0 the first pair of inputs, lane 1
-   the second) -> one 64-byte group: dwords of 4 inputs per column, columns in P order */
-AVX2H static inline void store_group(uint8_t *dst, __m256i t0, __m256i t1)
+static inline int32_t word_at(const int8_t *p)
 {
-    const __m256i u0 = _mm256_permute2x128_si256(t0, t1, 0x20), u1 = _mm256_permute2x128_si256(t0, t1, 0x31);
-    _mm256_storeu_si256((__m256i *)dst, _mm256_unpacklo_epi16(u0, u1));
-    _mm256_storeu_si256((__m256i *)(dst + 32), _mm256_unpackhi_epi16(u0, u1));
+    int32_t w;
+    memcpy(&w, p, 4);
+    return w;
 }
 
-/* 16 halves (columns in natural order) -> 16 floats in P order */
-AVX2H static inline void store_scales(float *dst, const uint8_t *halves)
-{
-    const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)halves));
-    const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(halves + 16)));
-    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(a, b, 0x20));
-    _mm256_storeu_ps(dst + 8, _mm256_permute2f128_ps(a, b, 0x31));
+/* ---- AVX2: R rows x one strip (two vectors of 8 columns) ----------------------------------------- */
+#define DEFINE_I256(R)                                                                                     \
+AVX2H static void i256_##R(const qx_t *qx, int64_t r0, int64_t k, const uint8_t *ws, int kind, float *y,       \
+                           int64_t ldy, int64_t ncols, const uint8_t *pf)                                      \
+{                                                                                                           \
+    const int64_t nb = k / QK;                                                                              \
+    const size_t bb = kind == KIND_Q41I ? Q41_BLOCK : Q80_BLOCK;                                            \
+    const __m256i low = _mm256_set1_epi8(15), flip = _mm256_set1_epi8((char)0x80), one16 = _mm256_set1_epi16(1); \
+    __m256 acc[R][2], accm[R][2];                                                                           \
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < 2; v++)                                  \
+        acc[r][v] = _mm256_setzero_ps(), accm[r][v] = _mm256_setzero_ps();                                  \
+    for (int64_t b = 0; b < nb; b++) {                                                                      \
+        const uint8_t *blk = ws + b * bb;                                                                   \
+        if (pf) for (size_t off = 0; off < bb; off += 64) _mm_prefetch((const char *)(pf + b * bb + off), _MM_HINT_T0); \
+        __m256i isum[R][2];                                                                                 \
+        if (kind == KIND_Q41I) {                                                                            \
+            __m256i s16[R][2];                                                                              \
+            UNROLL for (int r = 0; r < R; r++) s16[r][0] = s16[r][1] = _mm256_setzero_si256();              \
+            for (int h = 0; h < 4; h++) {                                                                   \
+                UNROLL for (int v = 0; v < 2; v++) {                                                        \
+                    const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + 64 + IGROUP * h + 32 * v)); \
+                    const __m256i lo = _mm256_and_si256(c, low), hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), low); \
+                    UNROLL for (int r = 0; r < R; r++) {                                                    \
+                        const int8_t *xq = qx->q + (r0 + r) * k + b * QK + 8 * h;                           \
+                        s16[r][v] = _mm256_add_epi16(s16[r][v], _mm256_add_epi16(                           \
+                            _mm256_maddubs_epi16(lo, _mm256_set1_epi32(word_at(xq))),                       \
+                            _mm256_maddubs_epi16(hi, _mm256_set1_epi32(word_at(xq + 4)))));                 \
+                    }                                                                                       \
+                }                                                                                           \
+            }                                                                                               \
+            UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < 2; v++)                          \
+                isum[r][v] = _mm256_madd_epi16(s16[r][v], one16);                                           \
+        } else {                                                                                            \
+            UNROLL for (int r = 0; r < R; r++) isum[r][0] = isum[r][1] = _mm256_setzero_si256();            \
+            for (int g = 0; g < 8; g++) {                                                                   \
+                UNROLL for (int v = 0; v < 2; v++) {                                                        \
+                    const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 32 + IGROUP * g + 32 * v)), flip); \
+                    const __m256i aw = _mm256_abs_epi8(w);                                                  \
+                    UNROLL for (int r = 0; r < R; r++) {                                                    \
+                        const __m256i xv = _mm256_set1_epi32(word_at(qx->q + (r0 + r) * k + b * QK + 4 * g)); \
+                        isum[r][v] = _mm256_add_epi32(isum[r][v], _mm256_madd_epi16(                        \
+                            _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)), one16));                     \
+                    }                                                                                       \
+                }                                                                                           \
+            }                                                                                               \
+        }                                                                                                   \
+        const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                          \
+        const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));                   \
+        UNROLL for (int r = 0; r < R; r++) {                                                                \
+            const __m256 xd = _mm256_set1_ps(qx->d[(r0 + r) * nb + b]);                                     \
+            acc[r][0] = _mm256_fmadd_ps(_mm256_mul_ps(d0, xd), _mm256_cvtepi32_ps(isum[r][0]), acc[r][0]);  \
+            acc[r][1] = _mm256_fmadd_ps(_mm256_mul_ps(d1, xd), _mm256_cvtepi32_ps(isum[r][1]), acc[r][1]);  \
+        }                                                                                                   \
+        if (kind == KIND_Q41I) {                                                                            \
+            const __m256 m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32)));               \
+            const __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 48)));               \
+            UNROLL for (int r = 0; r < R; r++) {                                                            \
+                const __m256 xs = _mm256_set1_ps(qx->s[(r0 + r) * nb + b]);                                 \
+                accm[r][0] = _mm256_fmadd_ps(m0, xs, accm[r][0]);                                           \
+                accm[r][1] = _mm256_fmadd_ps(m1, xs, accm[r][1]);                                           \
+            }                                                                                               \
+        }                                                                                                   \
+    }                                                                                                       \
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);                                        \
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < 2; v++) {                                \
+        const __m256 out = kind == KIND_Q41I ? _mm256_add_ps(acc[r][v], accm[r][v]) : acc[r][v];            \
+        _mm256_maskstore_ps(y + (r0 + r) * ldy + 8 * v,                                                     \
+                            _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(ncols - 8 * v)), lanes), out);       \
+    }                                                                                                       \
 }
+DEFINE_I256(1)
+DEFINE_I256(2)
 
-AVX2H static void unpack_strip(const uint8_t *w, int kind, int64_t k, uint8_t *out, int vnni)
-{
-    const __m256i low = _mm256_set1_epi8(15), flip = _mm256_set1_epi8((char)0x80);
-    for (int64_t b = 0; b < k / QK; b++) {
-        uint8_t *ob = out + b * UNPACKED_BLOCK;
-        float *dw = (float *)(ob + 8 * INT_GROUP), *extra = dw + 16;
-        if (kind == KIND_Q41) {
-            const uint8_t *blk = w + b * Q41_BLOCK;
-            for (int g = 0; g < 8; g++) {      /* pairs 2g, 2g + 1: inputs 4g .. 4g + 3 */
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 + 32 * g));
-                const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                store_group(ob + g * INT_GROUP, _mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi));
-            }
-            store_scales(dw, blk);
-            store_scales(extra, blk + 32);
-        } else {
-            const uint8_t *blk = w + b * Q80_BLOCK;
-            uint8_t *absq = ob + 8 * INT_GROUP + 128;
-            for (int g = 0; g < 8; g++) {      /* inputs 4g | 4g + 1 and 4g + 2 | 4g + 3: bytes 4g, 4g+2, 4g+1, 4g+3 */
-                __m256i a = _mm256_loadu_si256((const __m256i *)(blk + 32 + 64 * g));
-                __m256i c = _mm256_loadu_si256((const __m256i *)(blk + 64 + 64 * g));
-                if (vnni) a = _mm256_xor_si256(a, flip), c = _mm256_xor_si256(c, flip);   /* q + 128, unsigned */
-                uint8_t *grp = ob + g * INT_GROUP;
-                store_group(grp, _mm256_unpacklo_epi8(a, c), _mm256_unpackhi_epi8(a, c));
-                if (vnni) continue;
-                _mm256_storeu_si256((__m256i *)(absq + g * INT_GROUP), _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)grp)));
-                _mm256_storeu_si256((__m256i *)(absq + g * INT_GROUP + 32), _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(grp + 32))));
-            }
-            store_scales(dw, blk);
-        }
-    }
-}
-
-/* P order back to natural: v0 = columns 0-3 | 8-11, v1 = 4-7 | 12-15 -> 0-7, 8-15, stored with the tail masked */
-AVX2H static inline void store_row(float *y, __m256 v0, __m256 v1, int64_t ncols)
-{
-    const __m256 a = _mm256_permute2f128_ps(v0, v1, 0x20), b = _mm256_permute2f128_ps(v0, v1, 0x31);
-    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    _mm256_maskstore_ps(y, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)ncols), lanes), a);
-    _mm256_maskstore_ps(y + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(ncols - 8)), lanes), b);
-}
-
-/* one row against one unpacked strip, AVX2 */
-AVX2H static void int_row_avx2(const int8_t *xq, const float *xd, const float *xs, int64_t nb, int kind,
-                               const uint8_t *u, float *y, int64_t ncols)
-{
-    const __m256i one16 = _mm256_set1_epi16(1);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *ub = u + b * UNPACKED_BLOCK;
-        const float *dw = (const float *)(ub + 8 * INT_GROUP), *extra = dw + 16;
-        const int32_t *xw = (const int32_t *)(xq + b * QK);
-        __m256i i0, i1;
-        if (kind == KIND_Q41) {
-            __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-            for (int g = 0; g < 8; g++) {
-                int32_t word;
-                memcpy(&word, xw + g, 4);
-                const __m256i xv = _mm256_set1_epi32(word);
-                s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(ub + g * INT_GROUP)), xv));
-                s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(ub + g * INT_GROUP + 32)), xv));
-            }
-            i0 = _mm256_madd_epi16(s0, one16), i1 = _mm256_madd_epi16(s1, one16);
-            const __m256 sv = _mm256_set1_ps(xs[b]);
-            m0 = _mm256_fmadd_ps(_mm256_loadu_ps(extra), sv, m0);
-            m1 = _mm256_fmadd_ps(_mm256_loadu_ps(extra + 8), sv, m1);
-        } else {
-            const uint8_t *absq = ub + 8 * INT_GROUP + 128;
-            i0 = _mm256_setzero_si256(), i1 = _mm256_setzero_si256();
-            for (int g = 0; g < 8; g++) {
-                int32_t word;
-                memcpy(&word, xw + g, 4);
-                const __m256i xv = _mm256_set1_epi32(word);
-                const __m256i w0 = _mm256_loadu_si256((const __m256i *)(ub + g * INT_GROUP));
-                const __m256i w1 = _mm256_loadu_si256((const __m256i *)(ub + g * INT_GROUP + 32));
-                const __m256i p0 = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(absq + g * INT_GROUP)), _mm256_sign_epi8(xv, w0));
-                const __m256i p1 = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(absq + g * INT_GROUP + 32)), _mm256_sign_epi8(xv, w1));
-                i0 = _mm256_add_epi32(i0, _mm256_madd_epi16(p0, one16));
-                i1 = _mm256_add_epi32(i1, _mm256_madd_epi16(p1, one16));
-            }
-        }
-        const __m256 dv = _mm256_set1_ps(xd[b]);
-        acc0 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(dw), dv), _mm256_cvtepi32_ps(i0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(dw + 8), dv), _mm256_cvtepi32_ps(i1), acc1);
-    }
-    if (kind == KIND_Q41) acc0 = _mm256_add_ps(acc0, m0), acc1 = _mm256_add_ps(acc1, m1);
-    store_row(y, acc0, acc1, ncols);
-}
-
-/* one row against one unpacked strip, AVX-512 (vnni: vpdpbusd; else BW's vpmaddubsw) */
+/* ---- AVX-512: R rows x one strip (one vector of 16 columns); vnni: vpdpbusd, else BW's vpmaddubsw ---- */
 #define AVX512I RK_TARGET("avx512f,avx512bw,avx512vnni,avx2,fma,f16c")
-AVX512I static void int_row_avx512(const int8_t *xq, const float *xd, const float *xs, const int32_t *xsum,
-                                   int64_t nb, int kind, const uint8_t *u, float *y, int64_t ncols, int vnni)
-{
-    const __m512i one16 = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
-    __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *ub = u + b * UNPACKED_BLOCK;
-        const float *dw = (const float *)(ub + 8 * INT_GROUP), *extra = dw + 16;
-        const int32_t *xw = (const int32_t *)(xq + b * QK);
-        __m512i isum = _mm512_setzero_si512();
-        if (vnni) {
-            for (int g = 0; g < 8; g++) {
-                int32_t word;
-                memcpy(&word, xw + g, 4);
-                isum = _mm512_dpbusd_epi32(isum, _mm512_loadu_si512(ub + g * INT_GROUP), _mm512_set1_epi32(word));
-            }
-            if (kind == KIND_Q80)   /* (q + 128) . x - 128 * sum(x) */
-                isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(xsum[b] * 128));
-        } else if (kind == KIND_Q41) {
-            __m512i s16 = _mm512_setzero_si512();
-            for (int g = 0; g < 8; g++) {
-                int32_t word;
-                memcpy(&word, xw + g, 4);
-                s16 = _mm512_add_epi16(s16, _mm512_maddubs_epi16(_mm512_loadu_si512(ub + g * INT_GROUP), _mm512_set1_epi32(word)));
-            }
-            isum = _mm512_madd_epi16(s16, one16);
-        } else {
-            const uint8_t *absq = ub + 8 * INT_GROUP + 128;
-            for (int g = 0; g < 8; g++) {
-                int32_t word;
-                memcpy(&word, xw + g, 4);
-                const __m512i xv = _mm512_set1_epi32(word), wv = _mm512_loadu_si512(ub + g * INT_GROUP);
-                const __m512i xs8 = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), zero, xv);   /* x * sign(w) */
-                isum = _mm512_add_epi32(isum, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_loadu_si512(absq + g * INT_GROUP), xs8), one16));
-            }
-        }
-        if (kind == KIND_Q41) accm = _mm512_fmadd_ps(_mm512_loadu_ps(extra), _mm512_set1_ps(xs[b]), accm);
-        acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(dw), _mm512_set1_ps(xd[b])), _mm512_cvtepi32_ps(isum), acc);
-    }
-    if (kind == KIND_Q41) acc = _mm512_add_ps(acc, accm);
-    const __m512 nat = _mm512_shuffle_f32x4(acc, acc, 0xd8);      /* 128-bit lanes 0, 2, 1, 3: P order -> natural */
-    const __mmask16 keep = ncols >= STRIP ? (__mmask16)0xffff : (__mmask16)((1u << ncols) - 1u);
-    _mm512_mask_storeu_ps(y, keep, nat);
+#define DEFINE_I512(R)                                                                                     \
+AVX512I static void i512_##R(const qx_t *qx, int64_t r0, int64_t k, const uint8_t *ws, int kind, float *y,     \
+                             int64_t ldy, int64_t ncols, int vnni, const uint8_t *pf)                          \
+{                                                                                                           \
+    const int64_t nb = k / QK;                                                                              \
+    const size_t bb = kind == KIND_Q41I ? Q41_BLOCK : Q80_BLOCK;                                            \
+    const __m512i low = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80), one16 = _mm512_set1_epi16(1); \
+    const __m512i zero = _mm512_setzero_si512();                                                            \
+    __m512 acc[R], accm[R];                                                                                 \
+    UNROLL for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm512_setzero_ps();        \
+    for (int64_t b = 0; b < nb; b++) {                                                                      \
+        const uint8_t *blk = ws + b * bb;                                                                   \
+        if (pf) for (size_t off = 0; off < bb; off += 64) _mm_prefetch((const char *)(pf + b * bb + off), _MM_HINT_T0); \
+        __m512i isum[R];                                                                                    \
+        UNROLL for (int r = 0; r < R; r++) isum[r] = zero;                                                  \
+        if (kind == KIND_Q41I) {                                                                            \
+            for (int h = 0; h < 4; h++) {                                                                   \
+                const __m512i c = _mm512_loadu_si512(blk + 64 + IGROUP * h);                                \
+                const __m512i lo = _mm512_and_si512(c, low), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), low); \
+                UNROLL for (int r = 0; r < R; r++) {                                                        \
+                    const int8_t *xq = qx->q + (r0 + r) * k + b * QK + 8 * h;                               \
+                    const __m512i x0 = _mm512_set1_epi32(word_at(xq)), x1 = _mm512_set1_epi32(word_at(xq + 4)); \
+                    if (vnni) isum[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(isum[r], lo, x0), hi, x1);  \
+                    else isum[r] = _mm512_add_epi16(isum[r], _mm512_add_epi16(_mm512_maddubs_epi16(lo, x0), \
+                                                                              _mm512_maddubs_epi16(hi, x1))); \
+                }                                                                                           \
+            }                                                                                               \
+            if (!vnni) UNROLL for (int r = 0; r < R; r++) isum[r] = _mm512_madd_epi16(isum[r], one16);     \
+        } else {                                                                                            \
+            for (int g = 0; g < 8; g++) {                                                                   \
+                const __m512i u = _mm512_loadu_si512(blk + 32 + IGROUP * g);                                \
+                if (vnni) {                                                                                 \
+                    UNROLL for (int r = 0; r < R; r++)                                                      \
+                        isum[r] = _mm512_dpbusd_epi32(isum[r], u,                                           \
+                                      _mm512_set1_epi32(word_at(qx->q + (r0 + r) * k + b * QK + 4 * g)));   \
+                    continue;                                                                               \
+                }                                                                                           \
+                const __m512i w = _mm512_xor_si512(u, flip), aw = _mm512_abs_epi8(w);                       \
+                const __mmask64 neg = _mm512_movepi8_mask(w);                                               \
+                UNROLL for (int r = 0; r < R; r++) {                                                        \
+                    const __m512i xv = _mm512_set1_epi32(word_at(qx->q + (r0 + r) * k + b * QK + 4 * g));   \
+                    const __m512i xs = _mm512_mask_sub_epi8(xv, neg, zero, xv);          /* x * sign(w) */   \
+                    isum[r] = _mm512_add_epi32(isum[r], _mm512_madd_epi16(_mm512_maddubs_epi16(aw, xs), one16)); \
+                }                                                                                           \
+            }                                                                                               \
+            if (vnni) UNROLL for (int r = 0; r < R; r++)     /* (q + 128) . x - 128 * sum(x) */             \
+                isum[r] = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(qx->sums[(r0 + r) * nb + b] * 128)); \
+        }                                                                                                   \
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));                       \
+        UNROLL for (int r = 0; r < R; r++)                                                                  \
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(qx->d[(r0 + r) * nb + b])),           \
+                                     _mm512_cvtepi32_ps(isum[r]), acc[r]);                                  \
+        if (kind == KIND_Q41I) {                                                                            \
+            const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));            \
+            UNROLL for (int r = 0; r < R; r++)                                                              \
+                accm[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(qx->s[(r0 + r) * nb + b]), accm[r]);           \
+        }                                                                                                   \
+    }                                                                                                       \
+    const __mmask16 keep = ncols >= STRIP ? (__mmask16)0xffff : (__mmask16)((1u << ncols) - 1u);            \
+    UNROLL for (int r = 0; r < R; r++)                                                                      \
+        _mm512_mask_storeu_ps(y + (r0 + r) * ldy, keep, kind == KIND_Q41I ? _mm512_add_ps(acc[r], accm[r]) : acc[r]); \
 }
+DEFINE_I512(1)
+DEFINE_I512(2)
+DEFINE_I512(3)
+DEFINE_I512(4)
+DEFINE_I512(5)
+DEFINE_I512(6)
+typedef void (*i512_fn)(const qx_t *, int64_t, int64_t, const uint8_t *, int, float *, int64_t, int64_t, int,
+                        const uint8_t *);
+static const i512_fn I512[7] = {0, i512_1, i512_2, i512_3, i512_4, i512_5, i512_6};
 
 static int cpu_vnni(void)
 {
@@ -293,44 +335,45 @@ static int cpu_vnni(void)
     return (int)rk_load(&ok);
 }
 
-/* strips of w against every row: unpack a strip once into scratch, then each row's dot */
+/* every strip of w against every row, rows in register groups (AVX-512: 4, AVX2: 2) */
 static void int_simd(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int kind, float *y, int64_t ldy,
-                     int64_t n, int path, uint8_t *scratch)
+                     int64_t n, int path)
 {
-    const int64_t nb = k / QK;
     const size_t sb = strip_bytes(kind, k);
     const int wide = (path & PATH_ISA) == 2, vnni = wide && !(path & PATH_NO_VNNI) && cpu_vnni();
     for (int64_t s = 0; s * STRIP < n; s++) {
         const int64_t nc = n - s * STRIP < STRIP ? n - s * STRIP : STRIP;
-        unpack_strip(w + s * sb, kind, k, scratch, vnni);
-        for (int64_t r = 0; r < m; r++) {
-            const int8_t *xq = qx->q + r * k;
-            float *yr = y + r * ldy + s * STRIP;
-            if (wide) int_row_avx512(xq, qx->d + r * nb, qx->s + r * nb, qx->sums + r * nb, nb, kind, scratch, yr, nc, vnni);
-            else int_row_avx2(xq, qx->d + r * nb, qx->s + r * nb, nb, kind, scratch, yr, nc);
+        const uint8_t *ws = w + s * sb;
+        float *ys = y + s * STRIP;
+        /* the first row group fetches the next strip into cache while it computes on this one, so memory and
+           arithmetic overlap: a step costs the slower of the two, not their sum */
+        const uint8_t *next = (s + 1) * STRIP < n ? ws + sb : NULL;
+        for (int64_t r = 0; r < m;) {
+            const int64_t left = m - r;
+            const uint8_t *pf = r == 0 ? next : NULL;
+            if (wide) {                        /* 7 rows: 4 + 3, 8: 4 + 4, 9 and more: 6 at a time */
+                const int R = left >= 9 ? 6 : left >= 7 ? 4 : (int)left;
+                I512[R](qx, r, k, ws, kind, ys, ldy, nc, vnni, pf);
+                r += R;
+            } else if (left >= 2) {
+                i256_2(qx, r, k, ws, kind, ys, ldy, nc, pf);
+                r += 2;
+            } else {
+                i256_1(qx, r, k, ws, kind, ys, ldy, nc, pf);
+                r += 1;
+            }
         }
     }
 }
 #endif
 
-/* bytes of scratch one thread needs for a product of k inputs on the int8 path */
-static size_t int_scratch_bytes(int64_t k)
-{
-#if HAVE_X86
-    return (size_t)(k / QK) * UNPACKED_BLOCK;
-#else
-    (void)k;
-    return 0;
-#endif
-}
-
-/* the int8 product of rows x (already quantised in qx) against native strips [s0, ...) of w */
+/* the int8 product of rows (already quantised in qx) against int-layout strips of w */
 static void int_product(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int kind, float *y, int64_t ldy,
-                        int64_t n, int path, void *scratch)
+                        int64_t n, int path)
 {
 #if HAVE_X86
-    if (path & PATH_ISA) { int_simd(qx, m, k, w, kind, y, ldy, n, path, (uint8_t *)scratch); return; }
+    if (path & PATH_ISA) { int_simd(qx, m, k, w, kind, y, ldy, n, path); return; }
 #endif
-    (void)path, (void)scratch;
+    (void)path;
     int_portable(qx, m, k, w, kind, y, ldy, n);
 }

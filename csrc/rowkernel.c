@@ -309,7 +309,7 @@ static void matmul_avx2(const float *x, int64_t ldx, int64_t m, int64_t k,
 
 static size_t strip_bytes(int kind, int64_t k)
 {
-    return (size_t)(k / QK) * (kind == KIND_Q41 ? Q41_BLOCK : Q80_BLOCK);
+    return (size_t)(k / QK) * (kind == KIND_Q41 || kind == KIND_Q41I ? Q41_BLOCK : Q80_BLOCK);
 }
 
 /* IEEE half to float, exact (normals, subnormals, zeros, inf, nan) */
@@ -629,7 +629,7 @@ static void product_part(void *ctx, int part, int parts, int thread)
         return;
     }
     const uint8_t *w = (const uint8_t *)p->w + s0 * strip_bytes(p->kind, p->k);
-    if (p->path & PATH_INT8) { int_product((const qx_t *)p->qx, p->m, p->k, w, p->kind, y, p->ldy, n, p->path | p->avx2, p->scratch[thread]); return; }
+    if (is_int_kind(p->kind)) { int_product((const qx_t *)p->qx, p->m, p->k, w, p->kind, y, p->ldy, n, p->path | p->avx2); return; }
 #if HAVE_X86
     if (p->avx2 == 2 && p->m <= 6) { qrows_avx512(p->x, p->ldx, (int)p->m, p->k, w, p->kind, y, p->ldy, n); return; }
     if (p->avx2 && p->m <= 6) { qrows_avx2(p->x, p->ldx, (int)p->m, p->k, w, p->kind, y, p->ldy, n); return; }
@@ -791,10 +791,8 @@ static int run_product_on(product_t *p);
 /* int8 numerics on native weights: the rows quantised once (csrc/intdot.c), then the product */
 static int run_product(product_t *p)
 {
-    if (!(p->path & PATH_INT8) || p->kind == KIND_F32) {
-        p->path &= ~PATH_INT8;
+    if (!is_int_kind(p->kind))
         return run_product_on(p);
-    }
     const int64_t nb = p->k / QK;
     const size_t qbytes = ((size_t)(p->m * p->k) + 63) & ~(size_t)63;
     uint8_t *buf = (uint8_t *)malloc(qbytes + 3 * (size_t)(p->m * nb) * sizeof(float));
@@ -802,7 +800,7 @@ static int run_product(product_t *p)
     float *d = (float *)(buf + qbytes), *s = d + p->m * nb;
     int32_t *sums = (int32_t *)(s + p->m * nb);
     qx_t qx = {(const int8_t *)buf, d, s, sums};
-    quantise_rows(p->x, p->ldx, p->m, p->k, p->kind, (int8_t *)buf, d, s, sums);
+    quantise_rows(p->x, p->ldx, p->m, p->k, (int8_t *)buf, d, s, sums);
     p->qx = &qx;
     const int rc = run_product_on(p);
     free(buf);
@@ -811,9 +809,8 @@ static int run_product(product_t *p)
 
 static int run_product_on(product_t *p)
 {
-    size_t need = (p->kind == KIND_F32) ? 0 : (size_t)group_strips(p->k) * STRIP * (size_t)p->k;
-    if ((p->path & PATH_INT8) && int_scratch_bytes(p->k) > need * sizeof(float))
-        need = (int_scratch_bytes(p->k) + sizeof(float) - 1) / sizeof(float);
+    const size_t need = (p->kind == KIND_F32 || is_int_kind(p->kind)) ? 0
+                        : (size_t)group_strips(p->k) * STRIP * (size_t)p->k;
     float *own = NULL, *bufs[MAXT];
     int rc = 0;
     if (rk_mutex_trylock(&pool_lock) == 0) {
@@ -917,7 +914,7 @@ RK_EXPORT int32_t rk_matmul(uintptr_t x, int64_t m, int64_t k, int64_t ldx, uint
 RK_EXPORT int32_t rk_qmatmul(uintptr_t x, int64_t m, int64_t k, int64_t ldx, uintptr_t w, int32_t kind, int64_t n,
                              uintptr_t y, int64_t ldy, int32_t use_avx2)
 {
-    if (kind != KIND_Q41 && kind != KIND_Q80)
+    if (kind != KIND_Q41 && kind != KIND_Q80 && !is_int_kind(kind))
         return RK_BAD_KIND;
     product_t p = {0};
     p.x = (const float *)x, p.m = m, p.k = k, p.ldx = ldx, p.w = (const void *)w, p.kind = kind, p.n = n;
@@ -929,7 +926,7 @@ RK_EXPORT int32_t rk_qmatmul(uintptr_t x, int64_t m, int64_t k, int64_t ldx, uin
 /* native strips -> float strips (out: ceil(n / 16) x k x 16 floats; tests and the float32 path) */
 RK_EXPORT int32_t rk_dequantise(uintptr_t w, int32_t kind, int64_t k, int64_t n, uintptr_t out, int32_t use_avx2)
 {
-    if (kind != KIND_Q41 && kind != KIND_Q80)
+    if (kind != KIND_Q41 && kind != KIND_Q80 && !is_int_kind(kind))
         return RK_BAD_KIND;
     if (k < QK || k % QK || n < 1)
         return RK_BAD_SIZES;
@@ -937,10 +934,23 @@ RK_EXPORT int32_t rk_dequantise(uintptr_t w, int32_t kind, int64_t k, int64_t n,
     if (!choose_matmul(use_avx2))
         return RK_NO_AVX2;
     const int64_t ns = (n + STRIP - 1) / STRIP;
+    if (is_int_kind(kind)) { dequant_int((const uint8_t *)w, kind, k, ns, (float *)out); return RK_OK; }
 #if HAVE_X86
     if (use_avx2) { dequant_avx2((const uint8_t *)w, kind, k, ns, (float *)out); return RK_OK; }
 #endif
     dequant_portable((const uint8_t *)w, kind, k, ns, (float *)out);
+    return RK_OK;
+}
+
+/* native strips of kind 0 / 1 -> the int8 numerics' layout, kind 2 / 3 (csrc/intdot.c; the same bytes permuted,
+   dst as large as src) */
+RK_EXPORT int32_t rk_repack_int(uintptr_t src, int32_t kind, int64_t k, int64_t n, uintptr_t dst)
+{
+    if (kind != KIND_Q41 && kind != KIND_Q80)
+        return RK_BAD_KIND;
+    if (k < QK || k % QK || n < 1)
+        return RK_BAD_SIZES;
+    repack_int((const uint8_t *)src, kind, k, (n + STRIP - 1) / STRIP, (uint8_t *)dst);
     return RK_OK;
 }
 

@@ -40,15 +40,36 @@ def product(w: qb.NativeWeight, x: torch.Tensor, path: int) -> torch.Tensor:
     """x @ W.T on the int8 numerics and ISA `path` (K.PATH_CODES index, plus PATH_NO_VNNI)."""
     x = x.contiguous()
     y = torch.empty(x.shape[0], w.n)
-    K._rowkernel.qmatmul(x.data_ptr(), x.shape[0], w.k, x.stride(0), w.data.data_ptr(), qb.KIND_CODE[w.kind], w.n,
+    K._rowkernel.qmatmul(x.data_ptr(), x.shape[0], w.k, x.stride(0), w.data.data_ptr(), w.code, w.n,
                          y.data_ptr(), w.n, path | K.PATH_INT8)
     return y
+
+
+def int8_weight(raw: torch.Tensor, k: int, kind: str) -> qb.NativeWeight:
+    """A native weight prepared for the int8 numerics (its codes in csrc/intdot.c's layout)."""
+    with K.numerics("int8"):
+        w = qb.NativeWeight(raw, k, kind)
+    assert w.code == qb.INT_KIND_CODE[kind]
+    return w
 
 
 @pytest.fixture(scope="module", params=KINDS)
 def weight(request):
     kind = request.param
-    return qb.NativeWeight(random_blocks(70, 576, kind, seed=1), 576, kind)
+    return int8_weight(random_blocks(70, 576, kind, seed=1), 576, kind)
+
+
+@needs_c
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_int8_layout_holds_the_same_weights(kind):
+    """The int8 layout is a permutation of the same bytes: dequantised, and row by row, it gives the blocks'
+    float32 weights."""
+    raw = random_blocks(37, 128, kind, seed=8)
+    exact, int8 = qb.NativeWeight(raw, 128, kind), int8_weight(raw, 128, kind)
+    assert int8.data.numel() == exact.data.numel()
+    assert torch.equal(int8.unpacked(), exact.unpacked())
+    ids = torch.tensor([0, 15, 16, 36])
+    assert torch.equal(int8.output_rows(ids), exact.output_rows(ids))
 
 
 @needs_c
@@ -135,7 +156,7 @@ def spec_product(raw: torch.Tensor, kind: str, x: torch.Tensor) -> torch.Tensor:
 def test_the_kernel_follows_the_written_specification(kind):
     raw = random_blocks(5, 64, kind, seed=5)
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(6)) * 2
-    w = qb.NativeWeight(raw, 64, kind)
+    w = int8_weight(raw, 64, kind)
     assert torch.equal(product(w, x, ISA("portable")), spec_product(raw, kind, x))
 
 

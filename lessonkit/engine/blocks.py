@@ -46,11 +46,13 @@ FORMAT = {
     "Q41_BLOCK": 320,          # strip-block: d[16], m[16] (f16), 16 pairs x 16 bytes of nibbles
     "Q80_BLOCK": 544,          # strip-block: d[16] (f16), 32 x 16 int8
     "KIND_F32": -1, "KIND_Q41": 0, "KIND_Q80": 1,     # the kernel's weight kinds
+    "KIND_Q41I": 2, "KIND_Q80I": 3,                   # the same blocks in the int8 numerics' layout (csrc/intdot.c)
 }
 QK, STRIP, LAYOUT_VERSION = FORMAT["QK"], FORMAT["STRIP"], FORMAT["LK_LAYOUT_VERSION"]
 BLOCK_BYTES = {"q4_1": FORMAT["Q41_ROW_BLOCK"], "q8_0": FORMAT["Q80_ROW_BLOCK"]}      # bytes per row block
 STRIP_BLOCK_BYTES = {"q4_1": FORMAT["Q41_BLOCK"], "q8_0": FORMAT["Q80_BLOCK"]}       # bytes per strip-block
 KIND_CODE = {"q4_1": FORMAT["KIND_Q41"], "q8_0": FORMAT["KIND_Q80"]}
+INT_KIND_CODE = {"q4_1": FORMAT["KIND_Q41I"], "q8_0": FORMAT["KIND_Q80I"]}   # the int8 numerics' layout
 EXPERTS_FORMAT = f"lessonkit-stream-v{LAYOUT_VERSION}"     # experts.safetensors' metadata "format"
 
 
@@ -193,7 +195,7 @@ class NativeWeight:
     """A Q4_1 / Q8_0 matrix W [N, K] prepared for row-invariant products x [M, K] @ W.T on the C kernel,
     with the interface of `kernel.RowWeight` (k inputs, n outputs, rows(x), x @ w)."""
 
-    __slots__ = ("k", "n", "kind", "data", "avx2")
+    __slots__ = ("k", "n", "kind", "data", "avx2", "code")
     packed = True
     dtype = torch.uint8                    # not float32: code that needs float weights asks for them
 
@@ -201,14 +203,26 @@ class NativeWeight:
         if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] * QK != k * BLOCK_BYTES[kind]:
             raise LessonkitError(f"native {kind} weight: blocks {tuple(raw.shape)} {raw.dtype} do not hold {k} inputs")
         self._prepare(k, raw.shape[0], kind, None)
-        self.data = pack_blocks(raw, kind)
+        self.data = self._for_numerics(pack_blocks(raw, kind))
 
     @classmethod
     def from_packed(cls, packed: torch.Tensor, k: int, n: int, kind: str) -> "NativeWeight":
         """A weight over strip-blocks already packed (1-D uint8, pack_blocks' layout), taken as they are."""
         w = cls.__new__(cls)
         w._prepare(k, n, kind, packed)
+        w.data = w._for_numerics(packed)
         return w
+
+    def _for_numerics(self, packed: torch.Tensor) -> torch.Tensor:
+        """The strip-blocks the kernel multiplies: as packed (exact numerics), or their bytes permuted into the
+        int8 numerics' layout (a new tensor of the same size: the packed one may be a read-only file map)."""
+        if kernel.numerics_of(self.avx2) != "int8":
+            self.code = KIND_CODE[self.kind]
+            return packed
+        self.code = INT_KIND_CODE[self.kind]
+        out = torch.empty_like(packed)
+        kernel._rowkernel.repack_int(packed.data_ptr(), KIND_CODE[self.kind], self.k, self.n, out.data_ptr())
+        return out
 
     def _prepare(self, k: int, n: int, kind: str, packed: torch.Tensor | None) -> None:
         if kernel._rowkernel is None or kernel.BACKEND == "mkl":
@@ -229,7 +243,7 @@ class NativeWeight:
             x = x.contiguous()
         y = torch.empty(x.shape[0], self.n, dtype=torch.float32)
         kernel._rowkernel.qmatmul(x.data_ptr(), x.shape[0], self.k, x.stride(0), self.data.data_ptr(),
-                                  KIND_CODE[self.kind], self.n, y.data_ptr(), self.n, self.avx2)
+                                  self.code, self.n, y.data_ptr(), self.n, self.avx2)
         return y
 
     def __rmatmul__(self, x: torch.Tensor) -> torch.Tensor:
@@ -239,7 +253,7 @@ class NativeWeight:
         """W.T [K, N] in float32, dequantised by the kernel (for tests: it must equal dequantise_rows)."""
         s = -(-self.n // STRIP)
         out = torch.empty(s * self.k * STRIP, dtype=torch.float32)
-        kernel._rowkernel.dequantise(self.data.data_ptr(), KIND_CODE[self.kind], self.k, self.n, out.data_ptr(),
+        kernel._rowkernel.dequantise(self.data.data_ptr(), self.code, self.k, self.n, out.data_ptr(),
                                      self.avx2)
         return out.view(s, self.k, STRIP).permute(1, 0, 2).reshape(self.k, -1)[:, :self.n]
 
@@ -255,13 +269,28 @@ class NativeWeight:
         col = (ids % STRIP).view(-1, 1, 1)
         half = lambda off: blk[..., off:off + 2 * STRIP].contiguous().view(torch.float16)   # [T, B, 16]
         d = half(0).gather(2, col.expand(-1, b, 1))[..., 0]                 # [T, B]
-        codes = blk[..., 2 * STRIP * (2 if self.kind == "q4_1" else 1):].reshape(len(ids), b, -1, STRIP)
-        q = codes.gather(3, col[..., None].expand(-1, b, codes.shape[2], 1))[..., 0]   # [T, B, 16 or 32]
+        codes = blk[..., 2 * STRIP * (2 if self.kind == "q4_1" else 1):]
+        if self.code != KIND_CODE[self.kind]:
+            q = self._int_layout_codes(codes, col, b)
+        else:
+            codes = codes.reshape(len(ids), b, -1, STRIP)
+            q = codes.gather(3, col[..., None].expand(-1, b, codes.shape[2], 1))[..., 0]   # [T, B, 16 or 32]
         if self.kind == "q8_0":
             return (d.float()[..., None] * q.view(torch.int8).float()).reshape(len(ids), -1)
         m = half(2 * STRIP).gather(2, col.expand(-1, b, 1))[..., 0]
-        q = torch.stack([q & 15, q >> 4], dim=-1).reshape(len(ids), b, QK)     # pair j: inputs 2j, 2j + 1
+        if self.code == KIND_CODE[self.kind]:
+            q = torch.stack([q & 15, q >> 4], dim=-1).reshape(len(ids), b, QK)     # pair j: inputs 2j, 2j + 1
         return (d.float()[..., None] * q.float() + m.float()[..., None]).reshape(len(ids), -1)
+
+    def _int_layout_codes(self, codes: torch.Tensor, col: torch.Tensor, b: int) -> torch.Tensor:
+        """Codes [T, B, 32] of the selected columns from the int8 numerics' layout (csrc/intdot.c): groups of 64
+        bytes, column c's 4 bytes at 4c; Q8_0 stores q + 128, Q4_1 inputs 8h + j (low) and 8h + 4 + j (high)."""
+        t = codes.shape[0]
+        g = codes.reshape(t, b, -1, STRIP, 4)
+        q = g.gather(3, col[..., None, None].expand(-1, b, g.shape[2], 1, 4))[:, :, :, 0]    # [T, B, groups, 4]
+        if self.kind == "q8_0":
+            return (q ^ 0x80).view(torch.int8).reshape(t, b, QK)
+        return torch.stack([q & 15, q >> 4], dim=3).reshape(t, b, QK)
 
 
 class BlockRows:

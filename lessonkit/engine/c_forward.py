@@ -72,7 +72,7 @@ def describe() -> str:
 def _weight(w) -> tuple[int, int, torch.Tensor] | None:
     """(address, kind, the tensor kept alive) of a packed product weight, or None when it is not packed."""
     if isinstance(w, qb.NativeWeight):
-        return w.data.data_ptr(), KIND[w.kind], w.data
+        return w.data.data_ptr(), w.code, w.data
     if isinstance(w, kernel.RowWeight) and w.packed and w.dtype == torch.float32:
         return w.data.data_ptr(), KIND["f32"], w.data
     return None
@@ -161,7 +161,7 @@ class CForward:
             return table.data_ptr(), KIND["f32"], table.shape[0]
         if isinstance(table, qb.BlockRows) and table.head is not None:
             self.keep.append(table.head.data)
-            return table.head.data.data_ptr(), KIND[table.head.kind], table.head.n
+            return table.head.data.data_ptr(), table.head.code, table.head.n
         self.embed_in_c = False
         return 0, KIND["f32"], 0
 

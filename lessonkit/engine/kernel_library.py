@@ -46,10 +46,11 @@ class KernelLibrary:
     sizes or kinds, RuntimeError on a CPU without AVX2 when the AVX2 path is asked for, MemoryError."""
 
     SIGNATURES = {
-        "rk_abi": [], "rk_max_threads": [], "rk_has_avx2": [], "rk_has_avx512": [], "rk_has_vnni": [],
+        "rk_abi": [], "rk_max_threads": [], "rk_has_avx2": [], "rk_has_avx512": [],
         "rk_matmul": [_ADDR, _I64, _I64, _I64, _ADDR, _I64, _ADDR, _I64, _I32],
         "rk_qmatmul": [_ADDR, _I64, _I64, _I64, _ADDR, _I32, _I64, _ADDR, _I64, _I32],
         "rk_dequantise": [_ADDR, _I32, _I64, _I64, _ADDR, _I32],
+        "rk_repack_int": [_ADDR, _I32, _I64, _I64, _ADDR], "rk_has_vnni": [],
         "rk_set_threads": [_I32, ctypes.POINTER(_I32)],
         "rk_dense_step": [_ADDR] + [_I64] * 8 + [ctypes.c_float, _I64, _I64, _I32, _ADDR],
         "rk_fma_many": [_ADDR, _ADDR, _ADDR, _ADDR, _I64, _I32],
@@ -104,16 +105,21 @@ class KernelLibrary:
         self._check("matmul", self.lib.rk_matmul(x, m, k, ldx, w, n, y, ldy, int(use_avx2)))
 
     def qmatmul(self, x, m, k, ldx, w, kind, n, y, ldy, use_avx2) -> None:
-        """the same on native strip-blocks, kind 0 = Q4_1, 1 = Q8_0"""
+        """the same on native strip-blocks, kind 0 = Q4_1, 1 = Q8_0 (2, 3: the int8 numerics' layout of each)"""
         rc = self.lib.rk_qmatmul(x, m, k, ldx, w, kind, n, y, ldy, int(use_avx2))
         if rc == RK_BAD_KIND:
-            raise ValueError(f"rowkernel.qmatmul: unknown block kind {kind} (0: Q4_1, 1: Q8_0)")
+            raise ValueError(f"rowkernel.qmatmul: unknown block kind {kind} (0: Q4_1, 1: Q8_0, 2 / 3: int8 layout)")
         self._check("qmatmul", rc)
 
     def dequantise(self, w, kind, k, n, out, use_avx2) -> None:
         """native strips -> float32 strips"""
         rc = self.lib.rk_dequantise(w, kind, k, n, out, int(use_avx2))
         self._check("dequantise", RK_BAD_SIZES if rc == RK_BAD_KIND else rc, "bad arguments")
+
+    def repack_int(self, src, kind, k, n, dst) -> None:
+        """native strip-blocks (kind 0 / 1) -> the int8 numerics' layout (csrc/intdot.c), dst as large as src"""
+        rc = self.lib.rk_repack_int(src, kind, k, n, dst)
+        self._check("repack_int", RK_BAD_SIZES if rc == RK_BAD_KIND else rc, "bad arguments")
 
     def set_threads(self, n: int) -> int:
         """threads per product (the caller is one of them); returns the number in use"""
