@@ -134,6 +134,16 @@ def test_a_failing_point_is_recorded_and_stops_nothing(dask_cluster, tmp_path, c
     assert again["skipped"] == 2 and again["ran"] == 2 and again["failed"] == 2
 
 
+def test_a_grid_file_with_command_line_values_over_it(dask_cluster, tmp_path, capsys):
+    f = tmp_path / "grid.yaml"
+    f.write_text("grid:\n  value: [1, 2, 3]\nset:\n  work: 100\nrepeats: 2\n", encoding="utf-8")
+    assert main(["sweep", "run", "noop", "--grid-file", str(f), "--grid", "value=5,6", "--scheduler",
+                 dask_cluster.address, "--results", str(tmp_path / "o"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["points"] == 4            # --grid value=5,6 over the file's, 2 repeats
+    rows = _check_rows(tmp_path / "o", 4, 100)
+    assert sorted(int(r["value"]) for r in rows) == [5, 5, 6, 6] and {r["repeat"] for r in rows} == {"0", "1"}
+
+
 def test_a_killed_worker_loses_nothing(tmp_path):
     cluster = LocalDask(2)
     try:
