@@ -9,6 +9,8 @@ zig for linux-aarch64 and windows-x86_64, runs it under qemu-aarch64 and wine64 
 
   matmul      float strips, shapes (k, n) with n not a multiple of 16 among them, M = 1..16 rows and 40
   qmatmul     Q4_1 and Q8_0 strip-blocks, the same row counts
+  qmatmul_int8  the same blocks in the int8 numerics' layout (rk_repack_int), integer block dots
+  dequantise_int8_layout  that layout dequantised: must hash as dequantise does
   dequantise  Q4_1 and Q8_0 strip-blocks to float strips
   dense_step  six decode steps of a 2-layer dense model (its softmax and SiLU call the C library's expf)
   forward_*   rk_forward on a 2-layer dense Llama built here (D 64, 4 heads, 2 kv heads, head 16, I 96, V 200;
@@ -17,6 +19,7 @@ zig for linux-aarch64 and windows-x86_64, runs it under qemu-aarch64 and wine64 
               rows), forward_verify (5 decodes, then a block of 4): each hashes the logits of every row, the
               residual stream out and both KV caches, so all four must be equal; forward_last (the decode's
               last row) and forward_last_only (a prefill asking for its last row only) likewise
+  forward_int8_*, forward_moe_int8_*  the same models with every native weight in the int8 layout
   forward_moe_*  the same on an OLMoE-style mixture (4 experts of width 32, top 2 renormalised, q/k RMSNorm,
               q k v clipped at 3; router and experts in every kind, full expert tables, no fetch); its hashes
               also take the experts every row chose in every layer
@@ -59,6 +62,7 @@ typedef int32_t (*fma_fn)(uintptr_t, uintptr_t, uintptr_t, uintptr_t, int64_t, i
 typedef int32_t (*forward_fn)(uintptr_t, uintptr_t, float, float, uintptr_t, uintptr_t, int64_t, int64_t, uintptr_t, uintptr_t,
                               int64_t, uintptr_t, int64_t, int32_t, uintptr_t, uintptr_t, uintptr_t);
 typedef int32_t (*exp_fn)(uintptr_t, uintptr_t, int64_t);
+typedef int32_t (*repack_fn)(uintptr_t, int32_t, int64_t, int64_t, uintptr_t);
 
 static struct {
     abi_fn abi;
@@ -70,6 +74,7 @@ static struct {
     fma_fn fma_many;
     forward_fn forward;
     exp_fn exp_many;
+    repack_fn repack_int;
 } rk;
 
 #if defined(_WIN32)
@@ -89,12 +94,13 @@ int32_t rk_fma_many(uintptr_t, uintptr_t, uintptr_t, uintptr_t, int64_t, int32_t
 int32_t rk_forward(uintptr_t, uintptr_t, float, float, uintptr_t, uintptr_t, int64_t, int64_t, uintptr_t, uintptr_t,
                    int64_t, uintptr_t, int64_t, int32_t, uintptr_t, uintptr_t, uintptr_t);
 int32_t rk_exp_many(uintptr_t, uintptr_t, int64_t);
+int32_t rk_repack_int(uintptr_t, int32_t, int64_t, int64_t, uintptr_t);
 static int bind_all(const char *path)
 {
     (void)path;
     rk.abi = rk_abi, rk.matmul = rk_matmul, rk.qmatmul = rk_qmatmul, rk.dequantise = rk_dequantise;
     rk.set_threads = rk_set_threads, rk.dense_step = rk_dense_step, rk.fma_many = rk_fma_many;
-    rk.forward = rk_forward, rk.exp_many = rk_exp_many;
+    rk.forward = rk_forward, rk.exp_many = rk_exp_many, rk.repack_int = rk_repack_int;
     return 0;
 }
 #else
@@ -113,7 +119,7 @@ static int bind_all(const char *path)
 #define BIND(field, name) if (!(*(void **)&rk.field = sym(lib, name))) { fprintf(stderr, "kernel_check: %s lacks %s\n", path, name); return 2; }
     BIND(abi, "rk_abi") BIND(matmul, "rk_matmul") BIND(qmatmul, "rk_qmatmul") BIND(dequantise, "rk_dequantise")
     BIND(set_threads, "rk_set_threads") BIND(dense_step, "rk_dense_step") BIND(fma_many, "rk_fma_many")
-    BIND(forward, "rk_forward") BIND(exp_many, "rk_exp_many")
+    BIND(forward, "rk_forward") BIND(exp_many, "rk_exp_many") BIND(repack_int, "rk_repack_int")
 #undef BIND
     return 0;
 }
@@ -231,6 +237,7 @@ static void test_native(int avx2)
 {
     static const int64_t SHAPES[][2] = {{64, 40}, {576, 96}, {96, 17}, {1536, 48}};
     hash_t hq = {0xcbf29ce484222325ull}, hd = {0xcbf29ce484222325ull};
+    hash_t hi = {0xcbf29ce484222325ull}, hdi = {0xcbf29ce484222325ull};
     for (int kind = 0; kind < 2; kind++)
         for (size_t s = 0; s < sizeof SHAPES / sizeof SHAPES[0]; s++) {
             const int64_t k = SHAPES[s][0], n = SHAPES[s][1], ns = (n + 15) / 16;
@@ -245,10 +252,21 @@ static void test_native(int avx2)
             }
             check_rc("rk_dequantise", rk.dequantise((uintptr_t)w, kind, k, n, (uintptr_t)f, avx2));
             hash_floats(&hd, f, (size_t)(ns * 16 * k));
-            free(w), free(x), free(y), free(f);
+            /* the int8 numerics: the same blocks in their layout (kind + 2), integer block dots */
+            uint8_t *wi = xmalloc(bytes);
+            check_rc("rk_repack_int", rk.repack_int((uintptr_t)w, kind, k, n, (uintptr_t)wi));
+            for (int r = 0; r < NROWS; r++) {
+                check_rc("rk_qmatmul", rk.qmatmul((uintptr_t)x, ROWS[r], k, k, (uintptr_t)wi, kind + 2, n, (uintptr_t)y, n, avx2));
+                hash_floats(&hi, y, (size_t)(ROWS[r] * n));
+            }
+            check_rc("rk_dequantise", rk.dequantise((uintptr_t)wi, kind + 2, k, n, (uintptr_t)f, avx2));
+            hash_floats(&hdi, f, (size_t)(ns * 16 * k));
+            free(w), free(wi), free(x), free(y), free(f);
         }
     printf("qmatmul %016llx\n", (unsigned long long)hq.h);
     printf("dequantise %016llx\n", (unsigned long long)hd.h);
+    printf("qmatmul_int8 %016llx\n", (unsigned long long)hi.h);
+    printf("dequantise_int8_layout %016llx\n", (unsigned long long)hdi.h);   /* must equal dequantise's */
 }
 
 static float *packed(int64_t k, int64_t n)
@@ -341,10 +359,21 @@ static uint8_t *small_blocks(int kind, int64_t k, int64_t n)
     return w;
 }
 
-/* a product's weight [k, n] in `kind` (-1 float strips, 0 Q4_1, 1 Q8_0): at[0] its address, at[1] its kind */
+static int int_layout;   /* 1: models take native weights in the int8 numerics' layout (kind + 2) */
+
+/* a product's weight [k, n] in `kind` (-1 float strips, 0 Q4_1, 1 Q8_0; with int_layout, blocks become kind + 2):
+   at[0] its address, at[1] its kind */
 static void product_weight(model_t *m, int64_t *at, int64_t k, int64_t n, int kind)
 {
-    at[0] = (int64_t)(uintptr_t)own(m, kind < 0 ? (void *)packed(k, n) : (void *)small_blocks(kind, k, n));
+    void *w = kind < 0 ? (void *)packed(k, n) : (void *)small_blocks(kind, k, n);
+    if (kind >= 0 && int_layout) {
+        const size_t bytes = (size_t)(k / 32) * (size_t)((n + 15) / 16) * (kind == 0 ? 320 : 544);
+        uint8_t *wi = xmalloc(bytes);
+        check_rc("rk_repack_int", rk.repack_int((uintptr_t)w, kind, k, n, (uintptr_t)wi));
+        free(w);
+        w = wi, kind += 2;
+    }
+    at[0] = (int64_t)(uintptr_t)own(m, w);
     at[1] = kind;
 }
 
@@ -731,6 +760,10 @@ int main(int argc, char **argv)
     test_dense_step(avx2);
     test_forward(avx2, 0, "forward");
     test_forward(avx2, 1, "forward_moe");
+    int_layout = 1;                      /* the same models on the int8 numerics */
+    test_forward(avx2, 0, "forward_int8");
+    test_forward(avx2, 1, "forward_moe_int8");
+    int_layout = 0;
     test_exp_many();
     test_fma();
     fflush(stdout);

@@ -37,13 +37,18 @@ ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
 KERNELS = ROOT / "lessonkit" / "engine" / "kernels"
 ENTRY_POINTS = ["rk_abi", "rk_matmul", "rk_qmatmul", "rk_dequantise", "rk_set_threads", "rk_has_avx2", "rk_has_avx512",
-                "rk_dense_step", "rk_fma_many", "rk_max_threads", "rk_forward", "rk_exp_many"]
-# every platform's bits for these; dense_step also calls the C library's expf (see test_windows_x86_64...)
+                "rk_has_vnni", "rk_dense_step", "rk_fma_many", "rk_max_threads", "rk_forward", "rk_exp_many",
+                "rk_repack_int"]
+# every platform's bits for these; dense_step also calls the C library's expf (see test_windows_x86_64...);
+# the int8 numerics' (qmatmul_int8, forward_*int8*) are every ISA path's too: integer sums, one float order
 EXACT = ["matmul", "qmatmul", "dequantise", "forward_decode", "forward_last", "forward_moe_decode",
-         "forward_moe_last", "exp_many", "fma", "fma_soft"]
-# inside one run: the forward's bits (dense and MoE) do not depend on how the 9 tokens are split into calls
+         "forward_moe_last", "exp_many", "fma", "fma_soft", "qmatmul_int8", "forward_int8_decode", "forward_int8_last",
+         "forward_moe_int8_decode", "forward_moe_int8_last"]
+# inside one run: the forward's bits (dense and MoE, both numerics) do not depend on how the 9 tokens are split
+# into calls, and the int8 layout dequantises to the same weights
 SAME_AS = {f"{model}_{run}": f"{model}_{'last' if run == 'last_only' else 'decode'}"
-           for model in ("forward", "forward_moe") for run in ("prefill", "chunks", "verify", "last_only")}
+           for model in ("forward", "forward_moe", "forward_int8", "forward_moe_int8")
+           for run in ("prefill", "chunks", "verify", "last_only")} | {"dequantise_int8_layout": "dequantise"}
 STRESS_TIMEOUT = 300        # seconds: a backstop; kernel_check's watchdog ends a run after 15 s without progress
 AARCH64_SYSROOT = Path("/usr/aarch64-linux-gnu")
 
@@ -137,7 +142,7 @@ def reference(driver, tmp_path_factory):
 def avx2_paths() -> list[str]:
     import lessonkit.engine.kernel as K
     paths = ["0", "1"] if K._rowkernel is not None and K._rowkernel.has_avx2() else ["0"]
-    return paths + (["2"] if K._rowkernel is not None and K._rowkernel.has_avx512() else [])
+    return paths + (["2", "10"] if K._rowkernel is not None and K._rowkernel.has_avx512() else [])   # 10: no VNNI
 
 
 def test_x86_64_paths_and_thread_counts_give_the_same_bits(driver, reference, tmp_path):
