@@ -145,7 +145,9 @@ def test_a_grid_file_with_command_line_values_over_it(dask_cluster, tmp_path, ca
 
 
 def test_a_killed_worker_loses_nothing(tmp_path):
+    from distributed import Client
     cluster = LocalDask(2)
+    observer = Client(cluster.address, timeout="30s")
     try:
         out, n, work = tmp_path / "k", 10, 400_000
         sweep = Sweep("noop", None, {"value": list(range(n))}, {"work": work})
@@ -156,16 +158,18 @@ def test_a_killed_worker_loses_nothing(tmp_path):
         deadline = time.time() + 60
         while (not (out / "points").exists() or _rows_written(out) < 2) and time.time() < deadline:
             time.sleep(0.05)
+        victim, survivor = cluster.worker_addresses["w0"], cluster.worker_addresses["w1"]
+        in_flight = {key.split("-")[1] for key in observer.processing(workers=[victim])[victim]}
         killed_at = _rows_written(out)
-        assert killed_at < n, "the sweep finished before the worker could be killed: make the points longer"
         cluster.kill_worker(0)
+        assert killed_at < n and in_flight, "nothing left to kill: make the points longer"
         t.join(timeout=120)
         assert not t.is_alive()
         assert result["failed"] == 0 and result["done"] == n
-        rows = _check_rows(out, n, work)
-        survivor = cluster.worker_addresses["w1"]
-        assert sum(r["worker"] == survivor for r in rows) >= n - killed_at - 1
+        rows = {r["id"]: r for r in _check_rows(out, n, work)}
+        assert any(rows[pid]["worker"] == survivor for pid in in_flight)     # the killed point ran again elsewhere
     finally:
+        observer.close()
         cluster.close()
 
 
