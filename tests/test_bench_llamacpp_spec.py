@@ -143,8 +143,21 @@ def test_summary_is_against_each_engines_own_plain_greedy():
     assert rows["e", "fast"]["requests_differing"] == 1 and rows["e", "fast"]["fork_tokens"] == [1]
     assert rows["e", "fast"]["acceptance"] == pytest.approx(0.75) and rows["e", "plain greedy"]["acceptance"] is None
     assert rows["f", "slow"]["requests_differing"] == 0 and not rows["f", "slow"]["stable"]
+    assert "speedup_over_no_drafts" not in rows["e", "fast"]
     goals = {t["name"].split(":")[0]: t["met"] for t in spec.targets_of(list(rows.values()))}
     assert goals == {"e fast": False, "f slow": True}
+
+
+def test_the_no_drafts_control_tells_the_drafts_fork_from_the_programs():
+    plain = [Sample("abc", 3, 1.0), Sample("xyz", 3, 1.0)]
+    control = [Sample("abc", 3, 0.5), Sample("xzz", 3, 0.5)]          # the program forks without drafts
+    runs = {("f", "plain greedy"): [plain], ("f", spec.CONTROL): [control],
+            ("f", "lookup"): [[Sample("abc", 3, 1.0), Sample("xzz", 3, 1.0)]],
+            ("f", "draft"): [[Sample("abd", 3, 0.25), Sample("xzz", 3, 0.25)]]}
+    rows = {r["name"]: r for r in spec.summarise(runs)}
+    assert rows["lookup"]["requests_differing"] == 1 and rows["lookup"]["requests_differing_from_no_drafts"] == 0
+    assert rows["draft"]["requests_differing"] == 2 and rows["draft"]["requests_differing_from_no_drafts"] == 1
+    assert rows["lookup"]["speedup_over_no_drafts"] == pytest.approx(0.5) and rows["lookup"]["speedup"] == 1.0
 
 
 def test_contenders_interleave():

@@ -71,7 +71,8 @@ def request_texts(engine, n: int | None) -> list[str]:
 # decoding in the program that speculates, which splits the prompt's forward as llama-speculative does (all but
 # the last token, then the last alone) where llama-completion runs it whole; it tells a fork that speculation
 # makes from one that the program's own prompt batching makes.
-LLAMACPP_TOOLS = {"plain greedy": ("llama-completion", 0), "no drafts (llama-lookup, k=0)": ("llama-lookup", 0),
+CONTROL = "no drafts (llama-lookup, k=0)"
+LLAMACPP_TOOLS = {"plain greedy": ("llama-completion", 0), CONTROL: ("llama-lookup", 0),
                   "prompt lookup": ("llama-lookup", DEPTH), "self-draft": ("llama-speculative", DEPTH)}
 
 
@@ -233,7 +234,8 @@ def measure(fns: dict, n_requests: int, repeats: int) -> dict:
 def summarise(runs: dict, token_at=None) -> list[dict]:
     """One row per contender: median decode tokens/s, speed-up over its engine's plain greedy, acceptance, and
     how many requests' output differs from plain greedy's (first repeat) and where; `stable`: every repeat
-    gave the first repeat's outputs."""
+    gave the first repeat's outputs. Where the engine has the no-drafts control, the speed-up over it and the
+    requests that differ from its output too (a fork that the drafts make, not the program)."""
     rate = {key: statistics.median(sum(s.new_tokens for s in rep) / sum(s.decode_s for s in rep) for rep in reps)
             for key, reps in runs.items()}
     rows = []
@@ -247,6 +249,9 @@ def summarise(runs: dict, token_at=None) -> list[dict]:
                      "acceptance": sum(s.accepted or 0 for s in reps[0]) / drafted if drafted else None,
                      "requests_differing": len(diff), "fork_tokens": [f["fork_token"] for f in diff], "forks": diff,
                      "stable": all([s.output for s in rep] == [s.output for s in reps[0]] for rep in reps)})
+        if (engine, CONTROL) in runs:
+            rows[-1] |= {"speedup_over_no_drafts": rate[engine, name] / rate[engine, CONTROL],
+                         "requests_differing_from_no_drafts": len(forks(runs[engine, CONTROL][0], reps[0]))}
     return rows
 
 
