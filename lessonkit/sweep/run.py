@@ -105,8 +105,9 @@ def _wait_all(client, futures: dict, folder: Path, bar, run: str) -> dict[str, i
             try:
                 row = f.result()
             except Exception as e:  # KilledWorker, CancelledError: the task is lost, not the sweep
-                row = _lost(futures[f], e, run)
-                store.write_row(folder, row)
+                row = store.read_row(folder, futures[f].id)
+                if row is None or row["status"] != "ok":      # a whole row from an earlier attempt stands
+                    store.write_row(folder, row := _lost(futures[f], e, run))
             counts["failed" if row["status"] == "failed" else "done"] += 1
             counts["reused"] += bool(row.get("skipped"))
             bar.update(1)
