@@ -158,6 +158,22 @@ class _CachedModel:
         self.ids = list(context)
         return logits
 
+    def greedy_after(self, context: list[int], k: int) -> list[int]:
+        """k greedy drafts after `context` in one C call (the C step only): the context caught up as
+        logits_after does, all but its last token, then the last token and k - 1 drafts fed in C."""
+        n = min(_common_prefix(self.ids, context), len(context) - 1)
+        if n < 0:
+            raise LessonkitError("a drafter needs a non-empty context")
+        if n < len(context) - 1:
+            self.logits_after(context[:-1])
+        else:
+            self.cache.rollback(n)
+            self.ids = self.ids[:n]
+        toks = self._step.greedy(context[-1], k)
+        self.forwards += k
+        self.ids = list(context) + toks[:-1]
+        return toks
+
     def feed(self, token: int) -> torch.Tensor:
         if self.lean:
             logits = self._step(token)
@@ -199,6 +215,8 @@ class ModelDrafter:
     def propose(self, context: list[int], k: int) -> Draft:
         if k <= 0:
             return Draft([])
+        if self.temperature == 0 and self.model.step_path == "C":
+            return Draft(self.model.greedy_after(context, k))      # k steps and their argmax in one C call
         logits = self.model.logits_after(context)
         toks, rows = [], []
         for i in range(k):
