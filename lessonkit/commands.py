@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 
 from lessonkit.bench import BENCHES
@@ -23,8 +24,7 @@ def _print_result(args, obj) -> None:
 
 
 def _with_overrides(cfg, args):
-    """A training preset with the command line's --steps / --threads applied; the threads (the preset's
-    unless --threads) are the kernel's and torch's for this command (use_threads)."""
+    """A training preset with --steps / --threads applied (its threads: the kernel's and torch's, use_threads)."""
     from dataclasses import replace
     if getattr(args, "steps", None) is not None:
         cfg = replace(cfg, steps=args.steps)
@@ -43,21 +43,19 @@ def cmd_models(args) -> int:
         except LessonkitError as e:
             rows.append({"name": name, "error": str(e)})
     if args.json:
-        _print_json(rows)
-        return 0
+        return _print_json(rows) or 0
     for r in rows:
         if "error" in r:
             print(f"{r['name']:<14} unavailable: {r['error']}")
-            continue
-        print(f"{r['name']:<14} {r['arch']:<6} layers={r['layers']} dim={r['dim']} experts={r['experts']} "
-              f"top-{r['top_k']} params={r['params'] / 1e6:.2f}M active={r['active_params'] / 1e6:.2f}M "
-              f"files={sum(r['files'].values()) / 2**20:.1f} MB  {r['dir']}")
+        else:
+            print(f"{r['name']:<14} {r['arch']:<6} layers={r['layers']} dim={r['dim']} experts={r['experts']} "
+                  f"top-{r['top_k']} params={r['params'] / 1e6:.2f}M active={r['active_params'] / 1e6:.2f}M "
+                  f"files={sum(r['files'].values()) / 2**20:.1f} MB  {r['dir']}")
     return 0
 
 
 def cmd_doctor(args) -> int:
-    from lessonkit.doctor import doctor
-    return doctor()
+    return importlib.import_module("lessonkit.doctor").doctor()
 
 
 # ---- generate --------------------------------------------------------------------------------------
@@ -70,6 +68,7 @@ def cmd_generate(args) -> int:
         raise LessonkitError("--prefix-cache cannot be combined with --grammar, --schema or --draft yet "
                              "(it would be ignored); the capstone `lessonkit stack run` combines them")
     threads = use_threads(args.threads)
+    use_numerics(args.numerics)
     eng = load_model(args.model, expert_budget_mb=args.expert_budget_mb, dtype=dtype, prefetch=args.prefetch,
                      weights=args.weights)
     prompt = args.prompt
@@ -104,7 +103,7 @@ def cmd_generate(args) -> int:
     res.stats["finish_reason"] = finish_reason(eng, res, max_new, capped=note is not None)
     if args.json:
         _print_json({"model": eng.name, "text": res.text, "token_ids": res.token_ids, "stats": res.stats,
-                     "weights": eng.weights, "threads": threads, "kernel": kernel_path()})
+                     "weights": eng.weights, "threads": threads, "kernel": use_numerics()[0], "numerics": use_numerics()[1]})
     else:
         print()
         s = res.stats
@@ -120,9 +119,10 @@ def use_threads(n: int | None) -> int:
     return use(n)
 
 
-def kernel_path() -> str:
+def use_numerics(name: str | None = None) -> tuple[str, str]:
+    """--numerics: how native blocks multiply in this command (kernel.set_numerics); (kernel path, numerics)."""
     from lessonkit.engine import kernel
-    return kernel.BACKEND
+    return kernel.BACKEND, kernel.set_numerics(name) if name else kernel.NUMERICS
 
 
 class _Streamer:
@@ -139,7 +139,6 @@ class _Streamer:
         sys.stdout.write(text[self.printed:])
         sys.stdout.flush()
         self.printed = len(text)
-
 
 
 # ---- the main job and benchmarks -------------------------------------------------------------------
@@ -170,6 +169,8 @@ def cmd_lessons(args) -> int:
 def cmd_run(args) -> int:
     from lessonkit.engine import kernel
     from lessonkit.report.runner import run_all
+    if args.numerics:               # the lessons' kernels read it at import (LESSONKIT_NUMERICS, docs/numerics.md)
+        os.environ["LESSONKIT_NUMERICS"] = args.numerics
     # every lesson runs with this many kernel threads: a papermill parameter (KERNEL_THREADS), not the environment
     return run_all(build_dir=args.build_dir, smoke=args.smoke, only=args.only,
                    threads=args.threads or kernel.physical_cores())
@@ -178,6 +179,7 @@ def cmd_run(args) -> int:
 def cmd_bench(args) -> int:
     from lessonkit.bench.common import format_table
     use_threads(args.threads[0] if args.threads else None)    # llamacpp measures each count itself
+    use_numerics(args.numerics)
     result = importlib.import_module(BENCHES[args.name]).bench(args)
     if args.json:
         _print_json(result)
@@ -187,7 +189,6 @@ def cmd_bench(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    import os
 
     from lessonkit.report.runner import compare_summaries
     from lessonkit.sweep.report import compare_sweeps
@@ -210,8 +211,7 @@ def cmd_sweep_run(args) -> int:
 def cmd_sweep_calibrate(args) -> int:
     from lessonkit.sweep.calibrate import calibrate, describe
     r = calibrate(n_noop=args.noop_points, n_points=args.points, work=args.work, workers=args.workers)
-    _print_json(r) if args.json else print(describe(r))
-    return 0
+    return (_print_json(r) if args.json else print(describe(r))) or 0
 
 
 def cmd_sweep_report(args) -> int:

@@ -146,6 +146,17 @@ def path_code(backend_name: str | None = None, numerics: str | None = None) -> i
     return code | (PATH_INT8 if (numerics or NUMERICS) == "int8" and name != "mkl" else 0)
 
 
+def set_numerics(name: str) -> str:
+    """How native weights prepared from now on multiply ("exact" or "int8"); returns the choice."""
+    global NUMERICS, NUMERICS_WHY
+    if name not in NUMERICS_CHOICES:
+        raise LessonkitError(f"numerics {name!r}: expected one of {', '.join(NUMERICS_CHOICES)}")
+    if name == "int8" and (_rowkernel is None or BACKEND == "mkl"):
+        raise LessonkitError(f"numerics int8 needs the C kernel ({WHY})")
+    NUMERICS, NUMERICS_WHY = name, "asked for (--numerics)"
+    return name
+
+
 def numerics_of(code: int) -> str:
     """The numerics a path word selects."""
     return "int8" if int(code) & PATH_INT8 else "exact"
@@ -156,12 +167,9 @@ def numerics(name: str):
     """Weights prepared inside the block take numerics `name` ("exact" or "int8"): benchmarks and lessons load
     the same model twice to compare the two side by side in one process."""
     global NUMERICS, NUMERICS_WHY
-    if name not in NUMERICS_CHOICES:
-        raise LessonkitError(f"numerics {name!r}: expected one of {', '.join(NUMERICS_CHOICES)}")
-    if name == "int8" and (_rowkernel is None or BACKEND == "mkl"):
-        raise LessonkitError(f"numerics int8 needs the C kernel ({WHY})")
     old = NUMERICS, NUMERICS_WHY
-    NUMERICS, NUMERICS_WHY = name, f"chosen for a comparison ({name})"
+    set_numerics(name)
+    NUMERICS_WHY = f"chosen for a comparison ({name})"
     try:
         yield
     finally:
