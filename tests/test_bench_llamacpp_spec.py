@@ -105,12 +105,14 @@ def test_unreadable_outputs_are_one_clear_error(tool):
     ([5, 2], [6, 2], False, 0),
     ([1, 2, 3], [1, 2, 3, 4, 5], True, None),       # plain stopped at -n, speculative finished its step
     ([1, 2, 3], [1, 2, 3, 4, 5], False, 3),         # plain stopped at end of sequence, speculative ran on
-    ([1, 2, 3, 4], [1, 2], True, 2),                # speculative stopped early
+    ([1, 2, 3, 4], [1, 2], True, 2),                # speculative stopped early, at end of sequence
+    ([1, 2, 3, 4], [1, 2], "other", None),          # llama-completion stopped at -n, llama-lookup past it
     ("the cache", "the cash", False, 6),
     ("the cache", "the cache keeps", True, None),
 ])
 def test_fork_position(plain, other, at_limit, fork):
-    assert spec.fork_position(plain, other, plain_at_limit=at_limit) == fork
+    limits = {"plain_at_limit": at_limit is True, "other_at_limit": at_limit == "other"}
+    assert spec.fork_position(plain, other, **limits) == fork
 
 
 def test_forks_name_the_request_and_the_token():

@@ -178,15 +178,16 @@ def lessonkit_contenders(target, prompts: list[list[int]], n_new: int, threads: 
 
 
 # ---- comparing outputs -----------------------------------------------------------------------------------
-def fork_position(plain, other, *, plain_at_limit: bool = False) -> int | None:
+def fork_position(plain, other, *, plain_at_limit: bool = False, other_at_limit: bool = False) -> int | None:
     """Where `other` (tokens or text) leaves `plain`: the first index at which they differ; None when they do
-    not. One a prefix of the other forks at the shorter's end, except when plain stopped at the token limit
-    and other ran on past it (the same output, cut later)."""
+    not. One a prefix of the other forks at the shorter's end, except when the shorter stopped at the token
+    limit (the same output, cut earlier: llama-lookup and llama-speculative stop past -n)."""
     n = min(len(plain), len(other))
     at = next((i for i in range(n) if plain[i] != other[i]), None)
     if at is not None:
         return at
-    if len(plain) == len(other) or (plain_at_limit and len(other) > len(plain)):
+    shorter_at_limit = plain_at_limit if len(plain) < len(other) else other_at_limit
+    if len(plain) == len(other) or shorter_at_limit:
         return None
     return n
 
@@ -197,7 +198,7 @@ def forks(plain: list[Sample], other: list[Sample], token_at=None) -> list[dict]
     two continuations."""
     out = []
     for i, (p, o) in enumerate(zip(plain, other)):
-        at = fork_position(p.output, o.output, plain_at_limit=p.at_limit)
+        at = fork_position(p.output, o.output, plain_at_limit=p.at_limit, other_at_limit=o.at_limit)
         if at is None:
             continue
         row = {"request": i}
