@@ -29,7 +29,7 @@ from pathlib import Path
 CSRC = Path(__file__).resolve().parent
 ROOT = CSRC.parent
 KERNELS = ROOT / "lessonkit" / "engine" / "kernels"
-SOURCES = ["rowkernel.c", "forward.c", "intdot.c", "portable.h", "format.h"]
+SOURCES = ["rowkernel.c", "rowkernel.h", "forward.c", "intdot.c", "portable.h", "format.h"]
 MANIFEST = "manifest.json"
 
 TARGETS = {                                   # shipped file name: zig target

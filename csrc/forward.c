@@ -251,8 +251,7 @@ RK_EXPORT int32_t rk_profile(int32_t on, uintptr_t out)
     prof_on = on != 0;
     return RK_OK;
 }
-#define PLAN_GLOBALS 8
-#define PLAN_LAYER 15
+/* PLAN_GLOBALS, PLAN_LAYER and the named slots: rowkernel.h */
 
 /* SwiGLU of m rows: h = silu(g) * u written over g (gu [m, 2I]: g then u), in the PyTorch forward's order */
 FWD_INLINE void swiglu_body(float *gu, int64_t m, int64_t I)
@@ -300,7 +299,7 @@ static int moe_layer(const shape_t *c, int64_t l, const int64_t *p, const float 
     int64_t *rows = (int64_t *)malloc((size_t)M * sizeof(int64_t));
     if (!rows) return RK_NO_MEMORY;
     int rc = RK_OK;
-    STEP(fwd_product(xn, D, M, D, (uint64_t)p[12], p[13], probs, E, E, c->path));
+    STEP(fwd_product(xn, D, M, D, (uint64_t)p[LAYER_ROUTER], p[LAYER_ROUTER_KIND], probs, E, E, c->path));
     for (int64_t r = 0; r < M && rc == 0; r++) {            /* softmax, then the top A (ties: lower id first) */
         float *pr = probs + r * E, mx = -INFINITY;
         for (int64_t e = 0; e < E; e++) mx = pr[e] > mx ? pr[e] : mx;
@@ -326,7 +325,7 @@ static int moe_layer(const shape_t *c, int64_t l, const int64_t *p, const float 
         /* one-layer-ahead prefetch, as the PyTorch forward guesses it: this layer's input routed by the next
            layer's router (top A of its logits), each expert of the union handed to fetch with no entry */
         const int64_t *pn = p + PLAN_LAYER;
-        STEP(fwd_product(xn, D, M, D, (uint64_t)pn[12], pn[13], ahead, E, E, c->path));
+        STEP(fwd_product(xn, D, M, D, (uint64_t)pn[LAYER_ROUTER], pn[LAYER_ROUTER_KIND], ahead, E, E, c->path));
         for (int64_t e = 0; e < E && rc == RK_OK; e++) {
             int wanted = 0;
             for (int64_t r = 0; r < M && !wanted; r++) {
@@ -338,7 +337,7 @@ static int moe_layer(const shape_t *c, int64_t l, const int64_t *p, const float 
             if (wanted && fetch(l + 1, e, NULL) != 0) rc = RK_FETCH_FAILED;
         }
     }
-    int64_t *table = (int64_t *)(uintptr_t)p[14];
+    int64_t *table = (int64_t *)(uintptr_t)p[LAYER_EXPERTS];
     *unique = 0;
     for (int64_t e = 0; e < E && rc == 0; e++) {
         int64_t n = 0;
@@ -347,16 +346,16 @@ static int moe_layer(const shape_t *c, int64_t l, const int64_t *p, const float 
                 if (topi[r * A + a] == e) rows[n++] = r * A + a;
         if (!n) continue;
         (*unique)++;
-        int64_t *entry = table + 4 * e;
+        int64_t *entry = table + EXPERT_ENTRY * e;
         const double tf = prof_on ? rk_now_s() : 0.0;
         if (fetch && fetch(l, e, entry) != 0) { rc = RK_FETCH_FAILED; break; }
         if (prof_on) prof_fetch_s += rk_now_s() - tf;
-        if (!entry[0] || !entry[2]) { rc = RK_BAD_SIZES; break; }
+        if (!entry[EXPERT_GATE_UP] || !entry[EXPERT_DOWN]) { rc = RK_BAD_SIZES; break; }
         for (int64_t j = 0; j < n; j++) memcpy(xe + j * D, xn + (rows[j] / A) * D, (size_t)D * sizeof(float));
-        STEP(fwd_product(xe, D, n, D, (uint64_t)entry[0], entry[1], ge, 2 * I, 2 * I, c->path));
+        STEP(fwd_product(xe, D, n, D, (uint64_t)entry[EXPERT_GATE_UP], entry[EXPERT_GATE_UP_KIND], ge, 2 * I, 2 * I, c->path));
         swiglu_rows(ge, n, I, c->avx2);
         float *de = xe;                                      /* the gathered rows are no longer needed */
-        STEP(fwd_product(ge, 2 * I, n, I, (uint64_t)entry[2], entry[3], de, D, D, c->path));
+        STEP(fwd_product(ge, 2 * I, n, I, (uint64_t)entry[EXPERT_DOWN], entry[EXPERT_DOWN_KIND], de, D, D, c->path));
         for (int64_t j = 0; j < n; j++) memcpy(slots + rows[j] * D, de + j * D, (size_t)D * sizeof(float));
     }
     for (int64_t r = 0; r < M && rc == 0; r++) {            /* y = s0 * w0, then + s_a * w_a in slot order */
@@ -375,13 +374,13 @@ static int moe_layer(const shape_t *c, int64_t l, const int64_t *p, const float 
 /* row t of the embedding into out [D]: float32 rows, or column t of a tied output layer's strip-blocks */
 static int embed_row(const int64_t *plan, int64_t t, int64_t D, float *out)
 {
-    const int64_t kind = plan[6], nv = plan[7];
+    const int64_t kind = plan[PLAN_EMBED_KIND], nv = plan[PLAN_EMBED_ROWS];
     if (t < 0 || t >= nv) return RK_BAD_SIZES;
     if (kind == KIND_F32) {
-        memcpy(out, (const float *)(uintptr_t)plan[5] + t * D, (size_t)D * sizeof(float));
+        memcpy(out, (const float *)(uintptr_t)plan[PLAN_EMBED] + t * D, (size_t)D * sizeof(float));
         return RK_OK;
     }
-    const uint8_t *w = (const uint8_t *)(uintptr_t)plan[5] + (t / STRIP) * strip_bytes((int)kind, D);
+    const uint8_t *w = (const uint8_t *)(uintptr_t)plan[PLAN_EMBED] + (t / STRIP) * strip_bytes((int)kind, D);
     const int c = (int)(t % STRIP);
     for (int64_t b = 0; b < D / QK; b++) {
         float *o = out + b * QK;
@@ -423,17 +422,20 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
                              uintptr_t fetch_a)
 {
     const int64_t *plan = (const int64_t *)plan_a, *dims = (const int64_t *)dims_a;
-    shape_t c = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9], dims[10],
-                 dims[11], dims[12], eps, clip, (use_avx2 & PATH_ISA) == 2 ? 2 : (use_avx2 & PATH_ISA) != 0, 0};
+    shape_t c = {dims[DIM_LAYERS], dims[DIM_D], dims[DIM_HEADS], dims[DIM_KV_HEADS], dims[DIM_HEAD_DIM], dims[DIM_INTER],
+                 dims[DIM_VOCAB], dims[DIM_ROPE_ROWS], dims[DIM_EXPERTS], dims[DIM_TOP_K], dims[DIM_NORM_TOPK],
+                 dims[DIM_QK_NORM], dims[DIM_PREFETCH], eps, clip, (use_avx2 & PATH_ISA) == 2 ? 2 : (use_avx2 & PATH_ISA) != 0, 0};
     const int64_t L = c.L, D = c.D, H = c.H, G = c.G, hd = c.hd, I = c.I, V = c.V, E = c.E, A = c.A;
     if (L < 1 || D < 1 || H < 1 || G < 1 || H % G || hd < 2 || hd % 2 || I < 1 || V < 1 || M < 1 || start < 0 ||
         start + M > alloc || start + M > c.R || first < 0 || first >= M || E < 1 || A < 1 || A > E)
         return RK_BAD_SIZES;
-    if (tokens_a && (plan[6] < -1 || plan[6] > 3 || (plan[6] >= 0 && D % QK))) return RK_BAD_KIND;
+    if (tokens_a && (plan[PLAN_EMBED_KIND] < -1 || plan[PLAN_EMBED_KIND] > 3 || (plan[PLAN_EMBED_KIND] >= 0 && D % QK)))
+        return RK_BAD_KIND;
     for (int64_t l = -1; l < L; l++) {               /* every weight's kind, and K a multiple of 32 for blocks */
         const int64_t *p = plan + PLAN_GLOBALS + PLAN_LAYER * l;
-        const int64_t kinds[5] = {l < 0 ? plan[2] : p[2], l < 0 ? -1 : p[4], l < 0 || E > 1 ? -1 : p[7],
-                                  l < 0 || E > 1 ? -1 : p[9], l < 0 || E == 1 ? -1 : p[13]};
+        const int64_t kinds[5] = {l < 0 ? plan[PLAN_HEAD_KIND] : p[LAYER_WQKV_KIND], l < 0 ? -1 : p[LAYER_WO_KIND],
+                                  l < 0 || E > 1 ? -1 : p[LAYER_GATE_UP_KIND], l < 0 || E > 1 ? -1 : p[LAYER_DOWN_KIND],
+                                  l < 0 || E == 1 ? -1 : p[LAYER_ROUTER_KIND]};
         const int64_t ks[5] = {D, H * hd, D, I, D};
         for (int i = 0; i < 5; i++)
             if (kinds[i] < -1 || kinds[i] > 3 || (kinds[i] >= 0 && ks[i] % QK)) return RK_BAD_KIND;
@@ -449,7 +451,7 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
     float *x = (float *)x_a, *logits = (float *)logits_a;
     float *kc = (float *)kc_a, *vc = (float *)vc_a;
     int64_t *routing = (int64_t *)routing_a, *unique = (int64_t *)unique_a;
-    const float *cos = (const float *)(uintptr_t)plan[3], *sin = (const float *)(uintptr_t)plan[4];
+    const float *cos = (const float *)(uintptr_t)plan[PLAN_COS], *sin = (const float *)(uintptr_t)plan[PLAN_SIN];
     /* scratch: xn [M, D], qkv [M, nqkv], att [M, nq], mix [M, D], gu [M, 2I], scores [MAXT, S];
        an MoE layer's work: probs [M, E], topw [M, A], xe [M, D], ge [M, 2I], slots [M A, D], ahead [M, E];
        topi [M, A] */
@@ -470,17 +472,17 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
     for (int64_t l = 0; l < L && rc == 0; l++) {
         const int64_t *p = plan + PLAN_GLOBALS + PLAN_LAYER * l;
         float *kl = kc + l * alloc * nkv, *vl = vc + l * alloc * nkv;
-        rms_rows(x, (const float *)(uintptr_t)p[0], xn, M, D, eps);
+        rms_rows(x, (const float *)(uintptr_t)p[LAYER_ATTN_NORM], xn, M, D, eps);
         prof_mark(&t, 0);
-        STEP(fwd_product(xn, D, M, D, (uint64_t)p[1], p[2], qkv, nqkv, nqkv, path));
+        STEP(fwd_product(xn, D, M, D, (uint64_t)p[LAYER_WQKV], p[LAYER_WQKV_KIND], qkv, nqkv, nqkv, path));
         prof_mark(&t, 1);
         for (int64_t r = 0; r < M; r++) {
             float *row = qkv + r * nqkv;
             const float *cr = cos + (start + r) * hd, *sr = sin + (start + r) * hd;
             if (clip > 0.0f) clip_rows(row, nqkv, clip);
             if (c.qk_norm) {                                 /* OLMoE: RMSNorm over the whole q and k */
-                rms_rows(row, (const float *)(uintptr_t)p[10], row, 1, nq, eps);
-                rms_rows(row + nq, (const float *)(uintptr_t)p[11], row + nq, 1, nkv, eps);
+                rms_rows(row, (const float *)(uintptr_t)p[LAYER_Q_NORM], row, 1, nq, eps);
+                rms_rows(row + nq, (const float *)(uintptr_t)p[LAYER_K_NORM], row + nq, 1, nkv, eps);
             }
             rope_row(row, H + G, hd, cr, sr);                /* q heads then k heads: adjacent in the row */
             memcpy(kl + (start + r) * nkv, row + nq, (size_t)nkv * sizeof(float));
@@ -490,16 +492,16 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
         prof_mark(&t, 0);
         run_attention(&a);
         prof_mark(&t, 2);
-        STEP(fwd_product(att, nq, M, nq, (uint64_t)p[3], p[4], mix, D, D, path));
+        STEP(fwd_product(att, nq, M, nq, (uint64_t)p[LAYER_WO], p[LAYER_WO_KIND], mix, D, D, path));
         prof_mark(&t, 1);
         for (int64_t i = 0; i < M * D; i++) x[i] = x[i] + mix[i];
-        rms_rows(x, (const float *)(uintptr_t)p[5], xn, M, D, eps);
+        rms_rows(x, (const float *)(uintptr_t)p[LAYER_MLP_NORM], xn, M, D, eps);
         prof_mark(&t, 0);
         const double fetched = prof_fetch_s;
         if (E == 1) {
-            STEP(fwd_product(xn, D, M, D, (uint64_t)p[6], p[7], gu, 2 * I, 2 * I, path));
+            STEP(fwd_product(xn, D, M, D, (uint64_t)p[LAYER_GATE_UP], p[LAYER_GATE_UP_KIND], gu, 2 * I, 2 * I, path));
             swiglu_rows(gu, M, I, avx2);
-            STEP(fwd_product(gu, 2 * I, M, I, (uint64_t)p[8], p[9], mix, D, D, path));
+            STEP(fwd_product(gu, 2 * I, M, I, (uint64_t)p[LAYER_DOWN], p[LAYER_DOWN_KIND], mix, D, D, path));
             if (unique) unique[l] = 1;
         } else {
             int64_t used = 0;
@@ -513,8 +515,8 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
         prof_mark(&t, 0);
     }
     if (rc == 0) {
-        rms_rows(x + first * D, (const float *)(uintptr_t)plan[0], xn, M - first, D, eps);
-        STEP(fwd_product(xn, D, M - first, D, (uint64_t)plan[1], plan[2], logits, V, V, path));
+        rms_rows(x + first * D, (const float *)(uintptr_t)plan[PLAN_FINAL_NORM], xn, M - first, D, eps);
+        STEP(fwd_product(xn, D, M - first, D, (uint64_t)plan[PLAN_HEAD], plan[PLAN_HEAD_KIND], logits, V, V, path));
         prof_mark(&t, 4);
     }
     free(buf);

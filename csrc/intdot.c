@@ -39,9 +39,7 @@ Paths:
   portable:    plain C, the reference the others are tested against bit for bit.
 PATH_NO_VNNI makes an AVX-512 product take the BW instructions (tests compare the two on VNNI CPUs). */
 
-#define PATH_ISA 3           /* path & 3: 0 portable, 1 AVX2, 2 AVX-512 */
-#define PATH_INT8 4          /* the weights were prepared for the int8 numerics (Python's bookkeeping) */
-#define PATH_NO_VNNI 8       /* AVX-512 int8 without vpdpbusd */
+/* PATH_ISA, PATH_INT8, PATH_NO_VNNI: rowkernel.h */
 #define IGROUP 64            /* bytes of one group of codes: 16 columns x 4 bytes */
 
 static int is_int_kind(int kind) { return kind == KIND_Q41I || kind == KIND_Q80I; }

@@ -60,6 +60,8 @@ time); a product's strips are cut into 3n contiguous chunks that the threads cla
 thread pool" below), so each output element is still one chain computed by one thread and the bits cannot
 depend on n or on who ran which chunk (tested at 1, 2, 3 and 8 threads). */
 #include "portable.h"
+#define RK_API RK_EXPORT
+#include "rowkernel.h" /* RK_ABI, error codes, the path word, rk_forward's slots, every entry point's prototype */
 #include "format.h"   /* QK, STRIP, Q41_BLOCK, Q80_BLOCK, KIND_*: the packed format, shared with lessonkit/engine/blocks.py */
 
 #include <math.h>
@@ -834,16 +836,7 @@ static int run_product_on(product_t *p)
 lessonkit/engine/kernel.py loads this library with ctypes (which releases the GIL around every call) and
 turns the codes below into the exceptions the engine raises. Addresses are uintptr_t, sizes int64_t; every
 entry point returns RK_OK or an error code. */
-#define RK_ABI 7               /* bumped when an entry point's arguments change; kernel.py refuses another */
-enum {
-    RK_OK = 0,
-    RK_BAD_SIZES = 1,          /* a size < 1, a leading dimension < the row, K not a multiple of 32 */
-    RK_NO_AVX2 = 2,            /* the AVX2 (AVX-512) path asked for on a CPU without AVX2 + FMA + F16C (AVX-512 F, BW) */
-    RK_NO_MEMORY = 3,          /* scratch for native blocks could not be allocated */
-    RK_BAD_KIND = 4,           /* a block kind other than 0 (Q4_1) or 1 (Q8_0) */
-    RK_BAD_THREADS = 5,        /* set_threads outside 1 .. RK_MAX_THREADS */
-    RK_FETCH_FAILED = 6,       /* rk_forward: the caller's expert fetch reported an error (it holds the reason) */
-};
+/* RK_ABI and the codes every entry point returns: rowkernel.h */
 
 RK_EXPORT int32_t rk_abi(void) { return RK_ABI; }
 RK_EXPORT int32_t rk_max_threads(void) { return MAXT; }

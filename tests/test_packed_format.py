@@ -328,3 +328,35 @@ def test_malformed_header_entries_are_one_clear_error(tmp_path, entry):
     with pytest.raises(LessonkitError, match="malformed header entry") as e:
         ExpertStore(path, 1, 1, (3, 32, 32))
     assert str(path) in str(e.value)
+
+
+# ---- the calls: csrc/rowkernel.h against the Python side ------------------------------------------------
+def test_python_side_equals_rowkernel_h():
+    """The ABI number, the error codes, the path word's bits and the sizes of rk_forward's plan and dims that
+    kernel_library.py, kernel.py and c_forward.py use are rowkernel.h's."""
+    from lessonkit.engine import kernel_library as KL
+    h = _header_constants((ROOT / "csrc" / "rowkernel.h").read_text(encoding="utf-8"))
+    assert KL.ABI == h["RK_ABI"]
+    for name in ("RK_OK", "RK_BAD_SIZES", "RK_NO_AVX2", "RK_NO_MEMORY", "RK_BAD_KIND", "RK_BAD_THREADS",
+                 "RK_FETCH_FAILED"):
+        assert getattr(KL, name) == h[name], name
+    assert [h["PATH_PORTABLE"], h["PATH_AVX2"], h["PATH_AVX512"]] == [K.PATH_CODES.index(n) for n in
+                                                                       ("portable", "avx2", "avx512")]
+    assert (K.PATH_INT8, K.PATH_NO_VNNI) == (h["PATH_INT8"], h["PATH_NO_VNNI"])
+    assert set(KL.KernelLibrary.SIGNATURES) == set(re.findall(r"RK_API int32_t (rk_\w+)\(",
+                                                             (ROOT / "csrc" / "rowkernel.h").read_text()))
+
+
+@needs_c
+@pytest.mark.parametrize("model", ["tiny-moe", "smollm2-135m"])
+def test_c_forward_plans_have_rowkernel_h_sizes(model):
+    from lessonkit.models.registry import load_model
+    h = _header_constants((ROOT / "csrc" / "rowkernel.h").read_text(encoding="utf-8"))
+    eng = load_model(model)
+    fwd, c = eng.model.c_forward, eng.config
+    assert fwd is not None, eng.model.forward_why
+    assert fwd.plan.numel() == h["PLAN_GLOBALS"] + h["PLAN_LAYER"] * c.n_layers
+    assert fwd.dims.numel() == h["DIMS"]
+    assert fwd.plan[h["PLAN_EMBED_ROWS"]].item() in (0, c.vocab_size)
+    if c.is_moe:
+        assert all(t.shape[1] == h["EXPERT_ENTRY"] for t in fwd.tables)
