@@ -106,8 +106,9 @@ WHITESPACE = arg("--whitespace", choices=["compact", "flexible"], default="flexi
 
 THREADS = arg("--threads", type=THREAD_COUNT, default=None,
               help="C kernel threads (default: this machine's physical cores); results do not depend on it")
-WEIGHTS = arg("--weights", choices=["native", "f32"], default=None,
-              help="quantised models: multiply the Q4_1/Q8_0 blocks (native, default with the C kernel) or float32")
+WEIGHTS = arg("--weights", choices=["native", "f32", "q8_0"], default=None,
+              help="quantised models: multiply the Q4_1/Q8_0 blocks (native, default with the C kernel) or float32; "
+                   "q8_0: also quantise float matrices to Q8_0 blocks at load (another, lossy model)")
 NUMERICS = arg("--numerics", choices=["exact", "int8"], default=None,
                help="native blocks: exact (the float32 model's bits) or int8 (activations quantised per block of 32, "
                     "integer dots: docs/numerics.md); default: LESSONKIT_NUMERICS, else exact")

@@ -204,3 +204,29 @@ def test_smollm2_decode_verify_and_prefill_give_the_same_logits(smollm2_int8):
         assert torch.equal(eng.forward(ids, eng.new_cache(n)), whole)
     finally:
         K.set_threads(1)
+
+
+# ---- tiny-moe on Q8_0 blocks (weights="q8_0"): the MoE target on the int8 numerics -------------------------
+def test_q8_0_rows_round_to_the_nearest_code():
+    w = torch.randn(40, 96, generator=torch.Generator().manual_seed(9))
+    w[3, :32] = 0.0
+    back = qb.dequantise_rows(qb.q8_0_rows(w), "q8_0")
+    d = qb._parts(qb.q8_0_rows(w), "q8_0")[0].float()                  # [40, 3] the stored scales
+    step = d.repeat_interleave(32, dim=1)
+    assert torch.all((back - w).abs() <= step / 2 + 1e-6 * w.abs())   # within half a code of the weight
+    assert torch.equal(back[3, :32], torch.zeros(32))
+
+
+@needs_c
+def test_tiny_moe_on_q8_0_blocks_is_row_invariant():
+    from lessonkit.models.registry import load_model
+    with K.numerics("int8"):
+        eng = load_model("tiny-moe", weights="q8_0")
+    assert eng.weights == "q8_0" and "int8" in eng.model.forward_why
+    ids = list(range(5, 29))
+    whole = eng.forward(ids, eng.new_cache(len(ids)))
+    for chunk in (1, 5):
+        cache, out = eng.new_cache(len(ids)), []
+        for i in range(0, len(ids), chunk):
+            out.append(eng.forward(ids[i:i + chunk], cache))
+        assert torch.equal(torch.cat(out), whole), chunk

@@ -57,19 +57,43 @@ EXPERTS_FORMAT = f"lessonkit-stream-v{LAYOUT_VERSION}"     # experts.safetensors
 
 
 def choose_weights(requested: str | None = None) -> tuple[str, str]:
-    """("native" or "f32", why): how a model with quantised blocks is multiplied. `requested` (an engine
-    argument) wins over LESSONKIT_WEIGHTS; the default is native where the C kernel runs, else f32."""
+    """("native", "f32" or "q8_0", why): how a model's matrices are multiplied. `requested` (an engine
+    argument) wins over LESSONKIT_WEIGHTS; the default is native where the C kernel runs, else f32. "q8_0"
+    also quantises a model's float matrices to Q8_0 blocks at load (`q8_0_rows`): another model, lossy,
+    whose accuracy is measured against the float one (the int8 numerics then take integer dots on it)."""
     req = (requested or os.environ.get("LESSONKIT_WEIGHTS", "") or "auto").strip().lower()
-    if req not in ("auto", "native", "f32"):
-        raise LessonkitError(f"weights {req!r} (LESSONKIT_WEIGHTS or --weights): expected native, f32 or auto")
+    if req not in ("auto", "native", "f32", "q8_0"):
+        raise LessonkitError(f"weights {req!r} (LESSONKIT_WEIGHTS or --weights): expected native, f32, q8_0 or auto")
     ready = kernel._rowkernel is not None and kernel.BACKEND != "mkl"
     if req == "f32":
         return "f32", "asked for (LESSONKIT_WEIGHTS=f32 or weights='f32')"
-    if req == "native" and not ready:
-        raise LessonkitError(f"native weights need the C kernel ({kernel.WHY}); use LESSONKIT_WEIGHTS=f32")
+    if req in ("native", "q8_0") and not ready:
+        raise LessonkitError(f"{req} weights need the C kernel ({kernel.WHY}); use LESSONKIT_WEIGHTS=f32")
+    if req == "q8_0":
+        return "q8_0", "asked for: float matrices quantised to Q8_0 blocks at load"
     if ready:
         return "native", "asked for" if req == "native" else f"default: the C kernel runs ({kernel.BACKEND})"
     return "f32", f"default without the C kernel ({kernel.WHY})"
+
+
+def q8_0_rows(w: torch.Tensor) -> torch.Tensor:
+    """Float W [N, K] (K a multiple of 32) -> Q8_0 rows [N, K / 32 * 34], as llama.cpp's quantize_row_q8_0 lays
+    them out: per block of 32, d = amax / 127 stored as f16, codes q = round(w / d) (half away from zero, with
+    the stored d) clamped to +-127; a block of zeros has d = 0 and codes 0."""
+    n, k = w.shape
+    if k % QK:
+        raise LessonkitError(f"Q8_0 blocks need inputs in multiples of {QK}, got a [{n}, {k}] matrix")
+    wb = w.float().reshape(n, k // QK, QK)
+    d = (wb.abs().amax(-1) / 127).half()
+    inv = torch.where(d.float() == 0, torch.zeros(()), 1 / d.float())
+    v = wb * inv[..., None]
+    q = (torch.sign(v) * torch.floor(v.abs() + 0.5)).clamp(-127, 127).to(torch.int8)
+    return torch.cat([d.contiguous().view(torch.uint8).view(n, -1, 2), q.view(torch.uint8)], -1).reshape(n, -1)
+
+
+def q8_0_weight(w: torch.Tensor) -> "NativeWeight":
+    """A float W [N, K] as a Q8_0 NativeWeight (the weight x @ W.T multiplies by)."""
+    return NativeWeight(q8_0_rows(w), w.shape[1], "q8_0")
 
 
 def block_kind(shape: tuple, want: tuple, name: str = "tensor") -> str:

@@ -56,14 +56,15 @@ class Engine:
         budget = None if expert_budget_mb is None else int(min(expert_budget_mb, 2**40) * 2**20)
         # native Q4_1 / Q8_0 blocks (a converted GGUF) are multiplied as blocks or dequantised: same bits
         mode, why = choose_weights(weights)
-        native = mode == "native" and dtype == torch.float32
+        native = mode in ("native", "q8_0") and dtype == torch.float32
+        q8 = mode == "q8_0" and native
         self.store = ExpertStore(self.model_dir / "experts.safetensors", c.n_layers, c.n_experts,
                                  (3, c.intermediate_size, c.dim), dtype=dtype, budget_bytes=budget, prefetch=prefetch,
-                                 native=native, disk=disk)
-        self.model = Transformer(c, load_dense(self.model_dir, c, blocks=native), self.store, dtype=dtype)
+                                 native=native, disk=disk, q8_0=q8)
+        self.model = Transformer(c, load_dense(self.model_dir, c, blocks=native), self.store, dtype=dtype, q8_0=q8)
         has_blocks = self.model.native or self.store.blocks
-        self.weights = "native" if native and has_blocks else "f32"
-        self.weights_why = why if has_blocks else "the model has no quantised blocks: float32 weights"
+        self.weights = "q8_0" if q8 else "native" if native and has_blocks else "f32"
+        self.weights_why = why if has_blocks or q8 else "the model has no quantised blocks: float32 weights"
         tok = self.model_dir / "tokenizer.json"
         self.tokenizer = None
         if tok.exists():

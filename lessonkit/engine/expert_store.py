@@ -82,8 +82,8 @@ class ExpertStore:
 
     def __init__(self, path: str | Path, n_layers: int, n_experts: int, shape: tuple[int, int, int],
                  *, dtype=torch.float32, budget_bytes: int | None = None, prefetch: bool = False,
-                 native: bool = False, legacy_rows: bool = False, disk: Disk | str = WARM):
-        self.path, self.native = Path(path), native
+                 native: bool = False, legacy_rows: bool = False, disk: Disk | str = WARM, q8_0: bool = False):
+        self.path, self.native, self.q8_0 = Path(path), native, q8_0   # q8_0: float experts quantised on read
         self.n_layers, self.n_experts, self.shape, self.dtype = n_layers, n_experts, tuple(shape), dtype
         header, self._data_start = read_safetensors_header(self.path, metadata=True)
         self.layout = 2 if header.pop("__metadata__").get("format") == qb.EXPERTS_FORMAT else 1
@@ -190,6 +190,9 @@ class ExpertStore:
                           qb.NativeWeight.from_packed(down, inter, dim, kind))
         if kind != "float":
             gu, down = qb.dequantise_strips(gu, dim, kind), qb.dequantise_strips(down, inter, kind)
+        if self.q8_0 and dim % qb.QK == 0 and inter % qb.QK == 0:   # weights="q8_0": blocks from the float strips
+            return Expert(qb.q8_0_weight(qb.unpack_strips(gu.float(), dim, 2 * inter).T),
+                          qb.q8_0_weight(qb.unpack_strips(down.float(), inter, dim).T))
         gu, down = gu.to(self.dtype), down.to(self.dtype)            # no copy when the file holds the compute dtype
         return Expert(qb.strip_row_weight(gu, dim, 2 * inter), qb.strip_row_weight(down, inter, dim))
 

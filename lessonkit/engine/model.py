@@ -87,8 +87,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Transformer:
     """Weights + expert store; `forward` runs T new positions against a KV cache."""
 
-    def __init__(self, config: ModelConfig, dense: dict[str, torch.Tensor], store: ExpertStore, dtype=torch.float32):
+    def __init__(self, config: ModelConfig, dense: dict[str, torch.Tensor], store: ExpertStore, dtype=torch.float32,
+                 q8_0: bool = False):
         self.config, self.store, self.dtype = config, store, dtype
+        self.q8_0 = q8_0                               # float matrices quantised to Q8_0 blocks (weights="q8_0")
         dense = dict(dense)
         ids = dense.pop("lm_head_ids", None)          # token ids of the output rows (config.head_rows)
         self.head_ids = None if config.head_rows is None else ids.to(torch.long)
@@ -124,6 +126,8 @@ class Transformer:
         self.c_forward, self.forward_why = c_forward.plan_for(self)
 
     def _row_weight(self, name: str, v: torch.Tensor):
+        if v.dtype != torch.uint8 and self.q8_0 and v.shape[1] % qb.QK == 0:
+            return qb.q8_0_weight(v)
         if v.dtype != torch.uint8:
             return RowWeight(v.T.contiguous())
         c = self.config
