@@ -106,7 +106,7 @@ def test_ci_installs_chromium_before_the_test_command():
     asks = [i for i, l in enumerate(lines[:install + 1]) if "chromium" in l and not l.lstrip().startswith("#")]
     assert asks, "chromium is not among the packages .ci/run installs"
     assert "-y" in lines[install] and "DEBIAN_FRONTEND=noninteractive" in lines[install]
-    assert install < lines.index("./workbook test")
+    assert install < next(i for i, l in enumerate(lines) if l.startswith("./workbook test"))
 
 
 # ---- lesson figures and panels ---------------------------------------------------------------------
