@@ -26,7 +26,7 @@ from lessonkit import workbook_path
 NOTEBOOKS = sorted(workbook_path("notebooks").rglob("*.ipynb"))
 DOCS = sorted(p for p in workbook_path("docs").glob("*.md") if p.name != "sources.md")
 # docs whose figures are dated run records kept by other parts of the project, not yet dated section by section
-DOCS_BACKLOG = {"kernel.md": "kernel benchmark records (docs/kernel.md's owner)"}
+DOCS_BACKLOG: dict[str, str] = {}
 
 # Facts that are neither a run's result nor a quotation: model and workload constants, each with its origin.
 FACTS = {
