@@ -14,7 +14,9 @@ from lessonkit.gap.lag import METHODS, estimate_lag
 # Epoch AI's published figures (as given in data/epoch/README.md; not re-checked at epoch.ai).
 PUBLISHED = [
     {"finding": "lag on benchmarks, Nov 2024", "measure": "mmlu, gpqa", "as_of": "2024-11-04",
-     "value": "about 12 months (5-22 by benchmark)", "low": 5.0, "high": 22.0, "unit": "months",
+     # the "5-22 months by benchmark" once quoted beside it was not found as stated in the report
+     # (docs/sources.md): it is not Epoch's, so no range is given here
+     "value": "about 12 months", "low": None, "high": None, "unit": "months",
      "source": "Cottier et al., 'How far behind are open models?', Epoch AI, 4 Nov 2024"},
     {"finding": "growth of open frontier compute", "measure": "compute", "as_of": "2025-01-15",
      "value": "4.7x per year (90% CI 3.6-6.1)", "low": 3.6, "high": 6.1, "unit": "x per year",

@@ -167,7 +167,7 @@ def widgets(data: EpochData):
 
 def beside_epoch(data: EpochData, figures: dict, grouping: str = "open_weights") -> list[str]:
     """Section 6's sentences, from this run's figures (gap.summary.measure) set beside Epoch's published ones:
-    the ECI lag at Epoch's date, MMLU and GPQA Diamond against the once-quoted range, why MMLU runs long, which
+    the ECI lag at Epoch's date, MMLU and GPQA Diamond against Epoch's central figure, why MMLU runs long, which
     GPQA months count, and the open compute growth against Epoch's interval."""
     from lessonkit.gap.data import DAYS_PER_MONTH
     from lessonkit.gap.lag import monthly_grid
@@ -180,13 +180,11 @@ def beside_epoch(data: EpochData, figures: dict, grouping: str = "open_weights")
            f"frontiers, and a vertical gap of {eci['linear']['vertical_gap']:.1f} points. The linear estimator assumes "
            "the closed frontier rose steadily between its records, so it dates the closed side's arrival at a level "
            "earlier than the first closed model that scored that high."]
-    low, high = pub["mmlu, gpqa"]["low"], pub["mmlu, gpqa"]["high"]
+    central = pub["mmlu, gpqa"]["value"]            # Epoch's central figure only (its range is unverified)
     for m in ("mmlu", "gpqa"):
         e = figures["lag_at_published_dates"][f"{m}@2024-11-04"]["linear"]
-        where = "inside" if low <= e["lag_months"] <= high else "outside"
-        out.append(f"{m.upper()}, Nov 2024: {e['lag_months']:.1f} months, {where} the {low:.0f}-{high:.0f} month range "
-                   "across benchmarks once quoted for Epoch (unverified: not found as stated in its report; its central "
-                   "figure is about 12).")
+        out.append(f"{m.upper()}, Nov 2024: {e['lag_months']:.1f} months, against Epoch's {central} across benchmarks "
+                   "(a per-benchmark range once quoted for Epoch was not found in its report and is not used).")
     g = grouped(data.tables["mmlu"], grouping)           # why MMLU runs long: how long early 2023's best closed score stood
     closed_rec = frontier(g[g["group"] == "closed"])
     gpt4 = closed_rec[closed_rec["date"] <= "2023-12-31"].iloc[-1]
