@@ -1089,18 +1089,25 @@ RK_EXPORT int32_t rk_dense_step(uintptr_t plan_a, int64_t L, int64_t D, int64_t 
     return RK_OK;
 }
 
-/* greedy: k draft tokens in one call. Feeds `token` at position pos, takes the argmax of its logits (the
-   highest logit; ties: the lowest token id, as torch.argmax over the full vocabulary; head_ids maps a reduced
-   output layer's rows to token ids, or is 0), feeds that token at pos + 1, and so on: out[0..k-1] are the
-   drafts, and the caller's KV cache holds positions pos .. pos + k - 1. logits: V floats of scratch. */
+/* greedy: a drafter's whole turn in one call. Feeds the n context tokens the cache lacks at positions pos ..
+   pos + n - 1, then takes the argmax of the last logits (the highest logit; ties: the lowest token id, as
+   torch.argmax over the full vocabulary; head_ids maps a reduced output layer's rows to token ids, or is 0),
+   feeds that token, and so on: out[0..k-1] are the k drafts, and the caller's KV cache holds positions pos ..
+   pos + n + k - 2. logits: V floats of scratch. */
 RK_EXPORT int32_t rk_dense_greedy(uintptr_t plan_a, int64_t L, int64_t D, int64_t H, int64_t G, int64_t hd, int64_t I,
-                                  int64_t NV, int64_t V, float eps, int64_t token, int64_t pos, int64_t k,
-                                  int32_t use_avx2, uintptr_t logits_a, uintptr_t head_ids_a, uintptr_t out_a)
+                                  int64_t NV, int64_t V, float eps, uintptr_t tokens_a, int64_t n, int64_t pos,
+                                  int64_t k, int32_t use_avx2, uintptr_t logits_a, uintptr_t head_ids_a, uintptr_t out_a)
 {
     const float *logits = (const float *)logits_a;
-    const int64_t *ids = (const int64_t *)head_ids_a;
+    const int64_t *ids = (const int64_t *)head_ids_a, *tokens = (const int64_t *)tokens_a;
     int64_t *out = (int64_t *)out_a;
-    if (k < 1) return RK_BAD_SIZES;
+    if (k < 1 || n < 1) return RK_BAD_SIZES;
+    for (int64_t j = 0; j + 1 < n; j++) {
+        const int32_t rc = rk_dense_step(plan_a, L, D, H, G, hd, I, NV, V, eps, tokens[j], pos + j, use_avx2, logits_a);
+        if (rc != RK_OK) return rc;
+    }
+    int64_t token = tokens[n - 1];
+    pos += n - 1;
     for (int64_t i = 0; i < k; i++) {
         const int32_t rc = rk_dense_step(plan_a, L, D, H, G, hd, I, NV, V, eps, token, pos + i, use_avx2, logits_a);
         if (rc != RK_OK) return rc;

@@ -69,8 +69,8 @@ RK_API int32_t rk_dense_step(uintptr_t plan, int64_t L, int64_t D, int64_t H, in
                              int64_t NV, int64_t V, float eps, int64_t token, int64_t pos, int32_t path,
                              uintptr_t logits);
 RK_API int32_t rk_dense_greedy(uintptr_t plan, int64_t L, int64_t D, int64_t H, int64_t G, int64_t hd, int64_t I,
-                               int64_t NV, int64_t V, float eps, int64_t token, int64_t pos, int64_t k, int32_t path,
-                               uintptr_t logits, uintptr_t head_ids, uintptr_t out);
+                               int64_t NV, int64_t V, float eps, uintptr_t tokens, int64_t n, int64_t pos, int64_t k,
+                               int32_t path, uintptr_t logits, uintptr_t head_ids, uintptr_t out);
 RK_API int32_t rk_exp_many(uintptr_t x, uintptr_t out, int64_t n);
 RK_API int32_t rk_profile(int32_t on, uintptr_t out);
 RK_API int32_t rk_forward(uintptr_t plan, uintptr_t dims, float eps, float clip, uintptr_t x, uintptr_t tokens,

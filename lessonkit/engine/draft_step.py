@@ -99,22 +99,23 @@ class CompiledStep:
         self.cache.length = pos + 1
         return self.model.full_logits(self.logits.clone())
 
-    def greedy(self, token: int, k: int) -> list[int]:
-        """k greedy drafts in one C call: `token` fed at position `cache.length`, then each argmax in turn (the
-        argmax in C, ties to the lowest token id as torch.argmax); the cache grows by k positions."""
-        pos = self.cache.length
-        if not 0 <= token < self.model.config.vocab_size:
-            raise ValueError(f"token id {token} outside the vocabulary of {self.model.config.vocab_size}")
+    def greedy(self, tokens: list[int], k: int) -> list[int]:
+        """A drafter's turn in one C call: `tokens` (the context the cache lacks) fed from position
+        `cache.length`, then k greedy drafts, each argmax in C (ties to the lowest token id, as torch.argmax);
+        the cache grows by len(tokens) + k - 1 positions."""
+        pos, n, V = self.cache.length, len(tokens), self.model.config.vocab_size
+        if not tokens or any(not 0 <= t < V for t in tokens):
+            raise ValueError(f"tokens {tokens[:8]}...: need at least one, each inside the vocabulary of {V}")
         if (self.cache.k.data_ptr(), self.cache.v.data_ptr()) != self._kv:
             raise ValueError("the KV cache's tensors were replaced after the compiled step was planned")
-        if pos + k > self.max_pos:
-            self.cache.check_room(k)
-            raise ValueError(f"positions {pos}..{pos + k - 1} are past the RoPE table of {self.max_pos} positions")
-        out = torch.empty(k, dtype=torch.int64)
+        if pos + n + k - 1 > self.max_pos:
+            self.cache.check_room(n + k - 1)
+            raise ValueError(f"positions up to {pos + n + k - 2} are past the RoPE table of {self.max_pos} positions")
+        out, fed = torch.empty(k, dtype=torch.int64), torch.tensor(tokens, dtype=torch.int64)
         ids = self.model.head_ids
         if ids is not None and (ids.dtype != torch.int64 or not ids.is_contiguous()):
             ids = self.model.head_ids = ids.to(torch.int64).contiguous()
-        kernel._rowkernel.dense_greedy(self.plan.data_ptr(), *self.args, int(token), pos, k, self.avx2,
+        kernel._rowkernel.dense_greedy(self.plan.data_ptr(), *self.args, fed.data_ptr(), n, pos, k, self.avx2,
                                        self.logits.data_ptr(), 0 if ids is None else ids.data_ptr(), out.data_ptr())
-        self.cache.length = pos + k
+        self.cache.length = pos + n + k - 1
         return out.tolist()

@@ -158,18 +158,21 @@ class _CachedModel:
         self.ids = list(context)
         return logits
 
+    GREEDY_CATCH_UP = 32     # new context tokens fed inside the drafter's one C call; more: a prefill first
+
     def greedy_after(self, context: list[int], k: int) -> list[int]:
-        """k greedy drafts after `context` in one C call (the C step only): the context caught up as
-        logits_after does, all but its last token, then the last token and k - 1 drafts fed in C."""
+        """k greedy drafts after `context` in one C call (the C step only): the context tokens the cache lacks
+        and the k drafts fed in C, each argmax in C (a long catch-up, the prompt, takes a prefill first)."""
         n = min(_common_prefix(self.ids, context), len(context) - 1)
         if n < 0:
             raise LessonkitError("a drafter needs a non-empty context")
-        if n < len(context) - 1:
+        if len(context) - n > self.GREEDY_CATCH_UP:
             self.logits_after(context[:-1])
+            n = len(context) - 1
         else:
             self.cache.rollback(n)
             self.ids = self.ids[:n]
-        toks = self._step.greedy(context[-1], k)
+        toks = self._step.greedy(context[n:], k)
         self.forwards += k
         self.ids = list(context) + toks[:-1]
         return toks
