@@ -106,6 +106,9 @@ PRINTED_CELLS = {"00_engine.ipynb": 1, "01_speculative.ipynb": 3, "02_mtp.ipynb"
 # What each printed cell must compute, so that an emptied cell fails too (issue 34's cells).
 PRINTED_FROM = {
     "00_engine.ipynb": ["advance_bytes(", "word 3-grams"],
+    # issue 52: the verify cost on both numerics with the cost model; E(k) from acceptance measured apart
+    # against tokens per verify step with the prefill forward left out
+    "01_speculative.ipynb": ["two_numerics_sentences(", 'sp_df["E_apart"] / sp_df["tokens_per_verify"]'],
     "02_mtp.ipynb": ['by_scheme[m]["int4"]', "shifted control %"],
     "03_grammar.ipynb": ['"record schema, flexible"'],
     "07_gap_analysis.ipynb": ["lesson.beside_epoch("],

@@ -22,6 +22,14 @@ from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.speculative.vocab import frequent_tokens
 
 
+def head_training(model: str) -> str:
+    """The "trained:" line of the model's MTP head card (data/models/mtp/<model>.card.md): steps, tokens, threads."""
+    from lessonkit import data_dir
+    card = data_dir() / "models" / "mtp" / f"{model}.card.md"
+    lines = card.read_text(encoding="utf-8").splitlines() if card.is_file() else []
+    return next((ln.lstrip("- ") for ln in lines if ln.startswith("- trained:")), "training: no card")
+
+
 def train_loss_figure(log: dict, title: str = ""):
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
     a1.plot(log["step"], log["loss"], lw=0.8, label="total")

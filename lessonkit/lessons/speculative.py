@@ -27,8 +27,9 @@ from lessonkit.measure.break_even import (break_even_acceptance,  # noqa: F401 (
                                           break_even_table, cost_model_inputs, disk_cost_model, disk_label,
                                           validate_cost_model)
 from lessonkit.measure.disk import disk_read_rate  # noqa: F401 (lesson 1 measures its disk here)
+from lessonkit.measure import numerics_paths as paths
 from lessonkit.measure.speculative import (_timed_runs, drafter_table, lesson_models,  # noqa: F401 (lesson 1 runs them)
-                                           sampling_tv, trace_verify_step)
+                                           per_position_acceptance, sampling_tv, trace_verify_step)
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import ModelDrafter
 from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens, expected_tokens_per_pos,
@@ -82,9 +83,81 @@ def acceptance_by_kind(target, drafters: dict, prompts: dict[str, list[list[int]
     return df, fig
 
 
+def two_numerics(model: str = "smollm2-135m", drafters=None, *, k: int = 3, k_max: int = 7, n_prompts: int = 1,
+                 max_new_tokens: int = 32, repeats: int = 2, seed: int = 0):
+    """Section 2's experiment: `model` loaded on each numerics (measure.numerics_paths), its verify cost curve
+    against the cost model, and each drafter's predicted and measured decode speed-up on each. The timed prompts
+    and the prompts the acceptance is measured on apart are drawn with different seeds. Returns (cost table,
+    drafter table, Figure, notes)."""
+    drafters = drafters or {"distilled draft": "smollm2-draft", "n-gram lookup": "ngram"}
+    engines, notes = paths.load_on_each(model)
+    cost_df, costs = paths.verify_costs(engines, k_max, repeats=3 * repeats + 1)
+    first = next(iter(engines.values()))
+    timed, apart = ([p for ps in prompts_by_kind(first, n=n_prompts, max_tokens=48, seed=s).values() for p in ps]
+                    for s in (seed, seed + 1))
+    spd = paths.drafter_on_each(engines, costs, drafters, timed, apart, k=k, max_new_tokens=max_new_tokens,
+                                repeats=repeats)
+    return cost_df, spd, plot_two_numerics(cost_df, spd, model), notes
+
+
+def plot_two_numerics(cost_df: pd.DataFrame, spd: pd.DataFrame, model: str):
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for i, (nm, d) in enumerate(cost_df.groupby("numerics", sort=False)):
+        ax.plot(d.k, d.measured, "o", color=f"C{i}", label=f"{nm}: measured (T1 {d.T_ms.iloc[0]:.1f} ms)")
+        ax.plot(d.k, d.model_b_fit, "-", color=f"C{i}", label=f"{nm}: (b + M)/(b + 1), b = {d.b_fit.iloc[0]:.1f} from T(2)")
+    ax.plot(d.k, cost_df[cost_df.numerics == d.numerics.iloc[0]].model_b3, ":", color="gray", label="b = 3 (exact's op count)")
+    ax.set_xlabel("drafts verified, k (rows M = k + 1)")
+    ax.set_ylabel("verify cost T(k+1)/T(1)")
+    ax.set_title(f"{model}: what a verify row costs")
+    integer_axis(ax)
+    legend_beside(ax, fontsize=8)
+    labels = [f"{r.drafter}\n{r.numerics}" for r in spd.itertuples()]
+    x = np.arange(len(spd))
+    bx.bar(x - 0.2, spd.predicted_speedup, 0.4, label="predicted (parts measured apart)")
+    bx.bar(x + 0.2, spd.measured_speedup, 0.4, label="measured (decode phase)")
+    bx.axhline(1.0, color="black", lw=0.8)
+    bx.set_xticks(x, labels, fontsize=8)
+    bx.set_ylabel("speed-up over plain greedy (x)")
+    bx.set_title(f"k = {int(spd.k.iloc[0])}: above 1 pays, below 1 loses")
+    legend_beside(bx, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def two_numerics_sentences(cost_df: pd.DataFrame, spd: pd.DataFrame) -> list[str]:
+    """Section 2's sentences, from the run's numbers: the verify cost measured and predicted per numerics, and
+    for each drafter where it paid and where it lost."""
+    out = []
+    for nm, d in cost_df.groupby("numerics", sort=False):
+        r = d[d.rows == 5].iloc[0] if (d.rows == 5).any() else d.iloc[-1]
+        out.append(f"{nm} numerics: a {int(r.rows)}-row verify costs {r.measured:.2f} plain steps (one step "
+                   f"{d.T_ms.iloc[0]:.1f} ms); the cost model predicts {r.model_b3:.2f} with b = 3 and "
+                   f"{r.model_b_fit:.2f} with b = {r.b_fit:.1f} fitted to the 2-row step alone")
+    for dr, g in spd.groupby("drafter", sort=False):
+        won = [f"{r.numerics} {r.measured_speedup:.2f}x (predicted {r.predicted_speedup:.2f}x, a* {_a(r.a_star)}, "
+               f"a1 measured apart {r.a1_apart:.2f}, c {r.c:.2f})" for r in g.itertuples()]
+        pays = g[g.measured_speedup > 1].numerics.tolist()
+        verdict = ("pays on neither numerics in this run" if not pays else
+                   "pays on both numerics in this run" if len(pays) == len(g) else
+                   f"pays on the {', '.join(pays)} numerics and loses on the "
+                   f"{', '.join(n for n in g.numerics if n not in pays)} in this run")
+        out.append(f"{dr} at k = {int(g.k.iloc[0])}: " + "; ".join(won) + f"; it {verdict}")
+    out.append("every speculative output identical to plain greedy on its own numerics: "
+               f"{bool(spd.identical_to_plain.all())}")
+    return out
+
+
+def _a(a) -> str:
+    return "never" if a is None or a != a else f"{a:.2f}"
+
+
 def speedup_vs_k(target, drafter, prompts: list[list[int]], *, ks=(1, 2, 3, 4, 6, 8), max_new_tokens: int = 32,
-                 repeats: int = 2, cost: list[float] | None = None):
+                 repeats: int = 2, cost: list[float] | None = None, apart: list[float] | None = None):
     """Measured speed-up of greedy speculative decoding vs plain greedy, for each k, with predictions.
+
+    apart: per-position acceptance measured on other prompts (measure.speculative.per_position_acceptance); then
+    E_apart = 1 + a1 + a1 a2 + ... from it predicts tokens_per_verify, the tokens per verify step with the
+    prefill forward (and the token it emits) left out.
 
     a: acceptance at the first draft position (Leviathan assumes i.i.d. acceptance);
     E_iid_a1: E(k) = (1 - a^(k+1)) / (1 - a) predicted from that a; E_tokens_per_verify: 1 + a1 + a1 a2 + ...
@@ -123,6 +196,8 @@ def speedup_vs_k(target, drafter, prompts: list[list[int]], *, ks=(1, 2, 3, 4, 6
                      "a_first_pos": a, "c": c, "cost_ratio": cost[k] / cost[0],
                      "acceptance_rate": r["acceptance_rate"], "tokens_per_forward": r["tokens_per_forward"],
                      "E_iid_a1": expected_tokens(min(a, 0.999999), k), "E_tokens_per_verify": e_meas, "tokens_per_s": r["tokens_per_s"],
+                     "E_apart": expected_tokens_per_pos(apart, k) if apart else float("nan"),
+                     "tokens_per_verify": (r["new_tokens"] - r["runs"]) / max(r["forwards"] - r["runs"], 1),
                      "plain_tokens_per_s": plain["tokens_per_s"]})
     df = pd.DataFrame(rows)
     return df, plot_speedup_vs_k(df, cond, cost, kmax, a, title=f"Speed-up vs k with {getattr(drafter, 'name', 'drafter')} "
@@ -291,6 +366,10 @@ HEADLINE = Headline(
         Sentence("The draft model had {tiny_draft_acceptance_rate:.0%} of its drafted tokens accepted, n-gram lookup "
                  "{ngram_acceptance_rate:.0%}; every drafter's output was checked against plain greedy (table)."),
         Sentence("A verify forward at k = 4 cost {verify_cost_ratio_k4:.2f}x a plain one-token step."),
+        Sentence("{path_model} at k = {k_path}: a verify cost {verify_cost_k_path_exact:.2f} plain steps on the exact "
+                 "numerics and {verify_cost_k_path_int8:.2f} on the int8 numerics; prompt lookup ran "
+                 "{speedup_exact_ngram:.2f}x (exact) and {speedup_int8_ngram:.2f}x (int8) plain greedy's decode, the "
+                 "distilled draft {speedup_exact_draft:.2f}x and {speedup_int8_draft:.2f}x.", when="path_model"),
         Sentence("With experts streamed from {disk_words}, the cost model puts speculation "
                  "below plain speed in {break_even_cells_losing} of {break_even_cells} cells of the break-even surface "
                  "(acceptance x expert budget x depth); the cells measured for real were {validation_error_median:.0%} "

@@ -93,6 +93,13 @@ def drafter_table(target, drafters: dict, prompts: list[list[int]], *, k: int = 
                      "identical_to_plain": same[name]})
     return pd.DataFrame(rows)
 
+def per_position_acceptance(target, drafter, prompts: list[list[int]], *, k: int = 4,
+                            max_new_tokens: int = 32) -> list[float]:
+    """The conditional acceptance a_1..a_k of `drafter` on `prompts` (untimed): measured apart from the runs whose
+    tokens per verify step it predicts."""
+    tot = total_stats([speculative_generate(target, drafter, p, max_new_tokens, k=k).stats for p in prompts])
+    return conditional_per_pos(tot["num_accepted_tokens_per_pos"], tot["num_drafts"])
+
 def lesson_models(model: str = "tiny-moe", draft: str = "tiny-draft", *, expert_budget_mb=None):
     """(target, draft engine, a note naming them)."""
     return load_model(model, expert_budget_mb=expert_budget_mb), load_model(draft), f"{model} + {draft}"

@@ -1,0 +1,33 @@
+"""Lesson 1's section 2 (issue 52): the verify cost model (b + M)/(b + 1), b fitted from the 2-row step, and the
+per-numerics drafter table whose speed-up is predicted from parts measured apart."""
+import math
+
+import pytest
+
+from lessonkit.measure import numerics_paths as paths
+
+
+@pytest.mark.parametrize("b", [0.0, 0.5, 3.0, 12.0])
+def test_b_from_two_rows_inverts_the_cost_model(b):
+    assert paths.b_from_two_rows(paths.cost_model(b, 2)) == pytest.approx(b)
+
+
+def test_the_cost_model_at_its_ends():
+    assert paths.cost_model(3.0, 5) == 2.0                 # docs/kernel.md: (3 + 5)/(3 + 1)
+    assert paths.cost_model(0.0, 5) == 5.0                 # nothing shared: a pass per row
+    assert math.isinf(paths.b_from_two_rows(1.0))          # a free second row: rows cost nothing
+
+
+def test_drafter_table_predicts_from_parts_measured_apart():
+    engines, notes = paths.load_on_each("tiny-moe")
+    assert "exact" in engines
+    cost_df, costs = paths.verify_costs(engines, k_max=2, repeats=1)
+    assert set(cost_df.numerics) == set(engines) and (cost_df[cost_df.k == 0].measured == 1.0).all()
+    eng = engines["exact"]
+    timed, apart = [eng.encode("the cat sat on the mat. the cat sat on the")], [eng.encode("a b a b a b a b a")]
+    df = paths.drafter_on_each({"exact": eng}, costs, {"n-gram": "ngram"}, timed, apart, k=2,
+                               max_new_tokens=6, repeats=1)
+    r = df.iloc[0]
+    assert r.identical_to_plain and r.k == 2
+    assert r.predicted_speedup == pytest.approx(r.E_predicted / (r.verify_cost + 2 * r.c))
+    assert 1.0 <= r.E_predicted <= 3.0 and r.measured_speedup > 0
