@@ -53,7 +53,7 @@ class StackConfig:
     warm_items: int = 0             # stream items before them that warm the semantic cache (untimed)
     max_new_tokens: int = 40        # answer length cap (one short NDJSON line)
     n_examples: int = 6             # few-shot examples in the shared prefix
-    k: int = 8                      # drafts per verify step (k + 1 <= 16: the row-wise path)
+    k: int | str = "auto"           # drafts per verify step: "auto" (the depth gate picks 0..8 per step) or a depth
     threshold: float = 0.85         # semantic cache cosine threshold (one-sided + guard)
     audit_rate: float = 0.1         # share of served hits re-judged after probation
     audit_first_n: int = 1          # hits of a new entry that are always audited
@@ -72,6 +72,7 @@ PRESETS = {
 
 
 TECHNIQUES = ("semcache", "prefix", "grammar", "drafter")
+GATE_K_MAX = 8                      # the depth gate's deepest draft in the stack (k + 1 <= 16: the row-wise path)
 
 
 
@@ -215,6 +216,7 @@ class Judge:
     def __init__(self, engine, prefix: str, *, max_new_tokens: int = 40, k: int = 8, prefix_cache=None,
                  grammar: bool = False, model_drafter: str | None = None, token_grammar=None):
         self.engine, self.max_new, self.k = engine, max_new_tokens, k
+        self.width = GATE_K_MAX if k == "auto" else k        # the deepest draft a step can take
         self.prefix_ids = engine.encode(prefix)
         if len(self.prefix_ids) < 2:
             raise LessonkitError("the judge's shared prefix must be at least two tokens")
@@ -235,7 +237,7 @@ class Judge:
             self._model_drafter.close()
 
     def _drafter(self):
-        g = GrammarDrafter(self.tg, max_draft=self.k) if self.tg is not None else None
+        g = GrammarDrafter(self.tg, max_draft=self.width) if self.tg is not None else None
         if g is None and self._model_drafter is None:
             return None
         return StackDrafter(g, self._model_drafter)
@@ -245,7 +247,7 @@ class Judge:
         item_ids = eng.encode(ITEM_TEMPLATE.format(text=text))
         prompt = self.prefix_ids + item_ids
         P = len(self.prefix_ids)
-        cache = eng.new_cache(len(prompt) + self.max_new + self.k + 2)
+        cache = eng.new_cache(len(prompt) + self.max_new + self.width + 2)
         restored = 0
         with torch.inference_mode():
             if self.prefix_cache is not None:
@@ -266,7 +268,7 @@ class Judge:
                 res = generate(eng, prompt, self.max_new, cache=cache, stop_strings=STOP_STRINGS)
                 ids, out_text, fw = res.token_ids, res.text, res.stats["forwards"]
             else:                                   # chunk 2 (the item) is prefilled by the speculative loop
-                res = speculative_generate(eng, drafter, prompt, self.max_new, k=self.k, cache=cache,
+                res = speculative_generate(eng, drafter, prompt, self.max_new, k=self.k, k_max=self.width, cache=cache,
                                            stop_strings=STOP_STRINGS, reset_drafter=False)
                 ids, out_text, fw = res.token_ids, res.text, res.stats["forwards"]
                 for part in ("grammar", "model"):

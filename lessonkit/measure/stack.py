@@ -25,8 +25,22 @@ ROWS = {                           # row name -> techniques on
     "prefix cache": ("prefix",),
     "grammar drafting": ("grammar",),
     "model drafter": ("drafter",),
-    "all together": TECHNIQUES,
+    "lossless together": ("prefix", "grammar", "drafter"),    # every answer the plain engine's, byte for byte
+    "all together": TECHNIQUES,                                # the same behind the lossy, audited semantic cache
 }
+# what the drafting choice may also pick instead of a model drafter behind the grammar: the grammar's forced
+# spans alone, or no drafts at all (the plain decode behind the prefix cache)
+NO_MODEL_DRAFTER = {"grammar only": ("prefix", "grammar"), "no drafts": ("prefix",)}
+
+
+def techniques_for(row: str, choice: str | None) -> tuple:
+    """The techniques a row runs: the combined rows take the drafting choice (NO_MODEL_DRAFTER drops the model
+    drafter, or the grammar too); the single-technique rows run as named."""
+    techs = ROWS[row]
+    if row in ("lossless together", "all together") and choice in NO_MODEL_DRAFTER:
+        keep = set(NO_MODEL_DRAFTER[choice]) | {"semcache"}
+        techs = tuple(t for t in techs if t in keep)
+    return techs
 
 def drafter_candidates(engine, names=("mtp", "tiny-draft", "ngram")) -> list[str]:
     """The model drafters that exist for this engine (an MTP head trained for it, a draft model with
@@ -47,23 +61,26 @@ def drafter_candidates(engine, names=("mtp", "tiny-draft", "ngram")) -> list[str
 
 def choose_drafter(engine, workload: Workload, cfg: StackConfig = StackConfig(), token_grammar=None):
     """Time grammar + each candidate on the calibration items (behind a warm prefix cache, as in the full
-    stack); returns (best name, DataFrame of the measurements)."""
+    stack), and the grammar alone and no drafts at all (NO_MODEL_DRAFTER), each at the config's depth (the depth
+    gate's by default); returns (the fastest: a drafter name or a NO_MODEL_DRAFTER key, DataFrame of the
+    measurements)."""
     cands = drafter_candidates(engine, cfg.drafters)
     cal = Workload(workload.calibration or workload.items[:1], [], [], workload.prefix)
     rows = []
     with tempfile.TemporaryDirectory(prefix="lessonkit-stack-cal-") as d:
         c = replace(cfg, progress=False)
         run_stack(engine, cal, ("prefix",), cfg=c, prefix_cache_dir=d, token_grammar=token_grammar)   # warm
-        for name in cands:
+        for name in [*cands, *NO_MODEL_DRAFTER]:
+            techs = NO_MODEL_DRAFTER.get(name, ("prefix", "grammar", "drafter"))
             try:
-                r = run_stack(engine, cal, ("prefix", "grammar", "drafter"), cfg=c, model_drafter=name,
+                r = run_stack(engine, cal, techs, cfg=c, model_drafter=None if name in NO_MODEL_DRAFTER else name,
                               prefix_cache_dir=d, token_grammar=token_grammar)
             except LessonkitError as e:            # e.g. a head that does not fit this model
                 rows.append({"drafter": name, "wall_s": None, "tokens_per_s": None, "note": str(e)})
                 continue
             rows.append({"drafter": name, "wall_s": r.wall_s, "tokens_per_s": r.engine_tokens / r.wall_s,
-                         "forwards": r.forwards, "model_accepted": r.extra["model_accepted"],
-                         "model_proposed": r.extra["model_proposed"], "note": ""})
+                         "forwards": r.forwards, "model_accepted": r.extra.get("model_accepted", 0),
+                         "model_proposed": r.extra.get("model_proposed", 0), "note": ""})
     df = pd.DataFrame(rows)
     ok = df.dropna(subset=["wall_s"]) if len(df) else df
     if not len(ok):
@@ -90,7 +107,7 @@ def one_item(engine, workload: Workload, cfg: StackConfig = StackConfig(), index
     return df
 
 # ---- the ablation ---------------------------------------------------------------------------------
-ABLATION_COLUMNS = ["model", "row", "techniques", "wall_s", "speedup", "tokens_per_s", "forwards", "expert_bytes",
+ABLATION_COLUMNS = ["model", "row", "techniques", "lossless", "wall_s", "speedup", "tokens_per_s", "forwards", "expert_bytes",
                     "judge_calls", "identical_to_plain", "engine_answers_identical", "answers_differing",
                     "cache_hits", "audits", "audited_losses", "actionable_losses", "model_drafter"]
 
@@ -125,15 +142,19 @@ def ablation(engine, cfg: StackConfig | str = "default", *, rows=None, embedding
         tg = judge_token_grammar(engine)
         if any("semcache" in ROWS[r] for r in rows) and embeddings is None:
             embeddings, embed_s = embed_workload(wl)
-        draft_df = None
+        draft_df, choice = None, model_drafter
         if model_drafter == "auto":
-            model_drafter, draft_df = choose_drafter(engine, wl, cfg, tg)
+            choice, draft_df = choose_drafter(engine, wl, cfg, tg)
+            model_drafter = choice
+            if choice in NO_MODEL_DRAFTER:          # the single "model drafter" row still runs the fastest model drafter
+                ok = draft_df[~draft_df.drafter.isin(list(NO_MODEL_DRAFTER))].dropna(subset=["wall_s"])
+                model_drafter = str(ok.sort_values("wall_s").iloc[0]["drafter"]) if len(ok) else "ngram"
         # warm-up: one item through the plain engine (allocator, expert cache, tokenizer)
         run_stack(engine, Workload(wl.items[:1], [], [], wl.prefix), (), cfg=replace(cfg, progress=False))
         # every configuration runs item by item, interleaved (order rotated per item), so that the
         # machine's drift (other processes) lands on all rows alike
-        pipes = {r: StackPipeline(engine, wl, ROWS[r], cfg=cfg, embeddings=embeddings, model_drafter=model_drafter,
-                                  token_grammar=tg, name=r) for r in rows}
+        pipes = {r: StackPipeline(engine, wl, techniques_for(r, choice), cfg=cfg, embeddings=embeddings,
+                                  model_drafter=model_drafter, token_grammar=tg, name=r) for r in rows}
         if wl.warm and any(p.front is not None for p in pipes.values()):    # a cache that has been running
             recorded = recorded_answers(engine, wl.prefix, cfg.max_new_tokens)
             for p in pipes.values():
@@ -145,9 +166,9 @@ def ablation(engine, cfg: StackConfig | str = "default", *, rows=None, embedding
         for r in rows:
             if "semcache" in ROWS[r]:
                 runs[r].wall_s += embed_s
-    return ablation_table(engine.name, runs, rows, model_drafter), runs, draft_df
+    return ablation_table(engine.name, runs, rows, model_drafter, choice), runs, draft_df
 
-def ablation_table(model: str, runs: dict, rows: list[str], model_drafter) -> pd.DataFrame:
+def ablation_table(model: str, runs: dict, rows: list[str], model_drafter, choice=None) -> pd.DataFrame:
     """One row per configuration against the plain engine's run: speed, identity (every item, cache answers
     included; and the engine's own answers), the semantic cache's losses."""
     plain = runs["plain engine"]
@@ -158,16 +179,18 @@ def ablation_table(model: str, runs: dict, rows: list[str], model_drafter) -> pd
         engine_identical = all(run.answers[i] == plain.answers[i] for i in eng_items)
         differing = sum(a != b for a, b in zip(run.answers, plain.answers))   # every item, cache answers included
         loss, act = _losses(run, plain)
-        out.append({"model": model, "row": r, "techniques": "+".join(ROWS[r]) or "none",
+        techs = techniques_for(r, choice)
+        out.append({"model": model, "row": r, "techniques": "+".join(techs) or "none", "lossless": "semcache" not in techs,
                     "wall_s": run.wall_s, "speedup": plain.wall_s / run.wall_s,
                     "tokens_per_s": run.answer_tokens / run.wall_s, "forwards": run.forwards,
                     "expert_bytes": run.expert_bytes, "judge_calls": run.judge_calls,
                     "identical_to_plain": differing == 0, "engine_answers_identical": engine_identical,
                     "answers_differing": differing, "cache_hits": run.hits, "audits": run.audits,
-                    "audited_losses": run.audit_losses if "semcache" in ROWS[r] else None,
-                    "actionable_losses": act if "semcache" in ROWS[r] else None,
-                    "losses": loss if "semcache" in ROWS[r] else None,
-                    "model_drafter": model_drafter if "drafter" in ROWS[r] else None,
+                    "audited_losses": run.audit_losses if "semcache" in techs else None,
+                    "actionable_losses": act if "semcache" in techs else None,
+                    "losses": loss if "semcache" in techs else None,
+                    "model_drafter": (model_drafter if "drafter" in techs else
+                                      choice if r in ("lossless together", "all together") else None),
                     "cached_positives_served": run.extra.get("cached_positives_served"),
                     "cache_serving": run.extra.get("cache_serving")})
     return pd.DataFrame(out)
