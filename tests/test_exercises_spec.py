@@ -235,3 +235,31 @@ def test_exercises_6_and_7_pass_the_solutions_and_flag_the_stubs(name, chk):
     assert ok is True and "passed" in out, out
     ok, out = run(chk, exercise_functions(NB)[name])
     assert ok is False and "not implemented yet" in out
+
+
+# ---------------------------------------------------------------- exercise 8: the verify cost model (issue 52)
+def vc_pass_per_row(t1, t2, k):                      # no weights shared between rows
+    return k + 1.0
+
+
+def vc_b_three(t1, t2, k):                           # the exact path's b, not this case's
+    return (3 + k + 1) / 4
+
+
+def vc_k_rows(t1, t2, k):                            # k rows where a verify has k + 1
+    b = max((2 * t1 - t2) / (t2 - t1), 0.0) if t2 > t1 else 1e30
+    return (b + k) / (b + 1)
+
+
+@pytest.mark.parametrize("fn, says", [(vc_pass_per_row, "pass per row"), (vc_b_three, "fit b"),
+                                      (vc_k_rows, "k + 1 rows")], ids=lambda x: getattr(x, "__name__", "says"))
+def test_verify_cost_check_names_the_mistake(fn, says):
+    ok, out = run(check.verify_cost, fn)
+    assert ok is False and says in out and out.count("\n") == 1, out
+
+
+def test_exercise_8_passes_the_solution_and_flags_the_stub():
+    ok, out = run(check.verify_cost, solution_functions(NB)["verify_cost"])
+    assert ok is True and "passed" in out, out
+    ok, out = run(check.verify_cost, exercise_functions(NB)["verify_cost"])
+    assert ok is False and "not implemented yet" in out

@@ -447,3 +447,47 @@ def on_this_machine(predict, best_k_fn=None, smoke: bool = False, seed: int = 0)
             print(f"best_k_priced: {error}")
         elif error is None:
             print(f"your best k with this c (positions past {k} take a_{k}): {got}")
+
+
+# --------------------------------------------------------------------------- exercise 8: the verify cost model
+def _ref_verify_cost(t1, t2, k):
+    b = (2 * t1 - t2) / (t2 - t1) if t2 > t1 else math.inf       # (b + 2)/(b + 1) = T(2)/T(1)
+    return 1.0 if math.isinf(b) else (max(b, 0.0) + k + 1) / (max(b, 0.0) + 1)
+
+
+def _judge_verify_cost(args, got):
+    t1, t2, k = args
+    try:
+        got = float(got)
+    except (TypeError, ValueError):
+        return "return one number: the predicted T(k+1)/T(1)"
+    if math.isclose(got, _ref_verify_cost(t1, t2, k), rel_tol=1e-6):
+        return None
+    why = {k + 1.0: "a pass per row; the weights are read and built once for all rows",
+           (3 + k + 1) / 4: "b = 3 is the exact path's operation count; fit b to this case's T(2)/T(1)",
+           _ref_verify_cost(t1, t2, k - 1) if k else -1: "a verify of k drafts has k + 1 rows"}
+    hit = next((w for v, w in why.items() if math.isclose(got, v, rel_tol=1e-6)), None)
+    return f"got {got:.4g}: " + (hit or "not (b + M)/(b + 1) with M = k + 1 and b from T(2)/T(1)")
+
+
+def verify_cost(fn) -> bool:
+    """Exercise 8: fn(t1, t2, k) -> (b + k + 1)/(b + 1), b fitted so that the model gives T(2)/T(1) = t2/t1."""
+    rng = random.Random(SEED + 8)
+    cases = [("the exact path's shape: b = 3", (1.0, 1.25, 4)), ("rows nearly free: a large b", (0.01, 0.0101, 4)),
+             ("a pass per row: b = 0", (0.02, 0.04, 3)), ("k = 1: the measured step itself", (0.005, 0.007, 1))]
+    cases += [(f"random #{i + 1}", (t := rng.uniform(0.002, 0.05), t * rng.uniform(1.01, 1.9), rng.randint(1, 8)))
+              for i in range(20)]
+    return _run("verify_cost", fn, cases, _judge_verify_cost)
+
+
+def verify_cost_on_this_machine(fn, smoke: bool = False) -> None:
+    """Your predicted T(k+1)/T(1) (from T(1) and T(2) of tiny-moe measured here) next to the measured curve."""
+    from lessonkit.models.registry import load_model
+    from lessonkit.speculative.gate import measure_cost_curve
+    cost = measure_cost_curve(load_model("tiny-moe"), 4 if smoke else 7, repeats=2 if smoke else 10)
+    got = [call(fn, (cost[0], cost[1], k)) for k in range(len(cost))]
+    if any(e for _, e in got):
+        print("verify_cost: " + next(e for _, e in got if e))
+        return
+    print("k: measured T(k+1)/T(1) | your prediction: " + ", ".join(
+        f"{k}: {t / cost[0]:.2f} | {float(g):.2f}" for k, (t, (g, _)) in enumerate(zip(cost, got))))
