@@ -119,7 +119,14 @@ def test_check_rejects_wrong_answer(check_fn, fn):
     assert "not implemented" not in out and out.strip()
 
 
-NAMES = ["int4_per_row", "int4_grouped", "eh_proj_diagnosis"]
+NAMES = ["int4_per_row", "int4_grouped", "eh_proj_diagnosis", "critical_ratio"]
+
+
+@pytest.mark.parametrize("fn", [lambda q: q, lambda q: 2 * q + 2, lambda q: 0.0, lambda q: "14"],
+                         ids=["one step", "past it", "zero", "a string"])
+def test_critical_ratio_check_rejects_wrong_answers(fn):      # issue 52: exercise 3 checks the ratio
+    ok, out = run(check.critical_ratio, fn)
+    assert ok is False and out.startswith("critical_ratio:") and "not implemented" not in out, out
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -145,6 +145,37 @@ def eh_proj_diagnosis(fn) -> bool:
     return True
 
 
+def critical_ratio(fn) -> bool:
+    """fn(qmax) -> the ratio r of the halves' largest |w| (hidden over embedding) from which symmetric per-row
+    quantisation with levels -qmax..qmax rounds every weight of the embedding half to 0. The row's scale is its
+    largest |w| over qmax, set by the hidden half; a weight becomes 0 when it is at most half a scale step."""
+    g = torch.Generator().manual_seed(SEED + 3)
+    for qmax in (7, 127, 3, 15):
+        got, err = _call("critical_ratio", fn, qmax)
+        if err:
+            print(err)
+            return False
+        try:
+            r = float(got)
+        except (TypeError, ValueError):
+            print(f"critical_ratio: qmax={qmax}: return one number, a ratio")
+            return False
+        ok = r > 0
+        for f, want_all in ((1.001, True), (0.97, False)):        # just past r every weight is 0, just below not
+            hid = torch.randn(8, 64, generator=g)
+            emb = torch.randn(8, 64, generator=g)
+            emb = emb / emb.abs().amax(-1, keepdim=True) * hid.abs().amax(-1, keepdim=True) / (r * f if ok else 1)
+            deq = _ref_fake_quant(torch.cat([hid, emb], 1), qmax, None)[:, 64:]
+            ok = ok and bool((deq == 0).all()) == want_all
+        if not ok:
+            hint = " (a weight rounds to 0 below half a step, not below one step)" if math.isclose(r, qmax, rel_tol=1e-6) else ""
+            print(f"critical_ratio: qmax={qmax}: got {r:.4g}, but at that ratio the embedding half is not "
+                  f"exactly where it all rounds to 0{hint}")
+            return False
+    print("critical_ratio: passed for qmax 7 (int4), 127 (int8), 3 and 15: compare with the 20-30x of Colibri PR 397")
+    return True
+
+
 def on_the_real_head(int4_per_row, model: str = "tiny-moe") -> None:
     """Your per-row int4 applied to the shipped head's eh_proj (stored with its halves 25x apart): the share of
     each half's weights your quantiser sends to 0, and the same for the natural-ratio control."""
