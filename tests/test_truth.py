@@ -42,6 +42,7 @@ FACTS = {
     "25 MB": "46,080 B per token x 552 tokens, rounded (worked in lesson 4)",
     "12M": "tiny-moe's parameter count (its card)",
     "255": "the largest value of a byte",
+    "127": "the largest level of symmetric int8 (-127..127; lessonkit.engine.quant)",
 }
 
 _NUM = re.compile(r"(?<![\w.,/#:\-])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?"
