@@ -100,7 +100,7 @@ def test_block_kind_refuses_what_is_not_blocks():
     assert qb.block_kind((576, 612), (576, 576)) == "q8_0"
     with pytest.raises(LessonkitError, match="neither Q4_1 nor Q8_0"):
         qb.block_kind((576, 361), (576, 576), "layers.0.wq")
-    with pytest.raises(LessonkitError, match="expected native, f32 or auto"):
+    with pytest.raises(LessonkitError, match="expected native, f32, q8_0 or auto"):
         qb.choose_weights("int4")
 
 
