@@ -46,6 +46,11 @@ Exactness flags (build_kernels.py passes them; the pragmas below repeat what a c
 #define RK_ARM64 0
 #endif
 
+/* A pool worker's stack: its deepest call (a product's register block, an attention pair) needs a few KB, so
+   512 KiB, not the platform's default (8 MB on Linux, reserved per thread): 64 workers then reserve 32 MB of
+   address space, not 512 MB, which matters under `ulimit -v` (shared JupyterHubs, HPC login nodes). */
+#define RK_WORKER_STACK (512 * 1024)
+
 #if defined(_WIN32)
 #define RK_EXPORT __declspec(dllexport)
 #elif defined(__GNUC__)
@@ -96,7 +101,7 @@ static int rk_thread_start(rk_thread_fn fn, void *arg)
     rk_thread_start_t *s = (rk_thread_start_t *)HeapAlloc(GetProcessHeap(), 0, sizeof *s);
     if (!s) return -1;
     s->fn = fn, s->arg = arg;
-    HANDLE h = CreateThread(NULL, 0, rk_thread_trampoline, s, 0, NULL);
+    HANDLE h = CreateThread(NULL, RK_WORKER_STACK, rk_thread_trampoline, s, STACK_SIZE_PARAM_IS_A_RESERVATION, NULL);
     if (!h) { HeapFree(GetProcessHeap(), 0, s); return -1; }
     CloseHandle(h);
     return 0;
@@ -128,7 +133,12 @@ typedef void *(*rk_thread_fn)(void *);
 static int rk_thread_start(rk_thread_fn fn, void *arg)
 {
     pthread_t t;
-    if (pthread_create(&t, NULL, fn, arg) != 0) return -1;
+    pthread_attr_t attr;
+    if (pthread_attr_init(&attr) != 0) return -1;
+    pthread_attr_setstacksize(&attr, RK_WORKER_STACK);      /* may fail below PTHREAD_STACK_MIN: the default stays */
+    const int rc = pthread_create(&t, &attr, fn, arg);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) return -1;
     pthread_detach(t);
     return 0;
 }

@@ -3,6 +3,7 @@ its one-row product bit for bit, for every matrix shape of every shipped model, 
 other rows hold, with 1 and 2 threads; the AVX2 and portable C paths give the same bits; the kernel is
 used whenever it is built."""
 import platform
+import sys
 
 import pytest
 import torch
@@ -258,3 +259,19 @@ def test_physical_cores_without_linux_interfaces(monkeypatch):
     assert K.physical_cores() == 6
     monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: None)     # psutil cannot tell
     assert K.physical_cores() == (K.os.cpu_count() or 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or K._rowkernel is None, reason="RLIMIT_AS and the C kernel")
+def test_64_threads_fit_a_3_gb_address_space_limit():
+    """Under `ulimit -v` (shared JupyterHubs, HPC login nodes) 64 kernel threads must not reserve the address
+    space the rest needs: each worker's stack is 512 KiB (portable.h RK_WORKER_STACK), not the platform's 8 MB.
+    With 8 MB stacks this command failed allocating a 4 MB weight (the issue-53 fuzz found it)."""
+    import resource
+    import subprocess
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+    r = subprocess.run([sys.executable, "-m", "lessonkit", "generate", "--model", "tiny-moe", "--prompt", "Once upon",
+                        "--max-new-tokens", "4", "--draft", "ngram:3", "--draft-k", "2", "--threads", "64"],
+                       capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    assert r.returncode == 0, r.stderr[-800:]
