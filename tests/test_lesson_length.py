@@ -24,3 +24,9 @@ def test_the_main_path_fits_a_class_segment(nb):
     words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
     assert len(cells) <= MAX_CELLS and words <= MAX_WORDS, f"{nb.name}: {len(cells)} cells, {words} words to the summary"
 
+
+
+def test_the_readme_is_one_a_newcomer_reads():
+    """At most about 200 lines (issue 52): timing records live in docs/timings.md, test detail in docs/testing.md."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 210, f"README.md: {len(lines)} lines"

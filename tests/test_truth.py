@@ -43,6 +43,9 @@ FACTS = {
     "12M": "tiny-moe's parameter count (its card)",
     "255": "the largest value of a byte",
     "127": "the largest level of symmetric int8 (-127..127; lessonkit.engine.quant)",
+    "3.11": "a Python version the workbook supports (pyproject.toml: requires-python >= 3.11; the platform tests run 3.11-3.13)",
+    "3.12": "a Python version the workbook supports (pyproject.toml: requires-python >= 3.11; the platform tests run 3.11-3.13)",
+    "3.13": "a Python version the workbook supports (pyproject.toml: requires-python >= 3.11; the platform tests run 3.11-3.13)",
 }
 
 _NUM = re.compile(r"(?<![\w.,/#:\-])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?"
@@ -150,6 +153,17 @@ def test_doc_figures_are_dated_records_or_sourced(path):
             continue
         found += typed_figures(section)
     assert not found, f"docs/{path.name}: undated figures (date the section's runs, or source them): {found}"
+
+
+def test_readme_figures_are_dated_records_or_sourced():
+    """The README too (issue 52): its timing records moved to docs/timings.md, dated with their CPU; what is left
+    is dated where it is a record, or carries no run's figure."""
+    found = []
+    for section in re.split(r"\n(?=#)", workbook_path("README.md").read_text(encoding="utf-8")):
+        if _DATE.search(section):
+            continue
+        found += typed_figures(section)
+    assert not found, f"README.md: undated figures (move them to docs/timings.md with their date and CPU): {found}"
 
 
 def test_the_check_catches_a_typed_figure():
