@@ -31,3 +31,16 @@ def test_drafter_table_predicts_from_parts_measured_apart():
     assert r.identical_to_plain and r.k == 2
     assert r.predicted_speedup == pytest.approx(r.E_predicted / (r.verify_cost + 2 * r.c))
     assert 1.0 <= r.E_predicted <= 3.0 and r.measured_speedup > 0
+
+
+def test_the_batch_speedup_prediction_of_lesson_4():
+    """Issue 52: lesson 4's batch speed-up predicted from the prefill and restore times and the uncached run."""
+    import pandas as pd
+    from lessonkit.measure.prefix_cache import predicted_batch_speedup
+    batch = pd.DataFrame([{"items": 10, "prefix tokens": 500, "total s": 10 * (1.0 + 0.1), "speed-up vs off": 5.0},
+                          {"items": 10, "prefix tokens": 500, "total s": 2.2, "speed-up vs off": 5.0}])
+    rvp = pd.DataFrame([{"prefix tokens": 64, "prefill s": 0.1, "restore s": 0.01},
+                        {"prefix tokens": 552, "prefill s": 1.0, "restore s": 0.05}])
+    p = predicted_batch_speedup(batch, rvp)
+    assert p["rvp_prefix_tokens"] == 552 and p["item_s"] == pytest.approx(0.1)
+    assert p["predicted"] == pytest.approx(11.0 / (0.05 + 1.0)) and p["measured"] == 5.0

@@ -13,8 +13,8 @@ from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import quantity_table, show_panel
 from lessonkit.measure.prefix_cache import (  # noqa: F401 (the experiments this lesson's notebook runs)
     batch_scoring_experiment, bytes_by_hand, bytes_per_token_table, corruption_demo, demo_models, kv_bytes_per_token,
-    partial_match_demo, prefill_growth, provenance_demo, restore_break_even, restore_vs_prefill_table,
-    tiny_random_model)
+    partial_match_demo, predicted_batch_speedup, prefill_growth, provenance_demo, restore_break_even,
+    restore_vs_prefill_table, tiny_random_model)
 
 
 def plot_batch_scoring(df):
