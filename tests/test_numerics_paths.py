@@ -44,3 +44,18 @@ def test_the_batch_speedup_prediction_of_lesson_4():
     p = predicted_batch_speedup(batch, rvp)
     assert p["rvp_prefix_tokens"] == 552 and p["item_s"] == pytest.approx(0.1)
     assert p["predicted"] == pytest.approx(11.0 / (0.05 + 1.0)) and p["measured"] == 5.0
+
+
+def test_the_speedup_per_quantisation_scheme_of_lesson_2():
+    """Issue 52: lesson 2 predicts each scheme's speed-up from its acceptance, the verify cost and the draft cost."""
+    from lessonkit.measure.mtp import predicted_by_scheme
+    from lessonkit.models.registry import load_model
+    from lessonkit.mtp.head import load_head
+    eng = load_model("tiny-moe")
+    by = {"none": {"acceptance": [0.8, 0.5]}, "int4": {"acceptance": [0.1, 0.0]}}
+    rows = predicted_by_scheme(eng, load_head(eng), by, {"prose": [eng.encode("the cat sat on the mat")]}, k=2,
+                               max_new_tokens=6)
+    none, int4 = rows
+    assert none["E_predicted"] == pytest.approx(1 + 0.8 + 0.4) and int4["E_predicted"] == pytest.approx(1.1)
+    assert none["predicted_speedup"] == pytest.approx(none["E_predicted"] / (none["verify_cost"] + 2 * none["c"]))
+    assert none["identical_to_plain"] and int4["identical_to_plain"]

@@ -50,3 +50,35 @@ def speed_comparison(engine, head: MtpHead | None = None, prompts: dict | None =
     finally:
         drafter.close()
     return rows
+
+
+def predicted_by_scheme(engine, head: MtpHead, by_scheme: dict, prompts: dict, *, k: int = 2,
+                        max_new_tokens: int = 32) -> list[dict]:
+    """Per quantisation scheme of the head: the decode speed-up predicted from parts measured apart, then measured.
+    E(k) = 1 + a1 + a1 a2 + ... from the teacher-forced acceptance per position (`by_scheme`, held-out windows, no
+    timing), the verify cost T(k+1)/T(1) measured here, and c, the head's draft seconds per draft token over a
+    plain decode step; predicted = E(k) / (T(k+1)/T(1) + k c). Measured: plain and MTP decoding of `prompts`, the
+    prefill left out on both sides; every output compared with plain greedy."""
+    from lessonkit.speculative.gate import expected_tokens_per_pos, measure_cost_curve
+    from lessonkit.speculative.verify import total_stats
+    cost = measure_cost_curve(engine, k, repeats=5)
+    flat = [p for ps in prompts.values() for p in ps]
+    plain = [generate(engine, p, max_new_tokens, use_eos=False) for p in flat]
+    pst = total_stats([r.stats for r in plain])
+    p_s = pst["wall_s"] - pst["ttft_s"]
+    t_tok = p_s / max(pst["new_tokens"] - pst["runs"], 1)
+    rows = []
+    for scheme, r in by_scheme.items():
+        drafter = MtpDrafter(engine, head, quant=scheme)
+        try:
+            res = [speculative_generate(engine, drafter, p, max_new_tokens, k=k, use_eos=False) for p in flat]
+        finally:
+            drafter.close()
+        st = total_stats([x.stats for x in res])
+        c = (st["draft_s"] / st["num_draft_tokens"]) / t_tok if st["num_draft_tokens"] else 0.0
+        e = expected_tokens_per_pos(list(r["acceptance"]), k)
+        rows.append({"model": engine.name, "scheme": scheme, "k": k, "a1": r["acceptance"][0], "E_predicted": e,
+                     "verify_cost": cost[k] / cost[0], "c": c, "predicted_speedup": e / (cost[k] / cost[0] + k * c),
+                     "measured_speedup": p_s / (st["wall_s"] - st["ttft_s"]),
+                     "identical_to_plain": all(x.token_ids == y.token_ids for x, y in zip(res, plain))})
+    return rows
