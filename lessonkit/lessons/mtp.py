@@ -57,7 +57,8 @@ def acceptance_figure(rows: dict, title: str, reported=(0.39, 0.59)):
         v = rows[lab]
         ax.bar(np.arange(len(v)) + i * width, [100 * a for a in v], width, label=lab)
     ax.axhspan(100 * reported[0], 100 * reported[1], color="grey", alpha=0.15,
-               label="39-59% reported for an int8 head (Colibri issue 8; issue 640: 43-44%, issue 163: 49%)")
+               label="39-59% reported for an int8 head (Colibri issue 8, Apple Silicon, 128 GB, cold cache; "
+                     "issue 640: 43-44%, issue 163: 49%)")
     ax.set_xticks(np.arange(depth) + 0.4 - width / 2, [f"position {i + 1}" for i in range(depth)])
     ax.set_ylabel("teacher-forced acceptance (%)")
     ax.set_xlabel("draft position")
