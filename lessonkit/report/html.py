@@ -61,6 +61,13 @@ def _kernel_path() -> tuple[str, str | None]:
     return path, weights
 
 
+def _numerics() -> str:
+    """The numerics of native blocks in this run (exact or int8; docs/numerics.md), as the lessons' kernels take
+    them from LESSONKIT_NUMERICS (`lessonkit run --numerics`)."""
+    from lessonkit.engine import kernel
+    return f"{kernel.NUMERICS} ({kernel.NUMERICS_WHY})"
+
+
 def _version(pkg: str) -> str:
     try:
         return version(pkg)
@@ -86,7 +93,7 @@ def machine_info() -> dict[str, str]:
             "cores": f"{cores} physical, {os.cpu_count()} logical" if cores else f"{os.cpu_count()} logical",
             "usable by this run": f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} "
                                   f"CPUs, {torch.get_num_threads()} torch thread{'s' if torch.get_num_threads() > 1 else ''}",
-            "kernel path": path}
+            "kernel path": path, "numerics": _numerics()}
     if weights:
         info["weights path"] = str(weights)
     info["system"] = platform.platform()
