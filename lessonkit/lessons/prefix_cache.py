@@ -78,7 +78,8 @@ HEADLINE = Headline(
         Sentence("Scoring {batch_items} items behind one system prompt, a warm cache after a restart ran "
                  "{batch_speedup_warm_vs_off:.2f}x the uncached run, time to first token {ttft_off_s:.4f} s -> "
                  "{ttft_warm_s:.4f} s, scores {scores_identical:identical to|DIFFERENT from} the uncached run."),
-        Sentence("A snapshot takes {bytes_per_token:,.0f} bytes on disk per cached token."),
+        Sentence("A snapshot holds {kv_bytes_per_token:,} bytes of keys and values per cached token, plus its "
+                 "header."),
         Sentence("A cache keyed by shapes only {shape_keyed_cache_changes_output:changed the output|left the output "
                  "unchanged} when handed another model's state; the provenance-keyed cache restored "
                  "{foreign_tokens_restored} tokens from it."),
