@@ -305,6 +305,8 @@ def test_greedy_identical_smollm2_ngram_small():
 
 
 @pytest.mark.slow
+@pytest.mark.budget(180, "60 prompts x 24 tokens of smollm2-135m, twice (all experts resident and one MLP streamed "
+                         "from disk), each against plain greedy: the identity claim over a real workload")
 def test_greedy_identical_smollm2_ngram_full():
     _ngram_identical(20, 24)
 
