@@ -79,7 +79,7 @@ def paths_ok() -> bool:
           f"rows 1..16 {'equal' if good else 'DIFFER FROM'} one-row products bit for bit, "
           f"{torch.get_num_threads()} thread(s)")
     print(f"  INFO kernel binary: {kb['binary'] or 'none loaded'} ({kb['binary_why']}); instruction set: "
-          f"{kb['isa']} (LESSONKIT_ISA=avx512|avx2|neon|portable chooses)")
+          f"{kb['isa']} (LESSONKIT_KERNEL=auto|avx512|avx2|neon|portable|mkl chooses)")
     print(f"  INFO numerics of native blocks: {kb['numerics']} ({kb['numerics_why']}; AVX-512 VNNI "
           f"{'present' if kb['vnni'] else 'absent'}); LESSONKIT_NUMERICS=exact|int8 chooses, docs/numerics.md")
     from lessonkit.engine.c_forward import describe

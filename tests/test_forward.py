@@ -217,29 +217,30 @@ def test_a_bad_weight_kind_is_refused_by_name():
                              cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1], out.data_ptr(), 0, fwd.avx2)
 
 
-def test_lessonkit_isa_chooses_a_path_or_refuses_by_name(monkeypatch):
+def test_lessonkit_kernel_chooses_a_path_or_refuses_by_name(monkeypatch):
+    """LESSONKIT_KERNEL is the one setting of the path; the old LESSONKIT_ISA is refused, naming it."""
     import platform
-    monkeypatch.delenv("LESSONKIT_KERNEL", raising=False)
+    monkeypatch.delenv("LESSONKIT_ISA", raising=False)
     arm = platform.machine().lower() in ("aarch64", "arm64")
     avx512 = K._rowkernel is not None and K._rowkernel.has_avx512()
     refused = [("sse9", "expected one of"), ("avx2" if arm else "neon", "this CPU is")]
-    if not avx512:
+    if not avx512 and K._rowkernel is not None:
         refused.append(("avx512", "this CPU is" if arm else "no AVX-512"))
     for bad, said in refused:
-        monkeypatch.setenv("LESSONKIT_ISA", bad)
+        monkeypatch.setenv("LESSONKIT_KERNEL", bad)
         with pytest.raises(LessonkitError, match=said):
             K._choose()
     if K._rowkernel is None:
         return
-    monkeypatch.setenv("LESSONKIT_ISA", "neon" if arm else "portable")
+    monkeypatch.setenv("LESSONKIT_KERNEL", "neon" if arm else "portable")
     assert K._choose()[0] == "portable" and K.isa("portable") == ("neon" if arm else "portable")
     if avx512:
-        monkeypatch.setenv("LESSONKIT_ISA", "avx512")
+        monkeypatch.setenv("LESSONKIT_KERNEL", "avx512")
         assert K._choose()[0] == "avx512"
-        monkeypatch.setenv("LESSONKIT_ISA", "avx2")
-        assert K._choose() == ("avx2", "forced by LESSONKIT_ISA")
-    monkeypatch.setenv("LESSONKIT_KERNEL", "mkl")
-    with pytest.raises(LessonkitError, match="disagree"):
+        monkeypatch.setenv("LESSONKIT_KERNEL", "avx2")
+        assert K._choose() == ("avx2", "forced by LESSONKIT_KERNEL=avx2")
+    monkeypatch.setenv("LESSONKIT_ISA", "avx2")
+    with pytest.raises(LessonkitError, match="one setting now, LESSONKIT_KERNEL"):
         K._choose()
 
 

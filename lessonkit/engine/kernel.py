@@ -12,7 +12,7 @@ bit, whatever the other rows are. Four backends, chosen once at import:
   mkl       no kernel binary for this platform: rows in groups of at most ROW_GROUP on MKL's GEMV path,
             which is row-invariant too but makes one pass over the weights per group.
 
-`LESSONKIT_KERNEL=avx512|avx2|portable|mkl|auto` forces a backend (tests use it to compare the paths).
+`LESSONKIT_KERNEL=auto|avx512|avx2|neon|portable|mkl` forces a path: the one setting (tests use it to compare).
 
 The kernel is a plain C shared library, no Python ABI, loaded with ctypes (which releases the GIL during
 each call): one binary per OS and CPU serves every Python version. The wheel ships six, cross-built with
@@ -50,54 +50,48 @@ ROWWISE_MAX = 16     # forwards of at most this many rows take the row-invariant
 ROW_PAD = 8          # longer products: one GEMM padded to a multiple of ROW_PAD rows
 
 
-ISAS = ("avx512", "avx2", "neon", "portable")
+KERNEL_CHOICES = ("auto", "avx512", "avx2", "neon", "portable", "mkl")
 
 
-def _isa_request() -> str:
-    """LESSONKIT_ISA=avx512|avx2|neon|portable as a LESSONKIT_KERNEL value ("" when unset). The C kernel has
-    an AVX-512 path (native blocks; AVX2 for the rest), an AVX2 + FMA path and a portable path, which is NEON
-    fmla on arm64 and plain C elsewhere. A path the CPU lacks is refused by name, never silently replaced."""
-    isa = os.environ.get("LESSONKIT_ISA", "").strip().lower()
-    if not isa:
-        return ""
-    if isa not in ISAS:
-        raise LessonkitError(f"LESSONKIT_ISA={isa!r}: expected one of {', '.join(ISAS)}")
+def _kernel_request() -> str:
+    """LESSONKIT_KERNEL=auto|avx512|avx2|neon|portable|mkl: the one setting of the path short forwards take
+    ("" or auto: the fastest this CPU has; neon is arm64's portable path; mkl: no C kernel). A path the CPU
+    lacks is refused by name, never silently replaced."""
+    old = os.environ.get("LESSONKIT_ISA", "").strip()
+    if old:
+        raise LessonkitError(f"LESSONKIT_ISA={old!r}: the kernel path has one setting now, LESSONKIT_KERNEL "
+                             f"({', '.join(KERNEL_CHOICES)})")
+    req = os.environ.get("LESSONKIT_KERNEL", "").strip().lower() or "auto"
+    if req not in KERNEL_CHOICES:
+        raise LessonkitError(f"LESSONKIT_KERNEL={req!r}: expected one of {', '.join(KERNEL_CHOICES)}")
     arm = platform.machine().lower() in ("aarch64", "arm64")
-    if (isa == "neon") != arm and isa != "portable":
-        owner = "arm64" if isa == "neon" else "x86"
-        raise LessonkitError(f"LESSONKIT_ISA={isa}: {isa.upper()} is {owner}'s; this CPU is {platform.machine()}")
-    if isa == "portable" and arm:
-        raise LessonkitError("LESSONKIT_ISA=portable: on arm64 the portable path is NEON (LESSONKIT_ISA=neon)")
-    return "portable" if isa == "neon" else isa
+    if req in ("neon", "avx512", "avx2") and (req == "neon") != arm:
+        owner = "arm64" if req == "neon" else "x86"
+        raise LessonkitError(f"LESSONKIT_KERNEL={req}: {req.upper()} is {owner}'s; this CPU is {platform.machine()}")
+    if req == "portable" and arm:
+        raise LessonkitError("LESSONKIT_KERNEL=portable: on arm64 the portable path is NEON (LESSONKIT_KERNEL=neon)")
+    return "portable" if req == "neon" else req
 
 
 def _choose() -> tuple[str, str]:
-    forced = os.environ.get("LESSONKIT_KERNEL", "").strip().lower()
-    if forced not in ("", "auto", "avx512", "avx2", "portable", "mkl"):
-        raise ValueError(f"LESSONKIT_KERNEL={forced!r}: expected avx512, avx2, portable, mkl or auto")
-    isa = _isa_request()
-    if isa and forced not in ("", "auto", isa):
-        raise LessonkitError(f"LESSONKIT_ISA and LESSONKIT_KERNEL disagree ({os.environ['LESSONKIT_ISA']} vs "
-                             f"{forced}): set one")
-    forced = isa or forced
+    forced = _kernel_request()
+    why = f"forced by LESSONKIT_KERNEL={os.environ.get('LESSONKIT_KERNEL', '').strip().lower()}"
     if forced == "mkl":
-        return "mkl", "forced by LESSONKIT_KERNEL=mkl"
+        return "mkl", why
     if _rowkernel is None:
-        if forced not in ("", "auto"):
+        if forced != "auto":
             raise LessonkitError(f"LESSONKIT_KERNEL={forced}: no C kernel binary loaded ({_IMPORT_ERROR})")
         return "mkl", f"no C kernel binary loaded ({_IMPORT_ERROR})"
     if forced == "portable":
-        return "portable", "forced by LESSONKIT_KERNEL=portable" if not isa else "forced by LESSONKIT_ISA"
+        return "portable", why
     if forced == "avx512" and not _rowkernel.has_avx512():
-        raise LessonkitError(f"LESSONKIT_{'ISA' if isa else 'KERNEL'}=avx512: this CPU has no AVX-512 F + BW "
-                             "(LESSONKIT_ISA=avx2 gives the same bits)")
-    if _rowkernel.has_avx512() and forced != "avx2":
-        return "avx512", "forced by LESSONKIT_ISA" if isa else "C kernel loaded and this CPU has AVX-512 F + BW"
-    if _rowkernel.has_avx2():
-        return "avx2", f"forced by LESSONKIT_{'ISA' if isa else 'KERNEL=avx2'}" if forced == "avx2" else \
-            "C kernel loaded and this CPU has AVX2 + FMA"
-    if forced == "avx2":
+        raise LessonkitError("LESSONKIT_KERNEL=avx512: this CPU has no AVX-512 F + BW (avx2 gives the same bits)")
+    if forced == "avx2" and not _rowkernel.has_avx2():
         raise LessonkitError("LESSONKIT_KERNEL=avx2: this CPU has no AVX2/FMA")
+    if _rowkernel.has_avx512() and forced != "avx2":
+        return "avx512", why if forced == "avx512" else "C kernel loaded and this CPU has AVX-512 F + BW"
+    if _rowkernel.has_avx2():
+        return "avx2", why if forced == "avx2" else "C kernel loaded and this CPU has AVX2 + FMA"
     if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
         return "mkl", "this x86 CPU has no AVX2/FMA: the portable C path would be slower than MKL"
     return "portable", f"C kernel loaded; {platform.machine()} has no AVX2, portable C path (hardware FMA)"
