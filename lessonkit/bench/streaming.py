@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -46,18 +45,6 @@ from lessonkit.models.registry import resolve_model_dir
 
 PROMPTS = ["The expert cache keeps the most recently used", "def parse_config(path):\n    "]
 LAYOUTS = ("format 1: packed at every load", "format 2: packed on disk")
-
-
-def cpu_name() -> str:
-    """The CPU's model name (lscpu's), else what platform knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 @contextlib.contextmanager
@@ -225,7 +212,7 @@ def bench(args) -> dict:
     targets = [goal("pack calls while streaming the packed layout", n_packs, "0", n_packs == 0),
                goal("identical tokens, old vs packed layout", same, "true", same),
                goal("ms per miss, packed / old layout", round(ratio, 3), "< 1", ratio < 1)]
-    return {"bench": "streaming", "model": name, "machine": machine_info() | {"cpu": cpu_name()},
+    return {"bench": "streaming", "model": name, "machine": machine_info(),
             "weights": weights, "disk": disk_rec, "expert_budget": f"{budget} experts", "new_tokens_per_prompt": n_new,
             "repeats": repeats, "rows": rows, "speculation": spec, "targets": targets, "notes": _notes(disk_rec, spec)}
 
