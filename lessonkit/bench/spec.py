@@ -191,8 +191,7 @@ def agreement(a, b, n_prompts: int = 4) -> float:
     """Share of prefill positions over a few corpus prompts where engines a and b pick the same greedy token."""
     same = total = 0
     for ps in prompts_by_kind(a, n=1, max_tokens=48).values():
-        for p in ps[:n_prompts]:
-            ids = a.encode(p) if isinstance(p, str) else list(p)
+        for ids in ps[:n_prompts]:                      # token ids (prompts_by_kind encodes them)
             x = a.forward(ids, a.new_cache(len(ids))).argmax(-1)
             y = b.forward(ids, b.new_cache(len(ids))).argmax(-1)
             same, total = same + int((x == y).sum()), total + len(ids)
