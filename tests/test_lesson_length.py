@@ -8,7 +8,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-MAX_CELLS, MAX_WORDS = 20, 1060          # "about 1,000 words"
+MAX_CELLS, MAX_WORDS = 20, 1000
 
 
 def main_path(nb: Path) -> list[dict]:
