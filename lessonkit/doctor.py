@@ -59,7 +59,8 @@ def paths_ok() -> bool:
     """Which exact paths run: kernel backend (checked for row invariance), weights, the drafters' step."""
     import torch
 
-    from lessonkit.engine.kernel import backend, check_row_invariance
+    from lessonkit.engine.kernel import backend
+    from lessonkit.engine.row_weight import check_row_invariance, row_group
     ok = True
     kb = backend()
     from lessonkit.engine.blocks import choose_weights
@@ -74,7 +75,7 @@ def paths_ok() -> bool:
     ok &= good
     path = {"avx512": "C kernel, AVX-512 (native blocks) + AVX2", "avx2": "C kernel, AVX2 + FMA",
             "portable": "C kernel, portable path",
-            "mkl": f"MKL GEMV rows, {kb['row_group']} row(s) per call"}[kb["backend"]]
+            "mkl": f"MKL GEMV rows, {row_group()} row(s) per call"}[kb["backend"]]
     print(f"  {'OK  ' if good else 'FAIL'} exact short forwards: {path} ({kb['why']}); "
           f"rows 1..16 {'equal' if good else 'DIFFER FROM'} one-row products bit for bit, "
           f"{torch.get_num_threads()} thread(s)")

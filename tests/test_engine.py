@@ -208,14 +208,15 @@ def test_row_grouping_changes_no_bit(pair, group, monkeypatch):
     """The MKL backend of rule 1 (no C kernel built): a verify forward multiplies in groups of ROW_GROUP
     rows; any group size the probe may pick must give the same bits (and the probe must pick one)."""
     import lessonkit.engine.kernel as K
+    from lessonkit.engine import row_weight
     kind, _, stream = pair
     monkeypatch.setattr(K, "BACKEND", "mkl")
-    assert K.probe_row_group([(64, 96), (96, 300)]) in (1, 2, 3)
+    assert row_weight.probe_row_group([(64, 96), (96, 300)]) in (1, 2, 3)
     eng = Engine(stream)
     assert not eng.model.wt["lm_head"].packed
     c = eng.config
     shapes = {(v.k, v.n) for v in eng.model.wt.values()} | {(c.dim, 2 * c.intermediate_size), (c.intermediate_size, c.dim)}
-    picked = K.probe_row_group(shapes)
+    picked = row_weight.probe_row_group(shapes)
     if group > picked:      # e.g. MKL on an AVX-512 CPU: 2-row GEMV-form products round like a GEMM
         pytest.skip(f"the probe picks {picked} row(s) per MKL call on this CPU for these shapes, not {group}")
     toks = _tokens(70, seed=7)
@@ -223,7 +224,7 @@ def test_row_grouping_changes_no_bit(pair, group, monkeypatch):
     eng.forward(toks[:64], cache)
     ref = eng.forward(toks[64:], cache)
     cache.rollback(64)
-    monkeypatch.setattr(K, "ROW_GROUP", group)
+    monkeypatch.setattr(row_weight, "ROW_GROUP", group)
     assert torch.equal(eng.forward(toks[64:], cache), ref)
 
 

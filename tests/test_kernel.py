@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lessonkit.engine.kernel as K
-from lessonkit.engine import kernel_library
+from lessonkit.engine import kernel_library, row_weight
 from lessonkit.engine.config import ModelConfig, preset
 
 needs_c = pytest.mark.skipif(K._rowkernel is None, reason=f"no C kernel binary loaded ({K.BINARY_WHY})")
@@ -24,11 +24,11 @@ MODELS = {"tiny-moe": lambda: preset("tiny-moe"), "tiny-draft": lambda: preset("
           "smollm2-135m": _smollm2_config}
 
 
-def _rows_vs_one_row(rw: K.RowWeight, k: int, seed: int) -> None:
+def _rows_vs_one_row(rw: row_weight.RowWeight, k: int, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(K.ROWWISE_MAX, k, generator=gen) * 3
-    ones = torch.cat([rw.rows(x[i:i + 1]) for i in range(K.ROWWISE_MAX)])
-    for m in range(1, K.ROWWISE_MAX + 1):
+    x = torch.randn(row_weight.ROWWISE_MAX, k, generator=gen) * 3
+    ones = torch.cat([rw.rows(x[i:i + 1]) for i in range(row_weight.ROWWISE_MAX)])
+    for m in range(1, row_weight.ROWWISE_MAX + 1):
         for pos in {0, m - 1}:              # the row at the first and the last place, other rows random
             xm = torch.randn(m, k, generator=gen) * 3
             xm[pos] = x[m - 1]
@@ -43,10 +43,10 @@ def test_every_row_equals_its_one_row_product(model, threads):
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        K.ensure_row_group(cfg.matrix_shapes(), torch.float32)
+        row_weight.ensure_row_group(cfg.matrix_shapes(), torch.float32)
         for i, (k, n) in enumerate(cfg.matrix_shapes()):
             w_t = torch.randn(k, n, generator=torch.Generator().manual_seed(i))
-            _rows_vs_one_row(K.RowWeight(w_t), k, seed=100 + i)
+            _rows_vs_one_row(row_weight.RowWeight(w_t), k, seed=100 + i)
     finally:
         torch.set_num_threads(old)
 
@@ -56,7 +56,7 @@ def test_product_is_the_matrix_product(shape):
     k, n = shape
     gen = torch.Generator().manual_seed(1)
     w_t, x = torch.randn(k, n, generator=gen), torch.randn(16, k, generator=gen)
-    rw = K.RowWeight(w_t)
+    rw = row_weight.RowWeight(w_t)
     assert torch.equal(rw.unpacked(), w_t)
     ref = (x.double() @ w_t.double()).float()
     for m in (1, 5, 16, 40):
@@ -73,9 +73,9 @@ def test_avx2_and_portable_paths_give_the_same_bits(shape):
     gen = torch.Generator().manual_seed(2)
     w_t = torch.randn(k, n, generator=gen)
     with K.using("avx2"):
-        fast = K.RowWeight(w_t)
+        fast = row_weight.RowWeight(w_t)
     with K.using("portable"):
-        portable = K.RowWeight(w_t)
+        portable = row_weight.RowWeight(w_t)
     assert fast.avx2 and not portable.avx2
     for m in (1, 3, 7, 16, 21):
         x = torch.randn(m, k, generator=gen)
@@ -101,11 +101,11 @@ def test_the_kernel_is_used_when_built(tmp_path):
 
 
 def test_bad_input_names_the_shapes():
-    rw = K.RowWeight(torch.randn(8, 16))
+    rw = row_weight.RowWeight(torch.randn(8, 16))
     with pytest.raises(ValueError, match=r"\(2, 9\).*\[8, 16\]"):
         rw.rows(torch.randn(2, 9))
     with pytest.raises(ValueError, match="2-D"):
-        K.RowWeight(torch.randn(2, 3, 4))
+        row_weight.RowWeight(torch.randn(2, 3, 4))
 
 
 def test_forced_backend_must_exist(monkeypatch):
@@ -187,7 +187,7 @@ def test_each_platform_gets_its_binary(system, machine, name):
 def test_kernel_errors_are_the_exceptions_of_the_extension_module():
     rk = K._rowkernel
     x, y = torch.zeros(2, 8), torch.zeros(2, 16)
-    w = K.pack_strips(torch.zeros(8, 16))
+    w = row_weight.pack_strips(torch.zeros(8, 16))
     with pytest.raises(ValueError, match=r"rowkernel\.matmul: bad sizes"):
         rk.matmul(x.data_ptr(), 2, 8, 4, w.data_ptr(), 16, y.data_ptr(), 16, False)     # ldx < k
     with pytest.raises(ValueError, match=r"rowkernel\.qmatmul: unknown block kind 7"):
@@ -275,3 +275,81 @@ def test_64_threads_fit_a_3_gb_address_space_limit():
                         "--max-new-tokens", "4", "--draft", "ngram:3", "--draft-k", "2", "--threads", "64"],
                        capture_output=True, text=True, preexec_fn=limit, timeout=300)
     assert r.returncode == 0, r.stderr[-800:]
+
+
+def _second_library(tmp_path):
+    """The same binary under another file name: a second library with its own thread pool."""
+    import shutil
+    copy = tmp_path / K._rowkernel.path.name
+    shutil.copy(K._rowkernel.path, copy)
+    lib, name, why = K.load_library([(copy, "a copy")])
+    assert lib is not None, why
+    return lib
+
+
+@needs_c
+def test_a_library_of_another_abi_is_refused_by_name_before_anything_changes(tmp_path):
+    lib = _second_library(tmp_path)
+    lib.ABI = K.ABI - 1                                # as a stale build would report
+    before = K._rowkernel, K.THREADS
+    with pytest.raises(K.LessonkitError, match=rf"{lib.path.name}: ABI {K.ABI - 1}, this code needs {K.ABI}"):
+        with K.use_library(lib):
+            pass
+    assert (K._rowkernel, K.THREADS) == before
+
+
+@needs_c
+def test_the_thread_count_follows_a_library_swap_and_comes_back(tmp_path):
+    """The count is the process's: the library swapped in gets it before a product reaches it, and the one swapped
+    back gets the count last asked for, inside the block or before it."""
+    lib, original, seen = _second_library(tmp_path), K._rowkernel, []
+    set_threads = lib.set_threads
+    lib.set_threads = lambda n: seen.append(n) or set_threads(n)
+    rw = row_weight.RowWeight(torch.randn(64, 40, generator=torch.Generator().manual_seed(1)))
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))
+    try:
+        K.set_threads(2)
+        want = rw.rows(x)
+        with K.use_library(lib):
+            assert K._rowkernel is lib and seen == [2] and K.THREADS == 2
+            assert torch.equal(rw.rows(x), want)
+            K.set_threads(3)
+            assert seen == [2, 3]
+        assert K._rowkernel is original and K.THREADS == 3
+        with K.use_library(None):
+            assert K._rowkernel is None and K.set_threads(4) == 1
+        assert K._rowkernel is original and K.THREADS == 4
+    finally:
+        K.set_threads(1)
+
+
+@needs_c
+def test_set_threads_and_library_swaps_from_two_threads(tmp_path):
+    """set_threads from one Python thread while another swaps the library back and forth, products running on
+    both: no crash, and afterwards the original library is in place with the count last asked for."""
+    import threading
+    lib, original = _second_library(tmp_path), K._rowkernel
+    rw = row_weight.RowWeight(torch.randn(96, 48, generator=torch.Generator().manual_seed(3)))
+    x = torch.randn(4, 96, generator=torch.Generator().manual_seed(4))
+    want, errors = rw.rows(x), []
+
+    def setter():
+        try:
+            for i in range(300):
+                K.set_threads(1 + i % 3)
+                assert torch.equal(rw.rows(x), want)
+        except Exception as e:          # noqa: BLE001 (reported by the main thread)
+            errors.append(e)
+
+    t = threading.Thread(target=setter)
+    t.start()
+    try:
+        for _ in range(100):
+            with K.use_library(lib):
+                assert torch.equal(rw.rows(x), want)
+        t.join()
+        assert not errors, errors
+        assert K._rowkernel is original and K.THREADS == 3        # the setter's last count: 1 + 299 % 3
+    finally:
+        t.join()
+        K.set_threads(1)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import lessonkit.engine.kernel as K
+from lessonkit.engine import row_weight
 from lessonkit.engine import blocks as qb
 from lessonkit.errors import LessonkitError
 from lessonkit.models.gguf_loader import NATIVE_KINDS, block_rows, smollm2_gguf_path
@@ -49,7 +50,7 @@ def test_native_products_equal_the_float32_path_bit_for_bit(gguf_tensors, path):
     gen = torch.Generator().manual_seed(1)
     for name, (kind, raw, ref) in gguf_tensors.items():
         with K.using(path):
-            nw, rw = qb.NativeWeight(raw, ref.shape[1], kind), K.RowWeight(ref.T.contiguous())
+            nw, rw = qb.NativeWeight(raw, ref.shape[1], kind), row_weight.RowWeight(ref.T.contiguous())
         assert torch.equal(nw.unpacked(), ref.T), name
         x = torch.randn(16, ref.shape[1], generator=gen) * 3
         ones = torch.cat([rw.rows(x[i:i + 1]) for i in range(16)])
@@ -82,7 +83,7 @@ def test_avx2_and_portable_native_paths_agree(gguf_tensors):
 @needs_c
 def test_bits_do_not_depend_on_the_thread_count(gguf_tensors):
     kind, raw, ref = gguf_tensors["blk.3.ffn_gate.weight"]
-    nw, rw = qb.NativeWeight(raw, ref.shape[1], kind), K.RowWeight(ref.T.contiguous())
+    nw, rw = qb.NativeWeight(raw, ref.shape[1], kind), row_weight.RowWeight(ref.T.contiguous())
     x = torch.randn(20, ref.shape[1]) * 3
     try:
         outs = []

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import lessonkit.engine.kernel as K
+from lessonkit.engine import row_weight
 from lessonkit.bench.streaming import count_packs
 from lessonkit.engine import blocks as qb
 from lessonkit.engine.checkpoint import experts_layout, load_experts
@@ -44,7 +45,7 @@ def _header_constants(text: str) -> dict:
 
 def test_python_table_equals_format_h():
     assert _header_constants(HEADER.read_text(encoding="utf-8")) == qb.FORMAT
-    assert K.STRIP == qb.STRIP                           # kernel.py's copy (float strips) agrees
+    assert row_weight.STRIP == qb.STRIP                           # row_weight.py's copy (float strips) agrees
 
 
 def test_derived_sizes_follow_the_table():
@@ -102,7 +103,7 @@ def test_unpack_inverts_pack_and_strips_dequantise_like_rows(gguf_mlp, name, kin
         assert packed.numel() == qb.packed_bytes(n, k, kind)
         assert torch.equal(qb.unpack_blocks(packed, n, k, kind), raw[:n])
         ref = qb.dequantise_rows(raw[:n], kind)
-        assert torch.equal(qb.dequantise_strips(packed, k, kind), K.pack_strips(ref.T.contiguous()))
+        assert torch.equal(qb.dequantise_strips(packed, k, kind), row_weight.pack_strips(ref.T.contiguous()))
 
 
 def test_float_expert_record_round_trip():

@@ -17,7 +17,7 @@ GEN = ["generate", "--model", "tiny-moe", "--prompt", "hi", "--draft", "ngram"]
 
 def test_k_max_is_the_row_invariant_limit():
     """K_MAX is kept as a number (the CLI must not import torch); it must stay the engine's limit."""
-    from lessonkit.engine.kernel import ROWWISE_MAX
+    from lessonkit.engine.row_weight import ROWWISE_MAX
     assert K_MAX == ROWWISE_MAX - 1 == 15
 
 

@@ -12,7 +12,7 @@ import time
 import torch
 
 from lessonkit.bench.common import goal, machine_info
-from lessonkit.engine import kernel
+from lessonkit.engine import kernel, row_weight
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.gate import measure_cost_curve
 from lessonkit.measure.roofline import roofline
@@ -31,7 +31,7 @@ def shape_rows(shapes, repeats: int = 9, seed: int = 0) -> list[dict]:
     out = []
     for k, n in shapes:
         w_t = torch.randn(k, n, generator=gen)
-        rw = kernel.RowWeight(w_t)
+        rw = row_weight.RowWeight(w_t)
         xs = {m: torch.randn(m, k, generator=gen) for m in ROWS}
         times = {("mkl", 1): []} | {("kernel", m): [] for m in ROWS}
         for _ in range(repeats + 1):

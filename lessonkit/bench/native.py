@@ -14,7 +14,7 @@ import time
 import torch
 
 from lessonkit.bench.common import goal, machine_info, median_times
-from lessonkit.engine import blocks, kernel
+from lessonkit.engine import blocks, kernel, row_weight
 from lessonkit.engine.generate import generate
 from lessonkit.models.registry import load_model
 
@@ -51,7 +51,7 @@ def kernel_timer():
     runs: {"s": total}."""
     spent = {"s": 0.0}
     originals = {(cls, name): getattr(cls, name) for cls, name in
-                 ((kernel.RowWeight, "rows"), (blocks.NativeWeight, "rows"), (kernel.KernelLibrary, "forward"))}
+                 ((row_weight.RowWeight, "rows"), (blocks.NativeWeight, "rows"), (kernel.KernelLibrary, "forward"))}
 
     def timed(orig):
         def call(self, *args, **kw):

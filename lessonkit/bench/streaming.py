@@ -8,7 +8,7 @@ blocks) and format 2. Two measures, each layout in turn within every repeat (med
   into weights), and the bare positioned read of the same bytes, so placement = miss - read;
 - streaming: greedy decode with a small expert budget (one layer's experts, two for a dense model), the
   store's own timer over its misses (ms per miss) and tokens per second; tokens compared (==).
-Pack calls (blocks.pack_blocks, kernel.pack_strips) are counted while the new layout streams: none is the goal.
+Pack calls (blocks.pack_blocks, row_weight.pack_strips) are counted while the new layout streams: none is the goal.
 
 Every miss is read from `--disk` (lessonkit.files.disk; default cold: past the page cache, from the disk itself).
 The disk's read rate is measured on the packed expert file (`measure.disk.disk_read_rate`), and speculation is
@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from lessonkit.bench.common import goal, machine_info
 from lessonkit.engine import blocks as qb
-from lessonkit.engine import kernel
+from lessonkit.engine import row_weight
 from lessonkit.engine.checkpoint import experts_layout, save_packed_experts
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.engine import Engine
@@ -51,7 +51,7 @@ LAYOUTS = ("format 1: packed at every load", "format 2: packed on disk")
 def count_packs():
     """{"pack_blocks": n, "pack_strips": n}: calls of the two packing functions while the block runs."""
     calls = {"pack_blocks": 0, "pack_strips": 0}
-    originals = [(qb, "pack_blocks", qb.pack_blocks), (kernel, "pack_strips", kernel.pack_strips)]
+    originals = [(qb, "pack_blocks", qb.pack_blocks), (row_weight, "pack_strips", row_weight.pack_strips)]
 
     def counted(name, fn):
         def wrapper(*a, **kw):

@@ -20,7 +20,7 @@ Strip-blocks, per strip of 16 output rows, per block of 32 inputs (strips in ord
                     input 2j in the low nibble, 2j + 1 in the high one);
     Q8_0 544 bytes: d[16] f16, 32 inputs x 16 int8 codes (row c at byte c).
 A strip-block holds exactly 16 rows' bytes of one block, so packing is a permutation (rows padded to a
-multiple of 16 with zero blocks). Float weights use kernel.pack_strips' strips: per strip, K x 16 floats.
+multiple of 16 with zero blocks). Float weights use row_weight.pack_strips' strips: per strip, K x 16 floats.
 
 Shape legend: N output rows, K inputs (a multiple of 32), B = K / 32 blocks per row, S = ceil(N / 16) strips.
 """
@@ -30,9 +30,9 @@ import os
 
 import torch
 
-from lessonkit.engine import kernel
+from lessonkit.engine import kernel, row_weight
 from lessonkit.errors import LessonkitError
-from lessonkit.engine.kernel import RowWeight
+from lessonkit.engine.row_weight import RowWeight
 
 # ---- the packed format: this table and csrc/format.h's constants are the one definition (C names as keys;
 # tests/test_packed_format.py compiles format.h and compares). LK_LAYOUT_VERSION: of experts.safetensors'
@@ -169,7 +169,7 @@ def unpack_blocks(packed: torch.Tensor, n: int, k: int, kind: str) -> torch.Tens
 
 
 def dequantise_strips(packed: torch.Tensor, k: int, kind: str) -> torch.Tensor:
-    """Strip-blocks -> the float32 strips kernel.pack_strips would make of W.T ([S * K * 16], 1-D): w = d * q (+ m),
+    """Strip-blocks -> the float32 strips row_weight.pack_strips would make of W.T ([S * K * 16], 1-D): w = d * q (+ m),
     each operation rounded on its own, as dequantise_rows (padding rows dequantise to 0)."""
     d, m, q = _strip_parts(packed, k, kind)
     w = d.float()[:, :, None, :] * q.float()                         # [S, B, 32, 16]
@@ -179,12 +179,12 @@ def dequantise_strips(packed: torch.Tensor, k: int, kind: str) -> torch.Tensor:
 
 
 def unpack_strips(strips: torch.Tensor, k: int, n: int) -> torch.Tensor:
-    """kernel.pack_strips' strips -> W.T [K, N] (a copy)."""
+    """row_weight.pack_strips' strips -> W.T [K, N] (a copy)."""
     return strips.view(-1, k, STRIP).permute(1, 0, 2).reshape(k, -1)[:, :n].contiguous()
 
 
 def strip_row_weight(strips: torch.Tensor, k: int, n: int) -> RowWeight:
-    """A kernel.RowWeight over float strips already in pack_strips' layout (W.T [K, N] packed): where the kernel
+    """A row_weight.RowWeight over float strips already in pack_strips' layout (W.T [K, N] packed): where the kernel
     multiplies float32 strips, the tensor itself becomes the weight (no copy, no re-pack); the MKL path or
     another compute dtype gets W.T unpacked, as RowWeight keeps it."""
     if strips.dim() != 1 or strips.numel() != -(-n // STRIP) * STRIP * k:
@@ -217,7 +217,7 @@ def _pack_strips(raw: torch.Tensor, kind: str) -> torch.Tensor:
 
 class NativeWeight:
     """A Q4_1 / Q8_0 matrix W [N, K] prepared for row-invariant products x [M, K] @ W.T on the C kernel,
-    with the interface of `kernel.RowWeight` (k inputs, n outputs, rows(x), x @ w)."""
+    with the interface of `row_weight.RowWeight` (k inputs, n outputs, rows(x), x @ w)."""
 
     __slots__ = ("k", "n", "kind", "data", "avx2", "code")
     packed = True
@@ -373,7 +373,7 @@ def pack_expert(record: torch.Tensor, inter: int, dim: int, name: str) -> torch.
         return torch.cat([pack_blocks(gu, kind), pack_blocks(down, kind)])
     if tuple(record.shape) != (3, inter, dim):
         raise LessonkitError(f"{name}: expert of shape {tuple(record.shape)}, expected {(3, inter, dim)}")
-    return torch.cat([kernel.pack_strips(record[:2].reshape(2 * inter, dim).T), kernel.pack_strips(record[2])])
+    return torch.cat([row_weight.pack_strips(record[:2].reshape(2 * inter, dim).T), row_weight.pack_strips(record[2])])
 
 
 def float_expert_split(inter: int, dim: int) -> tuple[int, int]:

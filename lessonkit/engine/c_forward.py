@@ -25,7 +25,7 @@ import threading
 import torch
 
 from lessonkit.engine import blocks as qb
-from lessonkit.engine import kernel
+from lessonkit.engine import kernel, row_weight
 from lessonkit.errors import LessonkitError
 
 KIND = {"f32": -1, "q4_1": 0, "q8_0": 1}
@@ -73,7 +73,7 @@ def _weight(w) -> tuple[int, int, torch.Tensor] | None:
     """(address, kind, the tensor kept alive) of a packed product weight, or None when it is not packed."""
     if isinstance(w, qb.NativeWeight):
         return w.data.data_ptr(), w.code, w.data
-    if isinstance(w, kernel.RowWeight) and w.packed and w.dtype == torch.float32:
+    if isinstance(w, row_weight.RowWeight) and w.packed and w.dtype == torch.float32:
         return w.data.data_ptr(), KIND["f32"], w.data
     return None
 

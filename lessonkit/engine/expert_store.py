@@ -39,7 +39,7 @@ import torch
 from lessonkit.engine import blocks as qb
 from lessonkit.engine.checkpoint import layers_error, layers_held, parse_safetensors_header
 from lessonkit.errors import LessonkitError
-from lessonkit.engine.kernel import RowWeight
+from lessonkit.engine.row_weight import RowWeight
 from lessonkit.files.disk import WARM, Disk, after_read, open_cold, parse_disk
 from lessonkit.files.portable_io import BINARY, read_at
 

@@ -24,18 +24,17 @@ and the MKL backend runs; BINARY and BINARY_WHY say which file loaded and why (`
 them). `_rowkernel` is that library's entry points as Python methods (matmul, qmatmul, dequantise,
 dense_step, set_threads, has_avx2), whose C error codes become the exceptions raised here.
 
-Native blocks (`NativeWeight`): a Q4_1 or Q8_0 matrix kept as llama.cpp's blocks, packed at load into the
-kernel's strip-blocks and dequantised inside the kernel (d * q + m, two roundings, as the float32 loader
-computes it), so a product on native blocks gives the float32 path's bits at a fifth of the bytes. It needs
-the C kernel. `set_threads(n)` splits every product's strips over n threads; the bits do not depend on n.
+The weights these paths multiply are `lessonkit.engine.row_weight.RowWeight` (float strips) and
+`lessonkit.engine.blocks.NativeWeight` (Q4_1 / Q8_0 blocks dequantised inside the kernel, same bits as float32).
+`set_threads(n)` splits every product's strips over n threads; the bits do not depend on n. `use_library(lib)`
+swaps the library products go through (tests compare binaries), under the same lock as `set_threads`.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import platform
-
-import torch
+import threading
 
 from lessonkit.engine.kernel_library import (ABI, FETCH, KERNELS, RK_BAD_KIND, RK_BAD_SIZES,  # noqa: F401
                                              RK_BAD_THREADS, RK_FETCH_FAILED, RK_NO_AVX2, RK_NO_MEMORY, RK_OK,
@@ -44,10 +43,6 @@ from lessonkit.errors import LessonkitError
 
 _rowkernel, BINARY, BINARY_WHY = load_library()
 _IMPORT_ERROR = "" if _rowkernel is not None else BINARY_WHY
-
-STRIP = 16           # columns per packed strip (csrc/rowkernel.c)
-ROWWISE_MAX = 16     # forwards of at most this many rows take the row-invariant path
-ROW_PAD = 8          # longer products: one GEMM padded to a multiple of ROW_PAD rows
 
 
 KERNEL_CHOICES = ("auto", "avx512", "avx2", "neon", "portable", "mkl")
@@ -175,7 +170,7 @@ def backend() -> dict:
     return {"backend": BACKEND, "isa": isa(), "why": WHY, "numerics": NUMERICS, "numerics_why": NUMERICS_WHY,
             "vnni": bool(_rowkernel is not None and _rowkernel.has_vnni()), "built": _rowkernel is not None,
             "binary": BINARY, "binary_why": BINARY_WHY,
-            "row_group": ROW_GROUP if BACKEND == "mkl" else None, "threads": THREADS}
+            "threads": THREADS}
 
 
 @contextlib.contextmanager
@@ -199,14 +194,46 @@ def using(name: str):
         BACKEND, WHY = old
 
 
+_LIBRARY_LOCK = threading.Lock()   # set_threads and use_library: a thread count never lands on a library being swapped out
+_ASKED = [1]                       # the count last asked for: what a library swapped in (or back) gets
+
+
 def set_threads(n: int) -> int:
     """Threads the C kernel splits a product's output strips over (each output is still one chain, computed by
     one thread, so the bits do not depend on n). Returns the number in use; 1 without the C kernel."""
     global THREADS
-    if not isinstance(n, int) or n < 1:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"threads must be a positive integer, got {n!r}")
-    THREADS = _rowkernel.set_threads(n) if _rowkernel is not None else 1
+    with _LIBRARY_LOCK:
+        lib, _ASKED[0] = _rowkernel, n
+        THREADS = lib.set_threads(n) if lib is not None else 1
     return THREADS
+
+
+@contextlib.contextmanager
+def use_library(lib: KernelLibrary | None):
+    """Products inside the block go through `lib` (a KernelLibrary from `load_library`, or None: no C kernel),
+    then through the library that was in place again. A library of another ABI is refused by file name before
+    anything changes. The thread count is the process's setting, not the library's: the library swapped in (and
+    the one swapped back) gets the count last asked for before a product can reach it, and `set_threads` waits
+    for a swap to finish (one lock), so no count lands on a library on its way out."""
+    global _rowkernel, THREADS
+    if lib is not None and (not isinstance(lib, KernelLibrary) or lib.ABI != ABI):
+        name = getattr(getattr(lib, "path", None), "name", repr(lib))
+        raise LessonkitError(f"kernel library {name}: ABI {getattr(lib, 'ABI', None)}, this code needs {ABI}; "
+                             "rebuild it with `python csrc/build_kernels.py`")
+    with _LIBRARY_LOCK:
+        old, asked = _rowkernel, _ASKED[0]
+        if lib is not None:
+            THREADS = lib.set_threads(min(asked, lib.max_threads))
+        _rowkernel = lib
+    try:
+        yield lib
+    finally:
+        with _LIBRARY_LOCK:
+            if old is not None:
+                THREADS = old.set_threads(min(_ASKED[0], old.max_threads))
+            _rowkernel = old
 
 
 THREADS = 1
@@ -231,144 +258,6 @@ def physical_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         cores = min(cores, len(os.sched_getaffinity(0)))
     return max(1, cores)
-
-
-def pad_rows(x: torch.Tensor, mult: int = ROW_PAD) -> torch.Tensor:
-    m = x.shape[0]
-    mp = -(-m // mult) * mult
-    if mp == m:
-        return x
-    return torch.cat([x, x.new_zeros((mp - m,) + x.shape[1:])])
-
-
-class RowWeight:
-    """A weight in GEMV form (w_t = W.T, [in, out]) prepared for row-invariant products.
-
-    `x @ rw` (or `rw.rows(x)`) gives x [M, in] @ w_t for any M. Up to ROWWISE_MAX rows every row equals
-    its one-row product bit for bit; longer inputs are a prefill's business: the C backends stay
-    row-invariant for any M, the MKL backend uses one GEMM padded to a multiple of ROW_PAD rows."""
-
-    __slots__ = ("k", "n", "dtype", "data", "avx2")
-
-    def __init__(self, w_t: torch.Tensor):
-        if w_t.dim() != 2:
-            raise ValueError(f"RowWeight needs a 2-D weight, got shape {tuple(w_t.shape)}")
-        self.k, self.n = w_t.shape
-        self.dtype = w_t.dtype
-        self.avx2 = path_code()                       # the path is fixed when the weight is prepared
-        if BACKEND == "mkl" or w_t.dtype != torch.float32:
-            self.data = w_t.contiguous()
-        else:
-            self.data = pack_strips(w_t)
-
-    @property
-    def packed(self) -> bool:
-        return self.data.dim() == 1
-
-    def rows(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 2 or x.shape[1] != self.k:
-            raise ValueError(f"row product: input {tuple(x.shape)} does not match weight [{self.k}, {self.n}]")
-        if self.packed:
-            return _kernel_rows(x, self)
-        if x.shape[0] <= ROWWISE_MAX:
-            return gemv_rows(x, self.data)
-        return (pad_rows(x) @ self.data)[:x.shape[0]]
-
-    def __rmatmul__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.rows(x if x.dim() == 2 else x.reshape(-1, self.k)).reshape(*x.shape[:-1], self.n)
-
-    def unpacked(self) -> torch.Tensor:
-        """w_t [in, out] again (for tests and exports)."""
-        if not self.packed:
-            return self.data
-        strips = self.data.view(-1, self.k, STRIP)
-        return strips.permute(1, 0, 2).reshape(self.k, -1)[:, :self.n]
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size()
-
-
-def pack_strips(w_t: torch.Tensor) -> torch.Tensor:
-    """[K, N] -> strips of STRIP columns, each K x STRIP contiguous (N padded with zero columns)."""
-    k, n = w_t.shape
-    n_pad = -(-n // STRIP) * STRIP
-    out = w_t.new_zeros(n_pad // STRIP, k, STRIP)
-    full = n // STRIP
-    out[:full] = w_t[:, :full * STRIP].reshape(k, full, STRIP).permute(1, 0, 2)
-    if n_pad != n:
-        out[full, :, :n - full * STRIP] = w_t[:, full * STRIP:]
-    return out.reshape(-1)
-
-
-def _kernel_rows(x: torch.Tensor, rw: RowWeight) -> torch.Tensor:
-    if x.dtype != torch.float32:
-        raise TypeError(f"the row kernel computes in float32, got {x.dtype}")
-    if x.stride(1) != 1 or x.stride(0) < rw.k:
-        x = x.contiguous()
-    m = x.shape[0]
-    y = torch.empty(m, rw.n, dtype=torch.float32)
-    _rowkernel.matmul(x.data_ptr(), m, rw.k, x.stride(0), rw.data.data_ptr(), rw.n, y.data_ptr(), rw.n, rw.avx2)
-    return y
-
-
-# ---- the MKL backend: GEMV-form row groups ------------------------------------------------------
-ROW_GROUP = 3        # set by probe_row_group when the first model is built (MKL backend only)
-_PROBED: dict = {}
-
-
-def gemv_rows(x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
-    """x [M, in] @ w_t [in, out] for M <= ROWWISE_MAX, in groups of ROW_GROUP rows: MKL computes 1-3
-    rows of the GEMV form on its one-row GEMV path, so each row equals a one-row call bit for bit."""
-    m, g = x.shape[0], ROW_GROUP
-    if m <= g:
-        return x @ w_t
-    return torch.cat([x[i:i + g] @ w_t for i in range(0, m, g)])
-
-
-def probe_row_group(shapes, dtype=torch.float32, seed: int = 0) -> int:
-    """Largest g <= 3 such that a g-row GEMV-form product equals g one-row products bit for bit, for
-    random inputs against random [in, out] matrices of every shape in `shapes` (the model's own)."""
-    gen = torch.Generator().manual_seed(seed)
-    for g in (3, 2):
-        ok = True
-        for k_in, n_out in shapes:
-            w_t = torch.randn(k_in, n_out, generator=gen).to(dtype)
-            x = (torch.randn(g, k_in, generator=gen) * 3).to(dtype)
-            if not torch.equal(x @ w_t, torch.cat([x[i:i + 1] @ w_t for i in range(g)])):
-                ok = False
-                break
-        if ok:
-            return g
-    return 1
-
-
-def ensure_row_group(shapes, dtype) -> int:
-    """Probe the MKL path once per (shapes, dtype, threads); the smallest group found holds for all."""
-    global ROW_GROUP
-    if BACKEND != "mkl" and dtype == torch.float32:
-        return ROW_GROUP
-    key = (tuple(sorted(shapes)), dtype, torch.get_num_threads())
-    if key not in _PROBED:
-        _PROBED[key] = probe_row_group(shapes, dtype)
-    ROW_GROUP = min(_PROBED.values())
-    return ROW_GROUP
-
-
-def check_row_invariance(shapes, max_rows: int = ROWWISE_MAX, seed: int = 0) -> bool:
-    """Every row of an M-row product (M = 1..max_rows, random other rows) equals its one-row product,
-    bit for bit, on the active backend, for random [in, out] weights of the given shapes."""
-    gen = torch.Generator().manual_seed(seed)
-    if BACKEND == "mkl":
-        ensure_row_group(shapes, torch.float32)
-    for k, n in shapes:
-        rw = RowWeight(torch.randn(k, n, generator=gen))
-        x = torch.randn(max_rows, k, generator=gen) * 3
-        ones = torch.cat([rw.rows(x[i:i + 1]) for i in range(max_rows)])
-        for m in range(1, max_rows + 1):
-            if not torch.equal(rw.rows(x[:m]), ones[:m]):
-                return False
-    return True
 
 
 _threads_from_env()

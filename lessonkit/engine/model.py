@@ -13,10 +13,10 @@ a GEMM computes rows in tiles of 4 and the remainder rows take another path), so
 a 1-row decode forward and inside a k-row verify forward can differ in the last bits and flip a
 near-tie. The rules that make them agree bit for bit:
   1. a forward of at most ROWWISE_MAX rows (decode, speculative verify, drafting) multiplies by weights
-     held as `kernel.RowWeight`s: with the C kernel (csrc/rowkernel.c) every output is one fixed-order
+     held as `row_weight.RowWeight`s: with the C kernel (csrc/rowkernel.c) every output is one fixed-order
      FMA chain over the input dimension, weights packed at load and read once per call for all rows, so
      a verify row costs arithmetic, not another pass over the weights; without it (no compiler at
-     set-up) rows go in groups of at most ROW_GROUP through MKL's GEMV path (`kernel.probe_row_group`
+     set-up) rows go in groups of at most ROW_GROUP through MKL's GEMV path (`row_weight.probe_row_group`
      checks that at start-up), same bits per row, one pass over the weights per group;
   2. with the C kernel, prefill takes the same path at any row count, so a prefill equals token-by-token
      decoding bit for bit, whatever the chunking (measured cost: 0.98x the GEMM prefill on tiny-moe,
@@ -45,7 +45,7 @@ from lessonkit.engine.config import ModelConfig
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.expert_store import ExpertStore
 from lessonkit.engine.kv_cache import KVCache
-from lessonkit.engine.kernel import ROW_PAD, ROWWISE_MAX, RowWeight, ensure_row_group, pad_rows
+from lessonkit.engine.row_weight import ROW_PAD, ROWWISE_MAX, RowWeight, ensure_row_group, pad_rows
 
 KEY_BUCKET = 64
 

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lessonkit.engine import c_forward, kernel
+from lessonkit.engine import c_forward, kernel, row_weight
 from lessonkit.models.registry import load_model
 
 
@@ -25,7 +25,7 @@ def rounding_demo(k: int = 576, n: int = 1536, rows=(1, 2, 3, 4, 8, 16), seed: i
     names whatever the backend, so neither overwrites the other."""
     gen = torch.Generator().manual_seed(seed)
     w_t = torch.randn(k, n, generator=gen)
-    rw = kernel.RowWeight(w_t)
+    rw = row_weight.RowWeight(w_t)
     x = torch.randn(max(rows), k, generator=gen)
     alone_blas, alone_engine = x[:1] @ w_t, rw.rows(x[:1])
     out = []

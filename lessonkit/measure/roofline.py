@@ -30,7 +30,7 @@ def compute_rate(native: bool, k: int = 576, n: int = 576, calls: int = 400) -> 
     """Multiply-adds per second of a one-row product on a cache-resident k x n matrix: float32 strips, or
     Q4_1 blocks (dequantised in the kernel) when native."""
     from lessonkit.engine import blocks
-    from lessonkit.engine.kernel import RowWeight
+    from lessonkit.engine.row_weight import RowWeight
     g = torch.Generator().manual_seed(0)
     if native:
         d_m = (torch.rand(n, k // 32, 2, generator=g) * 0.01).half().view(torch.uint8)

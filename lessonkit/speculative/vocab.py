@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from lessonkit.files.safe_files import sha256_file
-from lessonkit.engine.kernel import RowWeight
+from lessonkit.engine.row_weight import RowWeight
 from lessonkit.workloads.corpus import KINDS, load_documents
 
 DRAFT_VOCAB = 8192            # rows kept for targets with a larger vocabulary (smollm2-135m); 0: all rows
