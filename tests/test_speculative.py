@@ -442,7 +442,7 @@ def test_drafter_comparison_measures_every_drafter_side_by_side(tiny):
     assert len(fig.axes) == 2
 
 
-def test_without_the_c_kernel_drafters_take_the_pytorch_step(tiny, monkeypatch):
+def test_without_the_c_kernel_drafters_take_the_pytorch_step(tiny):
     """No compiler at set-up (the MKL path: weights not packed): the drafter says why and runs
     `lean_decode_step`, with the same proposals as the C step."""
     prompt = list(range(3, 20))
@@ -452,5 +452,5 @@ def test_without_the_c_kernel_drafters_take_the_pytorch_step(tiny, monkeypatch):
     d = ModelDrafter(draft)
     assert d.model.step_path == "torch" and "not packed" in why_not(draft.model)
     assert d.propose(prompt, 4).tokens == with_c
-    monkeypatch.setattr(kernel, "_rowkernel", None)
-    assert why_not(draft.model) == "the C kernel is not built"
+    with kernel.use_library(None):
+        assert why_not(draft.model) == "the C kernel is not built"
