@@ -1,7 +1,14 @@
 """Lesson 1's appendix A (issue 52): the same prompts decoded plainly and inside verify batches of several
-widths, under several kernel thread counts, give one completion each; the float control can tell more than one."""
+widths, under several kernel thread counts, give one completion each; the float control can tell more than one;
+llama.cpp's count, where it is built, and one line saying how to build it where it is not."""
+import subprocess
+
+import pytest
 import torch
 
+from lessonkit.bench import llamacpp
+from lessonkit.bench.llamacpp_spec import Sample, distinct
+from lessonkit.bench.llamacpp_spec import distinct_completions as llamacpp_distinct_completions
 from lessonkit.measure.exactness import distinct_completions, float_row_control
 from lessonkit.models.registry import load_model
 
@@ -18,3 +25,32 @@ def test_one_completion_per_prompt_whatever_the_width_and_threads():
 def test_the_float_control_counts_bit_patterns():
     df = float_row_control(d_in=64, d_out=32, widths=(1, 2), threads=(1,))
     assert len(df) == 1 and 1 <= int(df.distinct_rows.iloc[0]) <= 2
+
+
+# ---- the same count in llama.cpp, where it is built (lessonkit.bench.llamacpp_spec.distinct_completions) ----
+def test_outputs_that_agree_up_to_the_limit_count_as_one():
+    at_limit, at_eos = (lambda text: Sample(text, 0, 0.0, at_limit=True)), (lambda text: Sample(text, 0, 0.0))
+    assert distinct([at_limit("abc"), at_limit("abcdef"), at_limit("abc")]) == 1    # speculative runs on past -n
+    assert distinct([at_limit("abc"), at_limit("abd")]) == 2
+    assert distinct([at_eos("ab"), at_limit("abc")]) == 2                          # it ended; the other went on
+    assert distinct([]) == 0
+
+
+def test_without_llamacpp_the_count_is_one_line_saying_how_to_build_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("LESSONKIT_HOME", str(tmp_path))
+
+    def refuse(*a, **k):
+        raise AssertionError(f"ran {a}")
+    monkeypatch.setattr(subprocess, "run", refuse)
+    got = llamacpp_distinct_completions(["the cat sat"])
+    assert got["built"] is False and got["rows"] == []
+    assert "\n" not in got["note"] and "not built" in got["note"] and "lessonkit bench llamacpp --build" in got["note"]
+
+
+@pytest.mark.skipif(not llamacpp.is_built(), reason="llama.cpp is not built here (`lessonkit bench llamacpp --build`)")
+@pytest.mark.budget(120, "four llama.cpp processes, each loading smollm2-135m (two copies for llama-speculative)")
+def test_llamacpp_counts_its_completions_where_it_is_built():
+    got = llamacpp_distinct_completions(["def add(a, b):\n    return"], depths=(3,), threads=(1, 2), n_new=8)
+    assert got["built"] and got["verify_widths"] == [1, 4] and got["threads"] == [1, 2]
+    (row,) = got["rows"]
+    assert row["runs"] == 4 and 1 <= row["distinct_speculative"] <= row["distinct_completions"] <= 4

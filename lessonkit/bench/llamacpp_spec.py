@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from lessonkit.bench import llamacpp
 from lessonkit.bench.common import goal, machine_info
@@ -76,10 +77,12 @@ LLAMACPP_TOOLS = {"plain greedy": ("llama-completion", 0), CONTROL: ("llama-look
                   "prompt lookup": ("llama-lookup", DEPTH), "self-draft": ("llama-speculative", DEPTH)}
 
 
-def llamacpp_command(tool: str, gguf: str, prompt: str, n_new: int, threads: int, depth: int = DEPTH) -> list[str]:
-    """The command line of one request: greedy (temperature 0, top-k 1), one seed, one context size."""
+def llamacpp_command(tool: str, gguf: str, prompt: str, n_new: int, threads: int, depth: int = DEPTH,
+                     extra: tuple[str, ...] = ()) -> list[str]:
+    """The command line of one request: greedy (temperature 0, top-k 1), one seed, one context size; `extra`
+    options after those."""
     cmd = [str(llamacpp.binary(tool)), "-m", gguf, "-p", prompt, "-n", str(n_new), "-t", str(threads),
-           "-c", "1024", "--temp", "0", "--top-k", "1", "-s", str(SEED)]
+           "-c", "1024", "--temp", "0", "--top-k", "1", "-s", str(SEED), *extra]
     if tool == "llama-completion":
         cmd += ["-no-cnv", "--no-display-prompt"]
     if tool == "llama-speculative":
@@ -128,8 +131,9 @@ def decode_stats(stderr: str, tool: str) -> dict:
             "accepted": counts["accept"]}
 
 
-def run_llamacpp(tool: str, gguf: str, prompt: str, n_new: int, threads: int, eos: str, depth: int = DEPTH) -> Sample:
-    cmd = llamacpp_command(tool, gguf, prompt, n_new, threads, depth)
+def run_llamacpp(tool: str, gguf: str, prompt: str, n_new: int, threads: int, eos: str, depth: int = DEPTH,
+                 extra: tuple[str, ...] = ()) -> Sample:
+    cmd = llamacpp_command(tool, gguf, prompt, n_new, threads, depth, extra)
     r = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace")
     if r.returncode != 0:
         raise LessonkitError(f"{tool} failed (exit {r.returncode}): {r.stderr.strip()[-400:]}")
@@ -219,6 +223,41 @@ def token_at(tokenizer):
         i = enc.char_to_token(char) if char < len(text) else None
         return len(enc.ids) if i is None else i
     return at
+
+
+# ---- lesson 1's appendix A: distinct completions under verify widths and thread counts ---------------------
+EOS_TEXT = "<|im_end|>"      # the shipped GGUF's end-of-sequence token (its tokenizer.ggml.eos_token_id)
+QUIET = ("--poll", "0")      # idle threads sleep: busy-polling ones stall a second thread on shared cores
+
+
+def distinct(samples: list[Sample]) -> int:
+    """How many different completions: two outputs are one where they agree up to where one stopped at -n."""
+    kept: list[Sample] = []
+    for s in samples:
+        if all(fork_position(k.output, s.output, plain_at_limit=k.at_limit, other_at_limit=s.at_limit) is not None
+               for k in kept):
+            kept.append(s)
+    return len(kept)
+
+
+def distinct_completions(texts: list[str], *, depths=(1, 3, 7), threads=(1, 2), n_new: int = 16) -> dict:
+    """Lesson 1's appendix A count in llama.cpp, on the shipped smollm2-135m GGUF: each text decoded by
+    llama-completion (plain greedy) and by llama-speculative drafting for itself `depth` tokens a step (its
+    verifies are depth + 1 rows wide, as an oracle makes lessonkit's), each under every thread count, and the
+    distinct completions per text counted, over all runs and over the speculative runs alone. Where llama.cpp
+    is not built: {"built": False, "note": one line saying how to build it}."""
+    if not llamacpp.is_built():
+        return {"built": False, "rows": [], "note": f"llama.cpp is not built here ({llamacpp.home()}): "
+                "`lessonkit bench llamacpp --build` builds it once (minutes), then this cell counts its completions"}
+    gguf = str(smollm2_gguf_path())
+    runs = [("llama-completion", 0, t) for t in threads] + [("llama-speculative", d, t) for d in depths for t in threads]
+    rows = []
+    for i, text in enumerate(texts):
+        out = [(tool, run_llamacpp(tool, gguf, text, n_new, t, EOS_TEXT, d, QUIET)) for tool, d, t in runs]
+        rows.append({"prompt": i, "runs": len(out), "distinct_completions": distinct([s for _, s in out]),
+                     "distinct_speculative": distinct([s for tool, s in out if tool == "llama-speculative"])})
+    return {"built": True, "rows": rows, "verify_widths": [1, *(d + 1 for d in depths)], "threads": list(threads),
+            "note": f"llama.cpp {llamacpp.VERSION}, {Path(gguf).name}, {n_new} new tokens"}
 
 
 # ---- the benchmark ---------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """When speculation pays, measured and modelled: verify cost against acceptance with experts read from a disk
 (lessonkit.files.disk: cold past the page cache, warm from it, or a simulated slower disk), the break-even
-acceptance of a cost ratio, the disk cost model's inputs measured from expert misses, and its check against
-measured cells. Lesson 1 draws these."""
+acceptance of a cost ratio, the disk cost model's inputs measured from expert misses, its check against
+measured cells (oracle drafter), and a real draft model on the same disk, predicted and measured. Lesson 1 draws
+these."""
 from __future__ import annotations
 
 import time
@@ -16,32 +17,47 @@ from lessonkit.engine.engine import Engine
 from lessonkit.engine.generate import generate
 from lessonkit.files.disk import MB, Disk, parse_disk
 from lessonkit.measure.disk import warm_up
-from lessonkit.speculative.drafters import OracleDrafter
-from lessonkit.speculative.gate import expected_tokens, measure_cost_curve
+from lessonkit.speculative.drafters import ModelDrafter, OracleDrafter
+from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens, expected_tokens_per_pos,
+                                        measure_cost_curve)
 from lessonkit.speculative.verify import speculative_generate, total_stats
 
+
+def _budget_engine(model_dir, nb, expert_bytes: int, dtype, disk: Disk) -> Engine:
+    """tiny-moe with nb experts resident (None = all), every expert miss read from `disk`."""
+    mb = None if nb is None else nb * expert_bytes / 2**20
+    return Engine(model_dir, name=f"budget-{nb or 'all'}", expert_budget_mb=mb, dtype=dtype, disk=disk)
+
+def _timed_pair(eng, prompts, drafter_of, k: int, max_new_tokens: int, repeats: int) -> tuple[dict, dict, bool]:
+    """Plain and speculative greedy over `prompts` on `eng`, each prompt from an empty expert cache, in turn
+    within each of `repeats` rounds (load on shared cores hits both); drafter_of(eng) gives each round a fresh
+    drafter. Returns the fastest round of each side and whether every speculative output equalled plain greedy's."""
+    def run(fn):
+        out = []
+        for p in prompts:
+            eng.store.clear()
+            out.append(fn(p))
+        return out
+    best, same = {}, True
+    for _ in range(repeats):
+        plain = run(lambda p: generate(eng, p, max_new_tokens))
+        drafter = drafter_of(eng)
+        spec = run(lambda p: speculative_generate(eng, drafter, p, max_new_tokens, k=k))
+        same &= all(a.token_ids == b.token_ids for a, b in zip(plain, spec))
+        for side, res in (("plain", plain), ("spec", spec)):
+            st = total_stats([r.stats for r in res])
+            if side not in best or st["wall_s"] < best[side]["wall_s"]:
+                best[side] = st
+    return best["plain"], best["spec"], same
 
 def _measured_cell(model_dir, prompts, nb, P, k, max_new_tokens, disk: Disk, dtype, oracle_engine, total,
                    repeats: int = 1) -> dict:
     """One cell of the break-even surface, measured: plain and speculative greedy at budget nb (experts per
     model; None = all), oracle error rate P, depth k, every expert miss read from `disk`; plain and speculative
     in turn within each of `repeats` rounds, the fastest round of each counts (load on shared cores hits both)."""
-    mb = None if nb is None else nb * oracle_engine.expert_bytes / 2**20
-    eng = Engine(model_dir, name=f"budget-{nb or 'all'}", expert_budget_mb=mb, dtype=dtype, disk=disk)
-
-    def run(fn):
-        sts = []
-        for p in prompts:
-            eng.store.clear()
-            sts.append(fn(p).stats)
-        return total_stats(sts)
-
-    def spec():
-        oracle = OracleDrafter(eng, P, seed=0, horizon=max_new_tokens + k + 2, oracle_engine=oracle_engine)
-        return run(lambda p: speculative_generate(eng, oracle, p, max_new_tokens, k=k))
-    rounds = [(run(lambda p: generate(eng, p, max_new_tokens)), spec()) for _ in range(repeats)]
-    plain = min((r[0] for r in rounds), key=lambda st: st["wall_s"])
-    t = min((r[1] for r in rounds), key=lambda st: st["wall_s"])
+    eng = _budget_engine(model_dir, nb, oracle_engine.expert_bytes, dtype, disk)
+    oracle_of = lambda e: OracleDrafter(e, P, seed=0, horizon=max_new_tokens + k + 2, oracle_engine=oracle_engine)
+    plain, t, _ = _timed_pair(eng, prompts, oracle_of, k, max_new_tokens, repeats)
     return {"budget_experts": nb or total, "budget_frac": (nb or total) / total, "error_rate": P,
             "acceptance": 1 - P, "k": k, "acceptance_rate": t["acceptance_rate"],
             "tokens_per_forward": t["tokens_per_forward"], "speedup": plain["wall_s"] / t["wall_s"],
@@ -177,6 +193,17 @@ def disk_label(disk: Disk | str, read_mb_s: float | None = None) -> str:
         return f"a cold disk, {read_mb_s:.0f} MB/s measured" if read_mb_s else "a cold disk"
     return "page-cache reads (warm)"
 
+def _step_seconds(inputs: dict, b: int, t_read: float):
+    """The cost model at budget b, in seconds: (the prefill with its reads, a plain step, verify_step(a, k)).
+    Each of a verify's k drafted rows is a rejected (random) token with chance 1 - a: they route more widely."""
+    T, R = inputs["T_s"], inputs["reads_per_forward"]
+    o = inputs.get("step_overhead_s", 0.0)            # per decode or verify step, besides its forward
+    pre = inputs["prefill_s"] + inputs["prefill_reads"][b] * t_read
+
+    def verify_step(a, k):
+        return T[k + 1] + o + (a * R[(b, k + 1, "accepted")] + (1 - a) * R[(b, k + 1, "rejected")]) * t_read
+    return pre, T[1] + o + R[(b, 1, "accepted")] * t_read, verify_step
+
 def disk_cost_model(inputs: dict, *, disk: Disk | str, read_mb_s: float | None = None,
                     acceptances=tuple(np.round(np.linspace(0, 1, 11), 2)), ks=(1, 2, 4)) -> pd.DataFrame:
     """The break-even surface predicted by the cost model (header above) from `cost_model_inputs`, with expert
@@ -184,16 +211,11 @@ def disk_cost_model(inputs: dict, *, disk: Disk | str, read_mb_s: float | None =
     per (budget, acceptance, k) with the predicted speed-up, E(a, k) and the break-even acceptance a* of that
     budget and k."""
     t_read = read_seconds(inputs, parse_disk(disk), read_mb_s)
-    T, R, n = inputs["T_s"], inputs["reads_per_forward"], inputs["new_tokens"]
-    o = inputs.get("step_overhead_s", 0.0)            # per decode or verify step, besides its forward
+    T, n = inputs["T_s"], inputs["new_tokens"]
     out = []
     for b in inputs["budgets"]:
-        pre = inputs["prefill_s"] + inputs["prefill_reads"][b] * t_read
-        plain_step = T[1] + o + R[(b, 1, "accepted")] * t_read
+        pre, plain_step, verify_step = _step_seconds(inputs, b, t_read)
         plain = pre + (n - 1) * plain_step
-
-        def verify_step(a, k):         # each of the k drafted rows is a rejected (random) token with chance 1 - a
-            return T[k + 1] + o + (a * R[(b, k + 1, "accepted")] + (1 - a) * R[(b, k + 1, "rejected")]) * t_read
         for k in ks:
             a_star = _break_even_disk(lambda a: verify_step(a, k) / plain_step, k)
             for a in acceptances:
@@ -201,8 +223,9 @@ def disk_cost_model(inputs: dict, *, disk: Disk | str, read_mb_s: float | None =
                 out.append({"budget_experts": b, "budget_frac": b / inputs["total_experts"], "acceptance": float(a),
                             "k": k, "E_tokens_per_verify": e, "speedup": plain / (pre + (n - 1) / e * step),
                             "step_cost_ratio": step / plain_step, "a_star": a_star,
-                            "reads_per_plain_step": R[(b, 1, "accepted")],
-                            "reads_per_verify": (step - T[k + 1] - o) / t_read if t_read else 0.0,
+                            "reads_per_plain_step": inputs["reads_per_forward"][(b, 1, "accepted")],
+                            "reads_per_verify": (step - T[k + 1] - inputs.get("step_overhead_s", 0.0)) / t_read
+                            if t_read else 0.0,
                             "t_read_ms": t_read * 1e3})
     return pd.DataFrame(out)
 
@@ -236,6 +259,40 @@ def validate_cost_model(model_dir, prompts: list[list[int]], model_df: pd.DataFr
         rows.append({"disk": str(disk), "budget_experts": nb or total, "acceptance": a, "k": k,
                      "measured_acceptance_rate": m["acceptance_rate"], "predicted_speedup": float(pred.speedup.iloc[0]),
                      "measured_speedup": m["speedup"]})
+    df = pd.DataFrame(rows)
+    df["error"] = df.predicted_speedup / df.measured_speedup - 1
+    return df
+
+def drafter_on_disk(model_dir, draft_engine, prompts: list[list[int]], apart_prompts: list[list[int]], inputs: dict, *,
+                    budget_experts: int, ks=(2,), disk: Disk | str, read_mb_s: float | None = None,
+                    repeats: int = 1, dtype=torch.float32) -> pd.DataFrame:
+    """A real drafter (the draft model `draft_engine`: its drafts cost c > 0) on the cost model's disk. Per depth
+    k: its acceptance a_1..a_k and seconds per draft token measured apart (on `apart_prompts`, every expert
+    resident); the speed-up the cost model predicts from `inputs` (`cost_model_inputs`, whose new tokens the runs
+    use) with k c added to each verify step, c = a draft token's seconds over a plain step's at the budget;
+    and the speed-up measured on `prompts` with budget_experts resident, every miss read from `disk`."""
+    disk = parse_disk(disk)
+    n, b = inputs["new_tokens"], budget_experts
+    pre, plain_step, verify_step = _step_seconds(inputs, b, read_seconds(inputs, disk, read_mb_s))
+    full = Engine(model_dir, name="budget-all", dtype=dtype)
+    eng = _budget_engine(model_dir, b, full.expert_bytes, dtype, disk)
+    drafter_of = lambda _: ModelDrafter(draft_engine, name=draft_engine.name)
+    rows = []
+    for k in ks:
+        apart = total_stats([speculative_generate(full, drafter_of(full), p, n, k=k).stats for p in apart_prompts])
+        a, e = apart["acceptance_rate"], expected_tokens_per_pos(
+            conditional_per_pos(apart["num_accepted_tokens_per_pos"], apart["num_drafts"]), k)
+        c = apart["draft_s"] / apart["num_draft_tokens"] / plain_step
+        ratio = verify_step(a, k) / plain_step + k * c       # a verify step's cost in plain steps, drafts included
+        plain, spec, same = _timed_pair(eng, prompts, drafter_of, k, n, repeats)
+        plain_tok_s = (plain["wall_s"] - plain["ttft_s"]) / max(plain["new_tokens"] - plain["runs"], 1)
+        rows.append({"drafter": draft_engine.name, "budget_experts": b, "k": k, "disk": str(disk),
+                     "acceptance_apart": a, "E_apart": e, "c": c, "cost_per_verify_step": ratio,
+                     "predicted_speedup": (pre + (n - 1) * plain_step) / (pre + (n - 1) / e * ratio * plain_step),
+                     "measured_acceptance": spec["acceptance_rate"],
+                     "measured_tokens_per_verify": (spec["new_tokens"] - spec["runs"]) / max(spec["num_drafts"], 1),
+                     "measured_c": spec["draft_s"] / max(spec["num_draft_tokens"], 1) / plain_tok_s,
+                     "measured_speedup": plain["wall_s"] / spec["wall_s"], "identical_to_plain": same})
     df = pd.DataFrame(rows)
     df["error"] = df.predicted_speedup / df.measured_speedup - 1
     return df
