@@ -155,7 +155,7 @@ def cmd_setup(args) -> int:
 
 
 def cmd_lessons(args) -> int:
-    from lessonkit.lessons.handout import copy_lessons
+    from lessonkit.files.handout import copy_lessons
     r = copy_lessons(args.dest, solutions=args.solutions)
     if args.json:
         _print_json(r)
@@ -246,7 +246,6 @@ def cmd_train(args) -> int:
     if args.name in CUT_PRESETS:
         return cmd_train_cut(args, CUT_PRESETS[args.name])
 
-    from lessonkit.lessons.engine import save_loss_curve
     from lessonkit.speculative.acceptance import measure_shipped
     from lessonkit.training.tiny_models import HF_DIR, PRESETS, ROOT, ship, train
     cfg = PRESETS[args.name]
@@ -267,7 +266,7 @@ def cmd_train(args) -> int:
         out = args.out or (None if args.steps is None else ROOT / "build" / "models" / hf.name)
         target = cfg.draft_for or cfg.distill_from
         measure = measure_shipped(target) if target else None
-        summary["model_dir"] = str(ship(cfg.name, hf_dir=hf, out_dir=out, loss_curve=save_loss_curve, measure=measure))
+        summary["model_dir"] = str(ship(cfg.name, hf_dir=hf, out_dir=out, measure=measure))
     _print_result(args, summary)
     return 0
 
@@ -277,7 +276,6 @@ def cmd_train_cut(args, cfg) -> int:
     from pathlib import Path
 
     from lessonkit.models.registry import MODELS_DIR
-    from lessonkit.lessons.engine import save_cut_curve
     from lessonkit.speculative.acceptance import measure_shipped
     from lessonkit.training.cut_draft import write_cut, train_cut
     from lessonkit.training.tiny_models import ROOT, _write_log_and_card, remeasure
@@ -294,7 +292,7 @@ def cmd_train_cut(args, cfg) -> int:
                                                else ROOT / "build" / "models" / f"{cfg.name}-steps{args.steps}")
         write_cut(model, head_ids, cfg, out)
         log["speculative"] = measure_shipped(cfg.target)(out)
-        _write_log_and_card(out, log, save_cut_curve)
+        _write_log_and_card(out, log, trained=True)
         summary["model_dir"], summary["speculative"] = str(out), log["speculative"]
     _print_result(args, summary)
     return 0
@@ -304,8 +302,8 @@ def cmd_train_judge(args) -> int:
     """`lessonkit train judge --model M`: LoRA-train M as the monitoring judge, evaluate, write the card."""
     from dataclasses import replace
 
-    from lessonkit.lessons.judges import ndjson_answers
     from lessonkit.training.judge import PRESETS, train_judge
+    from lessonkit.training.judge_ndjson import ndjson_answers
     if args.model is None:
         raise LessonkitError("lessonkit train judge needs --model (smollm2-135m or tiny-moe)")
     cfg = replace(PRESETS[args.model], threads=args.threads or PRESETS[args.model].threads)
@@ -485,10 +483,10 @@ def cmd_stack_run(args) -> int:
 
     import pandas as pd
 
-    from lessonkit.lessons.stack import ablation_all, available_models, headline, run_config
+    from lessonkit.measure.stack import ablation_all, available_models, headline, run_config
     cfg = run_config(args, args.smoke)
     models = [args.model] if args.model else available_models(args.smoke)
-    df, fig, drafts = ablation_all(models, cfg)
+    df, _ = ablation_all(models, cfg)
     if args.json:
         print(json.dumps({"config": asdict(cfg), "rows": json.loads(df.to_json(orient="records")),
                           "headline": headline(df)}))

@@ -1,6 +1,6 @@
 """Issue 53's loose ends, each checked where it was left open: a dead writer's temporary files in a conversion's
 folder, the judge's ground truth written crash-safely, the shipped drafters in the packed format (their tokens
-unchanged) and a complete training log."""
+unchanged), a complete training log, and a training that writes its curve as data and draws nothing."""
 from __future__ import annotations
 
 import subprocess
@@ -102,3 +102,20 @@ def test_a_shipped_models_card_is_what_its_training_log_gives(model_dir):
     log = json.loads((model_dir / "train_log.json").read_text(encoding="utf-8"))
     files = {p.name: p.stat().st_size for p in sorted(model_dir.iterdir()) if p.name != "card.md"}
     assert model_card(log, files) == (model_dir / "card.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", ["tiny-draft", "smollm2-draft"])
+def test_a_new_training_writes_its_curve_as_data_and_draws_nothing(name, tmp_path):
+    """`lessonkit train` draws no figure: shipping a new training writes train_log.json (the loss curve is its
+    "steps" and "eval") and a card that says so, and removes the loss_curve.png an earlier training drew."""
+    import json
+    import shutil
+
+    from lessonkit.models.registry import MODELS_DIR
+    from lessonkit.training.tiny_models import _write_log_and_card
+    for f in ("train_log.json", "loss_curve.png", "config.json"):
+        shutil.copyfile(MODELS_DIR / name / f, tmp_path / f)
+    _write_log_and_card(tmp_path, json.loads((tmp_path / "train_log.json").read_text(encoding="utf-8")), trained=True)
+    card = (tmp_path / "card.md").read_text(encoding="utf-8")
+    assert not (tmp_path / "loss_curve.png").exists() and "loss_curve.png" not in card
+    assert '"steps" and "eval" of train_log.json' in card

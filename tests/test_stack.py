@@ -14,7 +14,8 @@ from lessonkit.bench import stack as bench_stack
 from lessonkit.errors import LessonkitError
 from lessonkit.models.registry import MODELS_DIR, load_model
 from lessonkit.lessons import stack as lesson
-from lessonkit.lessons.prefix_cache import tiny_random_model
+from lessonkit.measure import stack as measure
+from lessonkit.measure.prefix_cache import tiny_random_model
 from lessonkit.speculative.drafters import Draft, OracleDrafter
 from lessonkit.workloads.monitoring import MonitoringItem
 from lessonkit.workloads.triage import Workload, make_workload, needs_action
@@ -235,11 +236,11 @@ def test_stack_drafter_prefers_the_forced_span():
 
 def test_ablation_table_has_the_columns(tiny, workload):
     emb = np.tile(np.eye(1, 384, dtype=np.float32), (CFG.n_items, 1))
-    df, runs, ddf = lesson.ablation(tiny, CFG, embeddings=emb, workload=workload, model_drafter="ngram")
+    df, runs, ddf = measure.ablation(tiny, CFG, embeddings=emb, workload=workload, model_drafter="ngram")
     for c in ["wall_s", "tokens_per_s", "forwards", "expert_bytes", "judge_calls", "identical_to_plain",
               "audited_losses", "actionable_losses"]:
         assert c in df.columns
-    assert list(df["row"]) == list(lesson.ROWS)
+    assert list(df["row"]) == list(measure.ROWS)
     engine_rows = df[~df["techniques"].str.contains("semcache")]
     assert engine_rows["identical_to_plain"].all()
     assert df.loc[df["row"] == "semantic cache", "actionable_losses"].iloc[0] == 0

@@ -64,10 +64,10 @@ def predict_combined(fn) -> bool:
 def on_this_machine(fn, smoke: bool = False) -> None:
     """Run a small ablation (the smoke preset; tiny-moe's judge, or the smoke engine) and print fn's
     prediction from its single rows next to the measured all-together speed-up (a stub: the measurement only)."""
-    from lessonkit.lessons import stack as lesson
+    from lessonkit.measure import stack as measure
     from lessonkit.stack import PRESETS
-    engine = lesson.load_engine("smoke" if smoke else lesson.available_models()[0])
-    df, _, _ = lesson.ablation(engine, PRESETS["smoke"], model_drafter="ngram")
+    engine = measure.load_engine("smoke" if smoke else measure.available_models()[0])
+    df, _, _ = measure.ablation(engine, PRESETS["smoke"], model_drafter="ngram")
     r = df.set_index("row")
     plain = float(r.loc["plain engine", "wall_s"])
     q = float(r.loc["semantic cache", "judge_calls"]) / max(float(r.loc["plain engine", "judge_calls"]), 1.0)

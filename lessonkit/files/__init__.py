@@ -4,6 +4,7 @@
   atomic        crash-safe writes (temporary file, fsync, rename, directory fsync)
   safe_files    regular files only, strict UTF-8 JSON, no symlink out of the workbook's folders, SHA-256
   portable_io   locks, positioned reads and touches on every OS
+  handout       `lessonkit lessons DEST`: the notebooks, exercises and docs copied where a student works
 
 Imports: lessonkit.errors only.
 """

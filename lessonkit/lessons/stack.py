@@ -1,8 +1,9 @@
-"""Lesson 6 (the whole stack, the capstone): the ablation and figures of notebooks/06_stack.ipynb.
+"""Lesson 6 (the whole stack, the capstone): the figures of notebooks/06_stack.ipynb.
 
-`ablation(...)` runs the plain engine, each technique alone and all together on one model, item by
-item interleaved, and returns a DataFrame; `plot_ablation(df)` the Figure; `choose_drafter` picks
-the model drafter by measuring on calibration items.
+The ablation itself is measurement (lessonkit.measure.stack: `ablation_all` runs the plain engine, each
+technique alone and all together on each model, item by item interleaved, and returns a DataFrame);
+`plot_ablation(df)` draws it, `combined_prediction(df)` predicts the combined rows from the single ones and
+`ablation_panel(df)` shows one model at a time.
 """
 from __future__ import annotations
 
@@ -12,11 +13,6 @@ import pandas as pd
 
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import show_panel
-from lessonkit.measure.stack import (ABLATION_COLUMNS, ROWS,  # noqa: F401 (the experiments this lesson's notebook runs)
-                                     ablation, ablation_table, available_models, choose_drafter, drafter_candidates,
-                                     load_engine, model_workload, one_item, run_config, smoke_engine, torch_threads)
-from lessonkit.stack import PRESETS, StackConfig, embed_workload
-from lessonkit.workloads.triage import make_workload
 
 
 def plot_ablation(df, title: str | None = None):
@@ -111,49 +107,6 @@ def _combined(df):
                 yield (m, row), g
 
 
-def ablation_all(models=None, cfg: StackConfig | str = "default", *, smoke: bool = False) -> tuple:
-    """ablation() on each model (tiny-moe when trained, smollm2-135m); the stream is embedded once.
-
-    Returns (DataFrame, Figure, {model: drafter DataFrame}).
-    """
-    cfg = PRESETS[cfg] if isinstance(cfg, str) else cfg
-    models = models or available_models(smoke)
-    wl = make_workload(cfg)
-    emb, embed_s = embed_workload(wl)
-    frames, drafts = [], {}
-    for m in models:
-        eng = load_engine(m)
-        df, runs, ddf = ablation(eng, cfg, embeddings=emb, embed_s=embed_s, workload=wl)
-        frames.append(df)
-        drafts[eng.name] = ddf
-    df = pd.concat(frames, ignore_index=True)
-    return df, plot_ablation(df), drafts
-
-
-def headline(df) -> dict:
-    """The figures the lesson records: per model, all-together speed-up and exactness, plus cache losses."""
-    out = {}
-    for m, sub in df.groupby("model", sort=False):
-        s = sub.set_index("row")
-        key = m.replace("-", "_").replace(".", "_")
-        if "all together" in s.index:
-            a = s.loc["all together"]
-            out[f"{key}_all_speedup"] = round(float(a["speedup"]), 3)
-            out[f"{key}_all_identical"] = bool(a["identical_to_plain"])
-            out[f"{key}_all_answers_differing"] = int(a["answers_differing"])
-            out[f"{key}_all_engine_identical"] = bool(a["engine_answers_identical"])
-            out[f"{key}_all_actionable_losses"] = int(a["actionable_losses"] or 0)
-            out[f"{key}_all_judge_calls"] = int(a["judge_calls"])
-        if "lossless together" in s.index:
-            b = s.loc["lossless together"]
-            out[f"{key}_lossless_speedup"] = round(float(b["speedup"]), 3)
-            out[f"{key}_lossless_identical"] = bool(b["identical_to_plain"])
-            out[f"{key}_lossless_techniques"] = str(b["techniques"])
-        out[f"{key}_plain_tokens_per_s"] = round(float(s.loc["plain engine", "tokens_per_s"]), 3)
-        out[f"{key}_engine_rows_identical"] = bool(sub["engine_answers_identical"].all())
-    return out
-
-
 def ablation_panel(df) -> None:
     """A model picker over plot_ablation: the ablation of one model at a time."""
     import ipywidgets as w
@@ -188,5 +141,5 @@ HEADLINE = Headline(
              Column("answers_differing", "answers differing from plain"),
              Column("engine_answers_identical", "engine's answers vs plain", "identical|DIFFER")),
     caption="The ablation: plain engine, each technique alone, the lossless ones together, all behind the lossy cache",
-    figure="lesson.ablation_all(",
+    figure="lesson.plot_ablation(",
 )

@@ -1,6 +1,6 @@
 """The capstone measured: the stack's ablation (each row a set of techniques on the same workload, against the
-plain engine, answers compared), the drafter chosen by timing, one item side by side. Lesson 6 draws it;
-`lessonkit bench stack` reports it."""
+plain engine, answers compared; ablation_all on every model, headline its figures), the drafter chosen by
+timing, one item side by side. Lesson 6 draws it; `lessonkit stack run` and `lessonkit bench stack` report it."""
 from __future__ import annotations
 
 import tempfile
@@ -194,6 +194,48 @@ def ablation_table(model: str, runs: dict, rows: list[str], model_drafter, choic
                     "cached_positives_served": run.extra.get("cached_positives_served"),
                     "cache_serving": run.extra.get("cache_serving")})
     return pd.DataFrame(out)
+
+def ablation_all(models=None, cfg: StackConfig | str = "default", *, smoke: bool = False) -> tuple:
+    """ablation() on each model (tiny-moe when trained, smollm2-135m); the stream is embedded once.
+
+    Returns (DataFrame, {model: drafter DataFrame}); lesson 6 draws the table (lessonkit.lessons.stack),
+    `lessonkit stack run` prints it.
+    """
+    cfg = PRESETS[cfg] if isinstance(cfg, str) else cfg
+    models = models or available_models(smoke)
+    wl = make_workload(cfg)
+    emb, embed_s = embed_workload(wl)
+    frames, drafts = [], {}
+    for m in models:
+        eng = load_engine(m)
+        df, runs, ddf = ablation(eng, cfg, embeddings=emb, embed_s=embed_s, workload=wl)
+        frames.append(df)
+        drafts[eng.name] = ddf
+    return pd.concat(frames, ignore_index=True), drafts
+
+def headline(df) -> dict:
+    """The figures lesson 6 records and `lessonkit stack run` prints: per model, all-together speed-up and
+    exactness, plus cache losses."""
+    out = {}
+    for m, sub in df.groupby("model", sort=False):
+        s = sub.set_index("row")
+        key = m.replace("-", "_").replace(".", "_")
+        if "all together" in s.index:
+            a = s.loc["all together"]
+            out[f"{key}_all_speedup"] = round(float(a["speedup"]), 3)
+            out[f"{key}_all_identical"] = bool(a["identical_to_plain"])
+            out[f"{key}_all_answers_differing"] = int(a["answers_differing"])
+            out[f"{key}_all_engine_identical"] = bool(a["engine_answers_identical"])
+            out[f"{key}_all_actionable_losses"] = int(a["actionable_losses"] or 0)
+            out[f"{key}_all_judge_calls"] = int(a["judge_calls"])
+        if "lossless together" in s.index:
+            b = s.loc["lossless together"]
+            out[f"{key}_lossless_speedup"] = round(float(b["speedup"]), 3)
+            out[f"{key}_lossless_identical"] = bool(b["identical_to_plain"])
+            out[f"{key}_lossless_techniques"] = str(b["techniques"])
+        out[f"{key}_plain_tokens_per_s"] = round(float(s.loc["plain engine", "tokens_per_s"]), 3)
+        out[f"{key}_engine_rows_identical"] = bool(sub["engine_answers_identical"].all())
+    return out
 
 def smoke_engine():
     """The engine of smoke runs: tiny-moe."""

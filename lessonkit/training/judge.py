@@ -329,7 +329,7 @@ NDJSON: {nd}.
 def train_judge(cfg: JudgeTrainConfig, progress: bool = True, ndjson_check=None) -> dict:
     """Train, save, evaluate on the shipped stream and write the card; returns the summary.
 
-    ndjson_check(engine, texts) -> dict (lessonkit.lessons.judges.ndjson_answers): the judge's NDJSON answers
+    ndjson_check(engine, texts) -> dict (lessonkit.training.judge_ndjson.ndjson_answers): the judge's NDJSON answers
     to every distinct item, counted for the card."""
     model, log = train_adapter(cfg, progress)
     save_adapter(model, cfg, log)

@@ -50,6 +50,14 @@ def _measured_lines(log: dict) -> list[str]:
             f"greedy: {sp['identical']}."]
 
 
+def _curves_line(label: str, files: dict) -> str:
+    """Where the training curves are: a loss_curve.png drawn beside the log by an earlier version of `lessonkit
+    train` (the shipped models have one), else the log's "steps" and "eval" (training draws no figure)."""
+    if "loss_curve.png" in files:
+        return f"- {label}: loss_curve.png; full log: train_log.json"
+    return f'- {label}: "steps" and "eval" of train_log.json, the full log'
+
+
 def cut_card(log: dict, files: dict) -> str:
     """card.md of a drafter cut from its target (lessonkit.training.cut_draft)."""
     c, p = log["config"], log["params"]
@@ -86,7 +94,7 @@ def cut_card(log: dict, files: dict) -> str:
               f"- training time: {log['train_time_s'] / 60:.1f} min (+ {log['teacher_pass_s'] / 60:.1f} min teacher "
               f"pass, 0 when cached) on {log['machine']['platform']} ({log['machine']['cpu_count']} shared CPU "
               f"cores, {c['threads']} torch thread, torch {log['machine']['torch']})",
-              "- curves: loss_curve.png; full log: train_log.json", "",
+              _curves_line("curves", files), "",
               "## Reproduce", "", "```", f"lessonkit train {log['name']}", "```", "",
               "Weights are stored as bfloat16 in the engine's streaming layout. A reduced output layer has no "
               "transformers equivalent, so `lessonkit export` refuses this model.", "", "## Files", ""]
@@ -134,7 +142,7 @@ def model_card(log: dict, files: dict) -> str:
               + (f" (+ {log['teacher_pass_s'] / 60:.1f} min teacher pass, 0 when cached)" if c["distill_from"] else "")
               + f" on {log['machine']['platform']} (2 shared CPU cores, {c['threads']} torch thread, "
               f"torch {log['machine']['torch']})",
-              "- loss curve: loss_curve.png; full log: train_log.json", "",
+              _curves_line("loss curve", files), "",
               "## Reproduce", "", "```", f"lessonkit train {log['name']}", "```", "",
               "Weights are stored as bfloat16 in the engine's streaming layout; `lessonkit export "
               f"{log['name']} OUT_DIR` writes a Hugging Face checkpoint.", "",

@@ -11,7 +11,7 @@ threads: 1 by default, because on a busy shared 2-core machine two OpenMP thread
 each other ran about 10x slower than one); batches are windows of `seq_len + 1` tokens drawn with a seeded generator from the
 token streams of the three corpus kinds, mixed by `mix`. The result is saved in Hugging Face format
 under build/hf/<name>/ and converted to the engine's streaming layout under data/models/<name>/
-(bf16 storage), with train_log.json, loss_curve.png and card.md.
+(bf16 storage), with train_log.json (the loss curve's data) and card.md.
 
 Shapes: B batch, T sequence, V vocabulary, E experts.
 """
@@ -393,23 +393,22 @@ def remeasure(name: str, measure: Callable[[Path], dict], model_dir: str | Path 
     return log["speculative"]
 
 
-def _write_log_and_card(out: Path, log: dict, loss_curve: Callable[[dict, Path], None] | None = None) -> None:
-    """train_log.json, loss_curve.png (when drawn), card.md from both, then the manifest; each file replaced
-    atomically, so an interrupted write leaves the old file, never half of one."""
+def _write_log_and_card(out: Path, log: dict, trained: bool = False) -> None:
+    """train_log.json (the loss curve is its "steps" and "eval"), card.md from it, then the manifest; each file
+    replaced atomically, so an interrupted write leaves the old file, never half of one. Training draws nothing:
+    after a new training (`trained`) the loss_curve.png an earlier one drew is removed, not left as this run's."""
     atomic_write(out / "train_log.json", json.dumps(log, indent=1).encode())
-    if loss_curve is not None:
-        loss_curve(log, out / "loss_curve.png")
+    if trained:
+        (out / "loss_curve.png").unlink(missing_ok=True)
     files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.name != "card.md"}
     atomic_write(out / "card.md", model_card(log, files).encode())
     write_manifest(out)
 
 
 def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | None = None,
-         loss_curve: Callable[[dict, Path], None] | None = None,
          measure: Callable[[Path], dict] | None = None) -> Path:
-    """Convert build/hf/<name> to data/models/<name> (bf16), with train_log.json, card.md and, when
-    `loss_curve(log, path)` is given, the loss curve it draws (loss_curve.png); `measure(model_dir)`
-    adds measured drafter figures (log["speculative"]) to the log and card."""
+    """Convert build/hf/<name> to data/models/<name> (bf16), with train_log.json and card.md;
+    `measure(model_dir)` adds measured drafter figures (log["speculative"]) to the log and card."""
     hf = Path(hf_dir) if hf_dir else HF_DIR / name
     out = Path(out_dir) if out_dir else MODELS_DIR / name
     if not (hf / "train_log.json").exists():
@@ -418,5 +417,5 @@ def ship(name: str, *, hf_dir: str | Path | None = None, out_dir: str | Path | N
     convert_hf_checkpoint(hf, out, dtype=torch.bfloat16)
     if measure is not None:
         log["speculative"] = measure(out)
-    _write_log_and_card(out, log, loss_curve)
+    _write_log_and_card(out, log, trained=True)
     return out

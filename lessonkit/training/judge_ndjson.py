@@ -1,4 +1,5 @@
-"""Trained judges answering in NDJSON: every answer parsed and checked against JUDGE_SCHEMA.
+"""Trained judges answering in NDJSON: every answer parsed and checked against JUDGE_SCHEMA (the count the
+judge's card records, `lessonkit train judge`).
 
 Each item is judged by the capstone's Judge (lessonkit.stack) behind a prefix cache, with grammar drafting and
 prompt lookup: all lossless, so the answers are the plain engine's greedy answers, written faster.
