@@ -1,7 +1,8 @@
 """Lesson 0 (the worked engine): the experiments and figures of notebooks/00_engine.ipynb.
 
-Each experiment returns data (a DataFrame) and a Figure. Also the figures of the shipped models' cards
-(loss curve, expert load) and greedy continuations of held-out corpus prompts."""
+Each experiment returns data (a DataFrame) and a Figure; the measurements alone (token_path, decode_profile,
+continuation_samples) are lessonkit.measure.engine. Also the figures of a shipped model's training log (loss
+curve, expert load), drawn from train_log.json where a lesson asks: `lessonkit train` draws nothing."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -13,8 +14,7 @@ from lessonkit.engine.generate import generate
 from lessonkit.lessons.figures import integer_axis
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import quantity_table, show_panel
-from lessonkit.measure.engine import continuation_prompts  # noqa: F401 (the experiments this lesson's notebook runs)
-from lessonkit.measure.engine import continuation_samples, decode_profile, token_path
+from lessonkit.measure.engine import decode_profile
 from lessonkit.models.registry import load_model
 from lessonkit.workloads.corpus import KINDS
 
@@ -174,11 +174,6 @@ def cut_curve_figure(log: dict):
     return fig
 
 
-def save_cut_curve(log: dict, path) -> None:
-    """loss_curve.png of a cut drafter (`lessonkit train smollm2-draft`)."""
-    cut_curve_figure(log).savefig(path, dpi=80)
-
-
 def expert_load_figure(load: list[list[float]], name: str = "tiny-moe"):
     """Bars of each expert's share of routed token slots, one group per layer; load is [layers][E]."""
     L, E = len(load), len(load[0])
@@ -195,11 +190,6 @@ def expert_load_figure(load: list[list[float]], name: str = "tiny-moe"):
     ax.legend(fontsize=7, ncol=L + 1)
     fig.tight_layout()
     return fig
-
-
-def save_loss_curve(log: dict, path) -> None:
-    """loss_curve.png of a shipped model (`lessonkit train` passes this to training.tiny_models.ship)."""
-    loss_curve_figure(log).savefig(path, dpi=80)
 
 
 HEADLINE = Headline(

@@ -1,11 +1,13 @@
 """The row-invariant kernel in lessons 0 and 1: why a batched product rounds differently, what the
 kernel does instead, the roofline, and the verify cost curve it buys.
 
-  rounding_demo     one row inside an M-row BLAS product vs the same row alone: which bits move
-  rounding_sentence that table in words, for this machine's BLAS
-  summation_orders  the same dot product summed in the orders a GEMV and a GEMM tile use
+  rounding_sentence lessonkit.measure.kernel's rounding_demo (one row inside an M-row BLAS product vs the
+                    same row alone: which bits move) in words, for this machine's BLAS
   roofline          bytes of weights per token against measured copy bandwidth, per model
   cost_curves       T(k+1)/T(1) of a verify forward per model, with the kernel and with MKL row groups
+
+The measurements alone (rounding_demo, summation_orders: the same dot product summed in the orders a GEMV
+and a GEMM tile use) are lessonkit.measure.kernel; the notebooks call them there.
 """
 from __future__ import annotations
 
@@ -17,8 +19,7 @@ from tqdm.auto import tqdm
 from lessonkit.engine import kernel
 from lessonkit.measure.machine import cpu_name
 from lessonkit.lessons.figures import integer_axis, legend_beside
-from lessonkit.measure.kernel import (blas_name, cost_paths,  # noqa: F401 (the experiments this lesson's notebook runs)
-                                      engines_to_compare, forwards_to_compare, load_on, rounding_demo, summation_orders)
+from lessonkit.measure.kernel import blas_name, cost_paths, forwards_to_compare, load_on
 from lessonkit.measure.roofline import roofline as measure_roofline
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.gate import measure_cost_curve
