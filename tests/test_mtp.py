@@ -11,7 +11,7 @@ from lessonkit.cli import main
 from lessonkit.engine import quant
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import generate
-from lessonkit.lessons.mtp import prompts_from_corpus
+from lessonkit.measure.mtp import prompts_from_corpus
 from lessonkit.mtp.doctor import doctor, tensor_problems
 from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.mtp.evaluate import acceptance_by_kind, eval_windows, pooled_acceptance, target_states, teacher_forced

@@ -13,8 +13,7 @@ from lessonkit.engine.quant import fake_quantise
 from lessonkit.lessons.figures import legend_beside
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import show_panel
-from lessonkit.measure.mtp import (predicted_by_scheme, prompts_from_corpus,  # noqa: F401 (the experiments this lesson's notebook runs)
-                                   speed_comparison)
+from lessonkit.measure.mtp import prompts_from_corpus
 from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.mtp.evaluate import acceptance_by_kind, pooled_acceptance
 from lessonkit.mtp.head import MtpHead, Shared, eh_scale_ratio, load_head
