@@ -441,7 +441,7 @@ def test_span_tokenisation_report_counts_spans_and_backoff(tok):
 
 @pytest.mark.parametrize("confounded", [False, True])
 def test_grammar_ab_reports_identity_and_gain(tok, confounded):
-    from lessonkit.lessons.grammar import grammar_ab
+    from lessonkit.measure.grammar import grammar_ab
     prompt = tok.encode("prompt: write records\n").ids
     target = FakeTarget(tok, COMPACT)
     tg = TokenGrammar(schema_grammar(RECORD_SCHEMA, whitespace="compact", ndjson=True), tok, eos_ids=[target.eos])

@@ -156,7 +156,8 @@ def test_compare_drafters_leaves_exactly_one_open_figure():
 
 
 def test_lesson_1_panel_gives_a_table_with_units():
-    from lessonkit.lessons.speculative import PANEL_BUDGETS, lesson_models, try_it_table
+    from lessonkit.lessons.speculative import PANEL_BUDGETS, try_it_table
+    from lessonkit.measure.speculative import lesson_models
     from lessonkit.workloads.corpus import prompts_by_kind
     target, draft, _ = lesson_models("tiny-moe", "tiny-draft")
     prompt = prompts_by_kind(target, n=1, max_tokens=24, seed=0)["code"][0]
@@ -199,7 +200,8 @@ def test_a_schema_valid_answer_is_reported_valid_though_the_model_stopped_on_its
 
 def test_lesson_3_panel_gives_forced_bytes_and_the_drafting_ceiling():
     from lessonkit.models.registry import load_model
-    from lessonkit.lessons.grammar import corpus_records, forcing_table
+    from lessonkit.lessons.grammar import forcing_table
+    from lessonkit.measure.grammar import corpus_records
     eng, records = load_model("tiny-moe"), corpus_records(12)
     compact = forcing_table(eng, records)
     sloppy = forcing_table(eng, records, writing="sloppy")

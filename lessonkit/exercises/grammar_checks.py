@@ -249,14 +249,14 @@ def on_this_run(fn, smoke: bool = False, seed: int = 0) -> bool:
     from lessonkit.exercises import NOT_IMPLEMENTED, call
     from lessonkit.grammar.records import monitoring_grammar
     from lessonkit.grammar.tokens import TokenGrammar
-    from lessonkit.lessons import grammar as lesson
+    from lessonkit.measure import grammar as measure
     from lessonkit.speculative.gate import measure_cost_curve
     torch.manual_seed(seed)
     engine = load_model("tiny-moe")
     tg = TokenGrammar(monitoring_grammar(), engine.tokenizer, eos_ids=engine.config.eos_ids)
-    records = lesson.corpus_records(3)
+    records = measure.corpus_records(3)
     prompt = engine.encode("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
-    ab = lesson.grammar_ab(engine, prompt, 24 if smoke else 96, tg, repeats=1 if smoke else 3)
+    ab = measure.grammar_ab(engine, prompt, 24 if smoke else 96, tg, repeats=1 if smoke else 3)
     cost = measure_cost_curve(engine, max(2, math.ceil(ab["rows_per_forward"]) + 1), repeats=2 if smoke else 5)
     print(f"measured here: {ab['tokens_per_forward']:.2f} tokens per forward, {ab['rows_per_forward']:.2f} rows per "
           f"verify forward, T(r)/T(1) = {', '.join(f'{t / cost[0]:.2f}' for t in cost)} for r = 1..{len(cost)}; "

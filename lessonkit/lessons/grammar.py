@@ -15,8 +15,6 @@ from lessonkit.grammar.records import monitoring_grammar
 from lessonkit.grammar.tokens import TokenGrammar
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import quantity_table, show_panel
-from lessonkit.measure.grammar import _test_schema_dir  # noqa: F401 (the experiments this lesson's notebook runs)
-from lessonkit.measure.grammar import corpus_records, grammar_ab, schema_compile_times
 
 
 def schema_answer(engine, result, schema: dict) -> tuple[str, bool]:
