@@ -19,7 +19,7 @@ from lessonkit.files import atomic
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.kv_cache import KVCache
 from lessonkit.files.safe_files import sha256_file
-from lessonkit.lessons.prefix_cache import tiny_random_model
+from lessonkit.measure.prefix_cache import tiny_random_model
 from lessonkit.prefix_cache.cache import PrefixCache, PrefixCacheWarning
 from lessonkit.prefix_cache.generate import generate_with_prefix_cache, results_identical, score
 from lessonkit.prefix_cache.snapshot import block_hashes, encode_snapshot, fingerprint

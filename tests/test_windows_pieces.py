@@ -186,7 +186,7 @@ def test_command_line_text_files_are_utf8(tmp_path):
 CONVERT = """
 import json, sys
 from tokenizers import Tokenizer
-from lessonkit.lessons.prefix_cache import tiny_random_model
+from lessonkit.measure.prefix_cache import tiny_random_model
 tok = Tokenizer.from_str(json.dumps({"version": "1.0", "model": {"type": "WordLevel", "unk_token": "[UNK]",
     "vocab": {"[UNK]": 0, "\\u0100": 1, "caf\\u00e9": 2, "\\u2581x": 3}}, "pre_tokenizer": {"type": "Whitespace"}}))
 text = tok.to_str()

@@ -1,8 +1,7 @@
-"""Lesson 4 (persistent prefix-KV cache): the experiments and figures of notebooks/04_prefix_cache.ipynb.
+"""Lesson 4 (persistent prefix-KV cache): the figures of notebooks/04_prefix_cache.ipynb.
 
-`tiny_random_model` builds the lessons' stand-in models: tiny random OLMoE-style models in the
-streaming layout, two seeds giving the same shapes and vocabulary with other weights (the provenance
-demo; lesson 3's smoke run).
+The experiments are lessonkit.measure.prefix_cache (the notebook calls them there), with
+`tiny_random_model`, the lessons' stand-in models.
 """
 from __future__ import annotations
 
@@ -11,10 +10,7 @@ import pandas as pd
 
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import quantity_table, show_panel
-from lessonkit.measure.prefix_cache import (  # noqa: F401 (the experiments this lesson's notebook runs)
-    batch_scoring_experiment, bytes_by_hand, bytes_per_token_table, corruption_demo, demo_models, kv_bytes_per_token,
-    partial_match_demo, predicted_batch_speedup, prefill_growth, provenance_demo, restore_break_even,
-    restore_vs_prefill_table, tiny_random_model)
+from lessonkit.measure.prefix_cache import restore_vs_prefill_table
 
 
 def plot_batch_scoring(df):
