@@ -15,8 +15,7 @@ from tqdm.auto import tqdm
 
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import quantity_table, show_panel
-from lessonkit.measure.semcache import SMOKE_ITEMS  # noqa: F401 (the experiments this lesson's notebook runs)
-from lessonkit.measure.semcache import time_hits, time_judge, time_saved_s
+from lessonkit.measure.semcache import SMOKE_ITEMS
 from lessonkit.semcache.audit import AuditConfig, clopper_pearson_upper
 from lessonkit.semcache.judge import (DEFAULT_JUDGE, UNTRAINED_JUDGE, RecordedJudge, agreement, answers_path,
                                       ground_truth_judge)
