@@ -167,13 +167,13 @@ def cmd_lessons(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from lessonkit.engine import kernel
+    from lessonkit.engine.threads import physical_cores
     from lessonkit.report.runner import run_all
     if args.numerics:               # the lessons' kernels read it at import (LESSONKIT_NUMERICS, docs/numerics.md)
         os.environ["LESSONKIT_NUMERICS"] = args.numerics
     # every lesson runs with this many kernel threads: a papermill parameter (KERNEL_THREADS), not the environment
     return run_all(build_dir=args.build_dir, smoke=args.smoke, only=args.only,
-                   threads=args.threads or kernel.physical_cores())
+                   threads=args.threads or physical_cores())
 
 
 def cmd_bench(args) -> int:

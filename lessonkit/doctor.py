@@ -3,7 +3,7 @@ backend and threads, native or float32 weights, the drafters' step)."""
 from __future__ import annotations
 
 from lessonkit.errors import LessonkitError
-from lessonkit.engine.kernel import physical_cores
+from lessonkit.engine.threads import physical_cores
 
 
 def doctor() -> int:

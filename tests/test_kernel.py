@@ -254,11 +254,12 @@ def test_a_malformed_thread_count_is_one_clear_error():
 def test_physical_cores_without_linux_interfaces(monkeypatch):
     """Windows and macOS have neither /proc/cpuinfo nor sched_getaffinity: psutil counts the cores."""
     import psutil
-    monkeypatch.delattr(K.os, "sched_getaffinity", raising=False)
+    from lessonkit.engine import threads
+    monkeypatch.delattr(threads.os, "sched_getaffinity", raising=False)
     monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 6 if not logical else 12)
-    assert K.physical_cores() == 6
+    assert threads.physical_cores() == 6
     monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: None)     # psutil cannot tell
-    assert K.physical_cores() == (K.os.cpu_count() or 1)
+    assert threads.physical_cores() == (threads.os.cpu_count() or 1)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or K._rowkernel is None, reason="RLIMIT_AS and the C kernel")

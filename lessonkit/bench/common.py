@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 
 from lessonkit.engine.generate import generate
+from lessonkit.engine.threads import physical_cores
 from lessonkit.measure.machine import cpu_name
 from lessonkit.measure.timing import median_time
 
@@ -21,7 +22,7 @@ def machine_info() -> dict:
     from lessonkit.engine.blocks import choose_weights
     return {"cpu": cpu_name(), "python": platform.python_version(), "torch": torch.__version__,
             "cpu_count": os.cpu_count(),
-            "physical_cores": kernel.physical_cores(), "torch_threads": torch.get_num_threads(),
+            "physical_cores": physical_cores(), "torch_threads": torch.get_num_threads(),
             "kernel": kernel.BACKEND, "isa": kernel.isa(), "numerics": kernel.NUMERICS,
             "vnni": kernel.backend()["vnni"], "kernel_threads": kernel.THREADS, "weights": choose_weights()[0],
             "platform": platform.platform(), "processor": platform.processor() or platform.machine()}

@@ -250,14 +250,4 @@ def _threads_from_env() -> None:
     set_threads(int(raw))
 
 
-def physical_cores() -> int:
-    """Physical cores this process may use (the default thread count for decode): psutil's count of physical
-    cores (Linux, macOS, Windows), at most the CPUs this process is allowed on where the OS says."""
-    import psutil
-    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    if hasattr(os, "sched_getaffinity"):
-        cores = min(cores, len(os.sched_getaffinity(0)))
-    return max(1, cores)
-
-
 _threads_from_env()

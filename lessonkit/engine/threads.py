@@ -10,10 +10,21 @@ for reproducible weights) say why where they do it.
 from __future__ import annotations
 
 import contextlib
+import os
 
 # The C kernel's thread limit, MAXT in csrc/rowkernel.c (rk_max_threads) (tests/test_parsing.py holds them equal): kept
 # here as a number so that every command's --threads is checked by argparse without loading the kernel.
 MAX_THREADS = 64
+
+
+def physical_cores() -> int:
+    """Physical cores this process may use (the default thread count for decode): psutil's count of physical
+    cores (Linux, macOS, Windows), at most the CPUs this process is allowed on where the OS says."""
+    import psutil
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        cores = min(cores, len(os.sched_getaffinity(0)))
+    return max(1, cores)
 
 
 def use_threads(n: int | None = None) -> int:
@@ -22,7 +33,7 @@ def use_threads(n: int | None = None) -> int:
     test harness or a user on shared cores). Returns the kernel's count in use (1 without the C kernel
     binary). Results do not depend on it: each kernel output is one chain computed by one thread."""
     from lessonkit.engine import kernel
-    in_use = kernel.set_threads(kernel.physical_cores() if n is None else n)     # checks n
+    in_use = kernel.set_threads(physical_cores() if n is None else n)     # checks n
     if n is not None:
         pin_torch_threads(n)
     return in_use

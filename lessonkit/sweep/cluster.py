@@ -9,6 +9,7 @@ import importlib.util
 import logging
 from dataclasses import dataclass
 
+from lessonkit.engine.threads import physical_cores
 from lessonkit.errors import LessonkitError
 
 
@@ -22,11 +23,6 @@ class ClusterConfig:
     slurm_memory: str = "4GB"
     slurm_walltime: str = "01:00:00"
     slurm_queue: str | None = None
-
-
-def physical_cores() -> int:
-    import psutil
-    return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
 
 
 def local_cluster(n: int):
