@@ -3,7 +3,7 @@
 The break-even acceptance a* of a draft depth k solves E(k) = T(k+1)/T(1) + k c; when the model is bound by
 reading experts from disk, the cost curve comes from a model fed by measured inputs (verify cost, expert reads
 per forward along accepted and rejected rows, read time per expert) and a few cells are measured for real to
-validate it. Split from lessonkit.lessons.speculative (which re-exports these names for the notebook)."""
+validate it. The measurements are lessonkit.measure.break_even; notebook 1 calls both."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -12,10 +12,8 @@ import pandas as pd
 import torch
 
 from lessonkit.engine.engine import Engine
-from lessonkit.measure.break_even import _measured_cell  # noqa: F401 (the experiments this lesson's notebook runs)
 from lessonkit.files.disk import parse_disk
-from lessonkit.measure.break_even import (break_even_acceptance, break_even_table, cost_model_inputs, disk_cost_model,
-                                          disk_label, validate_cost_model)
+from lessonkit.measure.break_even import _measured_cell, disk_label
 
 
 def break_even_surface(model_dir, prompts: list[list[int]], *, error_rates=(0.0, 0.25, 0.5, 0.75, 1.0),

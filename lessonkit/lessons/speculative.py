@@ -4,9 +4,10 @@ Each experiment returns a DataFrame and a matplotlib Figure:
   acceptance_by_kind   acceptance and per-position acceptance for each drafter x kind of text
   speedup_vs_k         measured speed-up against k, next to Leviathan's formula (measured a, c) and the
                        refined prediction (per-position acceptance + measured verify cost curve)
-  break_even_surface   speed-up over acceptance (oracle error rate) x expert budget x depth, with unique
-                       experts and bytes read per emitted token: where speculation loses when disk-bound
-  sampling_tv          the emitted distribution of the correct and of a broken sampler, against the target's
+
+The break-even is lessonkit.lessons.break_even (its figures) and lessonkit.measure.break_even; the
+measurements alone (trace_verify_step, per_position_acceptance, sampling_tv: the emitted distribution of
+the correct and of a broken sampler, against the target's) are lessonkit.measure.speculative.
 """
 from __future__ import annotations
 
@@ -19,17 +20,11 @@ from lessonkit.engine.draft_step import why_not
 from lessonkit.engine.engine import Engine
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import generate
-from lessonkit.lessons.break_even import break_even_surface, plot_break_even  # noqa: F401 (lesson 1 calls them here)
 from lessonkit.lessons.figures import integer_axis, legend_beside
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import quantity_table, show_panel
-from lessonkit.measure.break_even import (break_even_acceptance,  # noqa: F401 (lesson 1 calls them here)
-                                          break_even_table, cost_model_inputs, disk_cost_model, disk_label,
-                                          validate_cost_model)
-from lessonkit.measure.disk import disk_read_rate  # noqa: F401 (lesson 1 measures its disk here)
 from lessonkit.measure import numerics_paths as paths
-from lessonkit.measure.speculative import (_timed_runs, drafter_table, lesson_models,  # noqa: F401 (lesson 1 runs them)
-                                           per_position_acceptance, sampling_tv, trace_verify_step)
+from lessonkit.measure.speculative import _timed_runs, drafter_table
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import ModelDrafter
 from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens, expected_tokens_per_pos,
