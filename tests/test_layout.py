@@ -190,30 +190,84 @@ def _defined_names(module: str) -> set[str]:
     return names
 
 
-BLOCK_DRAWING = """
+NO_DRAWING = """
 import importlib, pkgutil, sys
 class NoDrawing:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in {drawing!r}:
-            raise ImportError(f"{{name}} is blocked: a benchmark must not load it")
+            raise ImportError(f"{{name}} is blocked: this code must not load it")
 sys.meta_path.insert(0, NoDrawing())
+"""
+BENCH_MODULES = """
 import lessonkit.bench, lessonkit.measure
 mods = [m.name for p in (lessonkit.bench, lessonkit.measure) for m in pkgutil.iter_modules(p.__path__, p.__name__ + ".")]
+"""
+IMPORT_ALL = """
 for name in mods:
     importlib.import_module(name)
 print(len(mods))
 """
 
 
+def _import_without_drawing(modules: str):
+    """Run `modules` (code that sets `mods`, names of modules) then import each, with matplotlib and ipywidgets
+    blocked, in a fresh interpreter."""
+    import subprocess
+    import sys
+    code = NO_DRAWING.format(drawing=set(DRAWING)) + modules + IMPORT_ALL
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+
+
 def test_benchmarks_import_without_matplotlib():
     """Every bench and measure module imports with matplotlib and ipywidgets blocked: `lessonkit bench` needs
     neither (the ast ladder above sees direct imports; this sees what each module loads, transitively)."""
-    import subprocess
-    import sys
-    r = subprocess.run([sys.executable, "-c", BLOCK_DRAWING.format(drawing=set(DRAWING))], capture_output=True,
-                       text=True, cwd=ROOT)
+    r = _import_without_drawing(BENCH_MODULES)
     assert r.returncode == 0, r.stderr[-2000:]
     assert int(r.stdout.split()[-1]) >= len([m for m in MODULES if _unit(m) in ("bench", "measure")]) - 2
+
+
+DRAW_NOTHING = ("cmd_train", "cmd_stack_run")       # `lessonkit train`, `lessonkit stack run`
+
+
+def _handler_imports(handlers) -> list[str]:
+    """The lessonkit modules that these handlers of lessonkit.commands import when they run, with those of the
+    handlers they call (cmd_train calls cmd_train_cut and cmd_train_judge) and the module's own."""
+    tree = ast.parse(MODULES["lessonkit.commands"].read_text())
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    nodes, todo, seen = list(tree.body), list(handlers), set()
+    while todo:
+        name = todo.pop()
+        seen.add(name)
+        nodes += list(ast.walk(defs[name]))
+        todo += [n.func.id for n in ast.walk(defs[name]) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                 and n.func.id in defs and n.func.id not in seen]
+    names = [a.name for n in nodes if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module for n in nodes if isinstance(n, ast.ImportFrom) and n.module]
+    return sorted({n for n in names if n.split(".")[0] == "lessonkit"})
+
+
+def test_train_and_stack_run_import_without_matplotlib():
+    """`lessonkit train` and `lessonkit stack run` draw nothing: every module their handlers import, with all it
+    loads, imports with matplotlib and ipywidgets blocked (as the benchmarks' modules do above)."""
+    mods = _handler_imports(DRAW_NOTHING)
+    assert "lessonkit.training.tiny_models" in mods, mods
+    r = _import_without_drawing(f"mods = {mods!r}\n")
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_lessons_re_export_nothing():
+    """A lesson module imports from lessonkit only what it uses itself: a notebook takes its measurements from
+    lessonkit.measure, its techniques from their rooms, not through a lesson."""
+    unused = []
+    for m, path in MODULES.items():
+        if _unit(m) != "lessons":
+            continue
+        tree = ast.parse(path.read_text())
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        unused += [f"{m}:{node.lineno} {a.asname or a.name}" for node in tree.body
+                   if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lessonkit")
+                   for a in node.names if (a.asname or a.name) not in used]
+    assert not unused, "\n".join(unused)
 
 
 def test_only_the_resolver_uses___file__():
