@@ -240,24 +240,29 @@ def distinct(samples: list[Sample]) -> int:
     return len(kept)
 
 
-def distinct_completions(texts: list[str], *, depths=(1, 3, 7), threads=(1, 2), n_new: int = 16) -> dict:
-    """Lesson 1's appendix A count in llama.cpp, on the shipped smollm2-135m GGUF: each text decoded by
-    llama-completion (plain greedy) and by llama-speculative drafting for itself `depth` tokens a step (its
-    verifies are depth + 1 rows wide, as an oracle makes lessonkit's), each under every thread count, and the
-    distinct completions per text counted, over all runs and over the speculative runs alone. Where llama.cpp
-    is not built: {"built": False, "note": one line saying how to build it}."""
+# (draft depth, threads) of each run: depth 0 is llama-completion (plain greedy), depth d llama-speculative drafting
+# for itself, its verifies d + 1 rows wide; four runs, as a full product of widths and threads would cost minutes
+RUNS = ((0, 1), (0, 2), (3, 1), (7, 2))
+
+
+def distinct_completions(texts: list[str], *, runs=RUNS, n_new: int = 16) -> dict:
+    """Lesson 1's appendix A count in llama.cpp, on the shipped smollm2-135m GGUF: each text decoded once per
+    (draft depth, threads) in `runs` (depth 0: llama-completion, plain greedy; depth d: llama-speculative with
+    the GGUF as its own draft model, so that every verify is d + 1 rows wide, as an oracle makes lessonkit's),
+    and the distinct completions per text counted, over all runs and over the speculative runs alone. Where
+    llama.cpp is not built: {"built": False, "note": one line saying how to build it}."""
     if not llamacpp.is_built():
         return {"built": False, "rows": [], "note": f"llama.cpp is not built here ({llamacpp.home()}): "
                 "`lessonkit bench llamacpp --build` builds it once (minutes), then this cell counts its completions"}
     gguf = str(smollm2_gguf_path())
-    runs = [("llama-completion", 0, t) for t in threads] + [("llama-speculative", d, t) for d in depths for t in threads]
     rows = []
     for i, text in enumerate(texts):
-        out = [(tool, run_llamacpp(tool, gguf, text, n_new, t, EOS_TEXT, d, QUIET)) for tool, d, t in runs]
+        out = [(d, run_llamacpp("llama-speculative" if d else "llama-completion", gguf, text, n_new, t, EOS_TEXT, d,
+                                QUIET)) for d, t in runs]
         rows.append({"prompt": i, "runs": len(out), "distinct_completions": distinct([s for _, s in out]),
-                     "distinct_speculative": distinct([s for tool, s in out if tool == "llama-speculative"])})
-    return {"built": True, "rows": rows, "verify_widths": [1, *(d + 1 for d in depths)], "threads": list(threads),
-            "note": f"llama.cpp {llamacpp.VERSION}, {Path(gguf).name}, {n_new} new tokens"}
+                     "distinct_speculative": distinct([s for d, s in out if d])})
+    return {"built": True, "rows": rows, "note": f"llama.cpp {llamacpp.VERSION}, {Path(gguf).name}, {n_new} new tokens",
+            "runs": ", ".join(f"{f'verify width {d + 1}' if d else 'plain'} x {t} thread(s)" for d, t in runs)}
 
 
 # ---- the benchmark ---------------------------------------------------------------------------------------
