@@ -25,6 +25,8 @@ def _rel(p):
 def test_notebook_conventions(nb):
     d = json.loads(nb.read_text(encoding="utf-8"))
     assert d["metadata"]["kernelspec"]["name"] == "python3"
+    ids = [c.get("id") for c in d["cells"]]        # nbformat 4.5: every cell has an id, unique in its notebook
+    assert None not in ids and len(set(ids)) == len(ids), f"cells without an id or with a repeated one: {ids}"
     code = [c for c in d["cells"] if c["cell_type"] == "code"]
     # first the parameters cell papermill injects after, then the Colab install cell (does nothing elsewhere)
     assert code and "parameters" in code[0].get("metadata", {}).get("tags", []), "first code cell must be tagged parameters"
