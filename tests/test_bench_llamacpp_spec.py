@@ -9,12 +9,13 @@ import pytest
 
 from lessonkit.bench import BENCHES, llamacpp
 from lessonkit.bench import llamacpp_spec as spec
-from lessonkit.bench.llamacpp_spec import Sample
+from lessonkit.measure import llamacpp as run
+from lessonkit.measure.llamacpp import Sample
 from lessonkit.cli import main
 from lessonkit.errors import LessonkitError
 
 # Recorded on 2026-12-04 (llama.cpp of llama-cpp-python 0.3.36, SmolLM2-135M-Instruct.Q4_1.gguf, 1 thread) with
-# spec.llamacpp_command(tool, gguf, prompt.txt, n, 1): n = 32 (each ends at <|im_end|>, "eos") and n = 8
+# run.llamacpp_command(tool, gguf, prompt.txt, n, 1): n = 32 (each ends at <|im_end|>, "eos") and n = 8
 # ("limit"); stderr keeps its last 22 lines.
 OUTPUTS = Path(__file__).parent / "llamacpp_outputs"
 PROMPT = (OUTPUTS / "prompt.txt").read_text(encoding="utf-8")
@@ -63,40 +64,40 @@ def test_not_built_is_one_clear_error(monkeypatch, tmp_path, capsys):
 
 
 def test_commands_are_greedy_with_one_seed():
-    cmds = {tool: spec.llamacpp_command(tool, "m.gguf", "hi", 48, 2) for tool, _ in spec.LLAMACPP_TOOLS.values()}
+    cmds = {tool: run.llamacpp_command(tool, "m.gguf", "hi", 48, 2) for tool, _ in spec.LLAMACPP_TOOLS.values()}
     for cmd in cmds.values():
         line = " ".join(cmd[1:])
-        assert "--temp 0" in line and "--top-k 1" in line and f"-s {spec.SEED}" in line and "-t 2" in line
+        assert "--temp 0" in line and "--top-k 1" in line and f"-s {run.SEED}" in line and "-t 2" in line
     assert cmds["llama-speculative"][cmds["llama-speculative"].index("-md") + 1] == "m.gguf"
-    assert f"--spec-draft-n-max {spec.DEPTH}" in " ".join(cmds["llama-lookup"])
+    assert f"--spec-draft-n-max {run.DEPTH}" in " ".join(cmds["llama-lookup"])
     assert "-no-cnv" in cmds["llama-completion"]      # else the chat template is applied a second time
-    assert spec.llamacpp_command("llama-lookup", "m.gguf", "hi", 48, 2, depth=0)[-2:] == ["--spec-draft-n-max", "0"]
+    assert run.llamacpp_command("llama-lookup", "m.gguf", "hi", 48, 2, depth=0)[-2:] == ["--spec-draft-n-max", "0"]
 
 
 @pytest.mark.parametrize("tool", ["llama-completion", "llama-lookup", "llama-speculative"])
 def test_recorded_outputs_are_read(tool):
-    text, at_eos = spec.generated_text(recorded(tool, "eos", "stdout"), PROMPT, tool, EOS)
+    text, at_eos = run.generated_text(recorded(tool, "eos", "stdout"), PROMPT, tool, EOS)
     assert (text, at_eos) == (ANSWER, True)          # lookup and speculative ran past <|im_end|>: cut there
-    text, at_eos = spec.generated_text(recorded(tool, "limit", "stdout"), PROMPT, tool, EOS)
+    text, at_eos = run.generated_text(recorded(tool, "limit", "stdout"), PROMPT, tool, EOS)
     assert not at_eos and ANSWER.startswith(text) and len(text) >= len("The expert cachce keeps the most")
 
 
 def test_recorded_decode_times_and_draft_counts():
-    assert spec.decode_stats(recorded("llama-completion", "eos", "stderr"), "llama-completion") == pytest.approx(
+    assert run.decode_stats(recorded("llama-completion", "eos", "stderr"), "llama-completion") == pytest.approx(
         {"new_tokens": 23, "decode_s": (322.64 + 1.89) / 1e3, "drafted": None, "accepted": None})
-    assert spec.decode_stats(recorded("llama-speculative", "eos", "stderr"), "llama-speculative") == {
+    assert run.decode_stats(recorded("llama-speculative", "eos", "stderr"), "llama-speculative") == {
         "new_tokens": 26, "decode_s": 0.867, "drafted": 20, "accepted": 20}
-    assert spec.decode_stats(recorded("llama-lookup", "limit", "stderr"), "llama-lookup") == {
+    assert run.decode_stats(recorded("llama-lookup", "limit", "stderr"), "llama-lookup") == {
         "new_tokens": 9, "decode_s": 0.173, "drafted": 4, "accepted": 1}
 
 
 @pytest.mark.parametrize("tool", ["llama-completion", "llama-lookup", "llama-speculative"])
 def test_unreadable_outputs_are_one_clear_error(tool):
     with pytest.raises(LessonkitError, match=tool):
-        spec.decode_stats("error: invalid argument: --draft-max\n", tool)
+        run.decode_stats("error: invalid argument: --draft-max\n", tool)
     if tool != "llama-completion":
         with pytest.raises(LessonkitError, match="not echoed"):
-            spec.generated_text("\n\nanother prompt\n", PROMPT, tool, EOS)
+            run.generated_text("\n\nanother prompt\n", PROMPT, tool, EOS)
 
 
 @pytest.mark.parametrize("plain, other, at_limit, fork", [
@@ -112,7 +113,7 @@ def test_unreadable_outputs_are_one_clear_error(tool):
 ])
 def test_fork_position(plain, other, at_limit, fork):
     limits = {"plain_at_limit": at_limit is True, "other_at_limit": at_limit == "other"}
-    assert spec.fork_position(plain, other, **limits) == fork
+    assert run.fork_position(plain, other, **limits) == fork
 
 
 def test_forks_name_the_request_and_the_token():

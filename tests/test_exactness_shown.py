@@ -6,9 +6,9 @@ import subprocess
 import pytest
 import torch
 
-from lessonkit.bench import llamacpp
-from lessonkit.bench.llamacpp_spec import Sample, distinct
-from lessonkit.bench.llamacpp_spec import distinct_completions as llamacpp_distinct_completions
+from lessonkit.measure import llamacpp
+from lessonkit.measure.llamacpp import Sample, distinct
+from lessonkit.measure.llamacpp import distinct_completions as llamacpp_distinct_completions
 from lessonkit.measure.exactness import distinct_completions, float_row_control
 from lessonkit.models.registry import load_model
 
@@ -27,7 +27,7 @@ def test_the_float_control_counts_bit_patterns():
     assert len(df) == 1 and 1 <= int(df.distinct_rows.iloc[0]) <= 2
 
 
-# ---- the same count in llama.cpp, where it is built (lessonkit.bench.llamacpp_spec.distinct_completions) ----
+# ---- the same count in llama.cpp, where it is built (lessonkit.measure.llamacpp.distinct_completions) ----
 def test_outputs_that_agree_up_to_the_limit_count_as_one():
     at_limit, at_eos = (lambda text: Sample(text, 0, 0.0, at_limit=True)), (lambda text: Sample(text, 0, 0.0))
     assert distinct([at_limit("abc"), at_limit("abcdef"), at_limit("abc")]) == 1    # speculative runs on past -n

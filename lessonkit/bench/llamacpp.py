@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -28,51 +27,19 @@ import torch
 from lessonkit.bench.common import decode_rate, goal, machine_info, prefill_rate
 from lessonkit.engine import kernel
 from lessonkit.errors import LessonkitError
-from lessonkit.files.resources import lessonkit_home
 from lessonkit.engine.threads import pin_torch_threads
+from lessonkit.measure.llamacpp import CMAKE_FLAGS, TOOLS, VERSION, binary, build_record, home, is_built
 from lessonkit.models.gguf_loader import load_smollm2, smollm2_gguf_path, to_transformers
 from lessonkit.models.registry import load_model
 
-VERSION = "0.3.36"
 MODEL = "smollm2-135m"
 ENGINES = ("llamacpp", "lessonkit", "transformers")
-# llama-bench and llama-quantize for the decode anchor; llama-speculative, llama-lookup and llama-completion
-# (its plain greedy decode with the same sampling options) for the speculative comparison (issue 54).
-TOOLS = ("llama-bench", "llama-quantize", "llama-speculative", "llama-lookup", "llama-completion")
-CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF",
-               "-DGGML_BLAS=OFF", "-DGGML_VULKAN=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-               "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON",
-               "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=ON")
-# x86: no AMX tile kernels. Machines (VMs) that report AMX without enabling its tile state crash in them
-# (llama-bench SIGSEGV in ggml_backend_amx_mul_mat on the machine of docs/kernel.md); the anchor is the
-# AVX2 / AVX-512 path that every x86 machine runs.
-if platform.machine().lower() in ("x86_64", "amd64"):
-    CMAKE_FLAGS += ("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
-                    "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
 NEEDED = {"a C compiler": ("cc", "gcc", "clang"), "a C++ compiler": ("c++", "g++", "clang++"),
           "cmake": ("cmake",), "ninja": ("ninja",)}
 SIZES = {"full": (128, 512), "smoke": (8, 32)}      # (decoded tokens, prefill tokens)
 
 
 # ---- building llama.cpp ------------------------------------------------------------------------------
-def home() -> Path:
-    return lessonkit_home() / f"llamacpp-{VERSION}"
-
-
-def binary(name: str) -> Path:
-    return home() / "build" / "bin" / name
-
-
-def _build_record() -> dict:
-    path = home() / "build.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
-def is_built() -> bool:
-    """Both tools are there, built with today's flags."""
-    return all(binary(t).is_file() for t in TOOLS) and _build_record().get("flags") == list(CMAKE_FLAGS)
-
-
 def _which(name: str) -> str | None:
     """On PATH, or beside this Python (cmake and ninja pip-installed into a venv that is not activated)."""
     return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), str(Path(sys.executable).parent)]))
@@ -168,7 +135,7 @@ def build() -> dict:
     """Download, unpack and build TOOLS (CPU only) unless they are there, built with today's flags."""
     root = home()
     if is_built():
-        return _build_record()
+        return build_record()
     tools = require_tools()
     root.mkdir(parents=True, exist_ok=True)
     log = root / "build.log"

@@ -23,12 +23,8 @@ verify): an output that runs on past plain greedy's, where plain greedy stopped 
 """
 from __future__ import annotations
 
-import re
 import statistics
-import subprocess
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 from lessonkit.bench import llamacpp
 from lessonkit.bench.common import goal, machine_info
@@ -36,6 +32,7 @@ from lessonkit.engine import kernel
 from lessonkit.engine.generate import generate
 from lessonkit.engine.threads import pin_torch_threads
 from lessonkit.errors import LessonkitError
+from lessonkit.measure.llamacpp import DEPTH, SEED, Sample, fork_position, llamacpp_command, run_llamacpp
 from lessonkit.models.gguf_loader import apply_chat_template, smollm2_gguf_path
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import ModelDrafter, NGramDrafter
@@ -43,22 +40,8 @@ from lessonkit.speculative.verify import speculative_generate
 from lessonkit.workloads.grounded import GROUNDED_REQUESTS
 
 MODEL = "smollm2-135m"
-SEED = 42
-DEPTH = 4                                   # draft tokens per step, both engines
 SIZES = {"full": (48, None), "smoke": (8, 2)}     # (new tokens per request, requests: None = all)
 ISSUE_URL = "https://github.com/ggml-org/llama.cpp/issues/27407"
-
-
-@dataclass
-class Sample:
-    """One request's run: its new output (token ids, or text for llama.cpp), the decode phase's tokens and
-    seconds, drafted and accepted tokens (None for plain decode), and whether it stopped at the token limit."""
-    output: list[int] | str
-    new_tokens: int
-    decode_s: float
-    drafted: int | None = None
-    accepted: int | None = None
-    at_limit: bool = False
 
 
 # ---- the requests ----------------------------------------------------------------------------------------
@@ -75,71 +58,6 @@ def request_texts(engine, n: int | None) -> list[str]:
 CONTROL = "no drafts (llama-lookup, k=0)"
 LLAMACPP_TOOLS = {"plain greedy": ("llama-completion", 0), CONTROL: ("llama-lookup", 0),
                   "prompt lookup": ("llama-lookup", DEPTH), "self-draft": ("llama-speculative", DEPTH)}
-
-
-def llamacpp_command(tool: str, gguf: str, prompt: str, n_new: int, threads: int, depth: int = DEPTH,
-                     extra: tuple[str, ...] = ()) -> list[str]:
-    """The command line of one request: greedy (temperature 0, top-k 1), one seed, one context size; `extra`
-    options after those."""
-    cmd = [str(llamacpp.binary(tool)), "-m", gguf, "-p", prompt, "-n", str(n_new), "-t", str(threads),
-           "-c", "1024", "--temp", "0", "--top-k", "1", "-s", str(SEED), *extra]
-    if tool == "llama-completion":
-        cmd += ["-no-cnv", "--no-display-prompt"]
-    if tool == "llama-speculative":
-        cmd += ["-md", gguf]
-    if tool in ("llama-speculative", "llama-lookup"):
-        cmd += ["--spec-draft-n-max", str(depth)]
-    return cmd
-
-
-DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
-EVAL = re.compile(r"print:\s+eval time =\s+([\d.]+) ms /\s+(\d+) runs")
-SAMPLING = re.compile(r"sampling time =\s+([\d.]+) ms")
-DRAFT_COUNTS = re.compile(r"\bn_(drafted|accept)\s+=\s+(\d+)")
-
-
-def generated_text(stdout: str, prompt: str, tool: str, eos: str) -> tuple[str, bool]:
-    """(the new text, whether it ended at the end-of-sequence token) of a tool's stdout. llama-completion
-    prints only the new text (--no-display-prompt), then " [end of text]" at the end of sequence; llama-lookup
-    and llama-speculative echo the prompt, print the end-of-sequence token's text (`eos`) and finish the
-    verify step it came in, so their output is cut there."""
-    if tool == "llama-completion":
-        text, mark, _ = stdout.partition(" [end of text]")
-        return (text, True) if mark else (text.removesuffix("\n\n"), False)
-    at = stdout.find(prompt)
-    if at < 0:
-        raise LessonkitError(f"{tool}: the prompt is not echoed in its output: {stdout[:200]!r}")
-    text, mark, _ = stdout[at + len(prompt):].partition(eos)
-    return (text, True) if mark else (text.removesuffix("\n\n\n\n"), False)
-
-
-def decode_stats(stderr: str, tool: str) -> dict:
-    """{new_tokens, decode_s, drafted, accepted} from a tool's log. llama-speculative and llama-lookup time
-    their decode loop ("decoded N tokens in T seconds"); llama-completion's decode is its eval time (one
-    forward per token after the prompt's, which gave the first) plus its sampling time."""
-    if tool == "llama-completion":      # N tokens: the first from the prompt's forward, then N - 1 eval runs
-        ev, sm = EVAL.search(stderr), SAMPLING.search(stderr)
-        if not ev or not sm:
-            raise LessonkitError(f"{tool}: no eval or sampling time in its log: {stderr[-300:]!r}")
-        return {"new_tokens": int(ev.group(2)) + 1, "decode_s": (float(ev.group(1)) + float(sm.group(1))) / 1e3,
-                "drafted": None, "accepted": None}
-    dec = DECODED.search(stderr)
-    counts = {k: int(v) for k, v in DRAFT_COUNTS.findall(stderr)}
-    if not dec or set(counts) != {"drafted", "accept"}:
-        raise LessonkitError(f"{tool}: no decode time or draft counts in its log: {stderr[-300:]!r}")
-    return {"new_tokens": int(dec.group(1)), "decode_s": float(dec.group(2)), "drafted": counts["drafted"],
-            "accepted": counts["accept"]}
-
-
-def run_llamacpp(tool: str, gguf: str, prompt: str, n_new: int, threads: int, eos: str, depth: int = DEPTH,
-                 extra: tuple[str, ...] = ()) -> Sample:
-    cmd = llamacpp_command(tool, gguf, prompt, n_new, threads, depth, extra)
-    r = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace")
-    if r.returncode != 0:
-        raise LessonkitError(f"{tool} failed (exit {r.returncode}): {r.stderr.strip()[-400:]}")
-    st = decode_stats(r.stderr, tool)
-    text, at_eos = generated_text(r.stdout, prompt, tool, eos)
-    return Sample(text, st["new_tokens"], st["decode_s"], st["drafted"], st["accepted"], not at_eos)
 
 
 def require_built() -> None:
@@ -182,20 +100,6 @@ def lessonkit_contenders(target, prompts: list[list[int]], n_new: int, threads: 
 
 
 # ---- comparing outputs -----------------------------------------------------------------------------------
-def fork_position(plain, other, *, plain_at_limit: bool = False, other_at_limit: bool = False) -> int | None:
-    """Where `other` (tokens or text) leaves `plain`: the first index at which they differ; None when they do
-    not. One a prefix of the other forks at the shorter's end, except when the shorter stopped at the token
-    limit (the same output, cut earlier: llama-lookup and llama-speculative stop past -n)."""
-    n = min(len(plain), len(other))
-    at = next((i for i in range(n) if plain[i] != other[i]), None)
-    if at is not None:
-        return at
-    shorter_at_limit = plain_at_limit if len(plain) < len(other) else other_at_limit
-    if len(plain) == len(other) or shorter_at_limit:
-        return None
-    return n
-
-
 def forks(plain: list[Sample], other: list[Sample], token_at=None) -> list[dict]:
     """The requests whose output differs from plain greedy: index, fork position (tokens; for text also the
     character, and `token_at(text, char)`: the token of plain's text, re-tokenised, that holds it) and the
@@ -223,46 +127,6 @@ def token_at(tokenizer):
         i = enc.char_to_token(char) if char < len(text) else None
         return len(enc.ids) if i is None else i
     return at
-
-
-# ---- lesson 1's appendix A: distinct completions under verify widths and thread counts ---------------------
-EOS_TEXT = "<|im_end|>"      # the shipped GGUF's end-of-sequence token (its tokenizer.ggml.eos_token_id)
-QUIET = ("--poll", "0")      # idle threads sleep: busy-polling ones stall a second thread on shared cores
-
-
-def distinct(samples: list[Sample]) -> int:
-    """How many different completions: two outputs are one where they agree up to where one stopped at -n."""
-    kept: list[Sample] = []
-    for s in samples:
-        if all(fork_position(k.output, s.output, plain_at_limit=k.at_limit, other_at_limit=s.at_limit) is not None
-               for k in kept):
-            kept.append(s)
-    return len(kept)
-
-
-# (draft depth, threads) of each run: depth 0 is llama-completion (plain greedy), depth d llama-speculative drafting
-# for itself, its verifies d + 1 rows wide; four runs, as a full product of widths and threads would cost minutes
-RUNS = ((0, 1), (0, 2), (3, 1), (7, 2))
-
-
-def distinct_completions(texts: list[str], *, runs=RUNS, n_new: int = 16) -> dict:
-    """Lesson 1's appendix A count in llama.cpp, on the shipped smollm2-135m GGUF: each text decoded once per
-    (draft depth, threads) in `runs` (depth 0: llama-completion, plain greedy; depth d: llama-speculative with
-    the GGUF as its own draft model, so that every verify is d + 1 rows wide, as an oracle makes lessonkit's),
-    and the distinct completions per text counted, over all runs and over the speculative runs alone. Where
-    llama.cpp is not built: {"built": False, "note": one line saying how to build it}."""
-    if not llamacpp.is_built():
-        return {"built": False, "rows": [], "note": f"llama.cpp is not built here ({llamacpp.home()}): "
-                "`lessonkit bench llamacpp --build` builds it once (minutes), then this cell counts its completions"}
-    gguf = str(smollm2_gguf_path())
-    rows = []
-    for i, text in enumerate(texts):
-        out = [(d, run_llamacpp("llama-speculative" if d else "llama-completion", gguf, text, n_new, t, EOS_TEXT, d,
-                                QUIET)) for d, t in runs]
-        rows.append({"prompt": i, "runs": len(out), "distinct_completions": distinct([s for _, s in out]),
-                     "distinct_speculative": distinct([s for d, s in out if d])})
-    return {"built": True, "rows": rows, "note": f"llama.cpp {llamacpp.VERSION}, {Path(gguf).name}, {n_new} new tokens",
-            "runs": ", ".join(f"{f'verify width {d + 1}' if d else 'plain'} x {t} thread(s)" for d, t in runs)}
 
 
 # ---- the benchmark ---------------------------------------------------------------------------------------
