@@ -16,7 +16,6 @@ from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import quantity_table, show_panel
 from lessonkit.measure.engine import decode_profile
 from lessonkit.models.registry import load_model
-from lessonkit.workloads.corpus import KINDS
 
 
 def routing_heat(engine, texts: list[str]):
@@ -133,45 +132,6 @@ def budget_panel(model: str, prompt: str) -> None:
     show_panel({"budget_pct": w.IntSlider(value=25, min=5, max=100, step=5, description="expert budget (% of all)"),
                 "n_new": w.IntSlider(value=24, min=8, max=64, step=8, description="new tokens")},
                lambda **kw: budget_table(model, prompt, **kw), title="Expert budget: speed moves, tokens do not")
-
-
-# ---- the shipped models ---------------------------------------------------------------------------
-def loss_curve_figure(log: dict):
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    steps = [s["step"] for s in log["steps"]]
-    ax.plot(steps, [s["ce"] for s in log["steps"]], lw=0.8, alpha=0.6, label="train (batch)")
-    for kind in KINDS + ("mean",):
-        ax.plot([e["step"] for e in log["eval"]], [e[kind] for e in log["eval"]],
-                lw=1.8 if kind == "mean" else 1.0, marker="o" if kind == "mean" else None, ms=3,
-                label=f"held-out {kind}")
-    ax.axhline(log["unigram_loss"]["mean"], color="gray", ls="--", lw=1, label="unigram baseline")
-    ax.set_xlabel("training step (batches of %d x %d tokens)" % (log["config"]["batch_size"],
-                                                                log["config"]["seq_len"]))
-    ax.set_ylabel("cross-entropy (nats / token)")
-    ax.set_title(f"{log['name']}: held-out loss {log['heldout_loss']['mean']:.2f} vs unigram "
-                 f"{log['unigram_loss']['mean']:.2f} nats/token")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def cut_curve_figure(log: dict):
-    """A cut drafter's training (lessonkit.training.cut_draft): batch loss, and held-out agreement with its
-    target per kind of text as training goes on."""
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
-    a.plot([s["step"] for s in log["steps"]], [s["loss"] for s in log["steps"]], lw=0.8)
-    a.set_xlabel("training step")
-    a.set_ylabel("distillation loss (batch)")
-    keys = list(log["initial_agreement"])
-    for k in keys:
-        b.plot([0] + [e["step"] for e in log["eval"]], [100 * log["initial_agreement"][k]] +
-               [100 * e[k] for e in log["eval"]], marker="o", ms=3, lw=1, label=k)
-    b.set_xlabel("training step")
-    b.set_ylabel(f"agrees with {log['config']['target']} (%)")
-    b.legend(fontsize=7)
-    fig.suptitle(f"{log['name']}: layers {', '.join(map(str, log['config']['layers']))} of {log['config']['target']}, fine-tuned")
-    fig.tight_layout()
-    return fig
 
 
 def expert_load_figure(load: list[list[float]], name: str = "tiny-moe"):
