@@ -13,6 +13,7 @@ from lessonkit.engine.config import ModelConfig
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.threads import torch_threads
 from lessonkit.models.registry import MODELS_DIR, load_model
+from lessonkit.measure.stack_prediction import drafter_row_prediction
 from lessonkit.mtp.head import head_path
 from lessonkit.semcache.judge import recorded_answers, trained_prompt
 from lessonkit.stack import (PRESETS, TECHNIQUES, StackConfig, StackPipeline, StackRun, embed_workload,
@@ -166,7 +167,18 @@ def ablation(engine, cfg: StackConfig | str = "default", *, rows=None, embedding
         for r in rows:
             if "semcache" in ROWS[r]:
                 runs[r].wall_s += embed_s
-    return ablation_table(engine.name, runs, rows, model_drafter, choice), runs, draft_df
+        pred = (drafter_row_prediction(engine, wl, model_drafter, runs["plain engine"], max_new_tokens=cfg.max_new_tokens,
+                                       k=cfg.k) if "model drafter" in rows and model_drafter else None)
+    df = ablation_table(engine.name, runs, rows, model_drafter, choice)
+    if pred is not None:             # lesson 1's formula, from quantities measured apart (measure.stack_prediction)
+        at = df.row == "model drafter"
+        for col, key in PREDICTION_COLUMNS.items():
+            df.loc[at, col] = pred[key]
+    return df, runs, draft_df
+
+
+PREDICTION_COLUMNS = {"predicted_speedup": "predicted_speedup", "E_apart": "E", "c_apart": "c",
+                      "verify_cost_apart": "verify_cost", "decode_share": "decode_share"}
 
 def ablation_table(model: str, runs: dict, rows: list[str], model_drafter, choice=None) -> pd.DataFrame:
     """One row per configuration against the plain engine's run: speed, identity (every item, cache answers
@@ -228,6 +240,10 @@ def headline(df) -> dict:
             out[f"{key}_all_engine_identical"] = bool(a["engine_answers_identical"])
             out[f"{key}_all_actionable_losses"] = int(a["actionable_losses"] or 0)
             out[f"{key}_all_judge_calls"] = int(a["judge_calls"])
+        if "model drafter" in s.index and "predicted_speedup" in s.columns:
+            d = s.loc["model drafter"]
+            out[f"{key}_drafter_speedup"] = round(float(d["speedup"]), 3)
+            out[f"{key}_drafter_predicted_speedup"] = round(float(d["predicted_speedup"]), 3)   # NaN: nothing to predict from
         if "lossless together" in s.index:
             b = s.loc["lossless together"]
             out[f"{key}_lossless_speedup"] = round(float(b["speedup"]), 3)

@@ -1,0 +1,77 @@
+"""Lesson 6's model-drafter row predicted with lesson 1's formula, from quantities measured apart from the stream.
+
+Lesson 1: a verify step emits E tokens and costs T(d+1)/T(1) + c d plain steps, so the decode phase speeds up by
+
+    S = E / mean over verify steps of (T(d+1)/T(1) + c d)
+
+where, on the calibration items (outside the stream: the items `measure.stack.choose_drafter` times drafters on),
+decoded by the model drafter alone at the stack's depth gate:
+
+    E   tokens per verify step: the bonus token plus the accepted drafts (the prefill forward left out);
+    d   the drafts of each verify step (the gate's choices, its histogram);
+    c   draft seconds per draft token over T(1);
+
+and T(r) is this engine's verify cost curve after a context as long as a calibration prompt
+(`speculative.gate.measure_cost_curve`). Only decode speeds up: the row's predicted time is the plain row's
+prefill (its wall time less its decode forwards x T(1)) plus its decode time over S.
+"""
+from __future__ import annotations
+
+from lessonkit.speculative.gate import measure_cost_curve
+from lessonkit.speculative.verify import speculative_generate
+from lessonkit.stack import GATE_K_MAX, StackRun, make_drafter
+from lessonkit.workloads.triage import ITEM_TEMPLATE, STOP_STRINGS, Workload
+
+
+def drafting_apart(engine, workload: Workload, model_drafter: str, *, max_new_tokens: int, k="auto") -> dict:
+    """The model drafter alone on the calibration items: verify steps, tokens they emitted, drafts per step
+    (histogram), draft seconds, and the longest prompt (the context the cost curve is measured after)."""
+    items = workload.calibration or workload.items[:1]
+    prefix = engine.encode(workload.prefix)
+    out = {"steps": 0, "emitted": 0, "draft_tokens": 0, "draft_s": 0.0, "k_hist": {}, "context": 0}
+    for it in items:
+        prompt = prefix + engine.encode(ITEM_TEMPLATE.format(text=it.text))
+        drafter = make_drafter(model_drafter, engine)
+        try:
+            res = speculative_generate(engine, drafter, prompt, max_new_tokens, k=k, k_max=GATE_K_MAX,
+                                       stop_strings=STOP_STRINGS)
+        finally:
+            if hasattr(drafter, "close"):
+                drafter.close()
+        st = res.stats
+        steps = st["forwards"] - 1                          # the prefill forward emitted the first token
+        out["steps"] += steps
+        out["emitted"] += (st["tokens_per_verify"] or 0.0) * steps    # lesson 1's count: the prefill's token left out
+        out["draft_tokens"] += st["num_draft_tokens"]
+        out["draft_s"] += st["draft_s"]
+        for d, n in st["k_hist"].items():
+            out["k_hist"][d] = out["k_hist"].get(d, 0) + n
+        out["context"] = max(out["context"], len(prompt))
+    return out
+
+
+def predicted_decode_speedup(apart: dict, cost: list[float]) -> dict:
+    """S = E / mean step cost (module docstring), with E, the mean step cost and c spelled out; all NaN where
+    the calibration items gave no verify step (an answer that ended at its first token)."""
+    t1, steps = cost[0], apart["steps"]
+    if steps == 0:
+        return dict.fromkeys(("E", "c", "verify_cost", "step_cost", "S"), float("nan"))
+    e = apart["emitted"] / steps
+    c = apart["draft_s"] / apart["draft_tokens"] / t1 if apart["draft_tokens"] else 0.0
+    verify = sum(n * cost[min(d, len(cost) - 1)] / t1 for d, n in apart["k_hist"].items()) / steps
+    drafting = c * apart["draft_tokens"] / steps
+    return {"E": e, "c": c, "verify_cost": verify, "step_cost": verify + drafting, "S": e / (verify + drafting)}
+
+
+def drafter_row_prediction(engine, workload: Workload, model_drafter: str, plain: StackRun, *,
+                           max_new_tokens: int, k="auto") -> dict:
+    """The model-drafter row's speed-up over the plain row predicted by lesson 1's formula (module docstring)."""
+    apart = drafting_apart(engine, workload, model_drafter, max_new_tokens=max_new_tokens, k=k)
+    cost = measure_cost_curve(engine, GATE_K_MAX, context_len=apart["context"])
+    parts = predicted_decode_speedup(apart, cost)
+    decode_forwards = max(plain.forwards - 2 * plain.judge_calls, 0)   # each call: the prefix, then the item
+    decode_s = min(decode_forwards * cost[0], plain.wall_s)
+    predicted_s = plain.wall_s - decode_s + decode_s / parts["S"]       # NaN where S is
+    return {**parts, "decode_share": decode_s / plain.wall_s if plain.wall_s else 0.0,
+            "predicted_speedup": plain.wall_s / predicted_s if predicted_s > 0 else float("nan"),
+            "calibration_items": len(workload.calibration or workload.items[:1])}
