@@ -2,14 +2,13 @@
 
 The ablation itself is measurement (lessonkit.measure.stack: `ablation_all` runs the plain engine, each
 technique alone and all together on each model, item by item interleaved, and returns a DataFrame);
-`plot_ablation(df)` draws it, `combined_prediction(df)` predicts the combined rows from the single ones and
-`ablation_panel(df)` shows one model at a time.
+`plot_ablation(df)` draws it and `ablation_panel(df)` shows one model at a time (the predictions of its rows:
+lessonkit.measure.stack_prediction).
 """
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
-import pandas as pd
 
 from lessonkit.lessons.headline import Column, Headline, Sentence
 from lessonkit.lessons.panel import show_panel
@@ -59,52 +58,6 @@ def ablation_title(df) -> str:
     diff = int(all_rows["answers_differing"].sum()) if "answers_differing" in all_rows else 0
     cache = "no answer changed by the cache" if diff == 0 else f"{diff} answer(s) changed by the semantic cache (hatched)"
     return f"Together: {speed}\n{eng}; {cache}"
-
-
-def combined_prediction(df) -> pd.DataFrame:
-    """Predict each combined row (lossless together; all together) from the single-technique rows it combines,
-    two ways, next to the measurement.
-
-    multiply: the product of the single rows' speed-ups (each technique scales the whole time);
-    disjoint savings: the engine techniques save Delta_i = plain - row_i seconds on different parts of the
-    work (prefill, forced spans, drafted spans), and the semantic cache keeps a fraction q of the engine calls
-    and adds its own overhead (embedding, lookups): T = q (plain - sum Delta_i) + (T_cache - q plain). When the
-    single rows' savings add up to the plain time or more, they cannot be on disjoint parts: disjoint_savings
-    is NaN and savings_text says so."""
-    single_of = {"semcache": "semantic cache", "prefix": "prefix cache", "grammar": "grammar drafting",
-                 "drafter": "model drafter"}
-    rows = []
-    for (m, row), g in _combined(df):
-        r = g.set_index("row")
-        plain = float(r.loc["plain engine", "wall_s"])
-        techs = str(r.loc[row, "techniques"]).split("+")
-        singles = [single_of[t] for t in techs if t in single_of and single_of[t] in r.index]
-        product = float(np.prod([r.loc[n, "speedup"] for n in singles]))
-        saved = sum(plain - float(r.loc[n, "wall_s"]) for n in singles if n != "semantic cache")
-        if "semantic cache" in singles:
-            q = float(r.loc["semantic cache", "judge_calls"]) / max(float(r.loc["plain engine", "judge_calls"]), 1.0)
-            overhead = float(r.loc["semantic cache", "wall_s"]) - q * plain
-        else:
-            q, overhead = 1.0, 0.0
-        t = q * (plain - saved) + overhead
-        rows.append({"model": m, "row": row, "product_of_single_rows": product,
-                     "disjoint_savings": plain / t if saved < plain and t > 0 else float("nan"),
-                     "measured": float(r.loc[row, "speedup"]), "engine_calls_kept": q,
-                     "cache_overhead_s": overhead, "engine_savings_s": saved, "plain_s": plain})
-    df = pd.DataFrame(rows)
-    if len(df):
-        df["savings_text"] = [f"{v:.2f}x" if v == v else f"nothing: the savings ({s:.1f} s) add up past the plain "
-                              f"time ({p:.1f} s), so they overlap" for v, s, p in
-                              zip(df.disjoint_savings, df.engine_savings_s, df.plain_s)]
-    return df
-
-
-def _combined(df):
-    """((model, combined row), that model's rows) for each combined row the table has."""
-    for m, g in df.groupby("model", sort=False):
-        for row in ("lossless together", "all together"):
-            if row in set(g["row"]):
-                yield (m, row), g
 
 
 def ablation_panel(df) -> None:

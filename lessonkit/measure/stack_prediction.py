@@ -1,4 +1,5 @@
-"""Lesson 6's model-drafter row predicted with lesson 1's formula, from quantities measured apart from the stream.
+"""Lesson 6's rows predicted: the model-drafter row with lesson 1's formula, from quantities measured apart from
+the stream; each combined row from the single-technique rows it combines (`combined_prediction`).
 
 Lesson 1: a verify step emits E tokens and costs T(d+1)/T(1) + c d plain steps, so the decode phase speeds up by
 
@@ -16,6 +17,9 @@ and T(r) is this engine's verify cost curve after a context as long as a calibra
 prefill (its wall time less its decode forwards x T(1)) plus its decode time over S.
 """
 from __future__ import annotations
+
+import numpy as np
+import pandas as pd
 
 from lessonkit.speculative.gate import measure_cost_curve
 from lessonkit.speculative.verify import speculative_generate
@@ -75,3 +79,49 @@ def drafter_row_prediction(engine, workload: Workload, model_drafter: str, plain
     return {**parts, "decode_share": decode_s / plain.wall_s if plain.wall_s else 0.0,
             "predicted_speedup": plain.wall_s / predicted_s if predicted_s > 0 else float("nan"),
             "calibration_items": len(workload.calibration or workload.items[:1])}
+
+
+def combined_prediction(df) -> pd.DataFrame:
+    """Predict each combined row (lossless together; all together) from the single-technique rows it combines,
+    two ways, next to the measurement.
+
+    multiply: the product of the single rows' speed-ups (each technique scales the whole time);
+    disjoint savings: the engine techniques save Delta_i = plain - row_i seconds on different parts of the
+    work (prefill, forced spans, drafted spans), and the semantic cache keeps a fraction q of the engine calls
+    and adds its own overhead (embedding, lookups): T = q (plain - sum Delta_i) + (T_cache - q plain). When the
+    single rows' savings add up to the plain time or more, they cannot be on disjoint parts: disjoint_savings
+    is NaN and savings_text says so."""
+    single_of = {"semcache": "semantic cache", "prefix": "prefix cache", "grammar": "grammar drafting",
+                 "drafter": "model drafter"}
+    rows = []
+    for (m, row), g in _combined(df):
+        r = g.set_index("row")
+        plain = float(r.loc["plain engine", "wall_s"])
+        techs = str(r.loc[row, "techniques"]).split("+")
+        singles = [single_of[t] for t in techs if t in single_of and single_of[t] in r.index]
+        product = float(np.prod([r.loc[n, "speedup"] for n in singles]))
+        saved = sum(plain - float(r.loc[n, "wall_s"]) for n in singles if n != "semantic cache")
+        if "semantic cache" in singles:
+            q = float(r.loc["semantic cache", "judge_calls"]) / max(float(r.loc["plain engine", "judge_calls"]), 1.0)
+            overhead = float(r.loc["semantic cache", "wall_s"]) - q * plain
+        else:
+            q, overhead = 1.0, 0.0
+        t = q * (plain - saved) + overhead
+        rows.append({"model": m, "row": row, "product_of_single_rows": product,
+                     "disjoint_savings": plain / t if saved < plain and t > 0 else float("nan"),
+                     "measured": float(r.loc[row, "speedup"]), "engine_calls_kept": q,
+                     "cache_overhead_s": overhead, "engine_savings_s": saved, "plain_s": plain})
+    df = pd.DataFrame(rows)
+    if len(df):
+        df["savings_text"] = [f"{v:.2f}x" if v == v else f"nothing: the savings ({s:.1f} s) add up past the plain "
+                              f"time ({p:.1f} s), so they overlap" for v, s, p in
+                              zip(df.disjoint_savings, df.engine_savings_s, df.plain_s)]
+    return df
+
+
+def _combined(df):
+    """((model, combined row), that model's rows) for each combined row the table has."""
+    for m, g in df.groupby("model", sort=False):
+        for row in ("lossless together", "all together"):
+            if row in set(g["row"]):
+                yield (m, row), g
