@@ -303,12 +303,11 @@ def cmd_train_judge(args) -> int:
     from dataclasses import replace
 
     from lessonkit.training.judge import PRESETS, train_judge
-    from lessonkit.training.judge_ndjson import ndjson_answers
     if args.model is None:
         raise LessonkitError("lessonkit train judge needs --model (smollm2-135m or tiny-moe)")
     cfg = replace(PRESETS[args.model], threads=args.threads or PRESETS[args.model].threads)
     use_threads(cfg.threads)
-    summary = train_judge(cfg, progress=not args.json, ndjson_check=ndjson_answers)
+    summary = train_judge(cfg, progress=not args.json)
     _print_result(args, summary)
     return 0
 

@@ -36,6 +36,7 @@ from lessonkit.models.integrity import write_manifest
 from lessonkit.models.registry import MODELS_DIR, load_model, resolve_model_dir
 from lessonkit.semcache.judge import (agreement, answer_head, answers_path, load_trained_judge, write_answer_lines,
                                       write_ground_truth)
+from lessonkit.training.judge_ndjson import ndjson_answers
 from lessonkit.training.judge_data import (N_SHOTS, TRAIN_STREAM, check_disjoint, judge_answer, judge_prefix,
                                            training_items)
 from lessonkit.training.lora import ATTN, MLP, LoraModel
@@ -326,22 +327,22 @@ NDJSON: {nd}.
     return out / "card.md"
 
 
-def train_judge(cfg: JudgeTrainConfig, progress: bool = True, ndjson_check=None) -> dict:
+def train_judge(cfg: JudgeTrainConfig, progress: bool = True, ndjson: bool = True) -> dict:
     """Train, save, evaluate on the shipped stream and write the card; returns the summary.
 
-    ndjson_check(engine, texts) -> dict (lessonkit.training.judge_ndjson.ndjson_answers): the judge's NDJSON answers
-    to every distinct item, counted for the card."""
+    ndjson: also answer every distinct item in NDJSON (lessonkit.training.judge_ndjson.ndjson_answers) and count
+    the answers for the card (their lines warm the capstone's semantic cache)."""
     model, log = train_adapter(cfg, progress)
     save_adapter(model, cfg, log)
-    return finish_judge(cfg, log, progress, ndjson_check)
+    return finish_judge(cfg, log, progress, ndjson)
 
 
-def finish_judge(cfg: JudgeTrainConfig, log: dict, progress: bool = True, ndjson_check=None) -> dict:
+def finish_judge(cfg: JudgeTrainConfig, log: dict, progress: bool = True, ndjson: bool = True) -> dict:
     """Evaluate a saved adapter, record its scores and write its card."""
     ev = evaluate(cfg.name, progress=progress)
     nd = None
-    if ndjson_check is not None:
-        nd = ndjson_check(ev["judge"].engine, list(ev["scores"]), progress=progress)
+    if ndjson:
+        nd = ndjson_answers(ev["judge"].engine, list(ev["scores"]), progress=progress)
         ev["ndjson"] = {k: v for k, v in nd.items() if k != "answers"}
         ev["ndjson"]["decision_agrees_with_score"] = sum(
             1 for t, a in nd["answers"].items() if (o := parse_answer(a)) is not None and o["needs_action"] == (ev["scores"][t] > 0))
