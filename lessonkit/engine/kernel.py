@@ -195,19 +195,24 @@ def using(name: str):
 
 
 _LIBRARY_LOCK = threading.Lock()   # set_threads and use_library: a thread count never lands on a library being swapped out
-_ASKED = [1]                       # the count last asked for: what a library swapped in (or back) gets
+_asked = 1                         # the count last asked for: what a library swapped in (or back) gets
 
 
 def set_threads(n: int) -> int:
     """Threads the C kernel splits a product's output strips over (each output is still one chain, computed by
     one thread, so the bits do not depend on n). Returns the number in use; 1 without the C kernel."""
-    global THREADS
+    global THREADS, _asked
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"threads must be a positive integer, got {n!r}")
     with _LIBRARY_LOCK:
-        lib, _ASKED[0] = _rowkernel, n
-        THREADS = lib.set_threads(n) if lib is not None else 1
+        _asked = n
+        THREADS = _threads_on(_rowkernel)
     return THREADS
+
+
+def _threads_on(lib: KernelLibrary | None) -> int:
+    """The count last asked for, set on `lib` (at most its limit); 1 without a library. Under _LIBRARY_LOCK."""
+    return lib.set_threads(min(_asked, lib.max_threads)) if lib is not None else 1
 
 
 @contextlib.contextmanager
@@ -223,17 +228,14 @@ def use_library(lib: KernelLibrary | None):
         raise LessonkitError(f"kernel library {name}: ABI {getattr(lib, 'ABI', None)}, this code needs {ABI}; "
                              "rebuild it with `python csrc/build_kernels.py`")
     with _LIBRARY_LOCK:
-        old, asked = _rowkernel, _ASKED[0]
-        if lib is not None:
-            THREADS = lib.set_threads(min(asked, lib.max_threads))
-        _rowkernel = lib
+        old, _rowkernel = _rowkernel, lib
+        THREADS = _threads_on(lib)
     try:
         yield lib
     finally:
         with _LIBRARY_LOCK:
-            if old is not None:
-                THREADS = old.set_threads(min(_ASKED[0], old.max_threads))
             _rowkernel = old
+            THREADS = _threads_on(old)
 
 
 THREADS = 1
