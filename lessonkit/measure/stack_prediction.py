@@ -33,15 +33,15 @@ def drafting_apart(engine, workload: Workload, model_drafter: str, *, max_new_to
     items = workload.calibration or workload.items[:1]
     prefix = engine.encode(workload.prefix)
     out = {"steps": 0, "emitted": 0, "draft_tokens": 0, "draft_s": 0.0, "k_hist": {}, "context": 0}
-    for it in items:
-        prompt = prefix + engine.encode(ITEM_TEMPLATE.format(text=it.text))
-        drafter = make_drafter(model_drafter, engine)
-        try:
-            res = speculative_generate(engine, drafter, prompt, max_new_tokens, k=k, k_max=GATE_K_MAX,
-                                       stop_strings=STOP_STRINGS)
-        finally:
-            if hasattr(drafter, "close"):
-                drafter.close()
+    drafter = make_drafter(model_drafter, engine)          # one drafter, reset for each prompt
+    try:
+        results = [speculative_generate(engine, drafter, prefix + engine.encode(ITEM_TEMPLATE.format(text=it.text)),
+                                        max_new_tokens, k=k, k_max=GATE_K_MAX, stop_strings=STOP_STRINGS)
+                   for it in items]
+    finally:
+        if hasattr(drafter, "close"):
+            drafter.close()
+    for res in results:
         st = res.stats
         steps = st["forwards"] - 1                          # the prefill forward emitted the first token
         out["steps"] += steps
@@ -50,7 +50,7 @@ def drafting_apart(engine, workload: Workload, model_drafter: str, *, max_new_to
         out["draft_s"] += st["draft_s"]
         for d, n in st["k_hist"].items():
             out["k_hist"][d] = out["k_hist"].get(d, 0) + n
-        out["context"] = max(out["context"], len(prompt))
+        out["context"] = max(out["context"], st["prompt_tokens"])
     return out
 
 
