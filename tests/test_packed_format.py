@@ -315,7 +315,13 @@ def test_bench_streaming_smoke(capsys):
     from lessonkit.cli import main
     assert main(["bench", "streaming", "--smoke", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["bench"] == "streaming" and all(t["met"] for t in out["targets"]), out["targets"]
+    goals = {t["name"]: t for t in out["targets"]}
+    # exactness goals must hold on any machine; the speed ratio is the benchmark's figure, measured
+    # here (a positive number) but not judged: a timed test on a shared machine would be noise
+    assert out["bench"] == "streaming", out
+    assert goals["pack calls while streaming the packed layout"]["met"], goals
+    assert goals["identical tokens, old vs packed layout"]["met"], goals
+    assert goals["ms per miss, packed / old layout"]["value"] > 0, goals
     old, new = out["rows"]
     assert new["pack_calls"] == 0 < old["pack_calls"] and old["identical_tokens"] and out["machine"]["cpu"]
 
