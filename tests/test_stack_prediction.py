@@ -42,7 +42,8 @@ def test_the_drafter_row_carries_its_prediction(drafter):
                                    model_drafter=drafter)
     row = df.set_index("row").loc["model drafter"]
     assert row["model_drafter"] == drafter and row["E_apart"] >= 1.0 and row["c_apart"] >= 0.0
-    assert row["verify_cost_apart"] >= 1.0 and 0.0 < row["decode_share"] <= 1.0
+    # T(d+1)/T(1) is a ratio of two timings: on a loaded machine a cheap extra row can time below 1
+    assert row["verify_cost_apart"] > 0.0 and 0.0 < row["decode_share"] <= 1.0
     assert 0.0 < row["predicted_speedup"] < 1.0 / (1.0 - row["decode_share"]) + 1e-9     # Amdahl bounds it
     assert df.set_index("row").loc["plain engine", ["predicted_speedup", "E_apart"]].isna().all()
     head = measure.headline(df)
