@@ -158,7 +158,7 @@ def test_the_loader_says_which_binary_loaded_and_why():
         assert info["binary"] is None and "build_kernels.py --host" in info["binary_why"]
     else:
         assert info["binary"] == K._rowkernel.path.name and info["binary_why"]
-        assert (K.KERNELS / info["binary"]).is_file()
+        assert (kernel_library.KERNELS / info["binary"]).is_file()
 
 
 def test_missing_binaries_are_named_with_the_way_to_build_one(tmp_path):
@@ -178,9 +178,9 @@ def test_missing_binaries_are_named_with_the_way_to_build_one(tmp_path):
     ("darwin", "x86_64", "rowkernel-macos-x86_64.dylib"), ("darwin", "arm64", "rowkernel-macos-arm64.dylib"),
     ("linux", "riscv64", None), ("freebsd14", "amd64", None)])
 def test_each_platform_gets_its_binary(system, machine, name):
-    assert K.binary_name(system, machine) == name
+    assert kernel_library.binary_name(system, machine) == name
     if name:
-        assert (K.KERNELS / name).is_file(), f"{name} is not shipped: run python csrc/build_kernels.py"
+        assert (kernel_library.KERNELS / name).is_file(), f"{name} is not shipped: run python csrc/build_kernels.py"
 
 
 @needs_c

@@ -84,7 +84,9 @@ def test_duration_and_machine_info(monkeypatch):
     info = machine_info()
     assert {"CPU", "cores", "kernel path", "versions"} <= set(info) and "torch" in info["versions"]
     monkeypatch.setenv("LESSONKIT_WEIGHTS", "native")
-    assert machine_info()["weights path"] == "native"
+    assert machine_info()["weights path"].startswith("native (asked for")
+    monkeypatch.setenv("LESSONKIT_WEIGHTS", "f32")
+    assert machine_info()["weights path"].startswith("f32 (asked for")
 
 
 # ---- the executed notebooks' pages work offline (lessons/offline.py) ---------------------------------------

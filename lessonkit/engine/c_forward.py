@@ -25,7 +25,7 @@ import threading
 import torch
 
 from lessonkit.engine import blocks as qb
-from lessonkit.engine import kernel, row_weight
+from lessonkit.engine import kernel, kernel_library, row_weight
 from lessonkit.errors import LessonkitError
 
 KIND = {"f32": -1, "q4_1": 0, "q8_0": 1}
@@ -151,7 +151,7 @@ class CForward:
         self._lock = threading.Lock()    # one forward at a time: the expert tables and _held are per call
         self._held: list = []            # experts fetched during the running forward (their tensors stay alive)
         self._error: BaseException | None = None
-        self._fetch = kernel.FETCH(self._fetch_expert) if c.is_moe else None
+        self._fetch = kernel_library.FETCH(self._fetch_expert) if c.is_moe else None
 
     def _embedding(self, table) -> tuple[int, int, int]:
         """(address, kind, rows) of the embedding the C forward looks tokens up in: float32 rows, or a tied
@@ -232,7 +232,7 @@ class CForward:
                 ctypes.cast(self._fetch, ctypes.c_void_p).value if self._fetch is not None else 0)
         finally:
             self._held = []
-        if rc == kernel.RK_FETCH_FAILED:
+        if rc == kernel_library.RK_FETCH_FAILED:
             err, self._error = self._error, None
             raise err
         return x, logits, unique, picks

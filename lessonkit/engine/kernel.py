@@ -36,9 +36,7 @@ import os
 import platform
 import threading
 
-from lessonkit.engine.kernel_library import (ABI, FETCH, KERNELS, RK_BAD_KIND, RK_BAD_SIZES,  # noqa: F401
-                                             RK_BAD_THREADS, RK_FETCH_FAILED, RK_NO_AVX2, RK_NO_MEMORY, RK_OK,
-                                             KernelLibrary, binary_name, host_binary_name, load_library)
+from lessonkit.engine.kernel_library import ABI, KernelLibrary, load_library
 from lessonkit.errors import LessonkitError
 
 _rowkernel, BINARY, BINARY_WHY = load_library()

@@ -19,46 +19,33 @@ from pathlib import Path
 
 import jinja2
 
+from lessonkit.errors import LessonkitError
 from lessonkit.files.resources import PACKAGE_DIR, workbook_root
 from lessonkit.lessons.headline import headline_for, main_table, sentence_texts
+from lessonkit.measure.machine import cpu_name
 
 TEMPLATES = PACKAGE_DIR / "report" / "templates"
 VERSIONED = ("lessonkit", "torch", "numpy", "pandas", "matplotlib", "papermill", "nbconvert")
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _physical_cores() -> int | None:
-    """Distinct (socket, core) pairs in /proc/cpuinfo; None where it does not say."""
-    try:
-        blocks = Path("/proc/cpuinfo").read_text(encoding="utf-8").split("\n\n")
-    except OSError:
-        return None
-    pairs = set()
-    for b in blocks:
-        kv = dict(line.split(":", 1) for line in b.splitlines() if ":" in line)
-        kv = {k.strip(): v.strip() for k, v in kv.items()}
-        if "core id" in kv:
-            pairs.add((kv.get("physical id"), kv["core id"]))
-    return len(pairs) or None
+    """psutil's count of physical cores; None where the OS does not say."""
+    import psutil
+    return psutil.cpu_count(logical=False)
 
 
 def _kernel_path() -> tuple[str, str | None]:
-    """Which path short forwards take (lessonkit.engine.kernel.backend()) and the weights path, where the
-    engine or LESSONKIT_WEIGHTS says which."""
+    """Which path short forwards take (lessonkit.engine.kernel.backend()) and the weights the models load
+    (lessonkit.engine.blocks.choose_weights: LESSONKIT_WEIGHTS, else the default and why)."""
     from lessonkit.engine import kernel
+    from lessonkit.engine.blocks import choose_weights
     b = kernel.backend()
     path = f"{b['backend']} ({b['why']})"
-    weights = b.get("weights") or getattr(kernel, "WEIGHTS", None) or os.environ.get("LESSONKIT_WEIGHTS")
-    return path, weights
+    try:
+        mode, why = choose_weights()
+    except LessonkitError as e:              # a bad LESSONKIT_WEIGHTS: the report says so, the run said it first
+        return path, str(e)
+    return path, f"{mode} ({why})"
 
 
 def _numerics() -> str:
@@ -89,7 +76,7 @@ def machine_info() -> dict[str, str]:
     import torch
     path, weights = _kernel_path()
     cores = _physical_cores()
-    info = {"CPU": _cpu_model(),
+    info = {"CPU": cpu_name(),
             "cores": f"{cores} physical, {os.cpu_count()} logical" if cores else f"{os.cpu_count()} logical",
             "usable by this run": f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} "
                                   f"CPUs, {torch.get_num_threads()} torch thread{'s' if torch.get_num_threads() > 1 else ''}",
