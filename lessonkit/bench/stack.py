@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 from lessonkit.bench.common import machine_info
-from lessonkit.measure.stack import ablation, available_models, load_engine, run_config
-from lessonkit.stack import embed_workload
-from lessonkit.workloads.triage import make_workload
+from lessonkit.measure.stack import ablations, available_models, run_config
 
 def bench(args) -> dict:
     """`lessonkit bench stack`: the plain engine vs all techniques together on the stream, one run."""
@@ -12,13 +10,8 @@ def bench(args) -> dict:
     cfg = run_config(args, smoke)
     model = getattr(args, "model", None)
     models = [model] if model else available_models(smoke)
-    wl = make_workload(cfg)
-    emb, embed_s = embed_workload(wl)
-    rows, targets = [], []
-    for m in models:
-        eng = load_engine(m)
-        df, runs, ddf = ablation(eng, cfg, rows=["plain engine", "all together"], embeddings=emb, embed_s=embed_s,
-                                 workload=wl)
+    rows, targets, embed_s = [], [], 0.0
+    for eng, df, runs, _, embed_s in ablations(models, cfg, rows=["plain engine", "all together"]):
         plain_w = float(df.loc[df["row"] == "plain engine", "wall_s"].iloc[0])
         for r in df.to_dict("records"):
             rows.append({"name": f"{eng.name}: {r['row']}", "tokens_per_s": r["tokens_per_s"],

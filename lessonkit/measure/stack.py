@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tempfile
 from dataclasses import replace
+from typing import NamedTuple
 
 import pandas as pd
 from tqdm.auto import tqdm
@@ -207,6 +208,26 @@ def ablation_table(model: str, runs: dict, rows: list[str], model_drafter, choic
                     "cache_serving": run.extra.get("cache_serving")})
     return pd.DataFrame(out)
 
+class ModelAblation(NamedTuple):
+    """One model's ablation: its table, its runs by row, the drafter choice's table, the stream's embed time."""
+    engine: object
+    table: pd.DataFrame
+    runs: dict
+    drafters: pd.DataFrame
+    embed_s: float
+
+
+def ablations(models, cfg: StackConfig, *, rows=None):
+    """ablation() on each model in turn, the stream embedded once: yields a ModelAblation per model.
+    ablation_all keeps the tables; `lessonkit bench stack` also reads the runs' answers."""
+    wl = make_workload(cfg)
+    emb, embed_s = embed_workload(wl)
+    for m in models:
+        eng = load_engine(m)
+        df, runs, ddf = ablation(eng, cfg, rows=rows, embeddings=emb, embed_s=embed_s, workload=wl)
+        yield ModelAblation(eng, df, runs, ddf, embed_s)
+
+
 def ablation_all(models=None, cfg: StackConfig | str = "default", *, smoke: bool = False) -> tuple:
     """ablation() on each model (tiny-moe when trained, smollm2-135m); the stream is embedded once.
 
@@ -214,15 +235,10 @@ def ablation_all(models=None, cfg: StackConfig | str = "default", *, smoke: bool
     `lessonkit stack run` prints it.
     """
     cfg = PRESETS[cfg] if isinstance(cfg, str) else cfg
-    models = models or available_models(smoke)
-    wl = make_workload(cfg)
-    emb, embed_s = embed_workload(wl)
     frames, drafts = [], {}
-    for m in models:
-        eng = load_engine(m)
-        df, runs, ddf = ablation(eng, cfg, embeddings=emb, embed_s=embed_s, workload=wl)
-        frames.append(df)
-        drafts[eng.name] = ddf
+    for a in ablations(models or available_models(smoke), cfg):
+        frames.append(a.table)
+        drafts[a.engine.name] = a.drafters
     return pd.concat(frames, ignore_index=True), drafts
 
 def headline(df) -> dict:
