@@ -366,6 +366,25 @@ def test_compiled_draft_step_follows_the_exact_forward(tiny):
         ModelDrafter(draft, step="fast")
 
 
+@pytest.mark.skipif(kernel.BACKEND == "mkl", reason="Q8_0 blocks need the C kernel")
+def test_a_draft_quantised_at_load_takes_a_step_that_reads_its_blocks(tiny):
+    """A dense draft whose matrices are Q8_0 blocks (weights="q8_0") is refused by the C draft step, which reads
+    float32 strips (it once took it, read the blocks as floats and proposed token 0 every time: the output stayed
+    plain greedy's, the drafts were worthless); the drafter takes a step that reads the blocks and proposes the
+    model's own greedy tokens."""
+    draft = Engine(tiny[1], weights="q8_0")
+    assert "blocks" in why_not(draft.model)
+    drafter = ModelDrafter(draft)
+    assert drafter.model.step_path == "torch"
+    with pytest.raises(LessonkitError, match="no C draft step"):
+        ModelDrafter(draft, step="C")
+    ctx = torch.randint(0, draft.config.vocab_size, (12,), generator=torch.Generator().manual_seed(7)).tolist()
+    want = list(ctx)
+    for _ in range(4):
+        want.append(int(draft.forward(want, draft.new_cache())[-1].argmax()))
+    assert drafter.propose(ctx, 4).tokens == want[len(ctx):]
+
+
 @pytest.mark.skipif(kernel.BACKEND not in ("avx2", "avx512"), reason="needs a vector path to compare with the portable one")
 def test_compiled_draft_step_same_bits_on_both_c_paths(tiny):
     """The AVX2 and portable paths of the C draft step give the same bits (the matmuls are the row kernel's,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from lessonkit.engine import kernel
+from lessonkit.engine.row_weight import RowWeight
 
 
 def _built() -> bool:
@@ -41,11 +42,26 @@ def why_not(model) -> str | None:
         return "the C kernel is not built"
     if c.is_moe or c.qk_norm or c.clip_qkv is not None:
         return "only dense Llama-style models (no experts, no qk-norm, no clipping)"
-    if getattr(model, "native", False):
-        return "native quantised blocks (the C draft step runs on float32 strips)"
-    if model.dtype != torch.float32 or not model.wt["lm_head"].packed:
-        return f"weights are not packed for the C kernel (backend {kernel.BACKEND}, dtype {model.dtype})"
+    if model.dtype != torch.float32:
+        return f"weights are {model.dtype}, the C draft step runs on float32 strips"
+    for name, wt in _plan_weights(model):
+        if not isinstance(wt, RowWeight):          # Q4_1 / Q8_0 blocks, shipped or quantised at load (q8_0)
+            return f"{name} is {type(wt).__name__} ({getattr(wt, 'kind', '?')} blocks): the C draft step runs on float32 strips"
+        if wt.dtype != torch.float32 or not wt.packed:
+            return f"{name} is not packed for the C kernel (backend {kernel.BACKEND}, dtype {wt.dtype})"
     return None
+
+
+def _plan_weights(model):
+    """(name, weight) of every matrix the plan points into: the step reads them as packed float32 strips."""
+    yield "lm_head", model.wt["lm_head"]
+    for l in range(model.config.n_layers):
+        p = f"layers.{l}."
+        yield p + "wqkv", model.wt[p + "wqkv"]
+        yield p + "wo", model.wt[p + "wo"]
+        ex = model.store.get(l, 0)
+        yield p + "experts.0.gate_up", ex.gate_up_t
+        yield p + "experts.0.down", ex.down_t
 
 
 class CompiledStep:
