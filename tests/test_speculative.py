@@ -326,7 +326,10 @@ def test_lean_draft_step_follows_the_exact_forward(tiny, which):
         assert lean.length == exact.length
         assert torch.allclose(a, b, atol=1e-4, rtol=0)
         assert int(a.argmax()) == int(b.argmax())
-    assert ModelDrafter(eng).model.lean
+    # a drafter's step is lean unless the model takes the engine's own C forward (experts: the C draft step
+    # reads dense float32 strips only); the oracle keeps the exact path
+    assert ModelDrafter(eng).model.lean == (ModelDrafter(eng).model.step_path != "engine forward")
+    assert ModelDrafter(eng, step="torch").model.lean
     assert not OracleDrafter(eng, 0.0, oracle_engine=eng).model.lean
 
 
@@ -357,7 +360,8 @@ def test_compiled_draft_step_follows_the_exact_forward(tiny):
     assert ModelDrafter(draft, step="torch").model.step_path == "torch"
     moe = Engine(tiny[0])
     assert "dense" in why_not(moe.model)
-    assert ModelDrafter(moe).model.step_path == "torch"
+    assert ModelDrafter(moe).model.step_path == ("engine forward" if moe.model.c_forward is not None else "torch")
+    assert ModelDrafter(moe, step="torch").model.step_path == "torch"
     with pytest.raises(ValueError, match="no compiled step"):
         CompiledStep(moe.model, moe.new_cache())
     with pytest.raises(LessonkitError, match="no C draft step"):
@@ -370,19 +374,19 @@ def test_compiled_draft_step_follows_the_exact_forward(tiny):
 def test_a_draft_quantised_at_load_takes_a_step_that_reads_its_blocks(tiny):
     """A dense draft whose matrices are Q8_0 blocks (weights="q8_0") is refused by the C draft step, which reads
     float32 strips (it once took it, read the blocks as floats and proposed token 0 every time: the output stayed
-    plain greedy's, the drafts were worthless); the drafter takes a step that reads the blocks and proposes the
-    model's own greedy tokens."""
+    plain greedy's, the drafts were worthless); the drafter takes the engine's C forward (or, asked, the PyTorch
+    lean step), which read the blocks, and proposes the model's own greedy tokens."""
     draft = Engine(tiny[1], weights="q8_0")
     assert "blocks" in why_not(draft.model)
-    drafter = ModelDrafter(draft)
-    assert drafter.model.step_path == "torch"
     with pytest.raises(LessonkitError, match="no C draft step"):
         ModelDrafter(draft, step="C")
+    assert ModelDrafter(draft).model.step_path == "engine forward"    # one C call a token, on the blocks
     ctx = torch.randint(0, draft.config.vocab_size, (12,), generator=torch.Generator().manual_seed(7)).tolist()
     want = list(ctx)
     for _ in range(4):
         want.append(int(draft.forward(want, draft.new_cache())[-1].argmax()))
-    assert drafter.propose(ctx, 4).tokens == want[len(ctx):]
+    for step in ("auto", "torch"):
+        assert ModelDrafter(draft, step=step).propose(ctx, 4).tokens == want[len(ctx):], step
 
 
 @pytest.mark.skipif(kernel.BACKEND not in ("avx2", "avx512"), reason="needs a vector path to compare with the portable one")

@@ -20,6 +20,7 @@ import transformers
 from lessonkit.bench.common import goal, machine_info
 from lessonkit.models.convert import export_hf
 from lessonkit.errors import LessonkitError
+from lessonkit.engine import kernel
 from lessonkit.engine.generate import generate
 from lessonkit.files.resources import lessonkit_home
 from lessonkit.models.registry import load_model
@@ -144,6 +145,9 @@ def _smollm2_drafters(sm, notes) -> list:
         d = load_model("smollm2-draft")
         out += [("smollm2-draft k=4", ModelDrafter(d, name="smollm2-draft"), 4),
                 ("smollm2-draft k=auto", ModelDrafter(d, name="smollm2-draft"), "auto")]
+        if d.weights != "q8_0" and kernel.NUMERICS == "int8":   # the same drafter on Q8_0 blocks: the engine's C forward
+            q = load_model("smollm2-draft", weights="q8_0")
+            out += [("smollm2-draft (Q8_0) k=auto", ModelDrafter(q, name="smollm2-draft (Q8_0)"), "auto")]
     except LessonkitError as e:
         notes.append(f"smollm2-draft rows skipped: {e}")
     try:
@@ -183,7 +187,6 @@ def _grounded(rows, targets, smoke, repeats) -> None:
 def tiny_moe_weights() -> str | None:
     """tiny-moe's weights for this run: Q8_0 blocks on the int8 numerics (so its products take integer dots), else
     the float model."""
-    from lessonkit.engine import kernel
     return "q8_0" if kernel.NUMERICS == "int8" else None
 
 

@@ -115,26 +115,41 @@ class _CachedModel:
     """A model + KV cache that follows a context: rolls back to the common prefix, feeds the rest.
 
     lean=True feeds single tokens through the lean step (a drafter's guesses need not be exact): one C call
-    (engine.draft_step) for a dense Llama when the C kernel is built, else `lean_decode_step`;
-    lean=False keeps the engine's exact forward (the oracle must reproduce the target's greedy tokens)."""
+    (engine.draft_step) for a dense Llama on float32 strips when the C kernel is built; a model it cannot
+    read (Q4_1/Q8_0 blocks, experts) takes the engine's own C forward, exact and one call a token; else
+    `lean_decode_step`. lean=False keeps the engine's exact forward (the oracle must reproduce the target's
+    greedy tokens)."""
 
     LEAN_CATCH_UP = 4        # feed up to this many new context tokens one by one on the lean path
 
     def __init__(self, engine, lean: bool = False, step: str = "auto"):
-        self.engine, self.lean = engine, lean
+        self.engine = engine
         self.cache = engine.new_cache()
         self.ids: list[int] = []             # tokens whose K/V are in the cache
         self.forwards = 0
-        # the lean step in one C call where the model allows it (engine.draft_step), else in PyTorch;
-        # step="C" or "torch" asks for one (lesson 1 compares them)
+        # step="C" or "torch" asks for one lean step (lesson 1 compares them); "auto" takes the fastest the
+        # model allows (_path)
         if step not in ("auto", "C", "torch"):
             raise ValueError(f"draft step {step!r}: expected auto, C or torch")
         if lean and step == "C" and why_not(engine.model):
             raise LessonkitError(f"no C draft step for {engine.name}: {why_not(engine.model)}")
-        self.step_path = ("exact forward" if not lean else "torch" if step == "torch" or why_not(engine.model)
-                          else "C")
+        self.step_path = self._path(engine, lean, step)
+        self.lean = self.step_path in ("C", "torch")
         self._step = (CompiledStep(engine.model, self.cache) if self.step_path == "C" else
                       lambda t: lean_decode_step(engine.model, t, self.cache))
+
+    @staticmethod
+    def _path(engine, lean: bool, step: str) -> str:
+        """"exact forward" (lean=False), "C" (the C draft step), "engine forward" (a model whose blocks or
+        experts the C draft step cannot read, on the engine's own C forward: one C call a token, where the
+        PyTorch lean step makes dozens) or "torch" (asked for, or no C forward at all)."""
+        if not lean:
+            return "exact forward"
+        if step == "torch":
+            return "torch"
+        if why_not(engine.model) is None:
+            return "C"
+        return "engine forward" if getattr(engine.model, "c_forward", None) is not None else "torch"
 
     def reset(self):
         self.cache.rollback(0)
