@@ -1025,23 +1025,14 @@ static void rope(float *x, const float *cos, const float *sin, int64_t hd)
     }
 }
 
-/* dense_step: the logits [V] of `token` at position pos (V: rows of the output layer, the vocabulary or a
-   drafter's reduced one; NV: rows of the embedding); plan as above, logits: V floats */
-RK_EXPORT int32_t rk_dense_step(uintptr_t plan_a, int64_t L, int64_t D, int64_t H, int64_t G, int64_t hd, int64_t I,
-                                int64_t NV, int64_t V, float eps, int64_t token, int64_t pos, int32_t use_avx2,
-                                uintptr_t logits_a)
+/* dense_layers: `token` at position pos through every layer; its key and value are written into the caller's
+   KV cache, the residual stream is left in x (the first D floats of the scratch) for the output layer. */
+static void dense_layers(uintptr_t plan_a, matmul_fn mm, int64_t L, int64_t D, int64_t H, int64_t G, int64_t hd,
+                         int64_t I, float eps, int64_t token, int64_t pos)
 {
-    if (L < 1 || D < 1 || H < 1 || G < 1 || H % G || hd < 2 || hd % 2 || I < 1 || NV < 1 || V < 1 || token < 0 ||
-        token >= NV || pos < 0)
-        return RK_BAD_SIZES;
-    const matmul_fn mm = choose_matmul(use_avx2 & PATH_ISA);
-    if (!mm)
-        return RK_NO_AVX2;
     const uint64_t *plan = (const uint64_t *)(uintptr_t)plan_a;
-    const float *embed = (const float *)(uintptr_t)plan[0], *fnorm = (const float *)(uintptr_t)plan[1];
-    const float *head = (const float *)(uintptr_t)plan[2];
+    const float *embed = (const float *)(uintptr_t)plan[0];
     const float *cos = (const float *)(uintptr_t)plan[3] + pos * hd, *sin = (const float *)(uintptr_t)plan[4] + pos * hd;
-    float *logits = (float *)(uintptr_t)logits_a;
     const int64_t nq = H * hd, nkv = G * hd, rep = H / G, S = pos + 1;
     /* scratch: x [D], xn [D], qkv [nq + 2 nkv], att [nq], mix [D], gu [2I], scores [S] */
     float *x = (float *)(uintptr_t)plan[5], *xn = x + D, *qkv = xn + D, *att = qkv + nq + 2 * nkv;
@@ -1084,33 +1075,68 @@ RK_EXPORT int32_t rk_dense_step(uintptr_t plan_a, int64_t L, int64_t D, int64_t 
         mm(gu, I, 1, I, (const float *)(uintptr_t)p[5], mix, D, D);
         for (int64_t i = 0; i < D; i++) x[i] += mix[i];
     }
-    rms_norm(x, fnorm, xn, D, eps);
-    mm(xn, D, 1, D, head, logits, V, V);
+}
+
+static int dense_sizes_ok(int64_t L, int64_t D, int64_t H, int64_t G, int64_t hd, int64_t I, int64_t NV, int64_t V,
+                          int64_t pos)
+{
+    return L >= 1 && D >= 1 && H >= 1 && G >= 1 && H % G == 0 && hd >= 2 && hd % 2 == 0 && I >= 1 && NV >= 1 &&
+           V >= 1 && pos >= 0;
+}
+
+/* the output layer: final RMSNorm of x, then logits [V] (plan[1]: the norm's weight, plan[2]: the packed layer) */
+static void dense_head(uintptr_t plan_a, matmul_fn mm, int64_t D, int64_t V, float eps, float *logits)
+{
+    const uint64_t *plan = (const uint64_t *)(uintptr_t)plan_a;
+    float *x = (float *)(uintptr_t)plan[5], *xn = x + D;
+    rms_norm(x, (const float *)(uintptr_t)plan[1], xn, D, eps);
+    mm(xn, D, 1, D, (const float *)(uintptr_t)plan[2], logits, V, V);
+}
+
+/* dense_step: the logits [V] of `token` at position pos (V: rows of the output layer, the vocabulary or a
+   drafter's reduced one; NV: rows of the embedding); plan as above, logits: V floats */
+RK_EXPORT int32_t rk_dense_step(uintptr_t plan_a, int64_t L, int64_t D, int64_t H, int64_t G, int64_t hd, int64_t I,
+                                int64_t NV, int64_t V, float eps, int64_t token, int64_t pos, int32_t use_avx2,
+                                uintptr_t logits_a)
+{
+    if (!dense_sizes_ok(L, D, H, G, hd, I, NV, V, pos) || token < 0 || token >= NV)
+        return RK_BAD_SIZES;
+    const matmul_fn mm = choose_matmul(use_avx2 & PATH_ISA);
+    if (!mm)
+        return RK_NO_AVX2;
+    dense_layers(plan_a, mm, L, D, H, G, hd, I, eps, token, pos);
+    dense_head(plan_a, mm, D, V, eps, (float *)(uintptr_t)logits_a);
     return RK_OK;
 }
 
 /* greedy: a drafter's whole turn in one call. Feeds the n context tokens the cache lacks at positions pos ..
-   pos + n - 1, then takes the argmax of the last logits (the highest logit; ties: the lowest token id, as
-   torch.argmax over the full vocabulary; head_ids maps a reduced output layer's rows to token ids, or is 0),
-   feeds that token, and so on: out[0..k-1] are the k drafts, and the caller's KV cache holds positions pos ..
-   pos + n + k - 2. logits: V floats of scratch. */
+   pos + n - 1 (the first n - 1 through the layers only: nobody reads their logits, and the output layer is
+   most of a small drafter's step), then takes the argmax of the last logits (the highest logit; ties: the
+   lowest token id, as torch.argmax over the full vocabulary; head_ids maps a reduced output layer's rows to
+   token ids, or is 0), feeds that token, and so on: out[0..k-1] are the k drafts, and the caller's KV cache
+   holds positions pos .. pos + n + k - 2. logits: V floats of scratch. */
 RK_EXPORT int32_t rk_dense_greedy(uintptr_t plan_a, int64_t L, int64_t D, int64_t H, int64_t G, int64_t hd, int64_t I,
                                   int64_t NV, int64_t V, float eps, uintptr_t tokens_a, int64_t n, int64_t pos,
                                   int64_t k, int32_t use_avx2, uintptr_t logits_a, uintptr_t head_ids_a, uintptr_t out_a)
 {
-    const float *logits = (const float *)logits_a;
+    float *logits = (float *)logits_a;
     const int64_t *ids = (const int64_t *)head_ids_a, *tokens = (const int64_t *)tokens_a;
     int64_t *out = (int64_t *)out_a;
-    if (k < 1 || n < 1) return RK_BAD_SIZES;
-    for (int64_t j = 0; j + 1 < n; j++) {
-        const int32_t rc = rk_dense_step(plan_a, L, D, H, G, hd, I, NV, V, eps, tokens[j], pos + j, use_avx2, logits_a);
-        if (rc != RK_OK) return rc;
-    }
+    if (k < 1 || n < 1 || !dense_sizes_ok(L, D, H, G, hd, I, NV, V, pos))
+        return RK_BAD_SIZES;
+    for (int64_t j = 0; j < n; j++)
+        if (tokens[j] < 0 || tokens[j] >= NV)
+            return RK_BAD_SIZES;
+    const matmul_fn mm = choose_matmul(use_avx2 & PATH_ISA);
+    if (!mm)
+        return RK_NO_AVX2;
+    for (int64_t j = 0; j + 1 < n; j++)
+        dense_layers(plan_a, mm, L, D, H, G, hd, I, eps, tokens[j], pos + j);
     int64_t token = tokens[n - 1];
     pos += n - 1;
     for (int64_t i = 0; i < k; i++) {
-        const int32_t rc = rk_dense_step(plan_a, L, D, H, G, hd, I, NV, V, eps, token, pos + i, use_avx2, logits_a);
-        if (rc != RK_OK) return rc;
+        dense_layers(plan_a, mm, L, D, H, G, hd, I, eps, token, pos + i);
+        dense_head(plan_a, mm, D, V, eps, logits);
         int64_t best = 0;
         for (int64_t v = 1; v < V; v++) {
             const int64_t tv = ids ? ids[v] : v, tb = ids ? ids[best] : best;

@@ -185,6 +185,7 @@ def windows_x86_64(driver, tmp_path) -> tuple[list[str], dict]:
     return [w, str(tmp_path / exe.name), dll.name], env
 
 
+@pytest.mark.budget(180, "wine64 creates a fresh prefix for the test first: 12-87 s on 2 cores (2026-12-04)")
 def test_windows_x86_64_under_wine_gives_the_linux_bits(driver, reference, tmp_path):
     """Every product, the forward, exp, dequantisation and fma: Linux's bits (the forward uses IEEE basic
     operations only: its exp is csrc/forward.c's exp_lk, its sqrt and division are correctly rounded). dense_step
@@ -212,8 +213,8 @@ def test_thread_pool_under_switching_thread_counts_aarch64_qemu(driver, tmp_path
     stress([qemu, "-L", str(AARCH64_SYSROOT), exe, lib, "0", "3"], rounds=30)
 
 
-@pytest.mark.budget(180, "60 rounds of 8 threads under wine64, whose thread start-up is slow: 73-85 s on 2 cores "
-                         "(2026-12-04)")
+@pytest.mark.budget(180, "a fresh wine64 prefix, then 60 rounds of 8 threads under wine64, whose thread start-up is "
+                         "slow: 73-85 s on 2 cores (2026-12-04)")
 def test_thread_pool_under_switching_thread_counts_windows_wine(driver, tmp_path):
     """Win32 threads, SRW locks and condition variables (portable.h)"""
     cmd, env = windows_x86_64(driver, tmp_path)

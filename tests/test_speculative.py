@@ -407,6 +407,30 @@ def test_compiled_draft_step_same_bits_on_both_c_paths(tiny):
     assert "not packed" in why_not(eng.model)
 
 
+@pytest.mark.skipif(kernel.BACKEND == "mkl", reason="the C kernel is not the active backend")
+@pytest.mark.parametrize("n_context", [1, 3, 7])
+def test_a_drafters_turn_in_one_call_equals_its_steps(tiny, n_context):
+    """`greedy` (the context tokens through the layers only, then k drafts with the argmax in C) leaves the
+    KV cache bit for bit as `step` token by token does, and drafts the argmax of each step's logits."""
+    draft = Engine(tiny[1])
+    toks = torch.randint(0, draft.config.vocab_size, (8 + n_context,), generator=torch.Generator().manual_seed(11)).tolist()
+    one, many = draft.new_cache(), draft.new_cache()
+    for cache in (one, many):
+        draft.forward(toks[:8], cache)
+    step, turn = CompiledStep(draft.model, one), CompiledStep(draft.model, many)
+    for t in toks[8:]:
+        logits = step(t)
+    want = []
+    for _ in range(4):
+        want.append(int(logits.argmax()))
+        if len(want) < 4:
+            logits = step(want[-1])
+    assert turn.greedy(toks[8:], 4) == want
+    assert many.length == one.length
+    n = one.length
+    assert torch.equal(many.k[:, :n], one.k[:, :n]) and torch.equal(many.v[:, :n], one.v[:, :n])
+
+
 def test_compiled_draft_step_refuses_a_full_cache(tiny):
     draft = Engine(tiny[1])
     if why_not(draft.model):
