@@ -22,7 +22,7 @@ import torch
 
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import (GenerationResult, SamplingParams, engine_counters, finish_stats, prefill,
-                                       sample_token)
+                                       request_cache, sample_token)
 from lessonkit.grammar.automaton import Grammar, GrammarState, load_grammar
 from lessonkit.grammar.json_schema import schema_grammar_file
 from lessonkit.grammar.tokens import TokenGrammar
@@ -169,7 +169,7 @@ class ConstrainedDecoder:
         if not self.tg.eos_ids:
             self.tg.eos_ids = list(target.config.eos_ids)
         eos = set(self.tg.eos_ids)
-        cache = target.new_cache()
+        cache = request_cache(target, len(prompt_ids), max_new_tokens)
         before = engine_counters(target)
         t0 = time.perf_counter()
         logits = prefill(target, list(prompt_ids), cache)

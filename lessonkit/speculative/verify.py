@@ -30,7 +30,7 @@ import torch
 
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import (GenerationResult, SamplingParams, StopChecker, engine_counters,
-                                       finish_stats, prefill, probs_from_logits, sample_token)
+                                       finish_stats, prefill, probs_from_logits, request_cache, sample_token)
 from lessonkit.engine.model import ROWWISE_MAX
 from lessonkit.speculative.depth import AUTO, K_MAX, parse_draft_depth
 from lessonkit.speculative.drafters import Draft, Drafter
@@ -191,7 +191,7 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
     gate, width = _draft_width(target, k, k_max, cost, probe_every, learn_cost)
     prompt = list(prompt_ids)
     checker = StopChecker(target, list(stop_token_ids) + (target.config.eos_ids if use_eos else []), stop_strings)
-    cache = target.new_cache() if cache is None else cache
+    cache = request_cache(target, len(prompt), max_new_tokens) if cache is None else cache
     if cache.length >= len(prompt):
         raise LessonkitError(f"the cache already holds {cache.length} positions: the prompt ({len(prompt)} tokens) "
                              "needs at least one new token")
