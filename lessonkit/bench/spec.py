@@ -1,6 +1,7 @@
 """`lessonkit bench spec`: plain greedy vs lessonkit speculative vs transformers assisted generation.
 
-Pairs (same prompts, same weights, in one process, median of repeats):
+Pairs (same prompts, same weights, in one process, median of repeats; plain greedy and each lessonkit contender
+take turns within every round, so load drift hits them alike):
   tiny-moe + tiny-draft     lessonkit ModelDrafter (k=4 and k=auto) vs transformers `assistant_model=`
   smollm2-135m              n-gram, the distilled smollm2-draft (k=4, k=auto) and the MTP head (k=2, k=auto)
                             vs plain greedy and transformers `prompt_lookup_num_tokens=`
@@ -33,17 +34,25 @@ from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.workloads.corpus import prompts_by_kind
 
 
-def _median_run(fn, prompts, repeats):
-    """Run fn over all prompts `repeats` times (after one warm-up prompt); median total seconds, outputs, stats."""
-    fn(prompts[0])
-    walls, outs, stats = [], None, None
+def _interleaved(fns: dict, prompts, repeats) -> dict:
+    """Each contender over all prompts, `repeats` rounds, the contenders taking turns within a round (after one
+    warm-up prompt each), so load drift on a shared machine hits baseline and contenders alike:
+    name -> (median total seconds, outputs, stats) of the last round."""
+    for fn in fns.values():
+        fn(prompts[0])
+    walls, last = {name: [] for name in fns}, {}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        res = [fn(p) for p in prompts]
-        walls.append(time.perf_counter() - t0)
-        outs = [r[0] for r in res]
-        stats = [r[1] for r in res]
-    return statistics.median(walls), outs, stats
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            last[name] = [fn(p) for p in prompts]
+            walls[name].append(time.perf_counter() - t0)
+    return {name: (statistics.median(walls[name]), [r[0] for r in last[name]], [r[1] for r in last[name]])
+            for name in fns}
+
+
+def _median_run(fn, prompts, repeats):
+    """One contender alone (transformers' rows): median total seconds, outputs, stats."""
+    return _interleaved({"": fn}, prompts, repeats)[""]
 
 
 def _hf_export(engine, tag: str) -> Path:
@@ -84,16 +93,22 @@ def _pair(rows, targets, notes, *, label, target, drafter_fn, hf_kwargs_fn, prom
     def plain_run(p):
         r = generate(target, p, max_new)
         return r.token_ids, r.stats
-    plain_wall, ref, plain_stats = _median_run(plain_run, prompts, repeats)
+    def spec_run(drafter, k):
+        def run(p):
+            r = speculative_generate(target, drafter, p, max_new, k=k)
+            return r.token_ids, r.stats
+        return run
+    # every contender is built before the first round (an MTP head taps the target's forward: measured to cost
+    # plain decoding nothing, 2026-12-04) and takes its turn in every round
+    drafters = {name: spec_run(drafter, k) for name, drafter, k in drafter_fn()}
+    runs = _interleaved({"plain greedy": plain_run, **drafters}, prompts, repeats)
+    plain_wall, ref, plain_stats = runs["plain greedy"]
     plain_tot = total_stats(plain_stats)
     n_tok = sum(len(o) for o in ref)
     rows.append(_row(f"{label}: lessonkit plain greedy", plain_wall, ref, ref, n_tok, speedup=1.0))
     spec = {}
-    for name, drafter, k in drafter_fn():
-        def run(p, drafter=drafter, k=k):
-            r = speculative_generate(target, drafter, p, max_new, k=k)
-            return r.token_ids, r.stats
-        wall, outs, stats = _median_run(run, prompts, repeats)
+    for name in drafters:
+        wall, outs, stats = runs[name]
         spec[name] = (wall, stats)
         rows.append(_row(f"{label}: lessonkit {name}", wall, outs, ref, sum(len(o) for o in outs), stats,
                          speedup=plain_wall / wall))
@@ -161,12 +176,12 @@ def _by_kind(rows, notes, target, drafter, prompts_by_kind_, max_new, repeats, k
     """Plain vs speculative per kind of text: where speculation pays and where it does not."""
     parts = []
     for kind, prompts in prompts_by_kind_.items():
-        plain_wall, ref, _ = _median_run(lambda p: (generate(target, p, max_new).token_ids, None), prompts, repeats)
-
         def run(p):
             r = speculative_generate(target, drafter, p, max_new, k=k)
             return r.token_ids, r.stats
-        wall, outs, stats = _median_run(run, prompts, repeats)
+        runs = _interleaved({"plain": lambda p: (generate(target, p, max_new).token_ids, None), "spec": run},
+                            prompts, repeats)
+        (plain_wall, ref, _), (wall, outs, stats) = runs["plain"], runs["spec"]
         rows.append(_row(f"tiny-moe [{kind}]: lessonkit tiny-draft k={k}", wall, outs, ref,
                          sum(len(o) for o in outs), stats, speedup=plain_wall / wall))
         parts.append(f"{kind} {plain_wall / wall:.2f}x")
