@@ -1135,6 +1135,8 @@ RK_EXPORT int32_t rk_dense_greedy(uintptr_t plan_a, int64_t L, int64_t D, int64_
     int64_t token = tokens[n - 1];
     pos += n - 1;
     for (int64_t i = 0; i < k; i++) {
+        if (token < 0 || token >= NV)          /* a draft mapped through head_ids past the embedding */
+            return RK_BAD_SIZES;
         dense_layers(plan_a, mm, L, D, H, G, hd, I, eps, token, pos + i);
         dense_head(plan_a, mm, D, V, eps, logits);
         int64_t best = 0;
