@@ -219,6 +219,66 @@ class CForward:
         with self._lock:
             return self._run(tokens, x, lookup, cache, start, T, first, logits, unique, picks)
 
+    def run_taps(self, tokens: torch.Tensor, cache, start: int, last_only: bool, taps: tuple[int, ...]):
+        """run() for a dense model, also returning the residual stream after each layer count in `taps`
+        (0 < tap < L, ascending): the forward split into len(taps) + 1 C calls over consecutive layer ranges, each
+        writing its own layers' keys and values. Every layer computes its rows exactly as in one call (the
+        residual stream crosses between calls as the same float32 rows), so logits and cache are the same bits
+        (tests/test_feature_head.py). Returns (x out [T, D], logits, [stream after each tap [T, D]])."""
+        c = self.config
+        if c.is_moe:
+            raise LessonkitError("feature taps need a dense model (a MoE layer's experts are fetched by layer index)")
+        if not self.embed_in_c:
+            raise LessonkitError("feature taps need the embedding looked up in C")
+        if list(taps) != sorted(set(taps)) or not all(0 < t < c.n_layers for t in taps):
+            raise LessonkitError(f"feature taps {taps}: expected ascending layer counts in 1 .. {c.n_layers - 1}")
+        T = tokens.numel()
+        tokens = tokens.contiguous()
+        x = torch.empty(T, c.dim, dtype=torch.float32)
+        first = T - 1 if last_only else 0
+        logits = torch.empty(T - first, int(self.dims[6]), dtype=torch.float32)
+        bounds = [0, *taps, c.n_layers]
+        out = []
+        with self._lock:
+            for i in range(len(bounds) - 1):
+                lo, hi = bounds[i], bounds[i + 1]
+                last = hi == c.n_layers
+                plan, dims, sink = self._segment(lo, hi, last)
+                step = 4 * lo * cache.k.shape[1] * c.n_kv_heads * c.head_dim      # bytes to layer lo's rows
+                rc = kernel._rowkernel.forward(
+                    plan.data_ptr(), dims.data_ptr(), self.eps, self.clip, x.data_ptr(),
+                    tokens.data_ptr() if lo == 0 else 0, T, start, cache.k.data_ptr() + step,
+                    cache.v.data_ptr() + step, cache.k.shape[1], (logits if last else sink).data_ptr(),
+                    first if last else T - 1, self.avx2, 0, 0, 0)
+                if rc:
+                    raise LessonkitError(f"C forward segment {lo}..{hi} failed with code {rc}")
+                if not last:
+                    out.append(x.clone())
+        return x, logits, out
+
+    def _segment(self, lo: int, hi: int, last: bool):
+        """(plan, dims, scratch logits) of layers lo .. hi - 1; a segment before the last ends in a 16-row float
+        output layer of zeros (the C forward always ends in an output layer) whose rows nobody reads."""
+        key = (lo, hi)
+        memo = self.__dict__.setdefault("_segments", {})
+        if key not in memo:
+            G = 8                                          # PLAN_GLOBALS (csrc/rowkernel.h), then equal layers
+            P = (self.plan.numel() - G) // self.config.n_layers
+            head = self.plan[:G].clone()
+            sink = torch.empty(1, 16, dtype=torch.float32)
+            if not last:
+                ones = torch.ones(self.config.dim, dtype=torch.float32)
+                zeros = torch.zeros(self.config.dim * 16, dtype=torch.float32)   # packed [D, 16] float strips
+                self.keep += [ones, zeros]
+                head[0], head[1], head[2] = ones.data_ptr(), zeros.data_ptr(), KIND["f32"]
+            plan = torch.cat([head, self.plan[G + P * lo:G + P * hi]])
+            dims = self.dims.clone()
+            dims[0] = hi - lo
+            if not last:
+                dims[6] = 16
+            memo[key] = (plan, dims, sink)
+        return memo[key]
+
     def _run(self, tokens, x, lookup, cache, start, T, first, logits, unique, picks):
         for t in self.tables:
             t.zero_()

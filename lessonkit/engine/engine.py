@@ -78,7 +78,10 @@ class Engine:
     def new_cache(self, max_len: int | None = None) -> KVCache:
         return self.model.new_cache(max_len)
 
-    def forward(self, tokens, cache: KVCache, *, return_hidden: bool = False, last_only: bool = False):
+    def forward(self, tokens, cache: KVCache, *, return_hidden: bool = False, last_only: bool = False,
+                taps: tuple[int, ...] | None = None):
+        if taps:
+            return self.model.forward(tokens, cache, last_only=last_only, taps=taps)
         return self.model.forward(tokens, cache, return_hidden=return_hidden, last_only=last_only)
 
     @property

@@ -300,8 +300,11 @@ class Transformer:
 
     # ---- forward -------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, tokens, cache: KVCache, *, return_hidden: bool = False, last_only: bool = False):
-        """Run T new tokens at positions cache.length .. +T-1; returns float32 logits [T, V] (or [1, V])."""
+    def forward(self, tokens, cache: KVCache, *, return_hidden: bool = False, last_only: bool = False,
+                taps: tuple[int, ...] | None = None):
+        """Run T new tokens at positions cache.length .. +T-1; returns float32 logits [T, V] (or [1, V]).
+        taps (layer counts, ascending): also the residual stream after those layers, as (logits, hidden,
+        [stream after each tap]) -- what a feature-head drafter reads (lessonkit.feature_head)."""
         c = self.config
         tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
         T = tokens.numel()
@@ -314,32 +317,44 @@ class Transformer:
         t0 = time.perf_counter()
         io0 = self.store.io_s
         if self.c_forward is not None and cache.k.dtype == torch.float32:
-            return self._forward_c(tokens, cache, start, T, t0, io0, return_hidden, last_only)
+            return self._forward_c(tokens, cache, start, T, t0, io0, return_hidden, last_only, taps)
         stats = {"unique_experts": 0}
+        tapped = []
         x = self.w["embed"][tokens]                                         # [T, D]
         plan = self._plan(start, T, x.dtype)
         for l in range(c.n_layers):
             p = f"layers.{l}."
             x = x + self._attention(l, rms_norm(x, self.w[p + "attn_norm"], c.norm_eps), cache, start, T, plan)
             x = x + self._moe(l, rms_norm(x, self.w[p + "mlp_norm"], c.norm_eps), stats, T)
+            if taps and l + 1 in taps:
+                tapped.append(x.float().clone())
         cache.length = start + T
         h = rms_norm(x, self.w["norm"], c.norm_eps)
         logits = self.full_logits(linear(h[T - 1:T] if last_only else h, self.w.get("lm_head"), self.wt["lm_head"]).float())
         wall = time.perf_counter() - t0
         self.last_forward = {"rows": T, "unique_experts": stats["unique_experts"], "wall_s": wall,
                              "io_s": self.store.io_s - io0}
+        if taps:
+            return logits, x, tapped
         if return_hidden:
             return logits, x
         return logits
 
-    def _forward_c(self, tokens, cache, start, T, t0, io0, return_hidden, last_only):
+    def _forward_c(self, tokens, cache, start, T, t0, io0, return_hidden, last_only, taps=None):
         """forward() on the C forward: the same results' contract, one C call (engine/c_forward.py)."""
         c = self.config
         if not c.is_moe:                        # the store's counters as the PyTorch forward leaves them
             self.store.count_resident_uses([(l, 0) for l in range(c.n_layers)])
         x = None if self.c_forward.embed_in_c else self.w["embed"][tokens].to(torch.float32).contiguous()
-        x, rows, unique, picks = self.c_forward.run(tokens, x, cache, start, last_only,
-                                                    routing=self.routing_log is not None)
+        tapped = None
+        if taps:
+            if x is not None:
+                raise LessonkitError("feature taps need the embedding looked up in C")
+            x, rows, tapped = self.c_forward.run_taps(tokens, cache, start, last_only, tuple(taps))
+            unique = picks = None
+        else:
+            x, rows, unique, picks = self.c_forward.run(tokens, x, cache, start, last_only,
+                                                        routing=self.routing_log is not None)
         cache.length = start + T
         if self.routing_log is not None:
             for l in range(c.n_layers):
@@ -348,6 +363,8 @@ class Transformer:
         used = c.n_layers if unique is None else int(unique.sum())
         self.last_forward = {"rows": T, "unique_experts": used, "wall_s": time.perf_counter() - t0,
                              "io_s": self.store.io_s - io0}
+        if taps:
+            return logits, x, tapped
         if return_hidden:
             return logits, x
         return logits

@@ -213,16 +213,20 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
             callback(t)
         return checker.done(out) or len(out) >= max_new_tokens
 
-    done = max_new_tokens == 0 or emit(sample_token(logits, params, gen))
-    while not done:
-        room = max_new_tokens - len(out) - 1          # the step emits up to k drafts + 1 own token
-        d, dq, td = _propose(drafter, context, min(gate.choose() if gate else width, room))
-        n, nxt, tv = _verify(target, cache, context, d, dq, params, gen)
-        tally.step(len(d), n, td, tv, target.model.last_forward["unique_experts"])
-        if gate:
-            gate.observe(len(d), n, tv, td)
-        done = any(emit(t) for t in d[:n] + [nxt])
-        drafter.update(list(context), n)
+    try:
+        done = max_new_tokens == 0 or emit(sample_token(logits, params, gen))
+        while not done:
+            room = max_new_tokens - len(out) - 1          # the step emits up to k drafts + 1 own token
+            d, dq, td = _propose(drafter, context, min(gate.choose() if gate else width, room))
+            n, nxt, tv = _verify(target, cache, context, d, dq, params, gen)
+            tally.step(len(d), n, td, tv, target.model.last_forward["unique_experts"])
+            if gate:
+                gate.observe(len(d), n, tv, td)
+            done = any(emit(t) for t in d[:n] + [nxt])
+            drafter.update(list(context), n)
+    finally:
+        if hasattr(drafter, "finish"):                # a drafter that taps the target stops tapping it
+            drafter.finish()
     ids, text = checker.trim(out)
     extra = tally.stats(prompt_tokens=len(prompt), emitted=len(out), kept=len(ids), drafter=drafter, k=k,
                         reset_s=reset_s, gate=gate)

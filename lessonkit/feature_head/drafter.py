@@ -1,0 +1,265 @@
+"""The feature head as a drafter (the drafter protocol of lessonkit.speculative.drafters).
+
+The target's forward is split at the head's taps (engine forward(taps=...): the same bits, the same cache), so
+every position the target verifies leaves its fused state g behind, at the price of one (T, S D) x (S D, D)
+product. A draft turn then runs the head's one layer once per draft token, on the engine's own C forward: the
+head is a one-layer Llama whose input rows are given (x_p, not a token) and whose output layer is the draft
+vocabulary's rows of the target's, its matrices as Q8_0 blocks (integer dots on the int8 numerics). Without the C
+kernel the same steps run in PyTorch (lessonkit.feature_head.head).
+
+State: g [positions, D] for the target's positions, valid below `n_states`; the head's own KV cache, one row
+per position p >= 1 (cache index p - 1), of which the first `real` rows were computed from target states and the
+tokens in `row_tokens`; rows past them are the last turn's drafts, rolled back at the next turn.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from lessonkit.engine import c_forward, kernel
+from lessonkit.engine import blocks as qb
+from lessonkit.engine.kv_cache import KVCache
+from lessonkit.engine.model import rms_norm
+from lessonkit.errors import LessonkitError
+from lessonkit.feature_head import head as fh
+from lessonkit.files.resources import workbook_path
+from lessonkit.speculative.drafters import Draft
+
+FORMAT = "lessonkit-feature-head-v1"
+HEADS_DIR = workbook_path("data", "models", "feature-head")
+
+
+def head_path(target) -> Path:
+    return HEADS_DIR / target.name / "head.safetensors"
+
+
+def load_head(target, path: str | Path | None = None) -> tuple[fh.HeadConfig, dict, dict]:
+    """(config, float32 weights, metadata) of a head file, refused with one line when it is not a feature head
+    or was made for another target (its name and weights' fingerprint) or vocabulary."""
+    path = Path(path) if path is not None else head_path(target)
+    if not path.exists():
+        raise LessonkitError(f"{path}: no feature head for {target.name} (train one with "
+                             f"`lessonkit train-head --model {target.name}`)")
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+            w = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:
+        raise LessonkitError(f"{path}: not a readable safetensors file ({e})") from None
+    if meta.get("format") != FORMAT:
+        raise LessonkitError(f"{path}: format {meta.get('format')!r} is not a feature head ({FORMAT})")
+    if meta.get("target") != target.name or meta.get("target_fingerprint") != target.fingerprint():
+        raise LessonkitError(f"{path}: a feature head for {meta.get('target')!r} "
+                             f"(weights {str(meta.get('target_fingerprint'))[:12]}), not for {target.name} "
+                             f"(weights {target.fingerprint()[:12]})")
+    cfg = fh.HeadConfig.from_dict(json.loads(meta["config"]))
+    fh.check_fits(cfg, target)
+    vocab = w.get("vocab")
+    if vocab is None or vocab.numel() != cfg.draft_vocab or int(vocab.max()) >= target.config.vocab_size:
+        raise LessonkitError(f"{path}: its draft vocabulary does not index {target.name}'s {target.config.vocab_size} "
+                             "tokens")
+    return cfg, {k: (v if k == "vocab" else v.float()) for k, v in w.items()}, meta
+
+
+class _StateTap:
+    """Wraps engine.forward (on this one engine object): while a drafter is active, every forward is split at the
+    taps and hands (start, states [T, S, D]) to it; otherwise the forward is the plain one."""
+
+    def __init__(self, engine, taps: tuple[int, ...]):
+        self.engine, self.orig, self.taps, self.active = engine, engine.forward, taps, None
+        engine.forward = self.forward
+        engine._state_tap = self
+
+    def forward(self, tokens, cache, *, return_hidden=False, last_only=False, taps=None):
+        if self.active is None or taps:
+            return self.orig(tokens, cache, return_hidden=return_hidden, last_only=last_only, taps=taps)
+        start = cache.length
+        logits, top, tapped = self.orig(tokens, cache, last_only=last_only, taps=self.taps)
+        self.active.record(start, torch.stack([*tapped, top.float()], 1))
+        return (logits, top) if return_hidden else logits
+
+    @classmethod
+    def of(cls, engine, taps) -> "_StateTap":
+        tap = getattr(engine, "_state_tap", None)
+        if tap is None:
+            return cls(engine, taps)
+        if tap.taps != taps:
+            raise LessonkitError(f"{engine.name} is already tapped at layers {tap.taps}, this head needs {taps}")
+        return tap
+
+
+class _CHead:
+    """The head's layer and draft-vocabulary output as a one-layer plan for the engine's C forward."""
+
+    def __init__(self, cfg: fh.HeadConfig, w: dict, norm: torch.Tensor, rows: torch.Tensor, target):
+        q8 = qb.q8_0_weight
+        self.keep = [q8(torch.cat([w["wq"], w["wk"], w["wv"]])), q8(w["wo"]),
+                     q8(torch.cat([w["w_gate"], w["w_up"]])), q8(w["w_down"]), q8(rows)]
+        wqkv, wo, gu, down, lm = self.keep
+        self.norms = [norm.float().contiguous(), w["attn_norm"].contiguous(), w["mlp_norm"].contiguous()]
+        cos, sin = target.model.cos.contiguous(), target.model.sin.contiguous()
+        self.keep += [cos, sin]
+        f, a, m = self.norms
+        self.plan = torch.tensor([f.data_ptr(), lm.data.data_ptr(), lm.code, cos.data_ptr(), sin.data_ptr(), 0, -1, 0,
+                                  a.data_ptr(), wqkv.data.data_ptr(), wqkv.code, wo.data.data_ptr(), wo.code,
+                                  m.data_ptr(), gu.data.data_ptr(), gu.code, down.data.data_ptr(), down.code,
+                                  0, 0, 0, -1, 0], dtype=torch.int64)
+        self.dims = torch.tensor([1, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate_size,
+                                  cfg.draft_vocab, cos.shape[0], 1, 1, 0, 0, 0], dtype=torch.int64)
+        self.path = int(lm.avx2)
+        self.eps = float(cfg.norm_eps)
+
+    def rows(self, x: torch.Tensor, cache: KVCache, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [M, D] at head positions start.. -> (outputs a [M, D], draft logits of the last row [1, V])."""
+        x = x.contiguous().clone()
+        M = x.shape[0]
+        logits = torch.empty(1, int(self.dims[6]), dtype=torch.float32)
+        rc = kernel._rowkernel.forward(self.plan.data_ptr(), self.dims.data_ptr(), self.eps, 0.0, x.data_ptr(), 0, M,
+                                       start, cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1],
+                                       logits.data_ptr(), M - 1, self.path, 0, 0, 0)
+        if rc:
+            raise LessonkitError(f"the feature head's C forward failed with code {rc}")
+        return x, logits
+
+
+class _TorchHead:
+    """The same one-layer forward in PyTorch (float weights): where the C kernel is not built."""
+
+    def __init__(self, cfg, w, norm, rows, target):
+        self.cfg, self.w, self.norm, self.rows_w = cfg, w, norm.float(), rows
+        self.cos, self.sin = target.model.cos, target.model.sin
+
+    def rows(self, x, cache, start):
+        cfg, w = self.cfg, self.w
+        M = x.shape[0]
+        q, k, v = fh._qkv(w, cfg, x[None], self.cos[start:start + M], self.sin[start:start + M])
+        cache.k[0, start:start + M], cache.v[0, start:start + M] = k[0], v[0]
+        rep = cfg.n_heads // cfg.n_kv_heads
+        keys = cache.k[0, :start + M].repeat_interleave(rep, 1).transpose(0, 1)      # [H, S, hd]
+        vals = cache.v[0, :start + M].repeat_interleave(rep, 1).transpose(0, 1)
+        sc = (q[0].transpose(0, 1) @ keys.transpose(1, 2)) * cfg.head_dim ** -0.5    # [H, M, S]
+        pos = torch.arange(start + M)
+        sc = sc.masked_fill(pos[None, None, :] > (start + torch.arange(M))[None, :, None], float("-inf"))
+        o = (torch.softmax(sc, -1) @ vals).transpose(0, 1).reshape(M, -1)
+        x = x + o @ w["wo"].T
+        h = rms_norm(x, w["mlp_norm"], cfg.norm_eps)
+        x = x + (torch.nn.functional.silu(h @ w["w_gate"].T) * (h @ w["w_up"].T)) @ w["w_down"].T
+        return x, fh.draft_logits(x[-1:], self.norm, self.rows_w, cfg.norm_eps)
+
+
+class FeatureHeadDrafter:
+    """Drafts k tokens with a feature head (greedy: the head's argmax over its draft vocabulary)."""
+
+    name = "head"
+
+    def __init__(self, target, path: str | Path | None = None, *, step: str = "auto"):
+        self.target = target
+        self.cfg, w, self.meta = load_head(target, path)
+        self.w, self.vocab = w, w["vocab"]
+        m = target.model
+        norm = m.float_weight("norm").float()
+        embed = m.w["embed"]
+        self.embed = embed
+        rows = (embed[self.vocab].float() if target.config.tie_embeddings else m.float_weight("lm_head")[self.vocab])
+        if step not in ("auto", "C", "torch"):
+            raise ValueError(f"head step {step!r}: expected auto, C or torch")
+        c_ok = c_forward.why_not(m) is None and kernel._rowkernel is not None and kernel.BACKEND != "mkl"
+        if step == "C" and not c_ok:
+            raise LessonkitError(f"no C forward for the head here: {c_forward.why_not(m)}")
+        self.step_path = "C" if c_ok and step != "torch" else "torch"
+        self.head = (_CHead if self.step_path == "C" else _TorchHead)(self.cfg, w, norm, rows.float().contiguous(), target)
+        # the input projection split in two: the token half precomputed for the draft vocabulary (drafted tokens are
+        # always in it), the state half one product per draft
+        D = self.cfg.dim
+        self.w_e, self.w_g = w["w_in"][:, :D].contiguous(), w["w_in"][:, D:].contiguous()
+        self.e_table = rms_norm(embed[self.vocab].float(), w["enorm"], self.cfg.norm_eps) @ self.w_e.T   # [V, D]
+        self.tap = _StateTap.of(target, self.cfg.taps)
+        self.stats = {"num_drafts": 0, "recomputed_states": 0}
+        self.cache = KVCache(1, self.target.model.cos.shape[0], self.cfg.n_kv_heads, self.cfg.head_dim)
+        self.reset([])
+
+    # ---- target states -------------------------------------------------------------------------------
+    def record(self, start: int, states: torch.Tensor) -> None:
+        T = states.shape[0]
+        if start > self.n_states:                       # positions the target skipped (a restored prefix)
+            self.missing = max(self.missing, start)
+        if start + T > self.g.shape[0]:
+            grow = torch.zeros(max(2 * self.g.shape[0], start + T), self.cfg.dim)
+            grow[:self.g.shape[0]] = self.g
+            self.g = grow
+        with torch.no_grad():
+            self.g[start:start + T] = fh.fuse(self.w, self.cfg, states)
+        self.n_states = start + T
+        self.changed_from = min(self.changed_from, start)
+
+    def reset(self, prompt_ids) -> None:
+        self.g = torch.zeros(256, self.cfg.dim)
+        self.n_states, self.changed_from, self.missing = 0, 0, 0
+        self.cache.rollback(0)
+        self.real, self.row_tokens = 0, []
+        self.tap.active = self
+
+    def finish(self) -> None:
+        """The run is over: the target's forward is the plain one again."""
+        if self.tap.active is self:
+            self.tap.active = None
+
+    def _recover_missing(self, context: list[int]) -> None:
+        """States of positions a restored prefix skipped: one tapped forward of them on a scratch cache."""
+        n, self.missing = self.missing, 0
+        cache = self.target.new_cache(n + 1)
+        _, top, tapped = self.tap.orig(context[:n], cache, last_only=True, taps=self.cfg.taps)
+        with torch.no_grad():
+            self.g[:n] = fh.fuse(self.w, self.cfg, torch.stack([*tapped, top.float()], 1))
+        self.stats["recomputed_states"] += n
+
+    # ---- drafting ---------------------------------------------------------------------------------------
+    def _x(self, token: int, u: torch.Tensor, in_vocab_row: int | None) -> torch.Tensor:
+        e = (self.e_table[in_vocab_row] if in_vocab_row is not None else
+             rms_norm(self.embed[torch.tensor([token])].float()[0], self.w["enorm"], self.cfg.norm_eps) @ self.w_e.T)
+        return e + rms_norm(u, self.w["gnorm"], self.cfg.norm_eps) @ self.w_g.T
+
+    @torch.no_grad()
+    def propose(self, context, k: int) -> Draft:
+        context = list(context)
+        n = len(context)
+        if k <= 0 or n < 2:
+            return Draft([])
+        if self.missing:
+            self._recover_missing(context)
+        if self.n_states < n - 1:                       # the target has not run position n - 2 yet
+            return Draft([])
+        # head rows p = 1 .. n - 1 need states 0 .. n - 2 and tokens 1 .. n - 1; keep the rows still valid
+        keep = min(self.real, self.changed_from, n - 2)
+        j = 0
+        while j < keep and self.row_tokens[j] == context[j + 1]:
+            j += 1
+        keep = j
+        self.cache.rollback(keep)
+        self.row_tokens = self.row_tokens[:keep]
+        new = range(keep + 1, n)                         # head positions p
+        toks = torch.tensor([context[p] for p in new])
+        e = rms_norm(self.embed[toks].float(), self.w["enorm"], self.cfg.norm_eps) @ self.w_e.T
+        x = e + rms_norm(self.g[keep:n - 1], self.w["gnorm"], self.cfg.norm_eps) @ self.w_g.T
+        a, logits = self.head.rows(x, self.cache, keep)
+        self.cache.length = n - 1
+        self.row_tokens += toks.tolist()
+        self.real, self.changed_from = n - 1, self.n_states
+        out = []
+        u = a[-1]
+        for i in range(k):
+            idx = int(logits.argmax())
+            out.append(int(self.vocab[idx]))
+            if i + 1 == k:
+                break
+            a, logits = self.head.rows(self._x(out[-1], u, idx)[None], self.cache, self.cache.length)
+            self.cache.length += 1
+            u = a[-1]
+        self.stats["num_drafts"] += 1
+        return Draft(out)
+
+    def update(self, context, num_accepted: int) -> None:
+        pass

@@ -1,0 +1,303 @@
+"""Training a feature head (lessonkit.feature_head) on its frozen target: self-distillation, training-time test.
+
+1. The target pass: the target answers the TRAIN requests of lessonkit.workloads.requests greedily, on the engine
+   itself (the numerics the head will draft beside), and every position's states at the taps and the top, and the
+   target's greedy pick after it, are kept (bfloat16 states). Shards of SHARD requests are written atomically under
+   $LESSONKIT_HOME/feature-head/, keyed by the target's fingerprint, the numerics and the data settings: a killed
+   pass resumes at the first missing shard.
+2. The draft vocabulary: the `draft_vocab` tokens the target picks most often in that pass (ties by id).
+3. The loop: AdamW over the head's weights (the target's embedding, final norm and output rows are frozen), each
+   batch through `ttt_steps` chained steps (head.layer_steps): step 1 from the target's states, step s from the
+   head's own step s - 1 outputs. Loss per step: cross-entropy on the target's greedy pick over the draft
+   vocabulary (positions whose pick lies outside it are left out), plus `reg_weight` x smooth L1 between the
+   normalised output and the target's normalised top state. A checkpoint (weights, optimiser, step, data order's
+   generator) is written atomically every `checkpoint_every` steps; a killed run resumes from it and ends with the
+   same bits as a run left alone (one thread: tests/test_feature_head.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from lessonkit.engine import kernel
+from lessonkit.engine.model import rms_norm
+from lessonkit.errors import LessonkitError
+from lessonkit.feature_head import head as fh
+from lessonkit.files.atomic import atomic_write
+from lessonkit.files.resources import lessonkit_home
+from lessonkit.workloads.requests import CATEGORIES, requests
+
+SHARD = 40                    # requests per shard of the target pass
+
+
+@dataclass(frozen=True)
+class HeadTrainConfig:
+    per_category: int = 150           # TRAIN requests per category
+    max_new_tokens: int = 96
+    draft_vocab: int = 2048
+    intermediate_size: int | None = None   # the head's MLP (None: the target's)
+    epochs: int = 6
+    batch_size: int = 8
+    lr: float = 1e-3
+    warmup: int = 40
+    ttt_steps: int = 3
+    step_weights: tuple = (1.0, 0.7, 0.5)
+    reg_weight: float = 0.2
+    seed: int = 0
+    checkpoint_every: int = 50
+
+    def data_key(self) -> dict:
+        return {"per_category": self.per_category, "max_new_tokens": self.max_new_tokens, "seed": self.seed}
+
+
+PRESETS = {
+    "smollm2-135m": HeadTrainConfig(),
+    "test": HeadTrainConfig(per_category=2, max_new_tokens=6, draft_vocab=64, intermediate_size=64, epochs=2,
+                            batch_size=2, warmup=2, checkpoint_every=2),
+}
+
+
+# ----------------------------------------------------------------------------- 1. the target pass
+def greedy_with_states(target, prompt: list[int], max_new: int, taps: tuple[int, ...]) -> dict:
+    """The target's greedy answer to `prompt` and, for every position but the last, its states [n - 1, S, D]
+    (bfloat16: taps then top) and its greedy pick after that position."""
+    cache = target.new_cache(len(prompt) + max_new + 1)
+    logits, top, tapped = target.forward(prompt, cache, taps=taps)
+    states = [torch.stack([*tapped, top], 1).to(torch.bfloat16)]
+    picks = [logits.argmax(-1)]
+    tokens = list(prompt)
+    eos = set(target.config.eos_ids or [])
+    for _ in range(max_new - 1):
+        t = int(picks[-1][-1])
+        tokens.append(t)
+        if t in eos:
+            break
+        logits, top, tapped = target.forward([t], cache, taps=taps)
+        states.append(torch.stack([*tapped, top], 1).to(torch.bfloat16))
+        picks.append(logits.argmax(-1))
+    else:
+        tokens.append(int(picks[-1][-1]))
+    return {"tokens": torch.tensor(tokens), "states": torch.cat(states)[:len(tokens) - 1],
+            "picks": torch.cat(picks)[:len(tokens) - 1], "prompt_len": len(prompt)}
+
+
+def pass_dir(target, tc: HeadTrainConfig, taps) -> Path:
+    key = json.dumps({**tc.data_key(), "taps": list(taps), "numerics": kernel.NUMERICS}, sort_keys=True)
+    return (lessonkit_home() / "feature-head" /
+            f"{target.name}-{target.fingerprint()[:12]}-{hashlib.sha256(key.encode()).hexdigest()[:10]}")
+
+
+def target_pass(target, tc: HeadTrainConfig, taps, progress: bool = True) -> list[dict]:
+    """Every TRAIN request's greedy answer and states, from the shards on disk where they exist."""
+    reqs = requests(target, "train", tc.per_category, seed=tc.seed)
+    todo = [(cat, i, p) for cat in CATEGORIES for i, p in enumerate(reqs[cat])]
+    folder = pass_dir(target, tc, taps)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    bar = tqdm(total=len(todo), desc=f"{target.name} answers the training requests", disable=not progress)
+    for s in range(0, len(todo), SHARD):
+        path = folder / f"shard-{s // SHARD:04d}.pt"
+        if path.exists():
+            try:
+                shard = torch.load(path, weights_only=True)
+            except Exception as e:
+                raise LessonkitError(f"{path}: unreadable shard of the target pass ({e}); delete it to recompute") from None
+        else:
+            shard = []
+            for cat, i, p in todo[s:s + SHARD]:
+                shard.append({**greedy_with_states(target, p, tc.max_new_tokens, taps), "category": cat})
+                bar.update(1)
+            atomic_write(path, lambda tmp: torch.save(shard, tmp))
+            bar.update(0)
+            out += shard
+            continue
+        bar.update(len(shard))
+        out += shard
+    bar.close()
+    return out
+
+
+def choose_vocab(seqs: list[dict], n: int, vocab_size: int) -> torch.Tensor:
+    """The n tokens the target picks most often in the pass, most frequent first (ties: lower id)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for s in seqs:
+        counts += torch.bincount(s["picks"], minlength=vocab_size)
+    return torch.sort(-counts, stable=True).indices[:n].clone()
+
+
+def coverage(seqs: list[dict], vocab: torch.Tensor, answers_only: bool = True) -> dict:
+    """Share of the target's greedy picks that lie in the vocabulary, per category (answers: after the prompt)."""
+    inside = torch.zeros(max(int(vocab.max()) + 1, max(int(s["picks"].max()) for s in seqs) + 1), dtype=torch.bool)
+    inside[vocab] = True
+    out = {}
+    for cat in sorted({s["category"] for s in seqs}):
+        picks = torch.cat([s["picks"][s["prompt_len"] - 1 if answers_only else 0:] for s in seqs if s["category"] == cat])
+        out[cat] = float(inside[picks].float().mean())
+    return out
+
+
+# ----------------------------------------------------------------------------- 2. the loop
+@dataclass
+class Frozen:
+    embed: torch.Tensor       # [V_target, D] float32
+    norm: torch.Tensor        # [D]
+    rows: torch.Tensor        # [draft_vocab, D] the target's output rows of the vocabulary
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @classmethod
+    def of(cls, target, vocab: torch.Tensor) -> "Frozen":
+        m = target.model
+        embed = m.float_weight("embed").float()
+        lm = embed if target.config.tie_embeddings else m.float_weight("lm_head").float()
+        return cls(embed, m.float_weight("norm").float(), lm[vocab].clone(), m.cos, m.sin)
+
+
+def _batch(seqs: list[dict], idx: list[int], index_of: torch.Tensor):
+    """Padded tensors of a batch: states [B, T, S, D], tokens [B, T + 1], labels [B, T] (draft-vocabulary index
+    of the target's pick, -1: outside it or padding), tops [B, T, D] of the position after each row."""
+    T = max(len(seqs[i]["picks"]) for i in idx)
+    B, S, D = len(idx), seqs[idx[0]]["states"].shape[1], seqs[idx[0]]["states"].shape[2]
+    states = torch.zeros(B, T, S, D)
+    tokens = torch.zeros(B, T + 1, dtype=torch.long)
+    labels = torch.full((B, T), -1, dtype=torch.long)
+    for b, i in enumerate(idx):
+        s = seqs[i]
+        n = len(s["picks"])
+        states[b, :n] = s["states"].float()
+        tokens[b, :n + 1] = s["tokens"][:n + 1]
+        labels[b, :n] = index_of[s["picks"]]
+    return states, tokens, labels
+
+
+def losses(w: dict, cfg: fh.HeadConfig, fz: Frozen, states, tokens, labels, tc: HeadTrainConfig):
+    """Per step (cross-entropy, accuracy) on rows r (head row p = r + 1: state r, token r + 1, label = the
+    target's pick after position r + 1) and the total loss."""
+    B, T = labels.shape
+    g = fh.fuse(w, cfg, states)                                      # [B, T, D]: fused state of position r
+    e = fz.embed[tokens[:, 1:T + 1]]                                  # token of position r + 1
+    y = labels[:, 1:]                                                 # pick after position r + 1, rows 0 .. T - 2
+    top_next = states[:, 1:, -1]                                      # the target's top state at r + 1
+    cos, sin = fz.cos[:T], fz.sin[:T]
+    qkv, u, outs = [], g, []
+    for s in range(tc.ttt_steps):
+        outs.append(fh.layer_step(w, cfg, qkv, fh.head_input(w, cfg, e, u), cos, sin))
+        u = torch.cat([torch.zeros_like(outs[-1][:, :1]), outs[-1][:, :-1]], 1)   # row r gets step s's row r - 1
+    total, per_step = 0.0, []
+    for s, a in enumerate(outs):
+        a = a[:, :T - 1]
+        valid = y >= 0
+        valid[:, :s] = False                                          # a row of step s + 1 needs s rows before it
+        logits = fh.draft_logits(a, fz.norm, fz.rows, cfg.norm_eps)
+        ce = F.cross_entropy(logits[valid], y[valid]) if valid.any() else logits.sum() * 0
+        reg = F.smooth_l1_loss(rms_norm(a, fz.norm, cfg.norm_eps)[valid],
+                               rms_norm(top_next, fz.norm, cfg.norm_eps)[valid]) if valid.any() else ce * 0
+        total = total + tc.step_weights[s] * (ce + tc.reg_weight * reg)
+        acc = float((logits[valid].argmax(-1) == y[valid]).float().mean()) if valid.any() else 0.0
+        per_step.append((ce.item(), acc))
+    return total, per_step
+
+
+def _lr(tc: HeadTrainConfig, step: int, total: int) -> float:
+    if step < tc.warmup:
+        return tc.lr * (step + 1) / tc.warmup
+    return tc.lr * 0.5 * (1 + math.cos(math.pi * (step - tc.warmup) / max(1, total - tc.warmup)))
+
+
+def _order(n: int, epochs: int, batch: int, seed: int, seqs: list[dict]) -> list[list[int]]:
+    """Batches of similar lengths, shuffled per epoch with a seeded generator: one fixed list for the run."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=g).tolist()
+        chunks = [perm[i:i + batch * 8] for i in range(0, n, batch * 8)]
+        for c in chunks:
+            c = sorted(c, key=lambda i: len(seqs[i]["picks"]))
+            bs = [c[i:i + batch] for i in range(0, len(c), batch)]
+            out += [bs[j] for j in torch.randperm(len(bs), generator=g).tolist()]
+    return out
+
+
+def train(target, tc: HeadTrainConfig, out_dir: Path, progress: bool = True, stop_after: int | None = None) -> dict:
+    """Train (or resume) the head for `target`; writes out_dir/{head.safetensors, train_log.json, card.md}.
+    stop_after: stop (as if killed) after that many steps, leaving only the checkpoint."""
+    t0 = time.perf_counter()
+    out_dir = Path(out_dir)
+    cfg0 = fh.config_for(target, draft_vocab=tc.draft_vocab, intermediate_size=tc.intermediate_size)
+    seqs = target_pass(target, tc, cfg0.taps, progress)
+    t_pass = time.perf_counter() - t0
+    vocab = choose_vocab(seqs, tc.draft_vocab, target.config.vocab_size)
+    index_of = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
+    index_of[vocab] = torch.arange(len(vocab))
+    fz = Frozen.of(target, vocab)
+    w = fh.init_params(cfg0, vocab, tc.seed)
+    params = {k: v.requires_grad_() for k, v in w.items() if k != "vocab"}
+    opt = torch.optim.AdamW(params.values(), lr=tc.lr, weight_decay=0.0)
+    order = _order(len(seqs), tc.epochs, tc.batch_size, tc.seed, seqs)
+    ckpt = pass_dir(target, tc, cfg0.taps) / f"checkpoint-{_train_key(tc)}.pt"
+    step, log = 0, []
+    if ckpt.exists():
+        try:
+            st = torch.load(ckpt, weights_only=True)
+            with torch.no_grad():
+                for k, v in st["params"].items():
+                    params[k].copy_(v)
+            opt.load_state_dict(st["opt"])
+            step, log = st["step"], st["log"]
+        except Exception as e:
+            raise LessonkitError(f"{ckpt}: unreadable training checkpoint ({e}); delete it to start over") from None
+    bar = tqdm(total=len(order), initial=step, desc="training the feature head", disable=not progress)
+    while step < len(order):
+        for gr in opt.param_groups:
+            gr["lr"] = _lr(tc, step, len(order))
+        states, tokens, labels = _batch(seqs, order[step], index_of)
+        loss, per_step = losses(w, cfg0, fz, states, tokens, labels, tc)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
+        opt.step()
+        step += 1
+        log.append([step, loss.item()] + [x for ps in per_step for x in ps])
+        bar.update(1)
+        bar.set_postfix(loss=f"{log[-1][1]:.3f}", acc1=f"{per_step[0][1]:.2f}")
+        if step % tc.checkpoint_every == 0 or step == len(order):
+            snap = {"params": {k: v.detach().clone() for k, v in params.items()}, "opt": opt.state_dict(),
+                    "step": step, "log": log}
+            atomic_write(ckpt, lambda tmp: torch.save(snap, tmp))
+        if stop_after is not None and step >= stop_after and step < len(order):
+            bar.close()
+            return {"stopped_at": step}
+    bar.close()
+    final = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in params.items()} | {"vocab": vocab}
+    info = {"target": target.name, "target_fingerprint": target.fingerprint(), "numerics": kernel.NUMERICS,
+            "config": cfg0.to_dict(), "train": {**asdict(tc), "step_weights": list(tc.step_weights)},
+            "requests": len(seqs), "positions": int(sum(len(s["picks"]) for s in seqs)),
+            "coverage": coverage(seqs, vocab), "pass_s": round(t_pass, 1),
+            "train_s": round(time.perf_counter() - t0 - t_pass, 1), "steps": step,
+            "threads": torch.get_num_threads(), "log_every_10": log[::10] + [log[-1]]}
+    save_head(out_dir, final, info)
+    return info
+
+
+def _train_key(tc: HeadTrainConfig) -> str:
+    return hashlib.sha256(json.dumps({**asdict(tc), "step_weights": list(tc.step_weights)},
+                                     sort_keys=True).encode()).hexdigest()[:10]
+
+
+def save_head(out_dir: Path, w: dict, info: dict) -> None:
+    """head.safetensors (weights, the draft vocabulary, what it was made for in the metadata), train_log.json."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"format": "lessonkit-feature-head-v1", "target": info["target"],
+            "target_fingerprint": info["target_fingerprint"], "numerics": info["numerics"],
+            "config": json.dumps(info["config"])}
+    atomic_write(out_dir / "head.safetensors", lambda tmp: save_file(w, str(tmp), metadata=meta))
+    atomic_write(out_dir / "train_log.json", json.dumps(info, indent=1).encode())

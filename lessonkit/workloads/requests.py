@@ -1,0 +1,140 @@
+"""Requests a small local model gets, in four categories, with a written train / held-out split.
+
+The feature head (lessonkit.feature_head) learns from the target's own answers to the TRAIN requests; its
+acceptance and speed-up are measured on the HELDOUT ones, and on the corpus' held-out prompts and the grounded
+requests (lessonkit.workloads.grounded) that `bench spec` and the lessons use. The split, written down:
+
+  chat      a question or instruction about a topic: TRAIN_TOPICS x TRAIN_ASKS, HELDOUT_TOPICS x HELDOUT_ASKS
+            (disjoint topic lists and phrasings);
+  code      "write a function that ..." (TRAIN_TASKS / HELDOUT_TASKS), and the opening lines of a code document
+            to continue, from the corpus' train / held-out split;
+  records   NDJSON lines to continue, and "convert this record to JSON", from the corpus' train / held-out split;
+  rewrite   fix spelling, rename a variable, summarise reusing the words: over sentences and functions of the
+            corpus' train / held-out split.
+
+The corpus' split is by document (lessonkit.workloads.corpus), so no held-out request quotes a training document;
+tests/test_feature_head.py checks that no evaluation prompt is among the training requests.
+"""
+from __future__ import annotations
+
+import random
+import re
+
+from lessonkit.models.gguf_loader import apply_chat_template
+from lessonkit.workloads.corpus import load_documents
+
+CATEGORIES = ("chat", "code", "records", "rewrite")
+
+TRAIN_TOPICS = [
+    "photosynthesis", "the water cycle", "black holes", "volcanoes", "the French revolution", "honey bees",
+    "compound interest", "the immune system", "plate tectonics", "renewable energy", "the printing press",
+    "coral reefs", "sleep", "the moon landing", "recycling", "rainbows", "the Roman empire", "vaccines",
+    "electric cars", "the internet", "tides", "earthquakes", "DNA", "climate change", "the stock market",
+    "gardening", "chess", "coffee", "the human heart", "bicycles", "solar panels", "the Great Wall of China",
+    "penguins", "music theory", "public libraries", "email", "bread baking", "the Olympic games", "glaciers",
+    "time zones", "batteries", "bird migration", "the piano", "microscopes", "deserts", "tea", "airplanes",
+]
+HELDOUT_TOPICS = [
+    "rainforests", "the pyramids of Egypt", "nuclear fusion", "octopuses", "the metric system", "jazz",
+    "antibiotics", "hurricanes", "the telescope", "wind turbines", "dinosaurs", "origami",
+]
+TRAIN_ASKS = [
+    "Explain {t} in a few sentences.", "What is {t}? Answer briefly.", "Give three facts about {t}.",
+    "Write a short paragraph about {t} for a child.", "Why does {t} matter?", "Describe {t} in simple words.",
+]
+HELDOUT_ASKS = ["Tell me about {t}.", "How would you explain {t} to a friend?"]
+
+TRAIN_TASKS = [
+    "returns the sum of a list of numbers", "reverses a string", "checks whether a number is prime",
+    "counts the vowels in a string", "returns the largest value in a list", "merges two sorted lists",
+    "computes the factorial of n", "removes duplicates from a list while keeping order",
+    "converts Celsius to Fahrenheit", "returns the n-th Fibonacci number", "checks whether a string is a palindrome",
+    "flattens a nested list", "counts the words in a text", "returns the average of a list",
+    "finds the index of an item in a list", "capitalises every word in a sentence", "reads a file and returns its lines",
+    "returns the even numbers of a list", "computes the greatest common divisor of two numbers",
+    "groups a list of words by their first letter",
+]
+HELDOUT_TASKS = ["sorts a list of tuples by their second item", "returns the median of a list",
+                 "checks whether two strings are anagrams", "transposes a matrix given as a list of lists"]
+
+_TYPOS = {"the": "teh", "receive": "recieve", "which": "wich", "their": "thier", "because": "becuase",
+          "separate": "seperate", "until": "untill", "address": "adress", "before": "befor", "always": "allways"}
+
+
+def _chat(engine, text: str) -> list[int]:
+    if getattr(engine, "chat_template", None):
+        text = apply_chat_template(engine, [{"role": "user", "content": text}])
+    return engine.encode(text)
+
+
+def _sentences(split: str, rng: random.Random, n: int) -> list[str]:
+    """n prose sentences of 8-40 words from the corpus split."""
+    text = " ".join(load_documents("prose", split))
+    found = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if 8 <= len(s.split()) <= 40 and "*" not in s]
+    rng.shuffle(found)
+    return found[:n]
+
+
+def _functions(split: str, rng: random.Random, n: int) -> list[str]:
+    """n short top-level functions (3-12 lines) from the corpus' code split."""
+    out = []
+    for doc in load_documents("code", split):
+        for m in re.finditer(r"^def \w+\(.*?(?=^\S|\Z)", doc, flags=re.S | re.M):
+            body = m.group(0).rstrip()
+            if 3 <= body.count("\n") + 1 <= 12:
+                out.append(body + "\n")
+    rng.shuffle(out)
+    return out[:n]
+
+
+def _openings(kind: str, split: str, rng: random.Random, n: int, lines: int, starts: str = "") -> list[str]:
+    """n runs of `lines` lines starting at a line start (one beginning with `starts`) of the corpus split."""
+    docs = [d for d in load_documents(kind, split) if d.count("\n") > lines + 2]
+    out = []
+    while len(out) < n:
+        d = docs[rng.randrange(len(docs))].split("\n")
+        s = rng.randrange(len(d) - lines)
+        if d[s].startswith(starts):
+            out.append("\n".join(d[s:s + lines]) + "\n")
+    return out
+
+
+def _rewrite_texts(split: str, rng: random.Random, n: int) -> list[str]:
+    sents, funcs = _sentences(split, rng, n), _functions(split, rng, n)
+    out = []
+    for i in range(n):
+        which = i % 3
+        if which == 0 and sents:
+            s = sents.pop()
+            for a, b in _TYPOS.items():
+                s = re.sub(rf"\b{a}\b", b, s, count=1)
+            out.append(f"Fix the spelling in this sentence and return the corrected sentence only: {s}")
+        elif which == 1 and funcs:
+            f = funcs.pop()
+            name = re.search(r"\(\s*(\w+)", f)
+            var = name.group(1) if name and name.group(1) != "self" else "value"
+            out.append(f"Rename the variable {var} to item in this function and return the code:\n{f}")
+        elif sents:
+            out.append(f"Summarise in one sentence, reusing the words of the text: {sents.pop()}")
+    return out
+
+
+def requests(engine, split: str, per_category: int, seed: int = 0) -> dict[str, list[list[int]]]:
+    """Token ids of `per_category` requests per category from `split` ("train" or "heldout"), seeded."""
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split {split!r}: expected train or heldout")
+    rng = random.Random(seed + (0 if split == "train" else 7919))
+    topics, asks, tasks = ((TRAIN_TOPICS, TRAIN_ASKS, TRAIN_TASKS) if split == "train"
+                           else (HELDOUT_TOPICS, HELDOUT_ASKS, HELDOUT_TASKS))
+    chat = [a.format(t=t) for t in topics for a in asks]
+    rng.shuffle(chat)
+    code_asks = [f"Write a Python function that {t}." for t in tasks]
+    half = per_category // 2
+    code = [_chat(engine, c) for c in (code_asks * (1 + half // max(len(code_asks), 1)))[:half]]
+    code += [engine.encode(t) for t in _openings("code", split, rng, per_category - len(code), 6)]
+    recs = [engine.encode(t) for t in _openings("records", split, rng, half, 2)]
+    for line in _openings("records", split, rng, per_category - half, 1, '{"'):
+        recs.append(_chat(engine, f"Convert this record to JSON with the keys in the same order: {line.strip()}"))
+    return {"chat": [_chat(engine, c) for c in (chat * (1 + per_category // max(len(chat), 1)))[:per_category]],
+            "code": code, "records": recs,
+            "rewrite": [_chat(engine, t) for t in _rewrite_texts(split, rng, per_category)]}
