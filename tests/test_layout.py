@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "lessonkit"
-TECHNIQUES = ("speculative", "mtp", "grammar", "prefix_cache", "semcache", "gap")
+TECHNIQUES = ("speculative", "mtp", "feature_head", "grammar", "prefix_cache", "semcache", "gap")
 LAYER = {"__init__": 0, "errors": 0, "files": 0, "engine": 1, "models": 2, "workloads": 3,
          **{t: 4 for t in TECHNIQUES}, "training": 5, "stack": 5, "measure": 6, "lessons": 7, "exercises": 7,
          "report": 8, "bench": 8, "commands": 9, "doctor": 9, "sweep": 9, "cli": 10, "__main__": 11}

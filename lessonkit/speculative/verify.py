@@ -185,9 +185,9 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
     k: a draft depth (speculative.depth): at most k drafts per step, or "auto": the depth gate, which uses `cost`
     (seconds of a verify forward of 1 .. k_max+1 rows; measured when None), refined online unless learn_cost=False.
     """
-    params = SamplingParams(temperature, top_p, seed)
     if max_new_tokens < 0:
         raise LessonkitError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    params = SamplingParams(temperature, top_p, seed)
     gate, width = _draft_width(target, k, k_max, cost, probe_every, learn_cost)
     prompt = list(prompt_ids)
     checker = StopChecker(target, list(stop_token_ids) + (target.config.eos_ids if use_eos else []), stop_strings)
@@ -195,16 +195,13 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
     if cache.length >= len(prompt):
         raise LessonkitError(f"the cache already holds {cache.length} positions: the prompt ({len(prompt)} tokens) "
                              "needs at least one new token")
-    held = cache.length
-    gen = torch.Generator().manual_seed(seed)
+    held, gen = cache.length, torch.Generator().manual_seed(seed)
     reset_s = _prepare_drafter(drafter, target, params, prompt, reset_drafter)
     before = engine_counters(target)
     t0 = time.perf_counter()
     logits = prefill(target, prompt, cache) if held == 0 else target.forward(prompt[held:], cache, last_only=True)[-1]
     ttft = time.perf_counter() - t0
-    tally = _Tally(width)
-    out: list[int] = []
-    context = list(prompt)
+    tally, out, context = _Tally(width), [], list(prompt)
 
     def emit(t: int) -> bool:
         out.append(t)
@@ -224,9 +221,8 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
                 gate.observe(len(d), n, tv, td)
             done = any(emit(t) for t in d[:n] + [nxt])
             drafter.update(list(context), n)
-    finally:
-        if hasattr(drafter, "finish"):                # a drafter that taps the target stops tapping it
-            drafter.finish()
+    finally:                                          # a drafter that taps the target stops tapping it
+        getattr(drafter, "finish", lambda: None)()
     ids, text = checker.trim(out)
     extra = tally.stats(prompt_tokens=len(prompt), emitted=len(out), kept=len(ids), drafter=drafter, k=k,
                         reset_s=reset_s, gate=gate)

@@ -1,0 +1,173 @@
+"""The feature head (lessonkit.feature_head): the tapped forward is the plain forward's bits, drafting with the head
+is lossless (== plain greedy on both numerics, threads 1 and 2, the C and the PyTorch head step), a head made for
+another target or a damaged file is refused by name, a killed training run resumes to the same bits, and no
+evaluation prompt is among the training requests."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from lessonkit.engine import kernel
+from lessonkit.engine.generate import generate
+from lessonkit.errors import LessonkitError
+from lessonkit.feature_head.drafter import FeatureHeadDrafter, load_head
+from lessonkit.models.registry import load_model
+from lessonkit.speculative.verify import speculative_generate
+from lessonkit.training.feature_head import PRESETS, train
+from lessonkit.workloads.corpus import prompts_by_kind
+from lessonkit.workloads.grounded import GROUNDED_REQUESTS, grounded_prompts
+from lessonkit.workloads.requests import CATEGORIES, requests
+
+torch.set_num_threads(1)
+NUMERICS = ("exact", "int8")
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    d = tmp_path_factory.mktemp("lk-home")
+    mp.setenv("LESSONKIT_HOME", str(d))
+    yield d
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def heads(home, tmp_path_factory):
+    """A small head per numerics, trained here with the test preset (seconds): its drafts are poor, which is
+    what an exactness test wants (rejections at every position)."""
+    out = {}
+    for num in NUMERICS:
+        with kernel.numerics(num):
+            target = load_model("smollm2-135m")
+            d = tmp_path_factory.mktemp(f"head-{num}")
+            train(target, PRESETS["test"], d, progress=False)
+            out[num] = (target, d / "head.safetensors")
+    return out
+
+
+@pytest.mark.parametrize("numerics", NUMERICS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tapped_forward_is_the_plain_forward(numerics, threads):
+    old = kernel.set_threads(threads)
+    try:
+        with kernel.numerics(numerics):
+            sm = load_model("smollm2-135m")
+            ids = sm.encode("def add(a, b):\n    return a + b\n\nprint(add(")
+            c1, c2 = sm.new_cache(40), sm.new_cache(40)
+            l1, h1 = sm.forward(ids, c1, return_hidden=True)
+            l2, h2, tapped = sm.forward(ids, c2, taps=(4, 15))
+            assert torch.equal(l1, l2) and torch.equal(h1, h2)
+            assert torch.equal(c1.k[:, :len(ids)], c2.k[:, :len(ids)]) and torch.equal(c1.v[:, :len(ids)], c2.v[:, :len(ids)])
+            assert [t.shape for t in tapped] == [h1.shape, h1.shape] and not torch.equal(tapped[0], tapped[1])
+            assert torch.equal(sm.forward([7, 8, 9], c1), sm.forward([7, 8, 9], c2, taps=(4, 15))[0])
+    finally:
+        kernel.set_threads(old)
+
+
+@pytest.mark.budget(150, "trains two small heads (one per numerics) and decodes 4 categories x 3 depths x 2 steps")
+@pytest.mark.parametrize("numerics", NUMERICS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_head_drafts_are_lossless(heads, numerics, threads):
+    target, path = heads[numerics]
+    old = kernel.set_threads(threads)
+    try:
+        with kernel.numerics(numerics):
+            prompts = requests(target, "heldout", 1)
+            for step in ("C", "torch") if threads == 1 else ("C",):
+                d = FeatureHeadDrafter(target, path, step=step)
+                drafted = 0
+                for cat in CATEGORIES:
+                    p = prompts[cat][0]
+                    ref = generate(target, p, 16).token_ids
+                    for k in (1, 3, "auto"):
+                        r = speculative_generate(target, d, p, 16, k=k, cost=[1.0 + 0.2 * j for j in range(9)],
+                                                 learn_cost=False)
+                        assert r.token_ids == ref, f"{step} k={k} {cat}: {r.token_ids} != {ref}"
+                        drafted += r.stats["num_draft_tokens"]
+                assert drafted > 0
+                assert target._state_tap.active is None          # plain forwards again after the run
+    finally:
+        kernel.set_threads(old)
+
+
+def test_head_c_step_agrees_with_the_torch_step(heads):
+    """The C step (Q8_0 blocks, the engine's C forward) and the PyTorch step (float weights) are two computations
+    of one head. They are not bit-equal (Q8_0 rounds each weight to 1/254 of its block's largest), so the check is
+    a bound: draft logits within 5% of their largest magnitude. Exactness is the target's job, not the head's."""
+    target, path = heads["int8"]
+    a, b = FeatureHeadDrafter(target, path, step="C"), FeatureHeadDrafter(target, path, step="torch")
+    x = torch.randn(5, a.cfg.dim, generator=torch.Generator().manual_seed(0))
+    (oa, la), (ob, lb) = a.head.rows(x, a.cache, 0), b.head.rows(x, b.cache, 0)
+    assert la.shape == lb.shape == (1, a.cfg.draft_vocab)
+    assert float((la - lb).abs().max()) <= 0.05 * float(lb.abs().max())
+    assert float((oa - ob).abs().max()) <= 0.05 * float(ob.abs().max())
+
+
+def test_a_foreign_or_damaged_head_is_refused_by_name(heads, tmp_path):
+    target, path = heads["int8"]
+    w = load_file(str(path))
+    from safetensors import safe_open
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    other = tmp_path / "other.safetensors"
+    save_file(w, str(other), metadata={**meta, "target": "tiny-moe"})
+    with pytest.raises(LessonkitError, match="other.safetensors.*not for smollm2-135m"):
+        load_head(target, other)
+    fp = tmp_path / "fp.safetensors"
+    save_file(w, str(fp), metadata={**meta, "target_fingerprint": "0" * 64})
+    with pytest.raises(LessonkitError, match="fp.safetensors"):
+        load_head(target, fp)
+    cfg = json.loads(meta["config"])
+    shape = tmp_path / "shape.safetensors"
+    save_file(w, str(shape), metadata={**meta, "config": json.dumps({**cfg, "dim": 64})})
+    with pytest.raises(LessonkitError, match="was not made for smollm2-135m"):
+        load_head(target, shape)
+    vocab = tmp_path / "vocab.safetensors"
+    save_file({**w, "vocab": w["vocab"] + 10 ** 6}, str(vocab), metadata=meta)
+    with pytest.raises(LessonkitError, match="vocab.safetensors: its draft vocabulary"):
+        load_head(target, vocab)
+    torn = tmp_path / "torn.safetensors"
+    torn.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(LessonkitError, match="torn.safetensors: not a readable"):
+        load_head(target, torn)
+    with pytest.raises(LessonkitError, match="no feature head"):
+        load_head(target, tmp_path / "missing.safetensors")
+
+
+@pytest.mark.budget(90, "three short training runs of the test preset")
+def test_a_killed_training_run_resumes_to_the_same_bits(home, tmp_path):
+    with kernel.numerics("int8"):
+        target = load_model("smollm2-135m")
+        tc = PRESETS["test"]
+        alone = tmp_path / "alone"
+        train(target, tc, alone, progress=False)
+        from lessonkit.training.feature_head import pass_dir, _train_key, fh
+        ckpt = pass_dir(target, tc, fh.config_for(target, draft_vocab=tc.draft_vocab,
+                                                   intermediate_size=tc.intermediate_size).taps) / f"checkpoint-{_train_key(tc)}.pt"
+        ckpt.unlink()
+        resumed = tmp_path / "resumed"
+        assert train(target, tc, resumed, progress=False, stop_after=3) == {"stopped_at": 3}
+        assert ckpt.exists() and not (resumed / "head.safetensors").exists()
+        train(target, tc, resumed, progress=False)
+        a, b = load_file(str(alone / "head.safetensors")), load_file(str(resumed / "head.safetensors"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_no_evaluation_prompt_is_a_training_request():
+    """The split of lessonkit.workloads.requests: the bench's and lessons' prompts (held-out requests, corpus
+    held-out prompts, grounded requests) never appear in the head's training requests."""
+    sm = load_model("smollm2-135m")
+    train_texts = [sm.decode(p) for ps in requests(sm, "train", PRESETS["smollm2-135m"].per_category).values() for p in ps]
+    joined = "\n".join(train_texts)
+    evals = [sm.decode(p) for ps in requests(sm, "heldout", 8).values() for p in ps]
+    evals += [sm.decode(p) for ps in prompts_by_kind(sm, n=3, max_tokens=64).values() for p in ps]
+    evals += [sm.decode(p) for p in grounded_prompts(sm)]
+    for text in evals:
+        # a chat request's user turn (the template's header and footer are in every chat request)
+        body = text.split("<|im_start|>user\n")[-1].split("<|im_end|>")[0]
+        assert body.strip() and body not in joined, body[:120]
+    for req in GROUNDED_REQUESTS:
+        assert req not in joined
