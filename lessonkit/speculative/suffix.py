@@ -1,0 +1,219 @@
+"""Suffix drafting: propose what the text went on with the last times it looked like this (SuffixDecoding).
+
+Structured work repeats itself: a model that rewrites records, writes NDJSON lines or scores items behind one
+system prompt writes the same shapes again and again (`{"host": "`, `", "level": "`, `"}` + end of turn).
+A drafter that remembers the target's own earlier outputs can propose those shapes for free. SuffixDecoding
+(Oliaro et al., arXiv 2411.04975) does it with suffix trees over two sources, and so does this module:
+
+  the request   the prompt and the output so far (what prompt lookup sees), grown token by token;
+  the store     the target's verified outputs of earlier requests (lessonkit.speculative.suffix_store),
+                bounded, kept on disk across restarts, grown only when a run finishes.
+
+The structure is a depth-bounded suffix trie over token ids. Every substring of at most `depth` tokens of
+the inserted text is a path from the root; each node counts how many times its substring occurred:
+
+    text  a b a b c          root ─a(2)─b(2)─a(1)─b(1)─c(1)
+    depth 5                       │          └─c(1)
+                                  ├─b(2)─a(1)─b(1)─c(1)
+                                  │     └─c(1)
+                                  └─c(1)
+
+Insertion is online: `frontier[i]` is the node of the text's last i tokens; appending a token moves every
+frontier node one step down (creating the child or counting one more occurrence): O(depth) per token, no
+rebuild. A context's longest match is the deepest frontier node that has children (the request: an earlier
+occurrence that went on) or the deepest node the context's suffix reaches in the store's trie.
+
+Proposing, from the match node (`greedy_path`): take the child with the largest count, again and again: the
+most frequent continuation. Each step's estimated acceptance is count(child) / count(all children), and
+their product p_i estimates the chance that the first i drafts are all accepted; the score sum(p_i) is the
+expected number of accepted tokens. The draft stops where p_i < min_prob, and its depth is at most
+alpha * (match length): SuffixDecoding's adaptive speculation length (their MAX_SPEC = alpha * p): a long
+match is a confident one, a one-token match drafts one token. Of the two sources' drafts, the one with the
+larger score is proposed (ties: the longer).
+
+What is simplified against the paper: one path, not a speculation tree (greedy verification here checks one
+draft); a trie bounded in depth instead of a compressed suffix tree (short code, O(n * depth) nodes, which
+is why the store is bounded in tokens); counts, not recency, break nothing: the target verifies every draft,
+so the output is plain greedy's whatever is proposed.
+"""
+from __future__ import annotations
+
+from lessonkit.errors import LessonkitError
+from lessonkit.speculative.drafters import Draft
+
+DEPTH = 24          # the trie's depth: a match (at most MAX_MATCH tokens) plus its continuation
+MAX_MATCH = 12      # the longest context suffix looked up
+ALPHA = 1.0         # draft depth <= alpha * match length (SuffixDecoding's max_spec_factor)
+MIN_PROB = 0.1      # stop drafting where the estimated chance the whole draft is accepted falls below this
+
+
+class Node:
+    __slots__ = ("count", "children")
+
+    def __init__(self):
+        self.count = 0              # occurrences of this node's substring
+        self.children = None        # token -> Node, made on the first child (most nodes are leaves)
+
+
+class SuffixTrie:
+    """Every substring of the inserted text of at most `depth` tokens, as a path from the root, with counts."""
+
+    def __init__(self, depth: int = DEPTH):
+        if not 2 <= depth <= 256:
+            raise LessonkitError(f"suffix trie depth {depth!r}: expected 2 .. 256")
+        self.depth = depth
+        self.root = Node()
+        self.nodes = 1
+
+    def extend(self, frontier: list[Node], token: int) -> list[Node]:
+        """Append `token` to a text whose frontier (frontier[i]: node of its last i tokens) is given; returns
+        the new frontier. Each node on it counts one more occurrence."""
+        new = [self.root]
+        for node in frontier[:self.depth]:
+            ch = node.children
+            if ch is None:
+                ch = node.children = {}
+            nxt = ch.get(token)
+            if nxt is None:
+                nxt = ch[token] = Node()
+                self.nodes += 1
+            nxt.count += 1
+            new.append(nxt)
+        return new
+
+    def add(self, tokens: list[int]) -> None:
+        """Insert a whole sequence (its substrings do not run into the previous sequence's)."""
+        frontier = [self.root]
+        for t in tokens:
+            frontier = self.extend(frontier, t)
+
+    def remove(self, tokens: list[int]) -> None:
+        """Undo `add(tokens)`: one occurrence less on every path; nodes that reach 0 go (with the chain below
+        them, which this sequence alone held: a child never counts more than its parent)."""
+        for i in range(len(tokens)):
+            node, path = self.root, tokens[i:i + self.depth]
+            for j, t in enumerate(path):
+                nxt = node.children[t]
+                nxt.count -= 1
+                if nxt.count == 0:
+                    del node.children[t]
+                    self.nodes -= len(path) - j
+                    break
+                node = nxt
+
+
+def follow(match: list[Node], token: int, max_match: int) -> list[Node]:
+    """The nodes of the context's suffixes that a trie holds (match[i]: the last i tokens; lengths are
+    prefix-closed: if a suffix is there, so is every shorter one), after the context grew by `token`."""
+    new = [match[0]]
+    for node in match[:max_match]:
+        ch = node.children
+        nxt = ch.get(token) if ch else None
+        if nxt is None:
+            break
+        new.append(nxt)
+    return new
+
+
+def greedy_path(node: Node, depth: int, min_prob: float = MIN_PROB) -> tuple[list[int], float]:
+    """The most frequent continuation below `node`, at most `depth` tokens: (tokens, score). p_i = product of
+    count(child) / count(all children) along the path; stops where p_i < min_prob; score = sum of p_i."""
+    toks, p, score = [], 1.0, 0.0
+    while len(toks) < depth and node.children:
+        best_t, best, total = -1, None, 0
+        for t, c in node.children.items():
+            total += c.count
+            if best is None or c.count > best.count:
+                best_t, best = t, c
+        p *= best.count / total
+        if p < min_prob:
+            break
+        toks.append(best_t)
+        score += p
+        node = best
+    return toks, score
+
+
+def spec_depth(match_len: int, k: int, alpha: float) -> int:
+    """Adaptive speculation length: at most alpha * match length drafts (at least one), at most k."""
+    return min(k, max(1, int(alpha * match_len)))
+
+
+class SuffixDrafter:
+    """Proposes the most frequent continuation of the longest match in the request or in the store.
+
+    store: a lessonkit.speculative.suffix_store.SuffixStore, or None (the request alone). learn=True: `finish()`
+    (called by speculative_generate at the end of every run) adds the run's output, the target's verified
+    tokens after the prompt, to the store; autosave=True also saves the store then. A benchmark measures with
+    learn=False, so no request is measured against a store that holds its own earlier output."""
+
+    name = "suffix"
+
+    def __init__(self, store=None, *, max_match: int = MAX_MATCH, depth: int = DEPTH, alpha: float = ALPHA,
+                 min_prob: float = MIN_PROB, learn: bool = True, autosave: bool = False):
+        if not 1 <= max_match < depth:
+            raise LessonkitError(f"suffix drafter: max_match={max_match!r} must be 1 .. depth-1 (depth {depth})")
+        if not alpha > 0 or not 0 <= min_prob <= 1:
+            raise LessonkitError(f"suffix drafter: alpha={alpha!r} must be > 0 and min_prob={min_prob!r} in [0, 1]")
+        self.store, self.max_match, self.depth = store, max_match, depth
+        self.alpha, self.min_prob, self.learn, self.autosave = alpha, min_prob, learn, autosave
+        self.sources = {"request": 0, "store": 0, "none": 0}     # which source each proposal came from
+        self.reset([])
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.trie = SuffixTrie(self.depth)                      # the request's own trie
+        self.frontier = [self.trie.root]
+        self.store_match = [self.store.trie.root] if self.store is not None else None
+        self.seen: list[int] = []
+        self.prompt_len = len(prompt_ids)
+        self._feed(list(prompt_ids))
+
+    def _feed(self, tokens: list[int]) -> None:
+        trie, frontier, match, mm = self.trie, self.frontier, self.store_match, self.max_match
+        for t in tokens:
+            frontier = trie.extend(frontier, t)
+            if match is not None:
+                match = follow(match, t, mm)
+        self.frontier, self.store_match = frontier, match
+        self.seen.extend(tokens)
+
+    def _catch_up(self, context: list[int]) -> None:
+        """Feed the context's tokens not seen yet; a context that does not extend what was seen starts over."""
+        n = len(self.seen)
+        if len(context) < n or (n and context[n - 1] != self.seen[-1]):
+            self.reset(context)
+        elif len(context) > n:
+            self._feed(context[n:])
+
+    def _request_draft(self, k: int) -> tuple[list[int], float]:
+        f = self.frontier
+        for length in range(min(self.max_match, len(f) - 1), 0, -1):     # the longest match that went on
+            if f[length].children:
+                return greedy_path(f[length], spec_depth(length, k, self.alpha), self.min_prob)
+        return [], 0.0
+
+    def _store_draft(self, k: int) -> tuple[list[int], float]:
+        m = self.store_match
+        if m is None or len(m) < 2:
+            return [], 0.0
+        length = len(m) - 1
+        return greedy_path(m[-1], spec_depth(length, k, self.alpha), self.min_prob)
+
+    def propose(self, context: list[int], k: int) -> Draft:
+        if k <= 0:
+            return Draft([])
+        self._catch_up(context)
+        req, store = self._request_draft(k), self._store_draft(k)
+        pick, source = (store, "store") if (store[1], len(store[0])) > (req[1], len(req[0])) else (req, "request")
+        self.sources[source if pick[0] else "none"] += 1
+        return Draft(pick[0])
+
+    def update(self, context: list[int], num_accepted: int) -> None:
+        self._catch_up(context)
+
+    def finish(self) -> None:
+        """The run is over: its output (the target's verified tokens) joins the store, when learning."""
+        if self.learn and self.store is not None and len(self.seen) > self.prompt_len:
+            self.store.add(self.seen[self.prompt_len:])
+            if self.autosave:
+                self.store.save()
