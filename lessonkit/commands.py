@@ -35,7 +35,7 @@ def _with_overrides(cfg, args):
 
 # ---- models and doctor -----------------------------------------------------------------------------
 def cmd_models(args) -> int:
-    from lessonkit.models.registry import list_models, model_info
+    from lessonkit.models.listing import list_models, model_info      # configs only: no torch, nothing built
     rows = []
     for name in list_models():
         try:

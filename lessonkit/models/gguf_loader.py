@@ -34,7 +34,6 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-import torch
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -236,6 +235,7 @@ def read_state_dict(reader, hf_config: dict, *, path: Path | str = "GGUF", progr
     """Every tensor with HF names, q/k un-permuted: dequantised to float32, or with blocks=True the Q4_1 / Q8_0
     tensors as their own blocks (uint8 [rows, bytes per row]; rows are whole blocks, so the permutation of
     q/k rows applies to them unchanged)."""
+    import torch        # here, not at the top: `lessonkit models` reads this module's constants without torch
     heads, kv_heads = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
     out: dict[str, torch.Tensor] = {}
     for t in tqdm(reader.tensors, desc="dequantise GGUF", unit="tensor", disable=not progress, leave=False):
@@ -329,7 +329,7 @@ class GGUFModel:
     """A GGUF file in Hugging Face Llama form (float32 weights, fast tokenizer, chat template)."""
 
     hf_config: dict
-    state_dict: dict[str, torch.Tensor]
+    state_dict: dict        # HF name -> torch.Tensor
     tokenizer: object  # tokenizers.Tokenizer
     chat_template: str | None
     special_tokens: dict[str, str | None]  # bos_token / eos_token / unk_token / pad_token -> text
@@ -378,7 +378,7 @@ def load_gguf(path: str | Path | None = None, *, expected_sha256: str | None = N
     tokenizer = build_tokenizer(meta, path=path)
     state_dict = read_state_dict(reader, hf_config, path=path, progress=progress, blocks=blocks)
     emb = state_dict["model.embed_tokens.weight"]
-    if emb.dtype == torch.float32 and tuple(emb.shape) != (hf_config["vocab_size"], hf_config["hidden_size"]):
+    if str(emb.dtype) == "torch.float32" and tuple(emb.shape) != (hf_config["vocab_size"], hf_config["hidden_size"]):
         raise LessonkitError(f"{path}: token_embd is {tuple(emb.shape)}, config says "
                              f"({hf_config['vocab_size']}, {hf_config['hidden_size']})")
     tokens = meta["tokenizer.ggml.tokens"]

