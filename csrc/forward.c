@@ -523,3 +523,61 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
     free(topi);
     return rc;
 }
+
+/* rk_draft_greedy: a drafter's whole greedy turn in one call (lessonkit/feature_head, and any dense draft model).
+
+Why. A draft turn is k forwards of a small model, each followed by an argmax and the next row's input: from
+Python that is k ctypes crossings and a few PyTorch ops per draft token, a fixed cost (about 0.1 ms here) that is
+as large as a feature head's whole layer. Here the turn is one crossing.
+
+What. The first forward runs the M rows the drafter has not seen yet (tokens looked up in C when tokens is not 0,
+else the caller's rows x [M, D]) at positions start .. start + M - 1 and keeps the last row's logits; then k - 1
+one-row forwards at the following positions. After each forward the argmax of the V logits (the first of equal
+maxima) goes to out[i]; the next row's input is, with chain == 0, the embedding of token ids[out[i]] (ids == 0:
+out[i] itself), and with a chain (int64 [4]: etab, w, w's kind, gnorm; the feature head's input projection split
+in two) x = etab[out[i]] + w (RMSNorm(a) * gnorm), where a is the last forward's output row (the head's state,
+csrc/forward.c's residual stream out) and etab [V, D] float32 the token half precomputed per draft-vocabulary row.
+Every forward is rk_forward's, so the rows' keys and values land in the caller's cache as rk_forward writes them.
+x must hold max(M, 1) rows; logits one row of V. */
+RK_EXPORT int32_t rk_draft_greedy(uintptr_t plan_a, uintptr_t dims_a, float eps, float clip, uintptr_t x_a,
+                                  uintptr_t tokens_a, int64_t M, int64_t start, uintptr_t kc_a, uintptr_t vc_a,
+                                  int64_t alloc, uintptr_t logits_a, int32_t path, int64_t k, uintptr_t ids_a,
+                                  uintptr_t chain_a, uintptr_t out_a)
+{
+    const int64_t *dims = (const int64_t *)dims_a, *ids = (const int64_t *)ids_a, *chain = (const int64_t *)chain_a;
+    const int64_t D = dims[DIM_D], V = dims[DIM_VOCAB];
+    if (k < 1 || M < 1 || D < 1 || V < 1)
+        return RK_BAD_SIZES;
+    float *x = (float *)x_a, *logits = (float *)logits_a;
+    int64_t *out = (int64_t *)out_a;
+    float *xn = chain ? (float *)malloc((size_t)(2 * D) * sizeof(float)) : NULL;
+    if (chain && !xn)
+        return RK_NO_MEMORY;
+    int64_t token = 0;
+    int32_t rc = rk_forward(plan_a, dims_a, eps, clip, x_a, tokens_a, M, start, kc_a, vc_a, alloc, logits_a, M - 1,
+                            path, 0, 0, 0);
+    for (int64_t i = 0; rc == RK_OK; i++) {
+        int64_t best = 0;
+        for (int64_t j = 1; j < V; j++)
+            if (logits[j] > logits[best]) best = j;
+        out[i] = best;
+        if (i + 1 == k)
+            break;
+        const int64_t pos = start + M + i;
+        if (chain) {
+            const float *a = x + (i == 0 ? M - 1 : 0) * D, *etab = (const float *)(uintptr_t)chain[0] + best * D;
+            rms_rows(a, (const float *)(uintptr_t)chain[3], xn, 1, D, eps);
+            rc = rk_qmatmul((uintptr_t)xn, 1, D, D, (uintptr_t)chain[1], (int32_t)chain[2], D, (uintptr_t)(xn + D), D,
+                            path);
+            for (int64_t j = 0; j < D && rc == RK_OK; j++) x[j] = etab[j] + xn[D + j];
+            if (rc == RK_OK)
+                rc = rk_forward(plan_a, dims_a, eps, clip, x_a, 0, 1, pos, kc_a, vc_a, alloc, logits_a, 0, path, 0, 0, 0);
+        } else {
+            token = ids ? ids[best] : best;
+            rc = rk_forward(plan_a, dims_a, eps, clip, x_a, (uintptr_t)&token, 1, pos, kc_a, vc_a, alloc, logits_a, 0,
+                            path, 0, 0, 0);
+        }
+    }
+    free(xn);
+    return rc;
+}

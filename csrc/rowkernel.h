@@ -18,7 +18,7 @@ point's arguments or a slot change meaning: kernel_library.py refuses a binary w
 
 #include <stdint.h>
 
-#define RK_ABI 7
+#define RK_ABI 8
 
 enum {
     RK_OK = 0,
@@ -77,5 +77,8 @@ RK_API int32_t rk_forward(uintptr_t plan, uintptr_t dims, float eps, float clip,
                           int64_t m, int64_t start, uintptr_t k_cache, uintptr_t v_cache, int64_t alloc,
                           uintptr_t logits, int64_t first, int32_t path, uintptr_t routing, uintptr_t unique,
                           uintptr_t fetch);
+RK_API int32_t rk_draft_greedy(uintptr_t plan, uintptr_t dims, float eps, float clip, uintptr_t x, uintptr_t tokens,
+                               int64_t m, int64_t start, uintptr_t k_cache, uintptr_t v_cache, int64_t alloc,
+                               uintptr_t logits, int32_t path, int64_t k, uintptr_t ids, uintptr_t chain, uintptr_t out);
 
 #endif

@@ -240,6 +240,12 @@ COMMANDS = {
         arg("--steps", type=number(1, COUNT_MAX, integer=True), default=None),
         arg("--out", default=None, help="output .safetensors (default data/models/mtp/<model>.safetensors)"), FORCE,
         arg("--threads", type=THREAD_COUNT, default=2, help="C kernel threads, and torch's from them")]),
+    "train-head": ("train a feature head (EAGLE-3 style drafter) on a frozen target", c.cmd_train_head, [
+        arg("--model", default="smollm2-135m"),
+        arg("--preset", default=None, help="training preset (smollm2-135m, test); default: the model's"),
+        arg("--out", default=None, help="output folder (default data/models/feature-head/<model>/)"),
+        arg("--numerics", default="int8", choices=("exact", "int8"), help="the numerics of the target pass"),
+        arg("--threads", type=THREAD_COUNT, default=1, help="C kernel threads, and torch's (1: deterministic bits)")]),
     "mtp-doctor": ("diagnose an MTP head (acceptance, controls, quantisation)", c.cmd_mtp_doctor, [
         arg("--model", required=True),
         arg("--quant", default="none", help="none, int8, int4, int4-g64, int4-g32, int4-g<N>"),

@@ -5,10 +5,7 @@ Every handler imports what its command needs when it runs: importing this module
 """
 from __future__ import annotations
 
-import importlib
-import json
-import os
-import sys
+import importlib, json, os, sys
 
 from lessonkit.bench import BENCHES
 from lessonkit.errors import LessonkitError
@@ -436,12 +433,17 @@ def cmd_train_mtp(args) -> int:
     atomic_write(out.with_suffix(".train_log.json"), json.dumps(log).encode())
     write_card(head, log, out.with_name(out.stem + ".card.md"))
     if (out.parent / "manifest.json").exists():     # the shipped heads' manifest (lessonkit doctor checks it)
-        from lessonkit.models.integrity import write_manifest
-        from lessonkit.models.integrity import read_manifest
+        from lessonkit.models.integrity import read_manifest, write_manifest
         write_manifest(out.parent, sorted(set(read_manifest(out.parent)) | {out.name}))
     print(f"saved {out} ({out.stat().st_size / 2**20:.2f} MiB); held-out acceptance at position 1: "
           + ", ".join(f"{k} {100 * v:.1f}%" for k, v in (log['eval_acceptance'][-1] or {}).items()))
     return 0
+
+
+def cmd_train_head(args) -> int:
+    from lessonkit.measure.feature_head import train_and_describe
+    use_threads(args.threads)
+    return train_and_describe(args.model, args.preset, args.out, use_numerics(args.numerics)[1])
 
 
 def cmd_mtp_doctor(args) -> int:

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import generate
 from lessonkit.models.registry import load_model
+from lessonkit.feature_head.drafter import FeatureHeadDrafter
 from lessonkit.grammar.drafter import GrammarDrafter, resolve_grammar
 from lessonkit.grammar.json_schema import schema_grammar
 from lessonkit.grammar.tokens import TokenGrammar
@@ -43,6 +44,8 @@ from lessonkit.prefix_cache.cache import PrefixCache
 from lessonkit.semcache.front import SemanticFront, front_safe_margin, front_scorer
 from lessonkit.semcache.policies import load_embedder
 from lessonkit.speculative.drafters import Draft, Drafter, ModelDrafter, NGramDrafter, OracleDrafter
+from lessonkit.speculative.suffix import SuffixDrafter
+from lessonkit.speculative.suffix_store import SuffixStore
 from lessonkit.speculative.verify import speculative_generate
 from lessonkit.workloads.triage import ITEM_TEMPLATE, JUDGE_SCHEMA, STOP_STRINGS, Workload, needs_action
 
@@ -124,6 +127,16 @@ def _grammar_drafter(target, arg, **kw):
     return GrammarDrafter(TokenGrammar(g, target.tokenizer, eos_ids=target.config.eos_ids))
 
 
+def _head_drafter(target, arg, **kw):
+    """'head' (the shipped feature head of the target) or 'head:PATH' (a head.safetensors)."""
+    return FeatureHeadDrafter(target, arg)
+
+
+def _suffix_drafter(target, arg, **kw):
+    """'suffix' (store in lessonkit_home()/suffix) or 'suffix:DIR' (the store's folder); saved after every run."""
+    return SuffixDrafter(SuffixStore.for_target(target, arg), autosave=True)
+
+
 # name -> factory(target, arg: str | None, **kw) -> Drafter
 DRAFTERS = {
     "tiny-draft": _tiny_draft,
@@ -133,6 +146,8 @@ DRAFTERS = {
     "oracle": _oracle_drafter,        # oracle:P
     "mtp": _mtp_drafter,              # mtp or mtp:SCHEME
     "grammar": _grammar_drafter,      # grammar or grammar:NAME_OR_PATH
+    "suffix": _suffix_drafter,        # suffix or suffix:DIR (lessonkit.speculative.suffix)
+    "head": _head_drafter,            # head or head:PATH (lessonkit.feature_head)
 }
 
 

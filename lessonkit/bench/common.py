@@ -85,6 +85,8 @@ def format_table(result: dict) -> str:
             for who, g in nested.items():
                 lines.append(f"{key.replace('_', ' ')}{' (' + who + ')' if who else ''}: "
                              + ", ".join(f"{op} {v:.2f}" for op, v in g.items()))
+    if result.get("table_markdown"):
+        lines.append(result["table_markdown"])
     if result.get("targets"):
         lines.append("targets:")
         for t in result["targets"]:

@@ -19,10 +19,12 @@ import torch
 import transformers
 
 from lessonkit.bench.common import goal, machine_info
+from lessonkit.bench.spec_table import category_table, table_markdown
 from lessonkit.models.convert import export_hf
 from lessonkit.errors import LessonkitError
 from lessonkit.engine import kernel
 from lessonkit.engine.generate import generate
+from lessonkit.feature_head.drafter import FeatureHeadDrafter
 from lessonkit.files.resources import lessonkit_home
 from lessonkit.models.registry import load_model
 from lessonkit.measure.grounded import grounded_rows
@@ -177,7 +179,24 @@ def _smollm2_drafters(sm, notes) -> list:
         out += [("mtp k=2", MtpDrafter(sm), 2), ("mtp k=auto", MtpDrafter(sm), "auto")]
     except LessonkitError as e:
         notes.append(f"MTP rows skipped: {e}")
+    try:
+        out += [("head k=2", FeatureHeadDrafter(sm), 2), ("head k=auto", FeatureHeadDrafter(sm), "auto")]
+    except LessonkitError as e:
+        notes.append(f"feature-head rows skipped: {e}")
     return out
+
+
+def _table(notes: list, sm, smoke: bool, repeats: int) -> dict:
+    """The Spec-Bench-style table on held-out requests per category (bench.spec_table): the feature head, prompt
+    lookup and the distilled draft, each beside plain greedy in every round."""
+    drafters = {"ngram k=4": (NGramDrafter(), 4)}
+    try:
+        drafters |= {"head k=2": (FeatureHeadDrafter(sm), 2), "head k=auto": (FeatureHeadDrafter(sm), "auto")}
+    except LessonkitError as e:
+        notes.append(f"feature-head table rows skipped: {e}")
+    rows = category_table(sm, drafters, per_category=1 if smoke else 3, max_new=12 if smoke else 48,
+                          rounds=1 if smoke else max(5, repeats))
+    return {"table": rows, "table_markdown": table_markdown(rows)}
 
 
 def _by_kind(rows, notes, target, drafter, prompts_by_kind_, max_new, repeats, k="auto"):
@@ -227,7 +246,7 @@ def agreement(a, b, n_prompts: int = 4) -> float:
 def bench(args) -> dict:
     smoke = bool(getattr(args, "smoke", False))
     repeats = 1 if smoke else 3
-    rows, targets, notes = [], [], []
+    rows, targets, notes, table = [], [], [], {}
     max_new = 12 if smoke else 48
     try:   # on the int8 numerics the MoE target is tiny-moe quantised to Q8_0 at load (its accuracy: a note)
         tgt, dft = load_model("tiny-moe", weights=tiny_moe_weights()), load_model("tiny-draft")
@@ -259,8 +278,9 @@ def bench(args) -> dict:
               prompts=prompts, max_new=8 if smoke else 32, repeats=repeats, with_formula=True,
               auto_names=("smollm2-draft k=auto", "mtp k=auto"), speedup_goal=1.8)
         _grounded(rows, targets, smoke, repeats)
+        table = _table(notes, sm, smoke, repeats)
     for r in rows:
         if not r["identical_to_plain"] and "transformers" not in r["name"]:
             notes.append(f"NOT IDENTICAL: {r['name']}")
     return {"bench": "spec", "machine": {**machine_info(), "torch_threads": torch.get_num_threads()},
-            "smoke": smoke, "rows": rows, "targets": targets, "notes": notes}
+            "smoke": smoke, "rows": rows, "targets": targets, "notes": notes, **table}

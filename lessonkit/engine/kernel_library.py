@@ -10,7 +10,7 @@ from pathlib import Path
 
 from lessonkit.files.resources import PACKAGE_DIR
 
-ABI = 7                                 # csrc/rowkernel.c's rk_abi() this module calls
+ABI = 8                                 # csrc/rowkernel.c's rk_abi() this module calls
 KERNELS = PACKAGE_DIR / "engine" / "kernels"      # the shipped binaries (csrc/build_kernels.py)
 _SYSTEMS = {"linux": ("linux", ".so"), "win32": ("windows", ".dll"), "darwin": ("macos", ".dylib")}
 _MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}
@@ -57,6 +57,8 @@ class KernelLibrary:
         "rk_fma_many": [_ADDR, _ADDR, _ADDR, _ADDR, _I64, _I32],
         "rk_forward": [_ADDR, _ADDR, ctypes.c_float, ctypes.c_float, _ADDR, _ADDR, _I64, _I64, _ADDR, _ADDR, _I64,
                        _ADDR, _I64, _I32, _ADDR, _ADDR, _ADDR],
+        "rk_draft_greedy": [_ADDR, _ADDR, ctypes.c_float, ctypes.c_float, _ADDR, _ADDR, _I64, _I64, _ADDR, _ADDR, _I64,
+                            _ADDR, _I32, _I64, _ADDR, _ADDR, _ADDR],
         "rk_exp_many": [_ADDR, _ADDR, _I64],
         "rk_profile": [_I32, _ADDR],
     }
@@ -152,6 +154,13 @@ class KernelLibrary:
         self._check("forward", RK_BAD_SIZES if rc == RK_BAD_KIND else rc,
                     "bad sizes (or a weight kind other than float32, Q4_1, Q8_0)")
         return rc
+
+    def draft_greedy(self, plan, dims, eps, clip, x, tokens, m, start, k_cache, v_cache, alloc, logits, use_avx2, k,
+                     ids, chain, out) -> None:
+        """a greedy draft turn of k tokens in one call (csrc/forward.c rk_draft_greedy): argmax rows into out [k]"""
+        self._check("draft_greedy", self.lib.rk_draft_greedy(plan, dims, eps, clip, x, tokens, m, start, k_cache,
+                                                             v_cache, alloc, logits, int(use_avx2), k, ids, chain, out),
+                    "bad sizes (or a weight kind other than float32, Q4_1, Q8_0)")
 
     PROFILE_GROUPS = ("elementwise", "attention products", "attention", "mlp / experts", "output layer",
                       "expert fetch")

@@ -111,6 +111,25 @@ class _CHead:
                                   cfg.draft_vocab, cos.shape[0], 1, 1, 0, 0, 0], dtype=torch.int64)
         self.path = int(lm.avx2)
         self.eps = float(cfg.norm_eps)
+        self.logits = torch.empty(1, cfg.draft_vocab, dtype=torch.float32)
+
+    def chain(self, e_table: torch.Tensor, w_g: torch.Tensor, gnorm: torch.Tensor) -> None:
+        """The chained input of rk_draft_greedy: x = e_table[draft] + w_g (RMSNorm(a) * gnorm)."""
+        wg = qb.q8_0_weight(w_g)
+        self.keep += [e_table, wg, gnorm]
+        self.chain_args = torch.tensor([e_table.data_ptr(), wg.data.data_ptr(), wg.code, gnorm.data_ptr()],
+                                       dtype=torch.int64)
+
+    def turn(self, x: torch.Tensor, cache: KVCache, start: int, k: int) -> list[int]:
+        """A whole greedy turn in one C call: the rows x [M, D] at start.., then k - 1 chained drafts; returns the
+        k draft-vocabulary rows (csrc/forward.c rk_draft_greedy) and leaves their keys and values in cache."""
+        x = x.contiguous().clone()
+        out = torch.empty(k, dtype=torch.int64)
+        kernel._rowkernel.draft_greedy(self.plan.data_ptr(), self.dims.data_ptr(), self.eps, 0.0, x.data_ptr(), 0,
+                                       x.shape[0], start, cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1],
+                                       self.logits.data_ptr(), self.path, k, 0, self.chain_args.data_ptr(),
+                                       out.data_ptr())
+        return out.tolist()
 
     def rows(self, x: torch.Tensor, cache: KVCache, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """x [M, D] at head positions start.. -> (outputs a [M, D], draft logits of the last row [1, V])."""
@@ -176,6 +195,8 @@ class FeatureHeadDrafter:
         D = self.cfg.dim
         self.w_e, self.w_g = w["w_in"][:, :D].contiguous(), w["w_in"][:, D:].contiguous()
         self.e_table = rms_norm(embed[self.vocab].float(), w["enorm"], self.cfg.norm_eps) @ self.w_e.T   # [V, D]
+        if self.step_path == "C":
+            self.head.chain(self.e_table.contiguous(), self.w_g, w["gnorm"].contiguous())
         self.tap = _StateTap.of(target, self.cfg.taps)
         self.stats = {"num_drafts": 0, "recomputed_states": 0}
         self.cache = KVCache(1, self.target.model.cos.shape[0], self.cfg.n_kv_heads, self.cfg.head_dim)
@@ -244,10 +265,15 @@ class FeatureHeadDrafter:
         toks = torch.tensor([context[p] for p in new])
         e = rms_norm(self.embed[toks].float(), self.w["enorm"], self.cfg.norm_eps) @ self.w_e.T
         x = e + rms_norm(self.g[keep:n - 1], self.w["gnorm"], self.cfg.norm_eps) @ self.w_g.T
-        a, logits = self.head.rows(x, self.cache, keep)
-        self.cache.length = n - 1
         self.row_tokens += toks.tolist()
         self.real, self.changed_from = n - 1, self.n_states
+        self.stats["num_drafts"] += 1
+        if self.step_path == "C":                       # the whole turn in one C call
+            rows = self.head.turn(x, self.cache, keep, k)
+            self.cache.length = n - 1 + k - 1
+            return Draft(self.vocab[rows].tolist())
+        a, logits = self.head.rows(x, self.cache, keep)
+        self.cache.length = n - 1
         out = []
         u = a[-1]
         for i in range(k):
@@ -258,7 +284,6 @@ class FeatureHeadDrafter:
             a, logits = self.head.rows(self._x(out[-1], u, idx)[None], self.cache, self.cache.length)
             self.cache.length += 1
             u = a[-1]
-        self.stats["num_drafts"] += 1
         return Draft(out)
 
     def update(self, context, num_accepted: int) -> None:

@@ -301,3 +301,4 @@ def save_head(out_dir: Path, w: dict, info: dict) -> None:
             "config": json.dumps(info["config"])}
     atomic_write(out_dir / "head.safetensors", lambda tmp: save_file(w, str(tmp), metadata=meta))
     atomic_write(out_dir / "train_log.json", json.dumps(info, indent=1).encode())
+
