@@ -22,4 +22,5 @@ BENCHES = {
     "semcache": "lessonkit.bench.semcache",
     "stack": "lessonkit.bench.stack",
     "streaming": "lessonkit.bench.streaming",
+    "suffix": "lessonkit.bench.suffix",
 }
