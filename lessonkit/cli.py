@@ -12,7 +12,7 @@ import sys
 from lessonkit import commands as c
 from lessonkit.bench import BENCHES
 from lessonkit.engine.threads import MAX_THREADS
-from lessonkit.errors import LessonkitError
+from lessonkit.errors import LessonkitError, ran_out_line
 from lessonkit.files.disk import USAGE as DISK_USAGE
 from lessonkit.files.disk import parse_disk
 from lessonkit.speculative.depth import K_MAX, parse_draft_depth
@@ -303,15 +303,19 @@ def main(argv=None) -> int:
         if getattr(args, "out", None) and not getattr(args, "measure_only", False):
             from lessonkit.files.safe_files import refuse_overwrite
             refuse_overwrite(args.out, args.force)          # a user's --out is kept unless --force
+        if args.func is not c.cmd_models:           # the one command without torch (lessonkit.models.listing)
+            from lessonkit.engine.limits import check_engine_room
+            check_engine_room()                     # a too-small address space: one line, before the imports fail
         return int(args.func(args) or 0)
-    except LessonkitError as e:
-        print(f"lessonkit: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:      # the last resort for a path the handler did not expect (a name too long, ...)
-        print(f"lessonkit: error: {os_error(e)}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as e:    # bad input; memory or threads ran out (errors.ran_out); a path the handler did not expect
+        line = ran_out_line(e) or (str(e) if isinstance(e, LessonkitError) else os_error(e) if isinstance(e, OSError)
+                                   else None)
+        if line is None:
+            raise
+        print(f"lessonkit: error: {line}", file=sys.stderr)
+        return 2
 
 
 def names_as_bytes(stream) -> None:

@@ -64,7 +64,7 @@ def cmd_generate(args) -> int:
     if args.prefix_cache and (args.grammar or args.schema or args.draft):
         raise LessonkitError("--prefix-cache cannot be combined with --grammar, --schema or --draft yet "
                              "(it would be ignored); the capstone `lessonkit stack run` combines them")
-    threads = use_threads(args.threads)
+    threads = use_threads(args.threads, torch_too=False)      # --threads: the kernel's (the help)
     use_numerics(args.numerics)
     eng = load_model(args.model, expert_budget_mb=args.expert_budget_mb, dtype=dtype, prefetch=args.prefetch,
                      weights=args.weights)
@@ -110,10 +110,10 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def use_threads(n: int | None) -> int:
-    """--threads: the C kernel's threads, and torch's from them (lessonkit.engine.threads); returns the count."""
+def use_threads(n: int | None, torch_too: bool = True) -> int:
+    """--threads: the C kernel's threads, and torch's from them where the help says so (engine.threads); the count."""
     from lessonkit.engine.threads import use_threads as use
-    return use(n)
+    return use(n, torch_too=torch_too)
 
 
 def use_numerics(name: str | None = None) -> tuple[str, str]:

@@ -104,12 +104,12 @@ class ExpertStore:
                 f"expert budget of {budget_bytes} bytes ({budget_bytes / 2**20:.3f} MB) is smaller than one expert "
                 f"({self.expert_bytes} bytes = {self.expert_bytes / 2**20:.3f} MB)")
         self.budget_bytes = budget_bytes
+        self._pool = start_prefetch_thread() if prefetch else None      # before the file: a refusal leaves nothing open
         self._fd = os.open(self.path, os.O_RDONLY | BINARY)
         self._cache: OrderedDict[tuple[int, int], Expert] = OrderedDict()
         self._pinned: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._inflight: dict[tuple[int, int], Future] = {}
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch") if prefetch else None
         self.routing_counts: Counter = Counter()
         self.reset_counters()
         self.disk = WARM
@@ -315,3 +315,21 @@ class ExpertStore:
             self.close()
         except Exception:
             pass
+
+
+def start_prefetch_thread() -> ThreadPoolExecutor:
+    """The one prefetch thread, started now (an executor starts it at the first submit, mid-generation): a thread
+    the system refuses is one line naming --prefetch here, before any work (errors.ResourceError)."""
+    from lessonkit.engine.limits import check_thread_room
+    from lessonkit.errors import ResourceError, ran_out_line
+    check_thread_room(1, "the --prefetch thread")
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
+    try:
+        pool.submit(int).result()
+    except RuntimeError as e:
+        pool.shutdown(wait=False)
+        line = ran_out_line(e, "the --prefetch thread could not start")
+        if line is None:
+            raise
+        raise ResourceError(line) from None
+    return pool

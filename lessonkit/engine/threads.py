@@ -27,14 +27,26 @@ def physical_cores() -> int:
     return max(1, cores)
 
 
-def use_threads(n: int | None = None) -> int:
-    """Run the C kernel with n threads (None: this machine's physical cores) and torch with the same n.
-    Without an n torch keeps its own default (the physical cores too, unless OMP_NUM_THREADS pins it: a
-    test harness or a user on shared cores). Returns the kernel's count in use (1 without the C kernel
-    binary). Results do not depend on it: each kernel output is one chain computed by one thread."""
+def use_threads(n: int | None = None, *, torch_too: bool = True) -> int:
+    """Run the C kernel with n threads (None: this machine's physical cores) and, with torch_too, torch with the
+    same n. Without an n torch keeps its own default (the physical cores too, unless OMP_NUM_THREADS pins it: a
+    test harness or a user on shared cores). Commands whose help says --threads is the kernel's alone (generate,
+    bench) pass torch_too=False: torch stays at OMP_NUM_THREADS. Returns the kernel's count in use (1 without the
+    C kernel binary). Results do not depend on it: each kernel output is one chain computed by one thread.
+
+    A count the system cannot start is one line (errors.ResourceError), checked before starting where a limit
+    says so (engine.limits), and after: the kernel starts what it can, and fewer than an asked n is refused."""
     from lessonkit.engine import kernel
-    in_use = kernel.set_threads(physical_cores() if n is None else n)     # checks n
-    if n is not None:
+    from lessonkit.engine.limits import check_thread_room
+    want, loaded = physical_cores() if n is None else n, kernel._rowkernel is not None
+    if n is not None and loaded:
+        check_thread_room(min(want, MAX_THREADS) - kernel.THREADS, f"the C kernel's {want} threads (--threads {want})")
+    in_use = kernel.set_threads(want)     # checks n
+    if n is not None and loaded and in_use < min(want, MAX_THREADS):
+        from lessonkit.errors import THREAD_ADVICE, ResourceError, limits_text
+        raise ResourceError(f"out of threads (the C kernel started {in_use} of the {want} threads of --threads {want}"
+                            f"{limits_text('threads')}): {THREAD_ADVICE}")
+    if n is not None and torch_too:
         pin_torch_threads(n)
     return in_use
 
