@@ -46,6 +46,7 @@ from lessonkit.semcache.policies import load_embedder
 from lessonkit.speculative.drafters import Draft, Drafter, ModelDrafter, NGramDrafter, OracleDrafter
 from lessonkit.speculative.suffix import SuffixDrafter
 from lessonkit.speculative.suffix_store import SuffixStore
+from lessonkit.speculative.first_of import FirstOf
 from lessonkit.speculative.verify import speculative_generate
 from lessonkit.workloads.triage import ITEM_TEMPLATE, JUDGE_SCHEMA, STOP_STRINGS, Workload, needs_action
 
@@ -85,14 +86,6 @@ def _model_drafter(target, arg, **kw):
     d = ModelDrafter(eng, name=arg or "tiny-draft", **{k: v for k, v in kw.items() if k in ("temperature", "top_p", "seed")})
     d.check_vocab(target)
     return d
-
-
-def _tiny_draft(target, arg, **kw):
-    return _model_drafter(target, "tiny-draft", **kw)
-
-
-def _smollm2_draft(target, arg, **kw):
-    return _model_drafter(target, "smollm2-draft", **kw)
 
 
 def _ngram_drafter(target, arg, **kw):
@@ -137,10 +130,23 @@ def _suffix_drafter(target, arg, **kw):
     return SuffixDrafter(SuffixStore.for_target(target, arg), autosave=True)
 
 
+def _auto_drafter(target, arg, **kw):
+    """'auto': the target's shipped drafters, cheapest first (speculative.first_of): the suffix drafter's match of
+    >= 2 tokens (the request and the store of earlier outputs), else the feature head where one ships for the
+    target, else its draft model; the depth gate (k=auto) switches drafting off where it does not pay."""
+    free = _suffix_drafter(target, arg)
+    try:
+        learned, why = FeatureHeadDrafter(target), "head"
+    except LessonkitError:
+        learned, why = (_model_drafter(target, "tiny-draft"), "tiny-draft") if target.name == "tiny-moe" else (None, "")
+    parts = [(free, 2)] + ([(learned, 1)] if learned is not None else [])
+    return FirstOf(parts, name=f"auto (suffix match >= 2 tokens{', else ' + why if why else ''})")
+
+
 # name -> factory(target, arg: str | None, **kw) -> Drafter
 DRAFTERS = {
-    "tiny-draft": _tiny_draft,
-    "smollm2-draft": _smollm2_draft,
+    "tiny-draft": lambda target, arg, **kw: _model_drafter(target, "tiny-draft", **kw),
+    "smollm2-draft": lambda target, arg, **kw: _model_drafter(target, "smollm2-draft", **kw),
     "model": _model_drafter,          # model:NAME_OR_DIR
     "ngram": _ngram_drafter,          # ngram or ngram:N
     "oracle": _oracle_drafter,        # oracle:P
@@ -148,6 +154,7 @@ DRAFTERS = {
     "grammar": _grammar_drafter,      # grammar or grammar:NAME_OR_PATH
     "suffix": _suffix_drafter,        # suffix or suffix:DIR (lessonkit.speculative.suffix)
     "head": _head_drafter,            # head or head:PATH (lessonkit.feature_head)
+    "auto": _auto_drafter,            # auto or auto:DIR (the suffix store's folder)
 }
 
 

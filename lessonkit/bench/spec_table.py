@@ -66,7 +66,7 @@ def table_markdown(rows: list[dict]) -> str:
             "| identical |\n|---|---|---|---|---|---|---|---|\n")
     fmt = lambda r: (f"| {r['category']} | {r['drafter']} | {r['tokens_per_verify']:.2f} | "
                      f"{', '.join(f'{a:.2f}' for a in r['acceptance_by_position'][:4])} | "
-                     f"{'-' if r['c'] is None else f'{r['c']:.3f}'} | {r['verify_cost']:.2f} | "
+                     f"{'-' if r['c'] is None else format(r['c'], '.3f')} | {r['verify_cost']:.2f} | "
                      f"{r['speedup']:.2f}x ({r['speedup_spread'][0]:.2f}-{r['speedup_spread'][1]:.2f}) | "
                      f"{'yes' if r['identical_to_plain'] else 'NO'} |")
     return head + "\n".join(fmt(r) for r in rows)

@@ -34,6 +34,7 @@ from lessonkit.errors import LessonkitError
 from lessonkit.feature_head import head as fh
 from lessonkit.files.atomic import atomic_write
 from lessonkit.files.resources import lessonkit_home
+from lessonkit.workloads.corpus import EOT, KINDS, load_documents, spread_slots
 from lessonkit.workloads.requests import CATEGORIES, requests
 
 SHARD = 40                    # requests per shard of the target pass
@@ -43,9 +44,11 @@ SHARD = 40                    # requests per shard of the target pass
 class HeadTrainConfig:
     per_category: int = 150           # TRAIN requests per category
     max_new_tokens: int = 96
+    text_windows: int = 500           # teacher-forced windows of the corpus' train split per kind of text
+    window: int = 128
     draft_vocab: int = 2048
     intermediate_size: int | None = None   # the head's MLP (None: the target's)
-    epochs: int = 6
+    epochs: int = 4
     batch_size: int = 8
     lr: float = 1e-3
     warmup: int = 40
@@ -56,12 +59,14 @@ class HeadTrainConfig:
     checkpoint_every: int = 50
 
     def data_key(self) -> dict:
-        return {"per_category": self.per_category, "max_new_tokens": self.max_new_tokens, "seed": self.seed}
+        """What the target pass depends on (its shards' folder is keyed by it): the requests, then the windows."""
+        return {"per_category": self.per_category, "max_new_tokens": self.max_new_tokens, "seed": self.seed,
+                **({"text_windows": self.text_windows, "window": self.window} if self.text_windows else {})}
 
 
 PRESETS = {
     "smollm2-135m": HeadTrainConfig(),
-    "test": HeadTrainConfig(per_category=2, max_new_tokens=6, draft_vocab=64, intermediate_size=64, epochs=2,
+    "test": HeadTrainConfig(per_category=2, max_new_tokens=6, text_windows=1, window=16, draft_vocab=64, intermediate_size=64, epochs=2,
                             batch_size=2, warmup=2, checkpoint_every=2),
 }
 
@@ -90,6 +95,24 @@ def greedy_with_states(target, prompt: list[int], max_new: int, taps: tuple[int,
             "picks": torch.cat(picks)[:len(tokens) - 1], "prompt_len": len(prompt)}
 
 
+def text_with_states(target, tokens: list[int], taps: tuple[int, ...]) -> dict:
+    """One teacher-forced window: the target's states and greedy picks at every position but the last."""
+    logits, top, tapped = target.forward(tokens, target.new_cache(len(tokens)), taps=taps)
+    return {"tokens": torch.tensor(tokens), "states": torch.stack([*tapped, top], 1)[:-1].to(torch.bfloat16),
+            "picks": logits.argmax(-1)[:-1], "prompt_len": 1}
+
+
+def text_windows(target, tc: HeadTrainConfig) -> list[tuple[str, list[int]]]:
+    """(kind, tokens) of `text_windows` windows per kind, seeded slots spread over the corpus' whole train split."""
+    out = []
+    for kind in KINDS:
+        ids = [t for d in load_documents(kind, "train") if d.strip() for t in target.encode(d + EOT)]
+        slots = len(ids) // tc.window
+        for s in spread_slots(slots, min(tc.text_windows, slots), tc.seed):
+            out.append((f"text-{kind}", ids[s * tc.window:(s + 1) * tc.window]))
+    return out
+
+
 def pass_dir(target, tc: HeadTrainConfig, taps) -> Path:
     key = json.dumps({**tc.data_key(), "taps": list(taps), "numerics": kernel.NUMERICS}, sort_keys=True)
     return (lessonkit_home() / "feature-head" /
@@ -97,13 +120,16 @@ def pass_dir(target, tc: HeadTrainConfig, taps) -> Path:
 
 
 def target_pass(target, tc: HeadTrainConfig, taps, progress: bool = True) -> list[dict]:
-    """Every TRAIN request's greedy answer and states, from the shards on disk where they exist."""
+    """Every TRAIN request's greedy answer and states, then the teacher-forced corpus windows, from the shards on
+    disk where they exist."""
     reqs = requests(target, "train", tc.per_category, seed=tc.seed)
-    todo = [(cat, i, p) for cat in CATEGORIES for i, p in enumerate(reqs[cat])]
+    todo = [(cat, lambda p=p: greedy_with_states(target, p, tc.max_new_tokens, taps))
+            for cat in CATEGORIES for p in reqs[cat]]
+    todo += [(cat, lambda w=w: text_with_states(target, w, taps)) for cat, w in text_windows(target, tc)]
     folder = pass_dir(target, tc, taps)
     folder.mkdir(parents=True, exist_ok=True)
     out = []
-    bar = tqdm(total=len(todo), desc=f"{target.name} answers the training requests", disable=not progress)
+    bar = tqdm(total=len(todo), desc=f"{target.name} on the training requests and text", disable=not progress)
     for s in range(0, len(todo), SHARD):
         path = folder / f"shard-{s // SHARD:04d}.pt"
         if path.exists():
@@ -113,8 +139,8 @@ def target_pass(target, tc: HeadTrainConfig, taps, progress: bool = True) -> lis
                 raise LessonkitError(f"{path}: unreadable shard of the target pass ({e}); delete it to recompute") from None
         else:
             shard = []
-            for cat, i, p in todo[s:s + SHARD]:
-                shard.append({**greedy_with_states(target, p, tc.max_new_tokens, taps), "category": cat})
+            for cat, run in todo[s:s + SHARD]:
+                shard.append({**run(), "category": cat})
                 bar.update(1)
             atomic_write(path, lambda tmp: torch.save(shard, tmp))
             bar.update(0)
