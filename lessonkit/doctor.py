@@ -35,11 +35,11 @@ def doctor() -> int:
     for fn, s in (verify_manifest(conv) if conv.exists() else {}).items():     # the converted cache, if made
         ok &= s == "ok"
         print(f"  {'OK  ' if s == 'ok' else 'FAIL'} {conv.name}/{fn}: {s}")
-    mtp_dir = MODELS_DIR / "mtp"
-    if mtp_dir.exists():
-        for fn, s in verify_manifest(mtp_dir).items():
+    heads = [MODELS_DIR / "mtp"] + sorted((MODELS_DIR / "feature-head").glob("*/"))   # MTP and feature heads
+    for d in (h for h in heads if h.exists()):
+        for fn, s in verify_manifest(d).items():
             ok &= s == "ok"
-            print(f"  {'OK  ' if s == 'ok' else 'FAIL'} mtp/{fn}: {s}")
+            print(f"  {'OK  ' if s == 'ok' else 'FAIL'} {d.relative_to(MODELS_DIR).as_posix()}/{fn}: {s}")
     try:
         from lessonkit.files.safe_files import sha256_file
         from lessonkit.models.gguf_loader import SMOLLM2_SHA256, smollm2_gguf_path

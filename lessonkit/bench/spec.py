@@ -30,6 +30,8 @@ from lessonkit.models.registry import load_model
 from lessonkit.measure.grounded import grounded_rows
 from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.speculative.drafters import ModelDrafter, NGramDrafter
+from lessonkit.speculative.first_of import FirstOf
+from lessonkit.speculative.suffix import SuffixDrafter
 from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens_per_pos, measure_cost_curve,
                                         predicted_speedup)
 from lessonkit.speculative.verify import speculative_generate, total_stats
@@ -191,7 +193,11 @@ def _table(notes: list, sm, smoke: bool, repeats: int) -> dict:
     lookup and the distilled draft, each beside plain greedy in every round."""
     drafters = {"ngram k=4": (NGramDrafter(), 4)}
     try:
-        drafters |= {"head k=2": (FeatureHeadDrafter(sm), 2), "head k=auto": (FeatureHeadDrafter(sm), "auto")}
+        head = FeatureHeadDrafter(sm)
+        # --draft auto as a benchmark runs it: the suffix drafter over the request alone (learn=False: no request is
+        # measured against a store holding its own earlier output), else the head, the depth gate on top
+        auto = FirstOf([(SuffixDrafter(None, learn=False), 2), (head, 1)], name="auto")
+        drafters |= {"head k=2": (head, 2), "head k=auto": (head, "auto"), "auto k=auto": (auto, "auto")}
     except LessonkitError as e:
         notes.append(f"feature-head table rows skipped: {e}")
     rows = category_table(sm, drafters, per_category=1 if smoke else 3, max_new=12 if smoke else 48,

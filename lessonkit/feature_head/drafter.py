@@ -195,6 +195,8 @@ class FeatureHeadDrafter:
         D = self.cfg.dim
         self.w_e, self.w_g = w["w_in"][:, :D].contiguous(), w["w_in"][:, D:].contiguous()
         self.e_table = rms_norm(embed[self.vocab].float(), w["enorm"], self.cfg.norm_eps) @ self.w_e.T   # [V, D]
+        self.row_of = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
+        self.row_of[self.vocab] = torch.arange(len(self.vocab))
         if self.step_path == "C":
             self.head.chain(self.e_table.contiguous(), self.w_g, w["gnorm"].contiguous())
         self.tap = _StateTap.of(target, self.cfg.taps)
@@ -212,9 +214,14 @@ class FeatureHeadDrafter:
             grow[:self.g.shape[0]] = self.g
             self.g = grow
         with torch.no_grad():
-            self.g[start:start + T] = fh.fuse(self.w, self.cfg, states)
+            self.g[start:start + T] = self._state_half(states)
         self.n_states = start + T
         self.changed_from = min(self.changed_from, start)
+
+    def _state_half(self, states: torch.Tensor) -> torch.Tensor:
+        """w_g RMSNorm(g) of the target's states [T, S, D]: the state half of the head's input rows, computed once
+        per position when the target runs it (self.g holds these, not g itself)."""
+        return rms_norm(fh.fuse(self.w, self.cfg, states), self.w["gnorm"], self.cfg.norm_eps) @ self.w_g.T
 
     def reset(self, prompt_ids) -> None:
         self.g = torch.zeros(256, self.cfg.dim)
@@ -234,7 +241,7 @@ class FeatureHeadDrafter:
         cache = self.target.new_cache(n + 1)
         _, top, tapped = self.tap.orig(context[:n], cache, last_only=True, taps=self.cfg.taps)
         with torch.no_grad():
-            self.g[:n] = fh.fuse(self.w, self.cfg, torch.stack([*tapped, top.float()], 1))
+            self.g[:n] = self._state_half(torch.stack([*tapped, top.float()], 1))
         self.stats["recomputed_states"] += n
 
     # ---- drafting ---------------------------------------------------------------------------------------
@@ -255,16 +262,17 @@ class FeatureHeadDrafter:
             return Draft([])
         # head rows p = 1 .. n - 1 need states 0 .. n - 2 and tokens 1 .. n - 1; keep the rows still valid
         keep = min(self.real, self.changed_from, n - 2)
-        j = 0
-        while j < keep and self.row_tokens[j] == context[j + 1]:
-            j += 1
-        keep = j
+        if self.row_tokens[:keep] != context[1:keep + 1]:      # (one list comparison: the usual case is equal)
+            keep = next(j for j in range(keep) if self.row_tokens[j] != context[j + 1])
         self.cache.rollback(keep)
         self.row_tokens = self.row_tokens[:keep]
-        new = range(keep + 1, n)                         # head positions p
-        toks = torch.tensor([context[p] for p in new])
-        e = rms_norm(self.embed[toks].float(), self.w["enorm"], self.cfg.norm_eps) @ self.w_e.T
-        x = e + rms_norm(self.g[keep:n - 1], self.w["gnorm"], self.cfg.norm_eps) @ self.w_g.T
+        toks = torch.tensor(context[keep + 1:n])
+        rows = self.row_of[toks]
+        if bool((rows >= 0).all()):                     # the usual case: every new token is in the draft vocabulary
+            e = self.e_table[rows]
+        else:
+            e = rms_norm(self.embed[toks].float(), self.w["enorm"], self.cfg.norm_eps) @ self.w_e.T
+        x = e + self.g[keep:n - 1]
         self.row_tokens += toks.tolist()
         self.real, self.changed_from = n - 1, self.n_states
         self.stats["num_drafts"] += 1

@@ -84,7 +84,7 @@ def two_numerics(model: str = "smollm2-135m", drafters=None, *, k: int = 3, k_ma
     against the cost model, and each drafter's predicted and measured decode speed-up on each. The timed prompts
     and the prompts the acceptance is measured on apart are drawn with different seeds. Returns (cost table,
     drafter table, Figure, notes)."""
-    drafters = drafters or {"distilled draft": "smollm2-draft", "n-gram lookup": "ngram"}
+    drafters = drafters or {"distilled draft": "smollm2-draft", "n-gram lookup": "ngram", "feature head": "head"}
     engines, notes = paths.load_on_each(model)
     cost_df, costs = paths.verify_costs(engines, k_max, repeats=3 * repeats + 1)
     first = next(iter(engines.values()))
