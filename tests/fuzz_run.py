@@ -14,7 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fuzz_cli import ROOT, clean_case, content_damaged, make_victim, materialise, tree_digest  # noqa: E402
 from lessonkit.cli import main  # noqa: E402  (the worker imports torch once, not per case)
 
-MEM_LIMIT_MB = 3072          # RLIMIT_AS of every worker and subprocess (address space, not resident)
+MEM_LIMIT_MB = int(os.environ.get("LESSONKIT_FUZZ_AS_MB", 3072))   # RLIMIT_AS of every worker and subprocess (MB of
+#                                   address space, not resident; tests/test_fuzz.py's fixed cases try a tighter one)
 RSS_BOUND_MB = 1536          # peak resident memory a case may reach
 CASE_TIMEOUT_S = 90          # a case running longer is a hang
 
@@ -164,9 +165,18 @@ def reference(case: dict, victim: Path, box: Path) -> tuple:
         damage_home(None, victim)
         argv = [materialise(a, where, victim) for a in clean["argv"]]
         r = invoke(argv, where)
+        if r["code"] == 2 and "lessonkit: error: out of " in r["stderr"]:
+            r = fresh(argv, where)       # this worker ran out (what earlier cases left), not the command: ask a new process
         _REFERENCE[key] = (r["code"], answer_of(component(case["argv"]), argv, r, where))
         shutil.rmtree(where, ignore_errors=True)
     return _REFERENCE[key]
+
+
+def fresh(argv: list, where: Path) -> dict:
+    """`python -m lessonkit ARGV` in a new interpreter under the same limits: exit code, stdout, stderr."""
+    r = subprocess.run([sys.executable, "-m", "lessonkit", *argv], cwd=where, capture_output=True, text=True,
+                       timeout=CASE_TIMEOUT_S, preexec_fn=limit_memory)
+    return {"code": r.returncode, "stdout": r.stdout, "stderr": r.stderr[-2000:], "traceback": None}
 
 
 def restored_tokens(pcdir: str, where: Path):

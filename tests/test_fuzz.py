@@ -96,6 +96,28 @@ def test_real_processes_with_argv_as_bytes(cases, tmp_path_factory):
     assert not bad, "\n".join(bad)
 
 
+def test_the_fixed_cases(tmp_path_factory):
+    """The defect classes long runs found (fuzz_cli.FIXED_CASES), in one worker under the memory limit, in order:
+    each follows the last in the same process, as in a long run, and each answer is its clean twin's."""
+    results = _once("fixed", fz.FIXED_CASES, lambda: fr.run_worker(fz.FIXED_CASES, tmp_path_factory.mktemp("fixed"),
+                                                                   timeout_s=600))
+    bad = fr.defects(results)
+    assert not bad, "\n".join(bad)
+    assert [r["answer"] for r in results] == ["right"] * len(results), [(fr.short(r["argv"]), r["answer"]) for r in results]
+
+
+def test_the_wrong_answer_of_issue_60_under_tighter_limits(tmp_path, monkeypatch):
+    """fuzz_cli.FIXED_CASES[0] alone in a worker under tighter address-space limits: exit 0 with its clean twin's
+    answer, or one line and exit 2 (not checked). Before issue 60 its twin, run after it in the worker, ran out of
+    the address space the case's 126 threads had taken (a wrong answer at 2,900 MB), or the case itself died
+    (libgomp: Thread creation failed; an ImportError: failed to map segment)."""
+    for as_mb in (1300, 2000, 2900):
+        monkeypatch.setenv("LESSONKIT_FUZZ_AS_MB", str(as_mb))
+        [r] = fr.run_worker(fz.FIXED_CASES[:1], tmp_path / str(as_mb), timeout_s=300)
+        assert not fr.defects([r]), (as_mb, fr.defects([r]))
+        assert r["answer"] == "right" or r["code"] == 2 and r["stderr"].count("lessonkit: error:") == 1, (as_mb, r)
+
+
 _DONE: dict = {}
 
 
