@@ -27,6 +27,7 @@ from lessonkit.engine.generate import generate
 from lessonkit.errors import LessonkitError
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import NGramDrafter
+from lessonkit.speculative.gate import cost_curve
 from lessonkit.speculative.suffix import SuffixDrafter
 from lessonkit.speculative.suffix_store import SuffixStore
 from lessonkit.speculative.verify import speculative_generate
@@ -98,7 +99,22 @@ def _contenders(target, store, max_new: int) -> tuple[dict, dict]:
     return fns, stores
 
 
-def _row(label: str, name: str, walls, outs, stats, plain, store=None) -> dict:
+def _step_stats(stats, cost) -> dict:
+    """Tokens per verify, share of steps with no draft, acceptance, drafter ms per step, and the speed-up the
+    verify cost curve predicts from the steps' depths (plain: one 1-row forward a token; loop overheads left out)."""
+    steps = sum(sum(s["k_hist"].values()) for s in stats)
+    verifies = sum(s["forwards"] - 1 for s in stats)
+    drafted = sum(s["num_draft_tokens"] for s in stats)
+    spec_s = sum(n * cost[min(k, len(cost) - 1)] for s in stats for k, n in s["k_hist"].items())
+    plain_s = sum(s["new_tokens"] - 1 for s in stats) * cost[0]
+    return {"tokens_per_verify": round(sum(s["new_tokens"] - 1 for s in stats) / max(verifies, 1), 3),
+            "no_draft_share": round(sum(s["k_hist"].get(0, 0) for s in stats) / max(steps, 1), 3),
+            "acceptance_rate": round(sum(s["num_accepted_tokens"] for s in stats) / max(drafted, 1), 3),
+            "draft_ms_per_step": round(1000 * sum(s["draft_s"] for s in stats) / max(steps, 1), 4),
+            "predicted_speedup": round(plain_s / spec_s, 3) if spec_s else None}
+
+
+def _row(label: str, name: str, walls, outs, stats, plain, cost, store=None) -> dict:
     plain_walls, ref = plain
     ratios = [p / w for p, w in zip(plain_walls, walls)]
     row = {"name": f"{label}: {name}", "speedup": round(statistics.median(ratios), 3),
@@ -106,11 +122,7 @@ def _row(label: str, name: str, walls, outs, stats, plain, store=None) -> dict:
            "wall_s": round(statistics.median(walls), 3), "identical_to_plain": outs == ref,
            "new_tokens": sum(len(o) for o in outs)}
     if stats and stats[0].get("k_hist") is not None:
-        steps = sum(sum(s["k_hist"].values()) for s in stats)
-        verifies = sum(s["forwards"] - 1 for s in stats)
-        row.update({"tokens_per_verify": round(sum(s["new_tokens"] - 1 for s in stats) / max(verifies, 1), 3),
-                    "no_draft_share": round(sum(s["k_hist"].get(0, 0) for s in stats) / max(steps, 1), 3),
-                    "draft_ms_per_step": round(1000 * sum(s["draft_s"] for s in stats) / max(steps, 1), 4)})
+        row.update(_step_stats(stats, cost))
     if store is not None:
         row.update({"store_tokens": store.n_tokens, "store_outputs": len(store), "store_nodes": store.trie.nodes})
     return row
@@ -125,9 +137,11 @@ def _section(label: str, target, sizes: dict, repeats: int, rows, targets, notes
                  f"{sizes['max_new']} new tokens at most, {repeats} rounds")
     fns, stores = _contenders(target, store, sizes["max_new"])
     runs = _rounds(fns, held, repeats)
+    cost = cost_curve(target, SUFFIX_K)
+    notes.append(f"{label}: verify cost curve (1 .. {SUFFIX_K + 1} rows, ms): " + " ".join(f"{1000 * c:.2f}" for c in cost))
     plain = (runs["plain greedy"][0], runs["plain greedy"][1])
     for name, (walls, outs, stats) in runs.items():
-        rows.append(_row(label, name, walls, outs, stats, plain, stores.get(name)))
+        rows.append(_row(label, name, walls, outs, stats, plain, cost, stores.get(name)))
     best = max((r for r in rows if r["name"].startswith(f"{label}: suffix, store")), key=lambda r: r["speedup"])
     targets.append(goal(f"{label}: suffix drafter (warm store) speed-up over plain greedy on held-out structured "
                         "requests", best["speedup"], ">= 2.0", best["speedup"] >= 2.0))
