@@ -151,7 +151,7 @@ COMMANDS = {
         arg("name", choices=sorted(BENCHES)), JSON,
         arg("--smoke", action="store_true", help="tiny sizes, just checks that it runs"),
         arg("--model", default=None), arg("--repeats", type=number(1, 1000, integer=True), default=3),
-        arg("--threads", type=thread_counts, default=None, help="C kernel thread counts, e.g. 1,2: llamacpp measures each (default 1,2), other benches use the first (default: physical cores)"),
+        arg("--threads", type=thread_counts, default=None, help="C kernel thread counts, e.g. 1,2: llamacpp measures each (default 1,2), other benches use the first, torch too (default: physical cores)"),
         arg("--disk", type=disk, default="cold",
             help="streaming: where expert misses are read from: cold (past the page cache: the disk itself; default), "
                  "warm (the page cache) or simulated:MB/s (a slower disk than yours)"),
