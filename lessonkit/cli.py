@@ -128,7 +128,8 @@ COMMANDS = {
         arg("--dtype", choices=["float32", "bfloat16"], default="float32"),
         arg("--chat", action="store_true", help="wrap the prompt in the model's chat template"),
         arg("--draft", default=None, type=nonempty("an empty --draft names no drafter"),
-            help="tiny-draft, model:DIR, ngram[:N], oracle:P, mtp[:SCHEME], grammar[:G]"),
+            help="auto (the best shipped drafters, cheapest first), head[:PATH], suffix[:DIR], tiny-draft, model:DIR, "
+                 "ngram[:N], oracle:P, mtp[:SCHEME], grammar[:G]"),
         arg("--draft-k", default=None, type=parse_draft_depth,
             help=f"draft depth 0 .. {K_MAX} or 'auto' (the depth gate); default: the technique's own "
                  "(the gate; with --grammar/--schema the grammar's span)"),
