@@ -12,12 +12,11 @@ from lessonkit.engine import kernel
 from lessonkit.models.convert import export_hf
 from lessonkit.models.integrity import write_manifest
 from lessonkit.engine.config import ModelConfig
-from lessonkit.engine.draft_step import CompiledStep, why_not
 from lessonkit.engine.engine import Engine
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import generate
 from lessonkit.models.registry import load_model
-from lessonkit.speculative.drafters import ModelDrafter, lean_decode_step
+from lessonkit.speculative.drafters import ModelDrafter, c_step_why_not, lean_decode_step
 from lessonkit.speculative.verify import speculative_generate
 from lessonkit.training.cut_draft import cut_loss, cut_model, reduced_targets
 from lessonkit.training.distill import distill_loss
@@ -67,19 +66,34 @@ def test_reduced_output_layer_is_the_full_layer_on_its_rows(models):
     others = torch.ones(300, dtype=torch.bool)
     others[ROWS] = False
     assert torch.isneginf(b[:, others]).all()
-    steps = [("lean", lambda cache: (lambda t: lean_decode_step(red.model, t, cache)))]
-    if why_not(red.model) is None:
-        steps.append(("C", lambda cache: CompiledStep(red.model, cache)))
-    for name, make in steps:                           # the draft steps: within float noise (see test_speculative)
-        exact, fast = red.new_cache(), red.new_cache()
-        red.forward(toks[:8], exact)
-        red.forward(toks[:8], fast)
-        step = make(fast)
-        for t in toks[8:]:
-            x, y = red.forward([t], exact)[-1], step(t)
-            assert torch.isneginf(y[others]).all(), name
-            assert torch.allclose(x[ROWS], y[ROWS], atol=1e-4, rtol=0), name
-            assert int(x.argmax()) == int(y.argmax()), name
+    exact, fast = red.new_cache(), red.new_cache()      # the lean step: within float noise (see test_speculative)
+    red.forward(toks[:8], exact)
+    red.forward(toks[:8], fast)
+    for t in toks[8:]:
+        x, y = red.forward([t], exact)[-1], lean_decode_step(red.model, t, fast)
+        assert torch.isneginf(y[others]).all()
+        assert torch.allclose(x[ROWS], y[ROWS], atol=1e-4, rtol=0)
+        assert int(x.argmax()) == int(y.argmax())
+
+
+@pytest.mark.skipif(kernel.BACKEND == "mkl", reason="the C kernel is not built")
+def test_reduced_drafters_turn_in_c_maps_rows_to_token_ids(models):
+    """A greedy turn in one C call on a cut output layer: each argmax row becomes its token id (head_ids) before
+    it is looked up again, so the drafts are the engine forward's greedy tokens and the cache its bits."""
+    d, _, draft, _ = models
+    red = Engine(reduced_copy(draft, d / "turn"))
+    assert c_step_why_not(red) is None
+    drafter = ModelDrafter(red, step="C")
+    for seed in range(3):
+        ctx = _tokens(10, seed=seed)
+        cache = red.new_cache()
+        logits, want = red.forward(ctx, cache)[-1], []
+        for _ in range(5):
+            want.append(int(logits.argmax()))
+            logits = red.forward([want[-1]], cache)[-1]
+        assert drafter.propose(ctx, 5).tokens == want
+        n = drafter.model.cache.length
+        assert n == len(ctx) + 4 and torch.equal(drafter.model.cache.k[:, :n], cache.k[:, :n])
 
 
 @pytest.mark.parametrize("step", ["auto", "torch"])
@@ -151,12 +165,14 @@ def test_head_rows_config_and_files_are_checked(models, tmp_path):
 
 
 @pytest.mark.skipif(kernel.BACKEND == "mkl", reason="the C kernel is not built")
-def test_compiled_step_refuses_tokens_outside_the_vocabulary(models, tmp_path):
+def test_a_c_draft_turn_refuses_tokens_outside_the_vocabulary(models, tmp_path):
     red = Engine(reduced_copy(models[2], tmp_path / "r"))
-    step = CompiledStep(red.model, red.new_cache())
-    step(299)                                            # a valid id above head_rows: the embedding has it
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        step(300)
+    fwd = red.model.c_forward
+    assert len(fwd.draft_greedy([299], red.new_cache(), 0, 2, ids=red.model.head_ids)) == 2   # above head_rows: fine
+    with pytest.raises(LessonkitError, match="outside the vocabulary"):
+        fwd.draft_greedy([300], red.new_cache(), 0, 2, ids=red.model.head_ids)
+    with pytest.raises(LessonkitError, match="output layer has"):
+        fwd.draft_greedy([3], red.new_cache(), 0, 2, ids=red.model.head_ids[:4])
 
 
 def test_cut_loss_is_the_distillation_loss_on_kept_rows():

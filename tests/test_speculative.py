@@ -5,11 +5,11 @@ import torch
 
 from lessonkit.speculative.depth import parse_draft_depth as parse_draft_k
 from lessonkit.engine import kernel
-from lessonkit.engine.draft_step import CompiledStep, why_not
 from lessonkit.engine.engine import Engine
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import generate, probs_from_logits
-from lessonkit.speculative.drafters import Draft, Drafter, ModelDrafter, NGramDrafter, OracleDrafter, lean_decode_step
+from lessonkit.speculative.drafters import (Draft, Drafter, ModelDrafter, NGramDrafter, OracleDrafter, c_step_why_not,
+                                            lean_decode_step)
 from lessonkit.speculative.gate import DepthGate, expected_tokens, leviathan_speedup
 from lessonkit.speculative.verify import speculative_generate, verify_greedy, verify_sampling
 from lessonkit.stack import DRAFTERS, make_drafter
@@ -326,126 +326,113 @@ def test_lean_draft_step_follows_the_exact_forward(tiny, which):
         assert lean.length == exact.length
         assert torch.allclose(a, b, atol=1e-4, rtol=0)
         assert int(a.argmax()) == int(b.argmax())
-    # a drafter's step is lean unless the model takes the engine's own C forward (experts: the C draft step
-    # reads dense float32 strips only); the oracle keeps the exact path
-    assert ModelDrafter(eng).model.lean == (ModelDrafter(eng).model.step_path != "engine forward")
+    # a drafter's step is lean only on the PyTorch path (the C paths are the engine's own C forward); the oracle
+    # keeps the exact path
+    assert ModelDrafter(eng).model.lean == (ModelDrafter(eng).model.step_path == "torch")
     assert ModelDrafter(eng, step="torch").model.lean
     assert not OracleDrafter(eng, 0.0, oracle_engine=eng).model.lean
 
 
-def _steps(eng, toks, step_fn, n_prefill=8):
-    """Exact forward and `step_fn(cache)` side by side over toks (both caches prefilled exactly)."""
-    exact, fast = eng.new_cache(), eng.new_cache()
-    eng.forward(toks[:n_prefill], exact)
-    eng.forward(toks[:n_prefill], fast)
-    step = step_fn(fast)
-    for t in toks[n_prefill:]:
-        yield eng.forward([t], exact)[-1], step(t)
-        assert fast.length == exact.length
+def _greedy_steps(eng, context, k):
+    """k greedy tokens after context through the engine's forward one token a call, and the cache it leaves."""
+    cache = eng.new_cache()
+    logits = eng.forward(context, cache)[-1]
+    out = []
+    for _ in range(k):
+        out.append(int(logits.argmax()))
+        if len(out) < k:
+            logits = eng.forward([out[-1]], cache)[-1]
+    return out, cache
 
 
 @pytest.mark.skipif(kernel.BACKEND == "mkl", reason="the C kernel is not built: drafters take the PyTorch lean step")
-def test_compiled_draft_step_follows_the_exact_forward(tiny):
-    """The C draft step (engine.draft_step, one call per token) writes the engine's KV cache and stays within
-    float noise of the exact forward (it sums attention and norms in another order: 1e-4 on logits of
-    size ~1 is far above the differences seen, ~1e-5, and far below a change of the argmax); it picks the
-    same tokens. A model it cannot run says why, and the drafter takes the PyTorch lean step."""
+def test_the_c_draft_step_is_the_engines_c_forward(tiny):
+    """A dense draft model's "C" step is its own C forward: a greedy turn (catch-up rows and k drafts, argmax in C)
+    in one call. A model whose turn cannot run in C (experts) drafts on the engine forward one call a token, and
+    step="C" on it is refused by name."""
     draft = Engine(tiny[1])
-    assert why_not(draft.model) is None
-    toks = torch.randint(0, draft.config.vocab_size, (40,), generator=torch.Generator().manual_seed(3)).tolist()
-    for a, b in _steps(draft, toks, lambda cache: CompiledStep(draft.model, cache)):
-        assert torch.allclose(a, b, atol=1e-4, rtol=0)
-        assert int(a.argmax()) == int(b.argmax())
+    assert c_step_why_not(draft) is None
     assert ModelDrafter(draft).model.step_path == "C"
     assert ModelDrafter(draft, step="torch").model.step_path == "torch"
     moe = Engine(tiny[0])
-    assert "dense" in why_not(moe.model)
+    assert "mixture of experts" in c_step_why_not(moe)
     assert ModelDrafter(moe).model.step_path == ("engine forward" if moe.model.c_forward is not None else "torch")
     assert ModelDrafter(moe, step="torch").model.step_path == "torch"
-    with pytest.raises(ValueError, match="no compiled step"):
-        CompiledStep(moe.model, moe.new_cache())
     with pytest.raises(LessonkitError, match="no C draft step"):
         ModelDrafter(moe, step="C")
+    with pytest.raises(LessonkitError, match="no draft turn in C: a mixture"):
+        moe.model.c_forward.draft_greedy([1], moe.new_cache(), 0, 2)
     with pytest.raises(ValueError, match="expected auto, C or torch"):
         ModelDrafter(draft, step="fast")
 
 
 @pytest.mark.skipif(kernel.BACKEND == "mkl", reason="Q8_0 blocks need the C kernel")
-def test_a_draft_quantised_at_load_takes_a_step_that_reads_its_blocks(tiny):
-    """A dense draft whose matrices are Q8_0 blocks (weights="q8_0") is refused by the C draft step, which reads
-    float32 strips (it once took it, read the blocks as floats and proposed token 0 every time: the output stayed
-    plain greedy's, the drafts were worthless); the drafter takes the engine's C forward (or, asked, the PyTorch
-    lean step), which read the blocks, and proposes the model's own greedy tokens."""
+def test_a_draft_quantised_at_load_drafts_on_its_blocks(tiny):
+    """A dense draft whose matrices are Q8_0 blocks (weights="q8_0") drafts on its C forward, which reads the
+    blocks (the old float-strip draft step once read them as floats and proposed token 0 every time: the output
+    stayed plain greedy's, the drafts were worthless); C and PyTorch steps propose the model's own greedy tokens."""
     draft = Engine(tiny[1], weights="q8_0")
-    assert "blocks" in why_not(draft.model)
-    with pytest.raises(LessonkitError, match="no C draft step"):
-        ModelDrafter(draft, step="C")
-    assert ModelDrafter(draft).model.step_path == "engine forward"    # one C call a token, on the blocks
+    assert ModelDrafter(draft).model.step_path == "C"
     ctx = torch.randint(0, draft.config.vocab_size, (12,), generator=torch.Generator().manual_seed(7)).tolist()
     want = list(ctx)
     for _ in range(4):
         want.append(int(draft.forward(want, draft.new_cache())[-1].argmax()))
-    for step in ("auto", "torch"):
+    for step in ("auto", "C", "torch"):
         assert ModelDrafter(draft, step=step).propose(ctx, 4).tokens == want[len(ctx):], step
 
 
 @pytest.mark.skipif(kernel.BACKEND not in ("avx2", "avx512"), reason="needs a vector path to compare with the portable one")
-def test_compiled_draft_step_same_bits_on_both_c_paths(tiny):
-    """The AVX2 and portable paths of the C draft step give the same bits (the matmuls are the row kernel's,
-    tested equal; the rest is the same C); the mkl backend packs nothing, so the step is unavailable there."""
-    toks = torch.randint(0, 200, (30,), generator=torch.Generator().manual_seed(5)).tolist()
+def test_a_c_draft_turn_same_bits_on_both_c_paths(tiny):
+    """The vector and portable paths of a C draft turn draft the same tokens and leave the same cache bits (the C
+    forward's numerics, docs/numerics.md); the mkl backend has no C forward, so the drafter says why."""
+    ctx = torch.randint(0, 200, (9,), generator=torch.Generator().manual_seed(5)).tolist()
     outs = []
     for name in (kernel.BACKEND, "portable"):
         with kernel.using(name):
             eng = Engine(tiny[1])
-        cache = eng.new_cache()
-        step = CompiledStep(eng.model, cache)
-        outs.append(torch.stack([step(t) for t in toks]))
-    assert torch.equal(outs[0], outs[1])
+        d = ModelDrafter(eng)
+        toks = d.propose(ctx, 6).tokens
+        n = d.model.cache.length
+        outs.append((toks, d.model.cache.k[:, :n].clone(), d.model.cache.v[:, :n].clone()))
+    assert outs[0][0] == outs[1][0]
+    assert torch.equal(outs[0][1], outs[1][1]) and torch.equal(outs[0][2], outs[1][2])
     with kernel.using("mkl"):
         eng = Engine(tiny[1])
-    assert "not packed" in why_not(eng.model)
+    assert "no C forward" in c_step_why_not(eng)
 
 
 @pytest.mark.skipif(kernel.BACKEND == "mkl", reason="the C kernel is not the active backend")
 @pytest.mark.parametrize("n_context", [1, 3, 7])
 def test_a_drafters_turn_in_one_call_equals_its_steps(tiny, n_context):
-    """`greedy` (the context tokens through the layers only, then k drafts with the argmax in C) leaves the
-    KV cache bit for bit as `step` token by token does, and drafts the argmax of each step's logits."""
+    """A greedy turn in one C call (the context the cache lacks, then k drafts with the argmax in C) drafts the
+    argmax of each step of the engine's forward and leaves the KV cache bit for bit as those steps do."""
     draft = Engine(tiny[1])
     toks = torch.randint(0, draft.config.vocab_size, (8 + n_context,), generator=torch.Generator().manual_seed(11)).tolist()
-    one, many = draft.new_cache(), draft.new_cache()
-    for cache in (one, many):
-        draft.forward(toks[:8], cache)
-    step, turn = CompiledStep(draft.model, one), CompiledStep(draft.model, many)
-    for t in toks[8:]:
-        logits = step(t)
-    want = []
-    for _ in range(4):
-        want.append(int(logits.argmax()))
-        if len(want) < 4:
-            logits = step(want[-1])
-    assert turn.greedy(toks[8:], 4) == want
-    assert many.length == one.length
-    n = one.length
-    assert torch.equal(many.k[:, :n], one.k[:, :n]) and torch.equal(many.v[:, :n], one.v[:, :n])
+    d = ModelDrafter(draft)
+    d.propose(toks[:8], 2)                              # a cache that holds the first positions already
+    got = d.propose(toks, 4).tokens
+    want, steps = _greedy_steps(draft, toks, 4)
+    assert got == want
+    n = steps.length
+    assert d.model.cache.length == n and d.model.ids == toks + want[:-1]
+    assert torch.equal(d.model.cache.k[:, :n], steps.k[:, :n]) and torch.equal(d.model.cache.v[:, :n], steps.v[:, :n])
 
 
-def test_compiled_draft_step_refuses_a_full_cache(tiny):
+@pytest.mark.skipif(kernel.BACKEND == "mkl", reason="the C kernel is not the active backend")
+def test_a_c_draft_turn_refuses_what_does_not_fit(tiny):
+    """A turn past the cache or the RoPE table, or a token outside the vocabulary, is refused before C runs."""
     draft = Engine(tiny[1])
-    if why_not(draft.model):
-        pytest.skip(why_not(draft.model))
-    cache = draft.new_cache(max_len=4)
-    step = CompiledStep(draft.model, cache)
-    for t in range(cache.max_len):
-        step(t % draft.config.vocab_size)
+    fwd, cache = draft.model.c_forward, draft.new_cache(max_len=4)
+    end = min(cache.k.shape[1], fwd.cos.shape[0])
+    assert len(fwd.draft_greedy([1], cache, end - 2, 2)) == 2             # the last position: fits
+    with pytest.raises(LessonkitError, match="does not fit"):
+        fwd.draft_greedy([1], cache, end - 2, 3)
+    with pytest.raises(LessonkitError, match="outside the vocabulary"):
+        fwd.draft_greedy([draft.config.vocab_size], cache, 0, 2)
+    d = ModelDrafter(draft)
+    d.model.cache = draft.new_cache(max_len=4)
     with pytest.raises(LessonkitError, match="does not fit the KV cache"):
-        step(4)
-    assert cache.length == cache.max_len
-    cache.rollback(0)
-    cache.k = cache.k.clone()                    # a replaced tensor: the plan's addresses would dangle
-    with pytest.raises(ValueError, match="replaced"):
-        step(1)
+        d.propose(list(range(d.model.cache.max_len)), 2)
 
 
 @pytest.mark.parametrize("model,drafter", [("tiny-moe", "tiny-draft"), ("tiny-moe", "tiny-draft-corpus"),
@@ -490,17 +477,17 @@ def test_drafter_comparison_measures_every_drafter_side_by_side(tiny):
 
 
 def test_without_the_c_kernel_drafters_take_the_pytorch_step(tiny):
-    """No compiler at set-up (the MKL path: weights not packed): the drafter says why and runs
-    `lean_decode_step`, with the same proposals as the C step."""
+    """No compiler at set-up (the MKL path: no C forward): the drafter says why and runs `lean_decode_step`,
+    with the same proposals as the C step."""
     prompt = list(range(3, 20))
     with_c = ModelDrafter(Engine(tiny[1])).propose(prompt, 4).tokens
     with kernel.using("mkl"):
         draft = Engine(tiny[1])
     d = ModelDrafter(draft)
-    assert d.model.step_path == "torch" and "not packed" in why_not(draft.model)
+    assert d.model.step_path == "torch" and "no C kernel" in c_step_why_not(draft)
     assert d.propose(prompt, 4).tokens == with_c
-    with kernel.use_library(None):
-        assert why_not(draft.model) == "the C kernel is not built"
+    with pytest.raises(LessonkitError, match="no C draft step for .*no C kernel"):
+        ModelDrafter(draft, step="C")
 
 
 @pytest.mark.parametrize("k", [2, "auto"])

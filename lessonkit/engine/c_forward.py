@@ -7,7 +7,9 @@ Q8_0 strip-blocks). Dense Llama models run in one C call per forward; a mixture 
 Python call per expert a layer uses (`fetch`: the expert store reads it, from disk if it must), so the store's
 counters and eviction order are the PyTorch forward's. Otherwise, and when LESSONKIT_FORWARD=torch asks for
 it, the PyTorch forward in model.py runs: the reference the C forward is tested against, and the path
-without a kernel binary (and the one with the one-layer-ahead expert prefetch).
+without a kernel binary (and the one with the one-layer-ahead expert prefetch). `CForward.draft_greedy` is a
+dense draft model's whole greedy turn on the same forward (csrc/forward.c rk_draft_greedy): its catch-up rows and
+k chained one-row forwards, each argmax in C, in one call.
 
 The C forward's numerics are specified in docs/numerics.md: every value depends on its row and position
 only, so its logits are equal bit for bit across M, prefill chunking, thread counts, the AVX-512, AVX2 and
@@ -206,18 +208,61 @@ class CForward:
             if not self.embed_in_c:
                 raise LessonkitError("this model's embedding is looked up in Python: pass x")
             x = torch.empty(T, c.dim, dtype=torch.float32)
-        if cache.k.dtype != torch.float32 or not (cache.k.is_contiguous() and cache.v.is_contiguous()):
-            raise LessonkitError("the C forward needs a contiguous float32 KV cache")
-        want = (c.n_layers, c.n_kv_heads, c.head_dim)
-        if cache.k.shape != cache.v.shape or (cache.k.shape[0], *cache.k.shape[2:]) != want:
-            raise LessonkitError(f"KV cache of shape {tuple(cache.k.shape)} is not this model's "
-                                 f"[{c.n_layers}, positions, {c.n_kv_heads}, {c.head_dim}]")
+        self._check_cache(cache)
         first = T - 1 if last_only else 0
         logits = torch.empty(T - first, int(self.dims[6]), dtype=torch.float32)
         unique = torch.zeros(c.n_layers, dtype=torch.int64) if c.is_moe else None
         picks = torch.empty(c.n_layers, T, int(self.dims[9]), dtype=torch.int64) if routing and c.is_moe else None
         with self._lock:
             return self._run(tokens, x, lookup, cache, start, T, first, logits, unique, picks)
+
+    def _check_cache(self, cache) -> None:
+        c = self.config
+        if cache.k.dtype != torch.float32 or not (cache.k.is_contiguous() and cache.v.is_contiguous()):
+            raise LessonkitError("the C forward needs a contiguous float32 KV cache")
+        want = (c.n_layers, c.n_kv_heads, c.head_dim)
+        if cache.k.shape != cache.v.shape or (cache.k.shape[0], *cache.k.shape[2:]) != want:
+            raise LessonkitError(f"KV cache of shape {tuple(cache.k.shape)} is not this model's "
+                                 f"[{c.n_layers}, positions, {c.n_kv_heads}, {c.head_dim}]")
+
+    def why_no_draft(self) -> str | None:
+        """Why draft_greedy cannot run on this model (None: it can)."""
+        if self.config.is_moe:
+            return "a mixture of experts (a draft turn in C fetches no experts)"
+        if not self.embed_in_c:
+            return "its embedding is looked up in Python (untied Q4_1 / Q8_0 blocks), a draft turn looks tokens up in C"
+        return None
+
+    def draft_greedy(self, tokens: list[int], cache, start: int, k: int, ids: torch.Tensor | None = None) -> list[int]:
+        """A drafter's greedy turn in one C call (csrc/forward.c rk_draft_greedy): `tokens` (the context the cache
+        lacks) at positions start.., then k - 1 one-row forwards, each row the embedding of the last argmax (the
+        first of equal maxima; ids [V rows] maps a cut output layer's rows to token ids). Returns the k drafted
+        token ids; the keys and values of positions start .. start + len(tokens) + k - 2 are in `cache` as
+        run() writes them (the caller sets cache.length)."""
+        reason = self.why_no_draft()
+        if reason:
+            raise LessonkitError(f"no draft turn in C: {reason}")
+        c, M, V = self.config, len(tokens), int(self.dims[6])
+        self._check_cache(cache)
+        end = start + M + k - 1
+        if M < 1 or k < 1 or start < 0 or end > min(cache.k.shape[1], self.cos.shape[0]):
+            raise LessonkitError(f"a draft turn of {M} rows and {k} drafts from position {start} does not fit "
+                                 f"{min(cache.k.shape[1], self.cos.shape[0])} positions")
+        if min(tokens) < 0 or max(tokens) >= c.vocab_size:
+            raise LessonkitError(f"token id {max(tokens)} outside the vocabulary of {c.vocab_size}")
+        if ids is not None:
+            ids = ids.to(torch.int64).contiguous()
+            if ids.shape != (V,):
+                raise LessonkitError(f"head ids of shape {tuple(ids.shape)}: the output layer has {V} rows")
+        fed, out = torch.tensor(tokens, dtype=torch.int64), torch.empty(k, dtype=torch.int64)
+        x, logits = torch.empty(M, c.dim, dtype=torch.float32), torch.empty(1, V, dtype=torch.float32)
+        self.model.store.count_resident_uses([(l, 0) for l in range(c.n_layers)] * k)
+        with self._lock:
+            kernel._rowkernel.draft_greedy(
+                self.plan.data_ptr(), self.dims.data_ptr(), self.eps, self.clip, x.data_ptr(), fed.data_ptr(), M,
+                start, cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1], logits.data_ptr(), self.avx2, k,
+                0 if ids is None else ids.data_ptr(), 0, out.data_ptr())
+        return (out if ids is None else ids[out]).tolist()
 
     def run_taps(self, tokens: torch.Tensor, cache, start: int, last_only: bool, taps: tuple[int, ...]):
         """run() for a dense model, also returning the residual stream after each layer count in `taps`

@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from lessonkit.engine.draft_step import why_not
 from lessonkit.engine.engine import Engine
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import generate
@@ -26,7 +25,7 @@ from lessonkit.lessons.panel import quantity_table, show_panel
 from lessonkit.measure import numerics_paths as paths
 from lessonkit.measure.speculative import _timed_runs, drafter_table
 from lessonkit.models.registry import load_model
-from lessonkit.speculative.drafters import ModelDrafter
+from lessonkit.speculative.drafters import ModelDrafter, c_step_why_not
 from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens, expected_tokens_per_pos,
                                         leviathan_speedup, measure_cost_curve, predicted_speedup)
 from lessonkit.speculative.verify import speculative_generate, total_stats
@@ -293,14 +292,15 @@ def compare_drafters(models=("tiny-moe", "smollm2-135m"), *, k: int = 4, n_promp
 
 def draft_step_comparison(target_name: str = "tiny-moe", draft_name: str = "tiny-draft", *, k: int = 4,
                           n_prompts: int = 2, max_new_tokens: int = 32, repeats: int = 2, seed: int = 0):
-    """One drafter, two implementations of its one-token step (drafter_comparison): one C call
-    (engine.draft_step) and the PyTorch lean step. Same weights, same proposals; only the draft cost c
-    differs, so the speed-up difference is what c alone does. Without the C kernel only the PyTorch row is
-    measured and a note says why. Returns (DataFrame, Figure, notes)."""
+    """One drafter, two implementations of its steps (drafter_comparison): the draft model's own C forward (a
+    greedy turn of k drafts in one C call, CForward.draft_greedy) and the PyTorch lean step. Same weights, the
+    same proposals up to ties in the last bits; only the draft cost c differs, so the speed-up difference is what
+    c alone does. Without the C forward only the PyTorch row is measured and a note says why. Returns
+    (DataFrame, Figure, notes)."""
     target, draft = load_model(target_name), load_model(draft_name)
     prompts = [p for ps in prompts_by_kind(target, n=n_prompts, max_tokens=48, seed=seed).values() for p in ps]
     drafters, notes = {}, []
-    reason = why_not(draft.model)
+    reason = c_step_why_not(draft)
     if reason:
         notes.append(f"{draft_name}: no C step ({reason}); only the PyTorch step is measured")
     else:

@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 
 from lessonkit.engine.attention import attend
-from lessonkit.engine.draft_step import CompiledStep, why_not
 from lessonkit.engine.engine import Engine
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import probs_from_logits
@@ -111,14 +110,22 @@ def lean_decode_step(model, token: int, cache) -> torch.Tensor:
     return model.full_logits((rms_norm(x, w["norm"], c.norm_eps) @ wt["lm_head"]).float()[0])
 
 
+def c_step_why_not(engine) -> str | None:
+    """None when `engine`'s model can draft on its own C forward (a greedy turn in one call), else why not."""
+    fwd = getattr(engine.model, "c_forward", None)
+    if fwd is None:
+        return f"no C forward ({getattr(engine.model, 'forward_why', 'unknown')})"
+    return fwd.why_no_draft()
+
+
 class _CachedModel:
     """A model + KV cache that follows a context: rolls back to the common prefix, feeds the rest.
 
-    lean=True feeds single tokens through the lean step (a drafter's guesses need not be exact): one C call
-    (engine.draft_step) for a dense Llama on float32 strips when the C kernel is built; a model it cannot
-    read (Q4_1/Q8_0 blocks, experts) takes the engine's own C forward, exact and one call a token; else
-    `lean_decode_step`. lean=False keeps the engine's exact forward (the oracle must reproduce the target's
-    greedy tokens)."""
+    lean=True is a drafter's model (its guesses need not be exact), step (`_path`): "C", the model's own C forward,
+    one call a token and a greedy turn in one call (CForward.draft_greedy); "engine forward", a model whose C
+    forward cannot take a turn in C (experts, an embedding looked up in Python), one call a token; "torch",
+    `lean_decode_step` (asked for, or no C forward). lean=False keeps the engine's exact forward (the oracle must
+    reproduce the target's greedy tokens)."""
 
     LEAN_CATCH_UP = 4        # feed up to this many new context tokens one by one on the lean path
 
@@ -131,23 +138,22 @@ class _CachedModel:
         # model allows (_path)
         if step not in ("auto", "C", "torch"):
             raise ValueError(f"draft step {step!r}: expected auto, C or torch")
-        if lean and step == "C" and why_not(engine.model):
-            raise LessonkitError(f"no C draft step for {engine.name}: {why_not(engine.model)}")
+        if lean and step == "C" and c_step_why_not(engine):
+            raise LessonkitError(f"no C draft step for {engine.name}: {c_step_why_not(engine)}")
         self.step_path = self._path(engine, lean, step)
-        self.lean = self.step_path in ("C", "torch")
-        self._step = (CompiledStep(engine.model, self.cache) if self.step_path == "C" else
-                      lambda t: lean_decode_step(engine.model, t, self.cache))
+        self.lean = self.step_path == "torch"
+        self._step = lambda t: lean_decode_step(engine.model, t, self.cache)
 
     @staticmethod
     def _path(engine, lean: bool, step: str) -> str:
-        """"exact forward" (lean=False), "C" (the C draft step), "engine forward" (a model whose blocks or
-        experts the C draft step cannot read, on the engine's own C forward: one C call a token, where the
-        PyTorch lean step makes dozens) or "torch" (asked for, or no C forward at all)."""
+        """"exact forward" (lean=False), "C" (the model's C forward, a greedy turn in one call), "engine forward"
+        (the C forward one call a token: a model whose turn cannot run in C) or "torch" (asked for, or no C
+        forward at all)."""
         if not lean:
             return "exact forward"
         if step == "torch":
             return "torch"
-        if why_not(engine.model) is None:
+        if c_step_why_not(engine) is None:
             return "C"
         return "engine forward" if getattr(engine.model, "c_forward", None) is not None else "torch"
 
@@ -173,21 +179,19 @@ class _CachedModel:
         self.ids = list(context)
         return logits
 
-    GREEDY_CATCH_UP = 32     # new context tokens fed inside the drafter's one C call; more: a prefill first
-
     def greedy_after(self, context: list[int], k: int) -> list[int]:
-        """k greedy drafts after `context` in one C call (the C step only): the context tokens the cache lacks
-        and the k drafts fed in C, each argmax in C (a long catch-up, the prompt, takes a prefill first)."""
+        """k greedy drafts after `context` in one C call (the "C" step only): the context tokens the cache lacks
+        and the k - 1 drafts fed through the model's C forward, each argmax in C (CForward.draft_greedy)."""
         n = min(_common_prefix(self.ids, context), len(context) - 1)
         if n < 0:
             raise LessonkitError("a drafter needs a non-empty context")
-        if len(context) - n > self.GREEDY_CATCH_UP:
-            self.logits_after(context[:-1])
-            n = len(context) - 1
-        else:
-            self.cache.rollback(n)
-            self.ids = self.ids[:n]
-        toks = self._step.greedy(context[n:], k)
+        self.cache.rollback(n)
+        self.ids = self.ids[:n]
+        new = context[n:]
+        self.cache.check_room(len(new) + k - 1)
+        model = self.engine.model
+        toks = model.c_forward.draft_greedy(new, self.cache, n, k, ids=model.head_ids)
+        self.cache.length = n + len(new) + k - 1
         self.forwards += k
         self.ids = list(context) + toks[:-1]
         return toks
@@ -215,7 +219,7 @@ class ModelDrafter:
                  step: str = "auto"):
         self.engine = engine
         self.name = name or f"model:{engine.name}"
-        self.model = _CachedModel(engine, lean=True, step=step)   # step: "auto", "C" or "torch" (engine.draft_step)
+        self.model = _CachedModel(engine, lean=True, step=step)   # step: "auto", "C" or "torch" (_CachedModel)
         self.configure(temperature, top_p, seed)
 
     def configure(self, temperature: float, top_p: float = 1.0, seed: int = 0) -> None:
