@@ -171,3 +171,22 @@ def test_no_evaluation_prompt_is_a_training_request():
         assert body.strip() and body not in joined, body[:120]
     for req in GROUNDED_REQUESTS:
         assert req not in joined
+
+
+def test_first_of_drafts_from_the_first_long_enough_source_and_stays_lossless(heads):
+    """speculative.first_of: prompt lookup where it has >= 2 tokens, else the head; every output == plain greedy,
+    and both sources drafted on requests that repeat themselves and on ones that do not."""
+    from lessonkit.speculative.drafters import NGramDrafter
+    from lessonkit.speculative.first_of import FirstOf
+    target, path = heads["int8"]
+    with kernel.numerics("int8"):
+        d = FirstOf([(NGramDrafter(), 2), (FeatureHeadDrafter(target, path), 1)])
+        assert d.name == "ngram+head"
+        prompts = requests(target, "heldout", 1)
+        for cat in CATEGORIES:
+            p = prompts[cat][0]
+            ref = generate(target, p, 24).token_ids
+            for k in (3, "auto"):
+                r = speculative_generate(target, d, p, 24, k=k, cost=[1.0 + 0.2 * j for j in range(9)], learn_cost=False)
+                assert r.token_ids == ref, f"{cat} k={k}"
+        assert d.used["ngram"] > 0 and d.used["head"] > 0, d.used

@@ -6,6 +6,7 @@ accepted given positions 1 .. i - 1 were (vLLM's per-position counts), E = token
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from lessonkit.errors import LessonkitError
 from lessonkit.feature_head.drafter import HEADS_DIR, FeatureHeadDrafter
 from lessonkit.files.atomic import atomic_write
 from lessonkit.measure.machine import cpu_name
+from lessonkit.models.integrity import write_manifest
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.gate import conditional_per_pos
 from lessonkit.speculative.verify import speculative_generate, total_stats
@@ -82,10 +84,17 @@ def train_and_describe(model: str, preset: str | None, out: str | None, numerics
     folder = Path(out) if out else HEADS_DIR / target.name
     info = train(target, tc, folder)
     info |= {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "threads": torch.get_num_threads()}
+    atomic_write(folder / "train_log.json", json.dumps(info, indent=1).encode())
+    print(describe_head(target, folder))
+    return 0
+
+
+def describe_head(target, folder: Path) -> str:
+    """Measure the head in `folder` on the held-out requests, write its card (and manifest); one line back."""
+    info = json.loads((folder / "train_log.json").read_text(encoding="utf-8"))
     evaluation = heldout_acceptance(target, FeatureHeadDrafter(target, folder / "head.safetensors"), progress=True)
     card = write_card(folder, info, evaluation, k=3)
-    print(f"saved {folder / 'head.safetensors'}, {card}: {info['steps']} steps, target pass {info['pass_s']:.0f} s, "
-          f"training {info['train_s']:.0f} s; held-out acceptance at position 1: "
-          + ", ".join(f"{c} {e['acceptance_by_position'][0]:.2f}" for c, e in evaluation.items() if
-                      e["acceptance_by_position"]))
-    return 0
+    write_manifest(folder, ["head.safetensors", "train_log.json", "card.md"])
+    return (f"{folder / 'head.safetensors'}, {card.name}: {info['steps']} steps, training {info['train_s']:.0f} s; "
+            "held-out acceptance at position 1: " + ", ".join(
+                f"{c} {e['acceptance_by_position'][0]:.2f}" for c, e in evaluation.items() if e["acceptance_by_position"]))

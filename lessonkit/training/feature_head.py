@@ -48,7 +48,7 @@ class HeadTrainConfig:
     window: int = 128
     draft_vocab: int = 2048
     intermediate_size: int | None = None   # the head's MLP (None: the target's)
-    epochs: int = 4
+    epochs: int = 3
     batch_size: int = 8
     lr: float = 1e-3
     warmup: int = 40
@@ -270,17 +270,8 @@ def train(target, tc: HeadTrainConfig, out_dir: Path, progress: bool = True, sto
     opt = torch.optim.AdamW(params.values(), lr=tc.lr, weight_decay=0.0)
     order = _order(len(seqs), tc.epochs, tc.batch_size, tc.seed, seqs)
     ckpt = pass_dir(target, tc, cfg0.taps) / f"checkpoint-{_train_key(tc)}.pt"
-    step, log = 0, []
-    if ckpt.exists():
-        try:
-            st = torch.load(ckpt, weights_only=True)
-            with torch.no_grad():
-                for k, v in st["params"].items():
-                    params[k].copy_(v)
-            opt.load_state_dict(st["opt"])
-            step, log = st["step"], st["log"]
-        except Exception as e:
-            raise LessonkitError(f"{ckpt}: unreadable training checkpoint ({e}); delete it to start over") from None
+    step, log, spent = _resume(ckpt, params, opt)
+    t1 = time.perf_counter()
     bar = tqdm(total=len(order), initial=step, desc="training the feature head", disable=not progress)
     while step < len(order):
         for gr in opt.param_groups:
@@ -297,7 +288,7 @@ def train(target, tc: HeadTrainConfig, out_dir: Path, progress: bool = True, sto
         bar.set_postfix(loss=f"{log[-1][1]:.3f}", acc1=f"{per_step[0][1]:.2f}")
         if step % tc.checkpoint_every == 0 or step == len(order):
             snap = {"params": {k: v.detach().clone() for k, v in params.items()}, "opt": opt.state_dict(),
-                    "step": step, "log": log}
+                    "step": step, "log": log, "train_s": spent + time.perf_counter() - t1}
             atomic_write(ckpt, lambda tmp: torch.save(snap, tmp))
         if stop_after is not None and step >= stop_after and step < len(order):
             bar.close()
@@ -308,10 +299,26 @@ def train(target, tc: HeadTrainConfig, out_dir: Path, progress: bool = True, sto
             "config": cfg0.to_dict(), "train": {**asdict(tc), "step_weights": list(tc.step_weights)},
             "requests": len(seqs), "positions": int(sum(len(s["picks"]) for s in seqs)),
             "coverage": coverage(seqs, vocab), "pass_s": round(t_pass, 1),
-            "train_s": round(time.perf_counter() - t0 - t_pass, 1), "steps": step,
+            "train_s": round(spent + time.perf_counter() - t1, 1), "steps": step,
             "threads": torch.get_num_threads(), "log_every_10": log[::10] + [log[-1]]}
     save_head(out_dir, final, info)
     return info
+
+
+def _resume(ckpt: Path, params: dict, opt) -> tuple[int, list, float]:
+    """(step, log, training seconds so far) from the checkpoint, its weights and optimiser state loaded; a fresh
+    start without one."""
+    if not ckpt.exists():
+        return 0, [], 0.0
+    try:
+        st = torch.load(ckpt, weights_only=True)
+        with torch.no_grad():
+            for k, v in st["params"].items():
+                params[k].copy_(v)
+        opt.load_state_dict(st["opt"])
+        return st["step"], st["log"], float(st.get("train_s", 0.0))
+    except Exception as e:
+        raise LessonkitError(f"{ckpt}: unreadable training checkpoint ({e}); delete it to start over") from None
 
 
 def _train_key(tc: HeadTrainConfig) -> str:
