@@ -12,7 +12,6 @@ zig for linux-aarch64 and windows-x86_64, runs it under qemu-aarch64 and wine64 
   qmatmul_int8  the same blocks in the int8 numerics' layout (rk_repack_int), integer block dots
   dequantise_int8_layout  that layout dequantised: must hash as dequantise does
   dequantise  Q4_1 and Q8_0 strip-blocks to float strips
-  dense_step  six decode steps of a 2-layer dense model (its softmax and SiLU call the C library's expf)
   forward_*   rk_forward on a 2-layer dense Llama built here (D 64, 4 heads, 2 kv heads, head 16, I 96, V 200;
               float32 strips, Q4_1 and Q8_0 strip-blocks mixed; rope tables from + - * / only), 9 tokens:
               forward_decode (one row at a time), forward_prefill (one call of 9 rows), forward_chunks (4 + 5
@@ -56,8 +55,6 @@ typedef int32_t (*qmatmul_fn)(uintptr_t, int64_t, int64_t, int64_t, uintptr_t, i
                               int32_t);
 typedef int32_t (*dequant_fn)(uintptr_t, int32_t, int64_t, int64_t, uintptr_t, int32_t);
 typedef int32_t (*threads_fn)(int32_t, int32_t *);
-typedef int32_t (*dense_fn)(uintptr_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float,
-                            int64_t, int64_t, int32_t, uintptr_t);
 typedef int32_t (*fma_fn)(uintptr_t, uintptr_t, uintptr_t, uintptr_t, int64_t, int32_t);
 typedef int32_t (*forward_fn)(uintptr_t, uintptr_t, float, float, uintptr_t, uintptr_t, int64_t, int64_t, uintptr_t, uintptr_t,
                               int64_t, uintptr_t, int64_t, int32_t, uintptr_t, uintptr_t, uintptr_t);
@@ -70,7 +67,6 @@ static struct {
     qmatmul_fn qmatmul;
     dequant_fn dequantise;
     threads_fn set_threads;
-    dense_fn dense_step;
     fma_fn fma_many;
     forward_fn forward;
     exp_fn exp_many;
@@ -88,8 +84,6 @@ int32_t rk_matmul(uintptr_t, int64_t, int64_t, int64_t, uintptr_t, int64_t, uint
 int32_t rk_qmatmul(uintptr_t, int64_t, int64_t, int64_t, uintptr_t, int32_t, int64_t, uintptr_t, int64_t, int32_t);
 int32_t rk_dequantise(uintptr_t, int32_t, int64_t, int64_t, uintptr_t, int32_t);
 int32_t rk_set_threads(int32_t, int32_t *);
-int32_t rk_dense_step(uintptr_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, int64_t,
-                      int64_t, int32_t, uintptr_t);
 int32_t rk_fma_many(uintptr_t, uintptr_t, uintptr_t, uintptr_t, int64_t, int32_t);
 int32_t rk_forward(uintptr_t, uintptr_t, float, float, uintptr_t, uintptr_t, int64_t, int64_t, uintptr_t, uintptr_t,
                    int64_t, uintptr_t, int64_t, int32_t, uintptr_t, uintptr_t, uintptr_t);
@@ -99,7 +93,7 @@ static int bind_all(const char *path)
 {
     (void)path;
     rk.abi = rk_abi, rk.matmul = rk_matmul, rk.qmatmul = rk_qmatmul, rk.dequantise = rk_dequantise;
-    rk.set_threads = rk_set_threads, rk.dense_step = rk_dense_step, rk.fma_many = rk_fma_many;
+    rk.set_threads = rk_set_threads, rk.fma_many = rk_fma_many;
     rk.forward = rk_forward, rk.exp_many = rk_exp_many, rk.repack_int = rk_repack_int;
     return 0;
 }
@@ -118,7 +112,7 @@ static int bind_all(const char *path)
     if (!lib) { fprintf(stderr, "kernel_check: cannot load %s\n", path); return 2; }
 #define BIND(field, name) if (!(*(void **)&rk.field = sym(lib, name))) { fprintf(stderr, "kernel_check: %s lacks %s\n", path, name); return 2; }
     BIND(abi, "rk_abi") BIND(matmul, "rk_matmul") BIND(qmatmul, "rk_qmatmul") BIND(dequantise, "rk_dequantise")
-    BIND(set_threads, "rk_set_threads") BIND(dense_step, "rk_dense_step") BIND(fma_many, "rk_fma_many")
+    BIND(set_threads, "rk_set_threads") BIND(fma_many, "rk_fma_many")
     BIND(forward, "rk_forward") BIND(exp_many, "rk_exp_many") BIND(repack_int, "rk_repack_int")
 #undef BIND
     return 0;
@@ -276,41 +270,6 @@ static float *packed(int64_t k, int64_t n)
     fill(w, len);
     for (size_t i = 0; i < len; i++) w[i] *= 0.125f;       /* keep activations in range over the layers */
     return w;
-}
-
-static void test_dense_step(int avx2)
-{
-    const int64_t L = 2, D = 32, H = 4, G = 2, hd = 8, I = 48, NV = 50, V = 50, P = 16;
-    const int64_t nq = H * hd, nkv = G * hd;
-    uint64_t plan[6 + 8 * 2];
-    void *owned[6 + 8 * 2];
-    float *embed = xmalloc((size_t)(NV * D) * 4), *fnorm = xmalloc((size_t)D * 4), *cosv = xmalloc((size_t)(P * hd) * 4);
-    float *sinv = xmalloc((size_t)(P * hd) * 4);
-    fill(embed, (size_t)(NV * D));
-    for (int64_t i = 0; i < D; i++) fnorm[i] = 1.0f + 0.25f * next_float();
-    for (int64_t i = 0; i < P * hd; i++) { cosv[i] = 0.25f * next_float(); sinv[i] = 0.25f * next_float(); }
-    owned[0] = embed, owned[1] = fnorm, owned[2] = packed(D, V), owned[3] = cosv, owned[4] = sinv;
-    owned[5] = xmalloc((size_t)(2 * D + nq + 2 * nkv + nq + D + 2 * I + P) * 4);
-    for (int l = 0; l < L; l++) {
-        void **o = owned + 6 + 8 * l;
-        float *an = xmalloc((size_t)D * 4), *mn = xmalloc((size_t)D * 4);
-        for (int64_t i = 0; i < D; i++) { an[i] = 1.0f + 0.25f * next_float(); mn[i] = 1.0f + 0.25f * next_float(); }
-        o[0] = an, o[1] = packed(D, nq + 2 * nkv), o[2] = packed(nq, D), o[3] = mn;
-        o[4] = packed(D, 2 * I), o[5] = packed(I, D);
-        o[6] = xmalloc((size_t)(P * nkv) * 4), o[7] = xmalloc((size_t)(P * nkv) * 4);
-    }
-    for (int i = 0; i < 6 + 8 * 2; i++) plan[i] = (uint64_t)(uintptr_t)owned[i];
-    float *logits = xmalloc((size_t)V * 4);
-    hash_t h = {0xcbf29ce484222325ull};
-    static const int64_t TOKENS[] = {3, 17, 42, 0, 49, 8};
-    for (int64_t pos = 0; pos < 6; pos++) {
-        check_rc("rk_dense_step", rk.dense_step((uintptr_t)plan, L, D, H, G, hd, I, NV, V, 1e-5f, TOKENS[pos], pos, avx2,
-                                                (uintptr_t)logits));
-        hash_floats(&h, logits, (size_t)V);
-    }
-    printf("dense_step %016llx\n", (unsigned long long)h.h);
-    for (int i = 0; i < 6 + 8 * 2; i++) free(owned[i]);
-    free(logits);
 }
 
 /* ---- rk_forward on a small dense Llama and a small mixture of experts ---------------------------------- */
@@ -757,7 +716,6 @@ int main(int argc, char **argv)
     }
     test_matmul(avx2);
     test_native(avx2);
-    test_dense_step(avx2);
     test_forward(avx2, 0, "forward");
     test_forward(avx2, 1, "forward_moe");
     int_layout = 1;                      /* the same models on the int8 numerics */

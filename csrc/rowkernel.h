@@ -18,7 +18,7 @@ point's arguments or a slot change meaning: kernel_library.py refuses a binary w
 
 #include <stdint.h>
 
-#define RK_ABI 8
+#define RK_ABI 9
 
 enum {
     RK_OK = 0,
@@ -65,12 +65,6 @@ RK_API int32_t rk_dequantise(uintptr_t w, int32_t kind, int64_t k, int64_t n, ui
 RK_API int32_t rk_repack_int(uintptr_t src, int32_t kind, int64_t k, int64_t n, uintptr_t dst);
 RK_API int32_t rk_set_threads(int32_t n, int32_t *in_use);
 RK_API int32_t rk_fma_many(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t out, int64_t n, int32_t how);
-RK_API int32_t rk_dense_step(uintptr_t plan, int64_t L, int64_t D, int64_t H, int64_t G, int64_t hd, int64_t I,
-                             int64_t NV, int64_t V, float eps, int64_t token, int64_t pos, int32_t path,
-                             uintptr_t logits);
-RK_API int32_t rk_dense_greedy(uintptr_t plan, int64_t L, int64_t D, int64_t H, int64_t G, int64_t hd, int64_t I,
-                               int64_t NV, int64_t V, float eps, uintptr_t tokens, int64_t n, int64_t pos, int64_t k,
-                               int32_t path, uintptr_t logits, uintptr_t head_ids, uintptr_t out);
 RK_API int32_t rk_exp_many(uintptr_t x, uintptr_t out, int64_t n);
 RK_API int32_t rk_profile(int32_t on, uintptr_t out);
 RK_API int32_t rk_forward(uintptr_t plan, uintptr_t dims, float eps, float clip, uintptr_t x, uintptr_t tokens,

@@ -83,16 +83,16 @@ def paths_ok() -> bool:
           f"{kb['isa']} (LESSONKIT_KERNEL=auto|avx512|avx2|neon|portable|mkl chooses)")
     print(f"  INFO numerics of native blocks: {kb['numerics']} ({kb['numerics_why']}; AVX-512 VNNI "
           f"{'present' if kb['vnni'] else 'absent'}); LESSONKIT_NUMERICS=exact|int8 chooses, docs/numerics.md")
-    from lessonkit.engine.c_forward import describe
+    from lessonkit.engine.c_forward import describe, draft_ready
     try:
         print(f"  INFO forward (smollm2-135m, tiny-moe, drafters): {describe()}")
+        why = draft_ready()
+        print("  INFO draft turn of dense drafters (tiny-draft, smollm2-draft): " +
+              (f"PyTorch lean step, about 30 operations per layer ({why})" if why else
+               "their own C forward, k greedy drafts in one C call"))
     except LessonkitError as e:
         ok = False
         print(f"  FAIL forward: {e}")
-    from lessonkit.engine.draft_step import kernel_ready
-    why = kernel_ready()
-    print("  INFO draft step of dense drafters (tiny-draft, smollm2-draft): " +
-          (f"PyTorch lean step, about 30 operations per layer ({why})" if why else "one C call per token"))
     from lessonkit.files.disk import cold_reads
     can, how = cold_reads()
     print("  INFO cold expert reads (bench streaming --disk cold, lesson 1's DISK): "

@@ -196,8 +196,9 @@ def test_kernel_errors_are_the_exceptions_of_the_extension_module():
         rk.dequantise(w.data_ptr(), 0, 31, 16, y.data_ptr(), False)
     with pytest.raises(ValueError, match=r"rowkernel\.set_threads: 0 threads \(1 to 64\)"):
         rk.set_threads(0)
-    with pytest.raises(ValueError, match=r"rowkernel\.dense_step: bad sizes"):
-        rk.dense_step(0, 0, 8, 1, 1, 8, 8, 10, 10, 1e-5, 0, 0, False, 0)
+    dims = torch.zeros(13, dtype=torch.int64)                                           # D = V = 0
+    with pytest.raises(ValueError, match=r"rowkernel\.draft_greedy: bad sizes"):
+        rk.draft_greedy(0, dims.data_ptr(), 1e-5, 0.0, 0, 0, 1, 0, 0, 0, 16, 0, 0, 2, 0, 0, 0)
     if not rk.has_avx2():
         with pytest.raises(RuntimeError, match="no AVX2"):
             rk.matmul(x.data_ptr(), 2, 8, 8, w.data_ptr(), 16, y.data_ptr(), 16, True)

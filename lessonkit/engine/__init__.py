@@ -4,9 +4,8 @@
   checkpoint    the streaming layout on disk (dense + packed experts) and loading it
   blocks        native Q4_1 / Q8_0 weight blocks and the kernel's packed layout
   kernel        the C kernel binding: row-invariant products, the thread pool, ISA dispatch
-  c_forward     one C call per forward (dense Llama and OLMoE-style MoE)
+  c_forward     one C call per forward (dense Llama and OLMoE-style MoE); a draft model's greedy turn in one call
   model         the forward pass and its exactness rules (row-invariant products)
-  draft_step    a small drafter's single-row step
   kv_cache      preallocated KV cache with rollback and snapshots
   expert_store  experts read with one pread each into an LRU cache with a byte budget
   engine        Engine = model + expert store + tokenizer, with a provenance fingerprint

@@ -71,6 +71,15 @@ def describe() -> str:
             f"layer uses); LESSONKIT_FORWARD=torch chooses the reference")
 
 
+def draft_ready() -> str | None:
+    """None when dense draft models take their greedy turns on the C forward in this process, else why not."""
+    if requested_path() == "torch":
+        return "LESSONKIT_FORWARD=torch"
+    if kernel._rowkernel is None or kernel.BACKEND == "mkl":
+        return f"no C kernel ({kernel.WHY})"
+    return None
+
+
 def _weight(w) -> tuple[int, int, torch.Tensor] | None:
     """(address, kind, the tensor kept alive) of a packed product weight, or None when it is not packed."""
     if isinstance(w, qb.NativeWeight):

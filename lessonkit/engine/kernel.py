@@ -22,7 +22,7 @@ rowkernel-{macos-x86_64, macos-arm64}.dylib. At import the one for `sys.platform
 loads, else one built on this machine (`python csrc/build_kernels.py --host`: rowkernel-host.*), else none
 and the MKL backend runs; BINARY and BINARY_WHY say which file loaded and why (`lessonkit doctor` prints
 them). `_rowkernel` is that library's entry points as Python methods (matmul, qmatmul, dequantise,
-dense_step, set_threads, has_avx2), whose C error codes become the exceptions raised here.
+forward, draft_greedy, set_threads, has_avx2), whose C error codes become the exceptions raised here.
 
 The weights these paths multiply are `lessonkit.engine.row_weight.RowWeight` (float strips) and
 `lessonkit.engine.blocks.NativeWeight` (Q4_1 / Q8_0 blocks dequantised inside the kernel, same bits as float32).

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from lessonkit.files.resources import PACKAGE_DIR
 
-ABI = 8                                 # csrc/rowkernel.c's rk_abi() this module calls
+ABI = 9                                 # csrc/rowkernel.c's rk_abi() this module calls
 KERNELS = PACKAGE_DIR / "engine" / "kernels"      # the shipped binaries (csrc/build_kernels.py)
 _SYSTEMS = {"linux": ("linux", ".so"), "win32": ("windows", ".dll"), "darwin": ("macos", ".dylib")}
 _MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}
@@ -52,8 +52,6 @@ class KernelLibrary:
         "rk_dequantise": [_ADDR, _I32, _I64, _I64, _ADDR, _I32],
         "rk_repack_int": [_ADDR, _I32, _I64, _I64, _ADDR], "rk_has_vnni": [],
         "rk_set_threads": [_I32, ctypes.POINTER(_I32)],
-        "rk_dense_step": [_ADDR] + [_I64] * 8 + [ctypes.c_float, _I64, _I64, _I32, _ADDR],
-        "rk_dense_greedy": [_ADDR] + [_I64] * 8 + [ctypes.c_float, _ADDR, _I64, _I64, _I64, _I32, _ADDR, _ADDR, _ADDR],
         "rk_fma_many": [_ADDR, _ADDR, _ADDR, _ADDR, _I64, _I32],
         "rk_forward": [_ADDR, _ADDR, ctypes.c_float, ctypes.c_float, _ADDR, _ADDR, _I64, _I64, _ADDR, _ADDR, _I64,
                        _ADDR, _I64, _I32, _ADDR, _ADDR, _ADDR],
@@ -130,18 +128,6 @@ class KernelLibrary:
         if self.lib.rk_set_threads(n, ctypes.byref(in_use)) == RK_BAD_THREADS:
             raise ValueError(f"rowkernel.set_threads: {n} threads (1 to {self.max_threads})")
         return in_use.value
-
-    def dense_step(self, plan, L, D, H, G, hd, inter, vocab, out_rows, eps, token, pos, use_avx2, logits) -> None:
-        """one decode step of a small dense model (csrc/rowkernel.c documents the plan)"""
-        self._check("dense_step", self.lib.rk_dense_step(plan, L, D, H, G, hd, inter, vocab, out_rows, eps, token,
-                                                         pos, int(use_avx2), logits))
-
-    def dense_greedy(self, plan, L, D, H, G, hd, inter, vocab, out_rows, eps, tokens, n, pos, k, use_avx2, logits,
-                     head_ids, out) -> None:
-        """n context tokens fed, then k greedy draft tokens of a small dense model, in one call (argmax in C),
-        into out [k] int64"""
-        self._check("dense_greedy", self.lib.rk_dense_greedy(plan, L, D, H, G, hd, inter, vocab, out_rows, eps, tokens,
-                                                             n, pos, k, int(use_avx2), logits, head_ids, out))
 
     def forward(self, plan, dims, eps, clip, x, tokens, m, start, k_cache, v_cache, alloc, logits, first, use_avx2,
                 routing=0, unique=0, fetch=0) -> int:

@@ -42,9 +42,15 @@ def drafter_acceptance(target, draft_engine, *, k: int = 4, n: int = 8, max_new_
     c = (draft_s / max(draft_tok, 1)) / (plain_s / max(plain_tok, 1))
     return {"target": target.name, "k": k, "prompts_per_kind": n, "max_new_tokens": max_new_tokens,
             "acceptance": acc, "c": c, "identical": bool(same),
-            "draft_step": ModelDrafter(draft_engine).model.step_path,
+            "draft_step": _step_name(ModelDrafter(draft_engine).model.step_path),
             "condition": f"{datetime.date.today().isoformat()}, {os.cpu_count()} shared CPU cores, "
                          f"{torch.get_num_threads()} torch thread"}
+
+
+def _step_name(step_path: str) -> str:
+    """The log's name for a drafter's step: "C forward" (a greedy turn on its own C forward; "C" in older logs
+    named the removed one-token C draft step), else the step path."""
+    return "C forward" if step_path == "C" else step_path
 
 
 def measure_shipped(target_name: str):

@@ -45,7 +45,9 @@ def _measured_lines(log: dict) -> list[str]:
             + ", ".join(f"{k} {sp['acceptance'][k]:.3f}" for k in KINDS)
             + f"; mean {sp['acceptance']['mean']:.3f}. Draft cost c = {sp['c']:.3f} of a target step "
             f"(draft seconds per draft token / plain greedy seconds per token"
-            + {"C": "; draft step: one C call per token", "torch": "; draft step: PyTorch lean step"}.get(
+            + {"C": "; draft step: one C call per token",       # older logs: the removed rk_dense_step
+                "C forward": "; draft step: its own C forward, a greedy turn in one C call",
+                "torch": "; draft step: PyTorch lean step"}.get(
                 sp.get("draft_step"), "") + "); output identical to plain "
             f"greedy: {sp['identical']}."]
 
