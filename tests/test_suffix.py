@@ -74,7 +74,7 @@ def test_draft_is_the_most_frequent_continuation_and_its_depth_follows_the_match
     store = SuffixStore(None, KEY)
     for out in ([1, 2, 3, 4, 5], [1, 2, 3, 4, 5], [1, 2, 9]):
         store.add(out)
-    d = SuffixDrafter(store, learn=False)
+    d = SuffixDrafter(store, learn=False, alpha=1.0, min_prob=0.1)
     d.reset([7, 8])
     assert d.propose([7, 8, 1, 2], 8).tokens == [3, 4]          # match "1 2": two drafts (alpha * 2), 3 beats 9
     assert d.propose([7, 8, 1, 2, 3, 4], 8).tokens == [5]       # "1 2 3 4" went on with 5 only (and the output ended)
@@ -83,6 +83,9 @@ def test_draft_is_the_most_frequent_continuation_and_its_depth_follows_the_match
     assert spec_depth(1, 8, 1.0) == 1 and spec_depth(20, 8, 1.0) == 8 and spec_depth(3, 8, 2.0) == 6
     d.reset([5, 6, 7, 5, 6])                                    # the request: "5 6" went on with 7 before
     assert d.propose([5, 6, 7, 5, 6], 8).tokens == [7, 5]
+    strict = SuffixDrafter(store, learn=False, alpha=1.0, min_prob=0.7)
+    strict.reset([7, 8])
+    assert strict.propose([7, 8, 1, 2], 8).tokens == []          # 3 follows "1 2" 2 times in 3: below 0.7
 
 
 def test_the_store_keeps_its_newest_outputs_within_its_bound():
