@@ -292,6 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+# commands that load no model (they may import torch, which fits a smaller address space than torch and a model):
+# check_engine_room's floor does not apply to them
+LIGHT_COMMANDS = {c.cmd_models, c.cmd_gap, c.cmd_grammar_check, c.cmd_grammar_compile, c.cmd_compare, c.cmd_lessons}
+
+
 def main(argv=None) -> int:
     ap = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -304,7 +309,7 @@ def main(argv=None) -> int:
         if getattr(args, "out", None) and not getattr(args, "measure_only", False):
             from lessonkit.files.safe_files import refuse_overwrite
             refuse_overwrite(args.out, args.force)          # a user's --out is kept unless --force
-        if args.func is not c.cmd_models:           # the one command without torch (lessonkit.models.listing)
+        if args.func not in LIGHT_COMMANDS:         # commands that load torch and a model
             from lessonkit.engine.limits import check_engine_room
             check_engine_room()                     # a too-small address space: one line, before the imports fail
         return int(args.func(args) or 0)

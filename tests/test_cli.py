@@ -78,7 +78,8 @@ def test_doctor_passes_on_the_shipped_files(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "tiny-moe/experts.safetensors: ok" in out and "sha256 matches" in out
-    assert "draft step of dense drafters" in out
+    assert "draft turn of dense drafters" in out
+    assert "feature-head/smollm2-135m/head.safetensors: ok" in out
 
 
 def test_manifest_catches_an_edited_byte(moe_dir, tmp_path):

@@ -28,7 +28,7 @@ def _rlimit(name: str) -> int | None:
 def _status(field: str, pid: str = "self") -> int | None:
     """A number from /proc/PID/status (kB fields in bytes), None where there is no /proc."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines():
             if line.startswith(field + ":"):
                 v = line.split()[1:]
                 return int(v[0]) * (1024 if v[1:] == ["kB"] else 1)

@@ -57,7 +57,8 @@ def write_card(folder: Path, info: dict, evaluation: dict, k: int) -> Path:
              f"{info['numerics']} numerics",
              f"- data: {info['requests']} TRAIN requests of lessonkit/workloads/requests.py ({info['positions']:,} "
              "positions); evaluation on its HELDOUT requests only",
-             f"- time: target pass {info['pass_s']:.0f} s, training {info['train_s']:.0f} s ({info['steps']} steps) on "
+             f"- time: target pass {info['pass_s']:.0f} s in the training process (shards already on disk are read, "
+             f"not recomputed), training {info['train_s']:.0f} s ({info['steps']} steps) on "
              f"{info['threads']} thread(s), {info['cpu']}, {info['date']}",
              "- draft-vocabulary coverage of the target's greedy answers (training requests): "
              + ", ".join(f"{c} {v:.1%}" for c, v in info["coverage"].items()), "",

@@ -21,8 +21,13 @@ class _HiddenTap:
         engine.forward = self.forward
         engine._hidden_tap = self
 
-    def forward(self, tokens, cache, *, return_hidden=False, last_only=False):
+    def forward(self, tokens, cache, *, return_hidden=False, last_only=False, taps=None):
         start = cache.length
+        if taps:                                 # a feature head's tap asks for more states: pass them on
+            logits, hid, tapped = self.orig(tokens, cache, last_only=last_only, taps=taps)
+            for fn in self.listeners:
+                fn(start, hid)
+            return logits, hid, tapped
         logits, hid = self.orig(tokens, cache, return_hidden=True, last_only=last_only)
         for fn in self.listeners:
             fn(start, hid)

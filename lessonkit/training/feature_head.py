@@ -44,7 +44,7 @@ SHARD = 40                    # requests per shard of the target pass
 class HeadTrainConfig:
     per_category: int = 150           # TRAIN requests per category
     max_new_tokens: int = 96
-    text_windows: int = 500           # teacher-forced windows of the corpus' train split per kind of text
+    text_windows: int = 1000          # teacher-forced windows of the corpus' train split per kind of text
     window: int = 128
     draft_vocab: int = 2048
     intermediate_size: int | None = None   # the head's MLP (None: the target's)
