@@ -55,8 +55,10 @@ def write_card(folder: Path, info: dict, evaluation: dict, k: int) -> Path:
              f"test over {info['train']['ttt_steps']} chained steps on the target's own greedy answers.", "",
              f"- trained for: {info['target']} (weights {info['target_fingerprint'][:12]}), target pass on the "
              f"{info['numerics']} numerics",
-             f"- data: {info['requests']} TRAIN requests of lessonkit/workloads/requests.py ({info['positions']:,} "
-             "positions); evaluation on its HELDOUT requests only",
+             f"- data: {info['requests']} sequences ({info['positions']:,} positions): the target's greedy answers to "
+             f"{4 * info['train']['per_category']} TRAIN requests of lessonkit/workloads/requests.py and "
+             f"{info['train'].get('text_windows', 0)} windows of {info['train'].get('window', 0)} tokens per kind of the "
+             "corpus' train split; evaluation on the HELDOUT requests only",
              f"- time: target pass {info['pass_s']:.0f} s in the training process (shards already on disk are read, "
              f"not recomputed), training {info['train_s']:.0f} s ({info['steps']} steps) on "
              f"{info['threads']} thread(s), {info['cpu']}, {info['date']}",
