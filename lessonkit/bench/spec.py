@@ -12,14 +12,13 @@ output is compared with lessonkit's plain greedy output (identical_to_plain). Ex
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 
 import torch
 import transformers
 
 from lessonkit.bench.common import goal, machine_info
-from lessonkit.bench.spec_table import category_table, table_markdown
+from lessonkit.bench.spec_table import category_table, plain_runner, rounds, spec_runner, table_markdown
 from lessonkit.models.convert import export_hf
 from lessonkit.errors import LessonkitError
 from lessonkit.engine import kernel
@@ -42,16 +41,7 @@ def _interleaved(fns: dict, prompts, repeats) -> dict:
     """Each contender over all prompts, `repeats` rounds, the contenders taking turns within a round (after one
     warm-up prompt each), so load drift on a shared machine hits baseline and contenders alike:
     name -> (median total seconds, outputs, stats) of the last round."""
-    for fn in fns.values():
-        fn(prompts[0])
-    walls, last = {name: [] for name in fns}, {}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            last[name] = [fn(p) for p in prompts]
-            walls[name].append(time.perf_counter() - t0)
-    return {name: (statistics.median(walls[name]), [r[0] for r in last[name]], [r[1] for r in last[name]])
-            for name in fns}
+    return {name: (statistics.median(walls), outs, stats) for name, (walls, outs, stats) in rounds(fns, prompts, repeats).items()}
 
 
 def _median_run(fn, prompts, repeats):
@@ -94,14 +84,7 @@ def _row(name, wall, outs, ref, new_tokens, stats=None, **extra):
 def _pair(rows, targets, notes, *, label, target, drafter_fn, hf_kwargs_fn, prompts, max_new, repeats, with_formula,
           auto_names=("tiny-draft k=auto",), speedup_goal=1.3):
     eos = target.config.eos_ids[0] if target.config.eos_ids else None
-    def plain_run(p):
-        r = generate(target, p, max_new)
-        return r.token_ids, r.stats
-    def spec_run(drafter, k):
-        def run(p):
-            r = speculative_generate(target, drafter, p, max_new, k=k)
-            return r.token_ids, r.stats
-        return run
+    plain_run, spec_run = plain_runner(target, max_new), lambda drafter, k: spec_runner(target, drafter, k, max_new)
     # every contender is built before the first round (an MTP head taps the target's forward: measured to cost
     # plain decoding nothing, 2026-12-04) and takes its turn in every round
     drafters = {name: spec_run(drafter, k) for name, drafter, k in drafter_fn()}
@@ -201,7 +184,7 @@ def _table(notes: list, sm, smoke: bool, repeats: int) -> dict:
     except LessonkitError as e:
         notes.append(f"feature-head table rows skipped: {e}")
     rows = category_table(sm, drafters, per_category=1 if smoke else 3, max_new=12 if smoke else 48,
-                          rounds=1 if smoke else max(5, repeats))
+                          n_rounds=1 if smoke else max(5, repeats))
     return {"table": rows, "table_markdown": table_markdown(rows)}
 
 

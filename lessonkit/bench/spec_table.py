@@ -15,31 +15,41 @@ from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.workloads.requests import CATEGORIES, requests
 
 
-def _rounds(fns: dict, prompts: list, rounds: int) -> dict:
-    """name -> (wall seconds per round, outputs, stats of the last round); contenders take turns in a round."""
+def rounds(fns: dict, prompts: list, n: int) -> dict:
+    """Each contender over all prompts, n rounds, the contenders taking turns within a round (after one warm-up
+    prompt each), so load drift on a shared machine hits baseline and contenders alike:
+    name -> (wall seconds per round, outputs, stats of the last round)."""
     for fn in fns.values():
         fn(prompts[0])
-    walls, last = {n: [] for n in fns}, {}
-    for _ in range(rounds):
+    walls, last = {name: [] for name in fns}, {}
+    for _ in range(n):
         for name, fn in fns.items():
             t0 = time.perf_counter()
             last[name] = [fn(p) for p in prompts]
             walls[name].append(time.perf_counter() - t0)
-    return {n: (walls[n], [r[0] for r in last[n]], [r[1] for r in last[n]]) for n in fns}
+    return {name: (walls[name], [r[0] for r in last[name]], [r[1] for r in last[name]]) for name in fns}
 
 
-def category_table(target, drafters: dict, *, per_category: int = 3, max_new: int = 48, rounds: int = 5,
+def plain_runner(target, max_new: int):
+    """prompt -> (plain greedy's tokens, stats)."""
+    return lambda p: (lambda r: (r.token_ids, r.stats))(generate(target, p, max_new))
+
+
+def spec_runner(target, drafter, k, max_new: int, **kw):
+    """prompt -> (speculative decoding's tokens, stats) with `drafter` at depth k."""
+    return lambda p: (lambda r: (r.token_ids, r.stats))(speculative_generate(target, drafter, p, max_new, k=k, **kw))
+
+
+def category_table(target, drafters: dict, *, per_category: int = 3, max_new: int = 48, n_rounds: int = 5,
                    k_max: int = 6) -> list[dict]:
     """drafters: name -> (drafter, k). One row per (category, drafter), measured on held-out requests."""
     cost = measure_cost_curve(target, k_max, context_len=64)
     prompts = requests(target, "heldout", per_category)
     rows = []
     for cat in CATEGORIES:
-        fns = {"plain": lambda p: (generate(target, p, max_new).token_ids, None)}
-        for name, (d, k) in drafters.items():
-            fns[name] = (lambda p, d=d, k=k: (lambda r: (r.token_ids, r.stats))(
-                speculative_generate(target, d, p, max_new, k=k, cost=cost)))
-        runs = _rounds(fns, prompts[cat], rounds)
+        fns = {"plain": plain_runner(target, max_new)}
+        fns |= {name: spec_runner(target, d, k, max_new, cost=cost) for name, (d, k) in drafters.items()}
+        runs = rounds(fns, prompts[cat], n_rounds)
         plain_walls, ref, _ = runs["plain"]
         t1 = statistics.median(plain_walls) / max(1, sum(len(o) for o in ref))
         for name in drafters:

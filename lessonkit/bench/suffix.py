@@ -22,8 +22,8 @@ import time
 import torch
 
 from lessonkit.bench.common import goal, machine_info
+from lessonkit.bench.spec_table import plain_runner, spec_runner
 from lessonkit.engine import kernel
-from lessonkit.engine.generate import generate
 from lessonkit.errors import LessonkitError
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import NGramDrafter
@@ -80,16 +80,7 @@ def _sized(full: SuffixStore, share: float) -> SuffixStore:
 
 
 def _contenders(target, store, max_new: int) -> tuple[dict, dict]:
-    def plain(p):
-        r = generate(target, p, max_new)
-        return r.token_ids, r.stats
-
-    def spec(drafter, k):
-        def run(p):
-            r = speculative_generate(target, drafter, p, max_new, k=k)
-            return r.token_ids, r.stats
-        return run
-
+    plain, spec = plain_runner(target, max_new), lambda drafter, k: spec_runner(target, drafter, k, max_new)
     fns = {"plain greedy": plain, "prompt lookup (ngram, k=4)": spec(NGramDrafter(), 4),
            "suffix, empty store": spec(SuffixDrafter(None, learn=False), SUFFIX_K)}
     stores = {}
