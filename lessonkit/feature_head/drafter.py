@@ -198,6 +198,11 @@ class FeatureHeadDrafter:
         scale = torch.cat([w[f"fuse_norm.{i}"] for i in range(self.cfg.n_states)])
         self.fuse_w = (w["fuse"] * scale[None, :]).T.contiguous()                  # [S D, D]
         self.state_w = (self.w_g * w["gnorm"][None, :]).T.contiguous()             # [D, D]
+        # on the C kernel the two products read Q8_0 blocks (a quarter of float32's bytes: a verify step's share of
+        # this work is memory-bound: 0.305 -> 0.105 ms for 3 rows, Intel Xeon family 6 model 207, 2026-12-05)
+        c_step = self.step_path == "C"
+        self.fuse_q = qb.q8_0_weight(self.fuse_w.T.contiguous()) if c_step else None
+        self.state_q = qb.q8_0_weight(self.state_w.T.contiguous()) if c_step else None
         self.row_of = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
         self.row_of[self.vocab] = torch.arange(len(self.vocab))
         if self.step_path == "C":
@@ -228,8 +233,10 @@ class FeatureHeadDrafter:
         eps = self.cfg.norm_eps
         s = states.float()
         s = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps)
-        g = s.reshape(s.shape[0], -1) @ self.fuse_w
-        return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)) @ self.state_w
+        s = s.reshape(s.shape[0], -1)
+        g = self.fuse_q.rows(s) if self.fuse_q is not None else s @ self.fuse_w
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
+        return self.state_q.rows(g) if self.state_q is not None else g @ self.state_w
 
     def reset(self, prompt_ids) -> None:
         self.g = torch.zeros(256, self.cfg.dim)
