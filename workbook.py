@@ -55,6 +55,8 @@ def job_commands(job: str, args: list[str]) -> list[list[str]]:
         return [[py, "-m", "lessonkit", "run", *args]]
     if args[:1] == ["--platforms"]:
         return [[py, "-m", "pytest", "-q", *PLATFORMS, *args[1:]]]
+    if args[:1] == ["--long"]:                       # the fuzz layer at full size (main() sets LESSONKIT_FUZZ=long)
+        return [[py, "-m", "pytest", "-q", "tests/test_fuzz.py", *args[1:]]]
     if args:
         return [[py, "-m", "pytest", "-q", *args]]
     return [[py, "-m", "pytest", "-q", *job] for job in SUITE]
@@ -64,10 +66,12 @@ def main(argv: list[str]) -> int:
     show = "--print" in argv
     argv = [a for a in argv if a != "--print"]
     if not argv or argv[0] not in ("run", "test"):
-        print("usage: workbook.py run|test [--platforms] [args] [--print]", file=sys.stderr)
+        print("usage: workbook.py run|test [--platforms | --long] [args] [--print]", file=sys.stderr)
         return 64
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     env.setdefault("OMP_NUM_THREADS", "1")          # batch-1 decoding is latency-bound (README)
+    if argv[1:2] == ["--long"]:
+        env["LESSONKIT_FUZZ"] = "long"
     cmds = []
     if show or stale():
         cmds += [[sys.executable, "-m", "venv", str(VENV)]] if not venv_python().exists() or show else []

@@ -65,6 +65,10 @@ def test_workbook_py_sets_up_what_workbook_does():
                                capture_output=True, text=True, encoding="utf-8", check=True).stdout
     assert platforms.splitlines()[-1].endswith("-n 2 --dist worksteal -m platforms --durations=15")
     assert "-n 2 --dist worksteal -m platforms --durations=15" in bash
+    long = subprocess.run([sys.executable, str(ROOT / "workbook.py"), "test", "--long", "--print"],
+                          capture_output=True, text=True, encoding="utf-8", check=True).stdout
+    assert long.splitlines()[-1].endswith("-m pytest -q tests/test_fuzz.py")
+    assert "LESSONKIT_FUZZ=long python -m pytest -q tests/test_fuzz.py" in bash
     run = subprocess.run([sys.executable, str(ROOT / "workbook.py"), "run", "--smoke", "--print"], capture_output=True,
                          text=True, encoding="utf-8", check=True).stdout
     assert run.splitlines()[-1].endswith("-m lessonkit run --smoke")
