@@ -12,8 +12,8 @@ from lessonkit.models.registry import load_model
 
 def blas_name() -> str:
     """The BLAS this PyTorch build multiplies with (from its build settings): 'mkl', 'openblas', ... or
-    'unknown'. Which row counts share a summation order depends on it: MKL keeps 1-3 rows on its GEMV path,
-    OpenBLAS (Linux arm64 wheels, conda-forge's macOS builds) already differs at 2 rows."""
+    'unknown'. Which row counts share a summation order depends on it. Measured by `rounding_demo` (lesson 0),
+    not documented by either library: MKL kept 1-3 rows in the one-row order, OpenBLAS already differed at 2."""
     import re
     m = re.search(r"BLAS_INFO=([A-Za-z0-9_]+)", torch.__config__.show())
     return m.group(1).lower() if m else "unknown"
