@@ -382,29 +382,9 @@ static int embed_row(const int64_t *plan, int64_t t, int64_t D, float *out)
     }
     const uint8_t *w = (const uint8_t *)(uintptr_t)plan[PLAN_EMBED] + (t / STRIP) * strip_bytes((int)kind, D);
     const int c = (int)(t % STRIP);
-    for (int64_t b = 0; b < D / QK; b++) {
-        float *o = out + b * QK;
-        if (is_int_kind((int)kind)) {                    /* the int8 numerics' layout: d * q (+ m), two roundings */
-            const uint8_t *blk = w + b * (kind == KIND_Q41I ? Q41_BLOCK : Q80_BLOCK);
-            const float d = half_to_float(blk + 2 * c), m = kind == KIND_Q41I ? half_to_float(blk + 32 + 2 * c) : 0.0f;
-            for (int i = 0; i < QK; i++) {
-                const float v = (float)int_code(blk, (int)kind, c, i) * d;
-                o[i] = kind == KIND_Q41I ? v + m : v;
-            }
-        } else if (kind == KIND_Q41) {
-            const uint8_t *blk = w + b * Q41_BLOCK;
-            const float d = half_to_float(blk + 2 * c), m = half_to_float(blk + 32 + 2 * c);
-            for (int j = 0; j < QK / 2; j++) {
-                const uint8_t q = blk[64 + STRIP * j + c];
-                o[2 * j] = (float)(q & 15) * d + m;
-                o[2 * j + 1] = (float)(q >> 4) * d + m;
-            }
-        } else {
-            const uint8_t *blk = w + b * Q80_BLOCK;
-            const float d = half_to_float(blk + 2 * c);
-            for (int i = 0; i < QK; i++) o[i] = (float)(int8_t)blk[32 + STRIP * i + c] * d;
-        }
-    }
+    static void (*const column[4])(const uint8_t *, int, float *) = {column_q41, column_q80, column_q41i, column_q80i};
+    const size_t bb = strip_bytes((int)kind, QK);
+    for (int64_t b = 0; b < D / QK; b++) column[kind](w + b * bb, c, out + b * QK);
     return RK_OK;
 }
 

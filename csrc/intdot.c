@@ -85,54 +85,67 @@ typedef struct {
     const int32_t *sums;     /* [m, k / 32] code sums (the VNNI Q8_0 dot's correction) */
 } qx_t;
 
-/* column c's code for input i of one int-layout strip-block (Q4_1: 0..15; Q8_0: -128..127) */
-static inline int int_code(const uint8_t *blk, int kind, int c, int i)
+/* column c's code for input i of an int-layout strip-block (Q4_1: 0..15; Q8_0: -128..127) */
+static inline int code_q41i(const block_q41i *blk, int c, int i)
 {
-    if (kind == KIND_Q41I) {
-        const uint8_t byte = blk[64 + IGROUP * (i / 8) + 4 * c + (i % 4)];
-        return (i % 8) < 4 ? byte & 15 : byte >> 4;
-    }
-    return (int)blk[32 + IGROUP * (i / 4) + 4 * c + (i % 4)] - 128;
+    const uint8_t byte = blk->qs[i / 8][c][i % 4];
+    return (i % 8) < 4 ? byte & 15 : byte >> 4;
 }
+static inline int code_q80i(const block_q80i *blk, int c, int i) { return (int)blk->qs[i / 4][c][i % 4] - 128; }
 
 /* strip-blocks of format.h (kind 0 / 1) -> the int layout (kind 2 / 3), ns strips of k inputs */
 static void repack_int(const uint8_t *src, int kind, int64_t k, int64_t ns, uint8_t *dst)
 {
-    const size_t bb = kind == KIND_Q41 ? Q41_BLOCK : Q80_BLOCK;
     for (int64_t blkno = 0; blkno < ns * (k / QK); blkno++) {
-        const uint8_t *s = src + blkno * bb;
-        uint8_t *o = dst + blkno * bb;
         if (kind == KIND_Q41) {
-            memcpy(o, s, 64);
+            const block_q41 *s = (const block_q41 *)src + blkno;
+            block_q41i *o = (block_q41i *)dst + blkno;
+            memcpy(o->d, s->d, sizeof s->d);
+            memcpy(o->m, s->m, sizeof s->m);
             for (int c = 0; c < STRIP; c++)
                 for (int i = 0; i < QK; i++) {
-                    const int code = (s[64 + STRIP * (i / 2) + c] >> (4 * (i % 2))) & 15;
-                    uint8_t *byte = o + 64 + IGROUP * (i / 8) + 4 * c + (i % 4);
+                    const int code = (s->qs[i / 2][c] >> (4 * (i % 2))) & 15;
+                    uint8_t *byte = &o->qs[i / 8][c][i % 4];
                     *byte = (i % 8) < 4 ? (uint8_t)((*byte & 0xf0) | code) : (uint8_t)((*byte & 0x0f) | (code << 4));
                 }
         } else {
-            memcpy(o, s, 32);
+            const block_q80 *s = (const block_q80 *)src + blkno;
+            block_q80i *o = (block_q80i *)dst + blkno;
+            memcpy(o->d, s->d, sizeof s->d);
             for (int c = 0; c < STRIP; c++)
-                for (int i = 0; i < QK; i++) o[32 + IGROUP * (i / 4) + 4 * c + (i % 4)] = s[32 + STRIP * i + c] ^ 0x80;
+                for (int i = 0; i < QK; i++) o->qs[i / 4][c][i % 4] = (uint8_t)((uint8_t)s->qs[i][c] ^ 0x80);
         }
     }
 }
 
-/* int-layout strips -> the float strip layout (out: ns x k x 16 floats): d * q (+ m), two roundings, as the
-   loader computes the float32 weights */
+/* column c of one int-layout strip-block -> its QK weights: d * q (+ m), two roundings, as the loader computes
+   the float32 weights */
+static void column_q41i(const uint8_t *b, int c, float *out)
+{
+    const block_q41i *blk = (const block_q41i *)b;
+    const float d = half_to_float(blk->d[c]), mn = half_to_float(blk->m[c]);
+    for (int i = 0; i < QK; i++) out[i] = (float)code_q41i(blk, c, i) * d + mn;
+}
+static void column_q80i(const uint8_t *b, int c, float *out)
+{
+    const block_q80i *blk = (const block_q80i *)b;
+    const float d = half_to_float(blk->d[c]);
+    for (int i = 0; i < QK; i++) out[i] = (float)code_q80i(blk, c, i) * d;
+}
+
+/* int-layout strips -> the float strip layout (out: ns x k x 16 floats) */
 static void dequant_int(const uint8_t *w, int kind, int64_t k, int64_t ns, float *out)
 {
     const size_t bb = kind == KIND_Q41I ? Q41_BLOCK : Q80_BLOCK;
+    float col[QK];
     for (int64_t s = 0; s < ns; s++)
         for (int64_t b = 0; b < k / QK; b++) {
             const uint8_t *blk = w + (s * (k / QK) + b) * bb;
             float *o = out + s * STRIP * k + b * QK * STRIP;
             for (int c = 0; c < STRIP; c++) {
-                const float d = half_to_float(blk + 2 * c), mn = kind == KIND_Q41I ? half_to_float(blk + 32 + 2 * c) : 0.0f;
-                for (int i = 0; i < QK; i++) {
-                    const float v = (float)int_code(blk, kind, c, i) * d;
-                    o[STRIP * i + c] = kind == KIND_Q41I ? v + mn : v;
-                }
+                if (kind == KIND_Q41I) column_q41i(blk, c, col);
+                else column_q80i(blk, c, col);
+                for (int i = 0; i < QK; i++) o[STRIP * i + c] = col[i];
             }
         }
 }
@@ -151,7 +164,7 @@ static void int_portable(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w,
                          int64_t n)
 {
     const int64_t nb = k / QK;
-    const size_t sb = strip_bytes(kind, k), bb = kind == KIND_Q41I ? Q41_BLOCK : Q80_BLOCK;
+    const size_t sb = strip_bytes(kind, k);
     for (int64_t s = 0; s * STRIP < n; s++) {
         const int64_t nc = n - s * STRIP < STRIP ? n - s * STRIP : STRIP;
         for (int64_t r = 0; r < m; r++) {
@@ -159,11 +172,19 @@ static void int_portable(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w,
             for (int c = 0; c < nc; c++) {
                 float acc = 0.0f, accm = 0.0f;
                 for (int64_t b = 0; b < nb; b++) {
-                    const uint8_t *blk = w + s * sb + b * bb;
                     int32_t isum = 0;
-                    for (int i = 0; i < QK; i++) isum += int_code(blk, kind, c, i) * xq[b * QK + i];
-                    if (kind == KIND_Q41I) accm = fma_portable(half_to_float(blk + 32 + 2 * c), qx->s[r * nb + b], accm);
-                    acc = fma_portable(half_to_float(blk + 2 * c) * qx->d[r * nb + b], (float)isum, acc);
+                    lk_half dw;
+                    if (kind == KIND_Q41I) {
+                        const block_q41i *blk = (const block_q41i *)(w + s * sb) + b;
+                        for (int i = 0; i < QK; i++) isum += code_q41i(blk, c, i) * xq[b * QK + i];
+                        accm = fma_portable(half_to_float(blk->m[c]), qx->s[r * nb + b], accm);
+                        dw = blk->d[c];
+                    } else {
+                        const block_q80i *blk = (const block_q80i *)(w + s * sb) + b;
+                        for (int i = 0; i < QK; i++) isum += code_q80i(blk, c, i) * xq[b * QK + i];
+                        dw = blk->d[c];
+                    }
+                    acc = fma_portable(half_to_float(dw) * qx->d[r * nb + b], (float)isum, acc);
                 }
                 y[r * ldy + s * STRIP + c] = kind == KIND_Q41I ? acc + accm : acc;
             }
@@ -179,152 +200,164 @@ static inline int32_t word_at(const int8_t *p)
     return w;
 }
 
+/* Generated per (kind, R): one function for each block kind and row count, so no kind is tested inside the
+   per-block loop. DOTS fills isum[r][v] with the block's integer dots, MIN adds the Q4_1 minimum's share. */
+
 /* ---- AVX2: R rows x one strip (two vectors of 8 columns) ----------------------------------------- */
-#define DEFINE_I256(R)                                                                                     \
-AVX2H static void i256_##R(const qx_t *qx, int64_t r0, int64_t k, const uint8_t *ws, int kind, float *y,       \
-                           int64_t ldy, int64_t ncols, const uint8_t *pf)                                      \
+#define I256_DOTS_Q41(R)                                                                                   \
+    const __m256i low = _mm256_set1_epi8(15), one16 = _mm256_set1_epi16(1);                                 \
+    __m256i s16[R][2];                                                                                      \
+    UNROLL for (int r = 0; r < R; r++) s16[r][0] = s16[r][1] = _mm256_setzero_si256();                      \
+    for (int h = 0; h < QK / 8; h++) {                                                                      \
+        UNROLL for (int v = 0; v < 2; v++) {                                                                \
+            const __m256i c = _mm256_loadu_si256((const __m256i *)blk->qs[h][8 * v]);                        \
+            const __m256i lo = _mm256_and_si256(c, low), hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), low); \
+            UNROLL for (int r = 0; r < R; r++) {                                                            \
+                const int8_t *xq = qx->q + (r0 + r) * k + b * QK + 8 * h;                                   \
+                s16[r][v] = _mm256_add_epi16(s16[r][v], _mm256_add_epi16(                                   \
+                    _mm256_maddubs_epi16(lo, _mm256_set1_epi32(word_at(xq))),                               \
+                    _mm256_maddubs_epi16(hi, _mm256_set1_epi32(word_at(xq + 4)))));                         \
+            }                                                                                               \
+        }                                                                                                   \
+    }                                                                                                       \
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < 2; v++)                                  \
+        isum[r][v] = _mm256_madd_epi16(s16[r][v], one16);
+#define I256_DOTS_Q80(R)                                                                                   \
+    const __m256i flip = _mm256_set1_epi8((char)0x80), one16 = _mm256_set1_epi16(1);                        \
+    UNROLL for (int r = 0; r < R; r++) isum[r][0] = isum[r][1] = _mm256_setzero_si256();                    \
+    for (int g = 0; g < QK / 4; g++) {                                                                      \
+        UNROLL for (int v = 0; v < 2; v++) {                                                                \
+            const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)blk->qs[g][8 * v]), flip); \
+            const __m256i aw = _mm256_abs_epi8(w);                                                          \
+            UNROLL for (int r = 0; r < R; r++) {                                                            \
+                const __m256i xv = _mm256_set1_epi32(word_at(qx->q + (r0 + r) * k + b * QK + 4 * g));       \
+                isum[r][v] = _mm256_add_epi32(isum[r][v], _mm256_madd_epi16(                                \
+                    _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)), one16));                             \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+#define I256_MIN_Q41(R)                                                                                    \
+    const __m256 m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk->m));                           \
+    const __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk->m + 8)));                     \
+    UNROLL for (int r = 0; r < R; r++) {                                                                    \
+        const __m256 xs = _mm256_set1_ps(qx->s[(r0 + r) * nb + b]);                                         \
+        accm[r][0] = _mm256_fmadd_ps(m0, xs, accm[r][0]);                                                   \
+        accm[r][1] = _mm256_fmadd_ps(m1, xs, accm[r][1]);                                                   \
+    }
+#define I256_MIN_Q80(R)
+#define DEFINE_I256(Q, T, HAS_MIN, R)                                                                      \
+AVX2H static void i256_##Q##_##R(const qx_t *qx, int64_t r0, int64_t k, const uint8_t *ws, float *y,        \
+                                 int64_t ldy, int64_t ncols, const uint8_t *pf)                             \
 {                                                                                                           \
     const int64_t nb = k / QK;                                                                              \
-    const size_t bb = kind == KIND_Q41I ? Q41_BLOCK : Q80_BLOCK;                                            \
-    const __m256i low = _mm256_set1_epi8(15), flip = _mm256_set1_epi8((char)0x80), one16 = _mm256_set1_epi16(1); \
     __m256 acc[R][2], accm[R][2];                                                                           \
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < 2; v++)                                  \
         acc[r][v] = _mm256_setzero_ps(), accm[r][v] = _mm256_setzero_ps();                                  \
     for (int64_t b = 0; b < nb; b++) {                                                                      \
-        const uint8_t *blk = ws + b * bb;                                                                   \
-        if (pf) for (size_t off = 0; off < bb; off += 64) _mm_prefetch((const char *)(pf + b * bb + off), _MM_HINT_T0); \
+        const T *blk = (const T *)ws + b;                                                                   \
+        if (pf) for (size_t off = 0; off < sizeof(T); off += 64)                                            \
+            _mm_prefetch((const char *)((const T *)pf + b) + off, _MM_HINT_T0);                             \
         __m256i isum[R][2];                                                                                 \
-        if (kind == KIND_Q41I) {                                                                            \
-            __m256i s16[R][2];                                                                              \
-            UNROLL for (int r = 0; r < R; r++) s16[r][0] = s16[r][1] = _mm256_setzero_si256();              \
-            for (int h = 0; h < 4; h++) {                                                                   \
-                UNROLL for (int v = 0; v < 2; v++) {                                                        \
-                    const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + 64 + IGROUP * h + 32 * v)); \
-                    const __m256i lo = _mm256_and_si256(c, low), hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), low); \
-                    UNROLL for (int r = 0; r < R; r++) {                                                    \
-                        const int8_t *xq = qx->q + (r0 + r) * k + b * QK + 8 * h;                           \
-                        s16[r][v] = _mm256_add_epi16(s16[r][v], _mm256_add_epi16(                           \
-                            _mm256_maddubs_epi16(lo, _mm256_set1_epi32(word_at(xq))),                       \
-                            _mm256_maddubs_epi16(hi, _mm256_set1_epi32(word_at(xq + 4)))));                 \
-                    }                                                                                       \
-                }                                                                                           \
-            }                                                                                               \
-            UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < 2; v++)                          \
-                isum[r][v] = _mm256_madd_epi16(s16[r][v], one16);                                           \
-        } else {                                                                                            \
-            UNROLL for (int r = 0; r < R; r++) isum[r][0] = isum[r][1] = _mm256_setzero_si256();            \
-            for (int g = 0; g < 8; g++) {                                                                   \
-                UNROLL for (int v = 0; v < 2; v++) {                                                        \
-                    const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 32 + IGROUP * g + 32 * v)), flip); \
-                    const __m256i aw = _mm256_abs_epi8(w);                                                  \
-                    UNROLL for (int r = 0; r < R; r++) {                                                    \
-                        const __m256i xv = _mm256_set1_epi32(word_at(qx->q + (r0 + r) * k + b * QK + 4 * g)); \
-                        isum[r][v] = _mm256_add_epi32(isum[r][v], _mm256_madd_epi16(                        \
-                            _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w)), one16));                     \
-                    }                                                                                       \
-                }                                                                                           \
-            }                                                                                               \
-        }                                                                                                   \
-        const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                          \
-        const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));                   \
+        I256_DOTS_##Q(R)                                                                                    \
+        const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk->d));                       \
+        const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk->d + 8)));                 \
         UNROLL for (int r = 0; r < R; r++) {                                                                \
             const __m256 xd = _mm256_set1_ps(qx->d[(r0 + r) * nb + b]);                                     \
             acc[r][0] = _mm256_fmadd_ps(_mm256_mul_ps(d0, xd), _mm256_cvtepi32_ps(isum[r][0]), acc[r][0]);  \
             acc[r][1] = _mm256_fmadd_ps(_mm256_mul_ps(d1, xd), _mm256_cvtepi32_ps(isum[r][1]), acc[r][1]);  \
         }                                                                                                   \
-        if (kind == KIND_Q41I) {                                                                            \
-            const __m256 m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32)));               \
-            const __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 48)));               \
-            UNROLL for (int r = 0; r < R; r++) {                                                            \
-                const __m256 xs = _mm256_set1_ps(qx->s[(r0 + r) * nb + b]);                                 \
-                accm[r][0] = _mm256_fmadd_ps(m0, xs, accm[r][0]);                                           \
-                accm[r][1] = _mm256_fmadd_ps(m1, xs, accm[r][1]);                                           \
-            }                                                                                               \
-        }                                                                                                   \
+        I256_MIN_##Q(R)                                                                                     \
     }                                                                                                       \
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);                                        \
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int v = 0; v < 2; v++) {                                \
-        const __m256 out = kind == KIND_Q41I ? _mm256_add_ps(acc[r][v], accm[r][v]) : acc[r][v];            \
+        const __m256 out = HAS_MIN ? _mm256_add_ps(acc[r][v], accm[r][v]) : acc[r][v];                      \
         _mm256_maskstore_ps(y + (r0 + r) * ldy + 8 * v,                                                     \
                             _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(ncols - 8 * v)), lanes), out);       \
     }                                                                                                       \
 }
-DEFINE_I256(1)
-DEFINE_I256(2)
+DEFINE_I256(Q41, block_q41i, 1, 1)
+DEFINE_I256(Q41, block_q41i, 1, 2)
+DEFINE_I256(Q80, block_q80i, 0, 1)
+DEFINE_I256(Q80, block_q80i, 0, 2)
 
 /* ---- AVX-512: R rows x one strip (one vector of 16 columns); vnni: vpdpbusd, else BW's vpmaddubsw ---- */
 #define AVX512I RK_TARGET("avx512f,avx512bw,avx512vnni,avx2,fma,f16c")
-#define DEFINE_I512(R)                                                                                     \
-AVX512I static void i512_##R(const qx_t *qx, int64_t r0, int64_t k, const uint8_t *ws, int kind, float *y,     \
-                             int64_t ldy, int64_t ncols, int vnni, const uint8_t *pf)                          \
+#define I512_DOTS_Q41(R)                                                                                   \
+    const __m512i low = _mm512_set1_epi8(15), one16 = _mm512_set1_epi16(1);                                 \
+    for (int h = 0; h < QK / 8; h++) {                                                                      \
+        const __m512i c = _mm512_loadu_si512(blk->qs[h]);                                                   \
+        const __m512i lo = _mm512_and_si512(c, low), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), low);   \
+        UNROLL for (int r = 0; r < R; r++) {                                                                \
+            const int8_t *xq = qx->q + (r0 + r) * k + b * QK + 8 * h;                                       \
+            const __m512i x0 = _mm512_set1_epi32(word_at(xq)), x1 = _mm512_set1_epi32(word_at(xq + 4));     \
+            if (vnni) isum[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(isum[r], lo, x0), hi, x1);          \
+            else isum[r] = _mm512_add_epi16(isum[r], _mm512_add_epi16(_mm512_maddubs_epi16(lo, x0),         \
+                                                                      _mm512_maddubs_epi16(hi, x1)));       \
+        }                                                                                                   \
+    }                                                                                                       \
+    if (!vnni) UNROLL for (int r = 0; r < R; r++) isum[r] = _mm512_madd_epi16(isum[r], one16);
+#define I512_DOTS_Q80(R)                                                                                   \
+    const __m512i flip = _mm512_set1_epi8((char)0x80), one16 = _mm512_set1_epi16(1);                        \
+    for (int g = 0; g < QK / 4; g++) {                                                                      \
+        const __m512i u = _mm512_loadu_si512(blk->qs[g]);                                                   \
+        if (vnni) {                                                                                         \
+            UNROLL for (int r = 0; r < R; r++)                                                              \
+                isum[r] = _mm512_dpbusd_epi32(isum[r], u,                                                   \
+                              _mm512_set1_epi32(word_at(qx->q + (r0 + r) * k + b * QK + 4 * g)));           \
+            continue;                                                                                       \
+        }                                                                                                   \
+        const __m512i w = _mm512_xor_si512(u, flip), aw = _mm512_abs_epi8(w);                               \
+        const __mmask64 neg = _mm512_movepi8_mask(w);                                                       \
+        UNROLL for (int r = 0; r < R; r++) {                                                                \
+            const __m512i xv = _mm512_set1_epi32(word_at(qx->q + (r0 + r) * k + b * QK + 4 * g));           \
+            const __m512i xs = _mm512_mask_sub_epi8(xv, neg, zero, xv);          /* x * sign(w) */           \
+            isum[r] = _mm512_add_epi32(isum[r], _mm512_madd_epi16(_mm512_maddubs_epi16(aw, xs), one16));    \
+        }                                                                                                   \
+    }                                                                                                       \
+    if (vnni) UNROLL for (int r = 0; r < R; r++)     /* (q + 128) . x - 128 * sum(x) */                     \
+        isum[r] = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(qx->sums[(r0 + r) * nb + b] * 128));
+#define I512_MIN_Q41(R)                                                                                    \
+    const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk->m));                        \
+    UNROLL for (int r = 0; r < R; r++)                                                                      \
+        accm[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(qx->s[(r0 + r) * nb + b]), accm[r]);
+#define I512_MIN_Q80(R)
+#define DEFINE_I512(Q, T, HAS_MIN, R)                                                                      \
+AVX512I static void i512_##Q##_##R(const qx_t *qx, int64_t r0, int64_t k, const uint8_t *ws, float *y,      \
+                                   int64_t ldy, int64_t ncols, int vnni, const uint8_t *pf)                 \
 {                                                                                                           \
     const int64_t nb = k / QK;                                                                              \
-    const size_t bb = kind == KIND_Q41I ? Q41_BLOCK : Q80_BLOCK;                                            \
-    const __m512i low = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80), one16 = _mm512_set1_epi16(1); \
     const __m512i zero = _mm512_setzero_si512();                                                            \
     __m512 acc[R], accm[R];                                                                                 \
     UNROLL for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm512_setzero_ps();        \
     for (int64_t b = 0; b < nb; b++) {                                                                      \
-        const uint8_t *blk = ws + b * bb;                                                                   \
-        if (pf) for (size_t off = 0; off < bb; off += 64) _mm_prefetch((const char *)(pf + b * bb + off), _MM_HINT_T0); \
+        const T *blk = (const T *)ws + b;                                                                   \
+        if (pf) for (size_t off = 0; off < sizeof(T); off += 64)                                            \
+            _mm_prefetch((const char *)((const T *)pf + b) + off, _MM_HINT_T0);                             \
         __m512i isum[R];                                                                                    \
         UNROLL for (int r = 0; r < R; r++) isum[r] = zero;                                                  \
-        if (kind == KIND_Q41I) {                                                                            \
-            for (int h = 0; h < 4; h++) {                                                                   \
-                const __m512i c = _mm512_loadu_si512(blk + 64 + IGROUP * h);                                \
-                const __m512i lo = _mm512_and_si512(c, low), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), low); \
-                UNROLL for (int r = 0; r < R; r++) {                                                        \
-                    const int8_t *xq = qx->q + (r0 + r) * k + b * QK + 8 * h;                               \
-                    const __m512i x0 = _mm512_set1_epi32(word_at(xq)), x1 = _mm512_set1_epi32(word_at(xq + 4)); \
-                    if (vnni) isum[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(isum[r], lo, x0), hi, x1);  \
-                    else isum[r] = _mm512_add_epi16(isum[r], _mm512_add_epi16(_mm512_maddubs_epi16(lo, x0), \
-                                                                              _mm512_maddubs_epi16(hi, x1))); \
-                }                                                                                           \
-            }                                                                                               \
-            if (!vnni) UNROLL for (int r = 0; r < R; r++) isum[r] = _mm512_madd_epi16(isum[r], one16);     \
-        } else {                                                                                            \
-            for (int g = 0; g < 8; g++) {                                                                   \
-                const __m512i u = _mm512_loadu_si512(blk + 32 + IGROUP * g);                                \
-                if (vnni) {                                                                                 \
-                    UNROLL for (int r = 0; r < R; r++)                                                      \
-                        isum[r] = _mm512_dpbusd_epi32(isum[r], u,                                           \
-                                      _mm512_set1_epi32(word_at(qx->q + (r0 + r) * k + b * QK + 4 * g)));   \
-                    continue;                                                                               \
-                }                                                                                           \
-                const __m512i w = _mm512_xor_si512(u, flip), aw = _mm512_abs_epi8(w);                       \
-                const __mmask64 neg = _mm512_movepi8_mask(w);                                               \
-                UNROLL for (int r = 0; r < R; r++) {                                                        \
-                    const __m512i xv = _mm512_set1_epi32(word_at(qx->q + (r0 + r) * k + b * QK + 4 * g));   \
-                    const __m512i xs = _mm512_mask_sub_epi8(xv, neg, zero, xv);          /* x * sign(w) */   \
-                    isum[r] = _mm512_add_epi32(isum[r], _mm512_madd_epi16(_mm512_maddubs_epi16(aw, xs), one16)); \
-                }                                                                                           \
-            }                                                                                               \
-            if (vnni) UNROLL for (int r = 0; r < R; r++)     /* (q + 128) . x - 128 * sum(x) */             \
-                isum[r] = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(qx->sums[(r0 + r) * nb + b] * 128)); \
-        }                                                                                                   \
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));                       \
+        I512_DOTS_##Q(R)                                                                                    \
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk->d));                    \
         UNROLL for (int r = 0; r < R; r++)                                                                  \
             acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(qx->d[(r0 + r) * nb + b])),           \
                                      _mm512_cvtepi32_ps(isum[r]), acc[r]);                                  \
-        if (kind == KIND_Q41I) {                                                                            \
-            const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));            \
-            UNROLL for (int r = 0; r < R; r++)                                                              \
-                accm[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(qx->s[(r0 + r) * nb + b]), accm[r]);           \
-        }                                                                                                   \
+        I512_MIN_##Q(R)                                                                                     \
     }                                                                                                       \
     const __mmask16 keep = ncols >= STRIP ? (__mmask16)0xffff : (__mmask16)((1u << ncols) - 1u);            \
     UNROLL for (int r = 0; r < R; r++)                                                                      \
-        _mm512_mask_storeu_ps(y + (r0 + r) * ldy, keep, kind == KIND_Q41I ? _mm512_add_ps(acc[r], accm[r]) : acc[r]); \
+        _mm512_mask_storeu_ps(y + (r0 + r) * ldy, keep, HAS_MIN ? _mm512_add_ps(acc[r], accm[r]) : acc[r]); \
 }
-DEFINE_I512(1)
-DEFINE_I512(2)
-DEFINE_I512(3)
-DEFINE_I512(4)
-DEFINE_I512(5)
-DEFINE_I512(6)
-typedef void (*i512_fn)(const qx_t *, int64_t, int64_t, const uint8_t *, int, float *, int64_t, int64_t, int,
+#define DEFINE_I512_ROWS(Q, T, HAS_MIN)                                                                    \
+    DEFINE_I512(Q, T, HAS_MIN, 1) DEFINE_I512(Q, T, HAS_MIN, 2) DEFINE_I512(Q, T, HAS_MIN, 3)              \
+    DEFINE_I512(Q, T, HAS_MIN, 4) DEFINE_I512(Q, T, HAS_MIN, 5) DEFINE_I512(Q, T, HAS_MIN, 6)
+DEFINE_I512_ROWS(Q41, block_q41i, 1)
+DEFINE_I512_ROWS(Q80, block_q80i, 0)
+typedef void (*i256_fn)(const qx_t *, int64_t, int64_t, const uint8_t *, float *, int64_t, int64_t, const uint8_t *);
+typedef void (*i512_fn)(const qx_t *, int64_t, int64_t, const uint8_t *, float *, int64_t, int64_t, int,
                         const uint8_t *);
-static const i512_fn I512[7] = {0, i512_1, i512_2, i512_3, i512_4, i512_5, i512_6};
+/* [Q4_1, Q8_0][rows] */
+static const i256_fn I256[2][3] = {{0, i256_Q41_1, i256_Q41_2}, {0, i256_Q80_1, i256_Q80_2}};
+static const i512_fn I512[2][7] = {{0, i512_Q41_1, i512_Q41_2, i512_Q41_3, i512_Q41_4, i512_Q41_5, i512_Q41_6},
+                                   {0, i512_Q80_1, i512_Q80_2, i512_Q80_3, i512_Q80_4, i512_Q80_5, i512_Q80_6}};
 
 static int cpu_vnni(void)
 {
@@ -333,12 +366,13 @@ static int cpu_vnni(void)
     return (int)rk_load(&ok);
 }
 
-/* every strip of w against every row, rows in register groups (AVX-512: 4, AVX2: 2) */
+/* every strip of w against every row, rows in register groups (AVX-512: up to 6, AVX2: 2) */
 static void int_simd(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int kind, float *y, int64_t ldy,
                      int64_t n, int path)
 {
     const size_t sb = strip_bytes(kind, k);
     const int wide = (path & PATH_ISA) == 2, vnni = wide && !(path & PATH_NO_VNNI) && cpu_vnni();
+    const int q = kind == KIND_Q41I ? 0 : 1;
     for (int64_t s = 0; s * STRIP < n; s++) {
         const int64_t nc = n - s * STRIP < STRIP ? n - s * STRIP : STRIP;
         const uint8_t *ws = w + s * sb;
@@ -351,14 +385,12 @@ static void int_simd(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int
             const uint8_t *pf = r == 0 ? next : NULL;
             if (wide) {                        /* 7 rows: 4 + 3, 8: 4 + 4, 9 and more: 6 at a time */
                 const int R = left >= 9 ? 6 : left >= 7 ? 4 : (int)left;
-                I512[R](qx, r, k, ws, kind, ys, ldy, nc, vnni, pf);
+                I512[q][R](qx, r, k, ws, ys, ldy, nc, vnni, pf);
                 r += R;
-            } else if (left >= 2) {
-                i256_2(qx, r, k, ws, kind, ys, ldy, nc, pf);
-                r += 2;
             } else {
-                i256_1(qx, r, k, ws, kind, ys, ldy, nc, pf);
-                r += 1;
+                const int R = left >= 2 ? 2 : 1;
+                I256[q][R](qx, r, k, ws, ys, ldy, nc, pf);
+                r += R;
             }
         }
     }

@@ -45,6 +45,8 @@ CPU: a compiler may otherwise fuse their multiply-adds on arm64 and not on x86-6
 #include <string.h>
 #include <stdatomic.h>
 
+#include "format.h"       /* QK, STRIP, KIND_*, the strip-block structs: the blocks built here are the kernel's */
+
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #endif
@@ -208,14 +210,18 @@ static void test_matmul(int avx2)
     printf("matmul %016llx\n", (unsigned long long)h.h);
 }
 
+/* a native kind's strip-block: its bytes, and the bytes of its scales (and minima) before the codes */
+static size_t block_bytes(int kind) { return kind == KIND_Q41 ? sizeof(block_q41) : sizeof(block_q80); }
+static size_t scale_bytes(int kind) { return kind == KIND_Q41 ? offsetof(block_q41, qs) : offsetof(block_q80, qs); }
+
 /* random strip-blocks whose scales are finite halves (exponents 8..17: 2^-7 .. 4) and codes any byte */
 static uint8_t *random_blocks(int kind, int64_t k, int64_t ns, size_t *bytes)
 {
-    const size_t block = kind == 0 ? 320 : 544, nb = (size_t)(k / 32) * (size_t)ns;
+    const size_t block = block_bytes(kind), nb = (size_t)(k / QK) * (size_t)ns;
     uint8_t *w = xmalloc(block * nb);
     for (size_t b = 0; b < nb; b++) {
         uint8_t *p = w + b * block;
-        const int halves = kind == 0 ? 32 : 16;       /* d[16] (and m[16]) */
+        const int halves = (int)scale_bytes(kind) / 2;       /* d[16] (and m[16]) */
         for (int i = 0; i < halves; i++) {
             const uint64_t r = next_u64();
             const uint16_t hv = (uint16_t)(((r & 1) << 15) | ((8 + (r >> 1) % 10) << 10) | ((r >> 8) & 0x3ff));
@@ -303,17 +309,17 @@ static void *own(model_t *m, void *p)
    m in (-2^-2, -2^-4]; Q8_0 d in [2^-9, 2^-7); codes any byte */
 static uint8_t *small_blocks(int kind, int64_t k, int64_t n)
 {
-    const size_t block = kind == 0 ? 320 : 544, nb = (size_t)(k / 32) * (size_t)((n + 15) / 16);
+    const size_t block = block_bytes(kind), nb = (size_t)(k / QK) * (size_t)((n + STRIP - 1) / STRIP);
     uint8_t *w = xmalloc(block * nb);
     for (size_t b = 0; b < nb; b++) {
         uint8_t *p = w + b * block;
-        for (int i = 0; i < (kind == 0 ? 32 : 16); i++) {
+        for (int i = 0; i < (int)scale_bytes(kind) / 2; i++) {
             const uint64_t r = next_u64();
             const int m = i >= 16, e = kind == 1 ? 6 + (int)(r & 1) : m ? 11 + (int)(r & 1) : 9 + (int)(r & 1);
             const uint16_t hv = (uint16_t)(((unsigned)m << 15) | ((unsigned)e << 10) | ((r >> 8) & 0x3ff));
             memcpy(p + 2 * i, &hv, 2);
         }
-        for (size_t i = kind == 0 ? 64 : 32; i < block; i++) p[i] = (uint8_t)next_u64();
+        for (size_t i = scale_bytes(kind); i < block; i++) p[i] = (uint8_t)next_u64();
     }
     return w;
 }
@@ -326,7 +332,7 @@ static void product_weight(model_t *m, int64_t *at, int64_t k, int64_t n, int ki
 {
     void *w = kind < 0 ? (void *)packed(k, n) : (void *)small_blocks(kind, k, n);
     if (kind >= 0 && int_layout) {
-        const size_t bytes = (size_t)(k / 32) * (size_t)((n + 15) / 16) * (kind == 0 ? 320 : 544);
+        const size_t bytes = (size_t)(k / QK) * (size_t)((n + STRIP - 1) / STRIP) * block_bytes(kind);
         uint8_t *wi = xmalloc(bytes);
         check_rc("rk_repack_int", rk.repack_int((uintptr_t)w, kind, k, n, (uintptr_t)wi));
         free(w);

@@ -315,10 +315,8 @@ static size_t strip_bytes(int kind, int64_t k)
 }
 
 /* IEEE half to float, exact (normals, subnormals, zeros, inf, nan) */
-static float half_to_float(const uint8_t *p)
+static float half_to_float(lk_half h)
 {
-    uint16_t h;
-    memcpy(&h, p, 2);
     const int e = (h >> 10) & 0x1f, mant = h & 0x3ff;
     float f = e == 0 ? ldexpf((float)mant, -24) : e == 31 ? (mant ? NAN : INFINITY) : ldexpf((float)(mant | 0x400), e - 25);
     return (h & 0x8000) ? -f : f;
@@ -332,21 +330,39 @@ static void dequant_portable(const uint8_t *w, int kind, int64_t k, int64_t ns, 
         for (int64_t b = 0; b < k / QK; b++) {
             float d[STRIP], mn[STRIP], *o = out + s * STRIP * k + b * QK * STRIP;
             if (kind == KIND_Q41) {
-                const uint8_t *blk = w + s * sb + b * Q41_BLOCK;
-                for (int c = 0; c < STRIP; c++) { d[c] = half_to_float(blk + 2 * c); mn[c] = half_to_float(blk + 32 + 2 * c); }
+                const block_q41 *blk = (const block_q41 *)(w + s * sb) + b;
+                for (int c = 0; c < STRIP; c++) { d[c] = half_to_float(blk->d[c]); mn[c] = half_to_float(blk->m[c]); }
                 for (int j = 0; j < QK / 2; j++)
                     for (int c = 0; c < STRIP; c++) {
-                        const uint8_t q = blk[64 + STRIP * j + c];
+                        const uint8_t q = blk->qs[j][c];
                         o[STRIP * (2 * j) + c] = (float)(q & 15) * d[c] + mn[c];      /* two roundings: no FMA */
                         o[STRIP * (2 * j + 1) + c] = (float)(q >> 4) * d[c] + mn[c];
                     }
             } else {
-                const uint8_t *blk = w + s * sb + b * Q80_BLOCK;
-                for (int c = 0; c < STRIP; c++) d[c] = half_to_float(blk + 2 * c);
+                const block_q80 *blk = (const block_q80 *)(w + s * sb) + b;
+                for (int c = 0; c < STRIP; c++) d[c] = half_to_float(blk->d[c]);
                 for (int i = 0; i < QK; i++)
-                    for (int c = 0; c < STRIP; c++) o[STRIP * i + c] = (float)(int8_t)blk[32 + STRIP * i + c] * d[c];
+                    for (int c = 0; c < STRIP; c++) o[STRIP * i + c] = (float)blk->qs[i][c] * d[c];
             }
         }
+}
+
+/* column c of one strip-block -> its QK weights, d * q (+ m) in two roundings (a tied embedding's row) */
+static void column_q41(const uint8_t *b, int c, float *out)
+{
+    const block_q41 *blk = (const block_q41 *)b;
+    const float d = half_to_float(blk->d[c]), mn = half_to_float(blk->m[c]);
+    for (int j = 0; j < QK / 2; j++) {
+        const uint8_t q = blk->qs[j][c];
+        out[2 * j] = (float)(q & 15) * d + mn;
+        out[2 * j + 1] = (float)(q >> 4) * d + mn;
+    }
+}
+static void column_q80(const uint8_t *b, int c, float *out)
+{
+    const block_q80 *blk = (const block_q80 *)b;
+    const float d = half_to_float(blk->d[c]);
+    for (int i = 0; i < QK; i++) out[i] = (float)blk->qs[i][c] * d;
 }
 
 #if HAVE_X86
@@ -359,21 +375,23 @@ AVX2H static void dequant_avx2(const uint8_t *w, int kind, int64_t k, int64_t ns
     for (int64_t s = 0; s < ns; s++)
         for (int64_t b = 0; b < k / QK; b++) {
             float *o = out + s * STRIP * k + b * QK * STRIP;
-            const uint8_t *blk = w + s * sb + b * (kind == KIND_Q41 ? Q41_BLOCK : Q80_BLOCK);
-            for (int h = 0; h < 2; h++) {
-                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+            for (int h = 0; h < 2; h++) {                  /* columns 8h .. 8h + 7 */
                 if (kind == KIND_Q41) {
-                    const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)));
+                    const block_q41 *blk = (const block_q41 *)(w + s * sb) + b;
+                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk->d + 8 * h)));
+                    const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk->m + 8 * h)));
                     for (int j = 0; j < QK / 2; j++) {
-                        const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 64 + STRIP * j + 8 * h)));
+                        const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs[j] + 8 * h)));
                         _mm256_storeu_ps(o + STRIP * (2 * j) + 8 * h,
                                          _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, low)), d, mn));
                         _mm256_storeu_ps(o + STRIP * (2 * j + 1) + 8 * h,
                                          _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), d, mn));
                     }
                 } else {
+                    const block_q80 *blk = (const block_q80 *)(w + s * sb) + b;
+                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk->d + 8 * h)));
                     for (int i = 0; i < QK; i++) {
-                        const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 32 + STRIP * i + 8 * h)));
+                        const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs[i] + 8 * h)));
                         _mm256_storeu_ps(o + STRIP * i + 8 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
                     }
                 }
@@ -393,15 +411,15 @@ AVX2H static void q41_##MB##x##P(const float *x, int64_t ldx, int64_t k, const u
     for (int64_t b = 0; b < k / QK; b++) {                                                            \
         __m256 d[2 * P], mn[2 * P];                                                                      \
         UNROLL for (int v = 0; v < 2 * P; v++) {                                                         \
-            const uint8_t *blk = wp + (v / 2) * sb + b * Q41_BLOCK + 16 * (v % 2);                      \
-            d[v] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                               \
-            mn[v] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32)));                       \
+            const block_q41 *blk = (const block_q41 *)(wp + (v / 2) * sb) + b;   /* columns 8 (v % 2) .. */ \
+            d[v] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk->d + 8 * (v % 2))));            \
+            mn[v] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk->m + 8 * (v % 2))));           \
         }                                                                                                \
         const float *xb = x + b * QK;                                                                    \
         for (int j = 0; j < QK / 2; j++) {                                                               \
             /* one vector of 8 columns at a time: its two weights vectors live only until its FMAs */    \
             UNROLL for (int v = 0; v < 2 * P; v++) {                                                     \
-                const uint8_t *q = wp + (v / 2) * sb + b * Q41_BLOCK + 64 + STRIP * j + 8 * (v % 2);     \
+                const uint8_t *q = ((const block_q41 *)(wp + (v / 2) * sb) + b)->qs[j] + 8 * (v % 2);    \
                 const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));             \
                 const __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(c, low)), d[v], mn[v]); \
                 const __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4)), d[v], mn[v]);  \
@@ -424,11 +442,11 @@ AVX2H static void q80_##MB##x##P(const float *x, int64_t ldx, int64_t k, const u
     for (int64_t b = 0; b < k / QK; b++) {                                                            \
         __m256 d[2 * P];                                                                                 \
         UNROLL for (int v = 0; v < 2 * P; v++)                                                           \
-            d[v] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wp + (v / 2) * sb + b * Q80_BLOCK + 16 * (v % 2)))); \
+            d[v] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(((const block_q80 *)(wp + (v / 2) * sb) + b)->d + 8 * (v % 2)))); \
         const float *xb = x + b * QK;                                                                    \
         for (int i = 0; i < QK; i++) {                                                                   \
             UNROLL for (int v = 0; v < 2 * P; v++) {                                                     \
-                const uint8_t *q = wp + (v / 2) * sb + b * Q80_BLOCK + 32 + STRIP * i + 8 * (v % 2);     \
+                const int8_t *q = ((const block_q80 *)(wp + (v / 2) * sb) + b)->qs[i] + 8 * (v % 2);     \
                 const __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))), d[v]); \
                 UNROLL for (int r = 0; r < MB; r++)                                                      \
                     acc[r][v] = _mm256_fmadd_ps(_mm256_broadcast_ss(xb + r * ldx + i), w, acc[r][v]);    \
@@ -474,14 +492,14 @@ AVX512H static void q41z_##MB##x##P(const float *x, int64_t ldx, int64_t k, cons
     for (int64_t b = 0; b < k / QK; b++) {                                                            \
         __m512 d[P], mn[P];                                                                              \
         UNROLL for (int v = 0; v < P; v++) {                                                             \
-            const uint8_t *blk = wp + v * sb + b * Q41_BLOCK;                                            \
-            d[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));                            \
-            mn[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));                    \
+            const block_q41 *blk = (const block_q41 *)(wp + v * sb) + b;                                 \
+            d[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk->d));                         \
+            mn[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk->m));                        \
         }                                                                                                \
         const float *xb = x + b * QK;                                                                    \
         for (int j = 0; j < QK / 2; j++) {                                                               \
             UNROLL for (int v = 0; v < P; v++) {                                                         \
-                const uint8_t *q = wp + v * sb + b * Q41_BLOCK + 64 + STRIP * j;                         \
+                const uint8_t *q = ((const block_q41 *)(wp + v * sb) + b)->qs[j];                        \
                 const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));             \
                 const __m512 w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(c, low)), d[v], mn[v]); \
                 const __m512 w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4)), d[v], mn[v]);  \
@@ -502,11 +520,11 @@ AVX512H static void q80z_##MB##x##P(const float *x, int64_t ldx, int64_t k, cons
     for (int64_t b = 0; b < k / QK; b++) {                                                            \
         __m512 d[P];                                                                                     \
         UNROLL for (int v = 0; v < P; v++)                                                               \
-            d[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wp + v * sb + b * Q80_BLOCK)));  \
+            d[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const block_q80 *)(wp + v * sb) + b)->d)); \
         const float *xb = x + b * QK;                                                                    \
         for (int i = 0; i < QK; i++) {                                                                   \
             UNROLL for (int v = 0; v < P; v++) {                                                         \
-                const uint8_t *q = wp + v * sb + b * Q80_BLOCK + 32 + STRIP * i;                         \
+                const int8_t *q = ((const block_q80 *)(wp + v * sb) + b)->qs[i];                         \
                 const __m512 w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), d[v]); \
                 UNROLL for (int r = 0; r < MB; r++)                                                      \
                     acc[r][v] = _mm512_fmadd_ps(_mm512_set1_ps(xb[r * ldx + i]), w, acc[r][v]);          \

@@ -54,6 +54,15 @@ STRIP_BLOCK_BYTES = {"q4_1": FORMAT["Q41_BLOCK"], "q8_0": FORMAT["Q80_BLOCK"]}  
 KIND_CODE = {"q4_1": FORMAT["KIND_Q41"], "q8_0": FORMAT["KIND_Q80"]}
 INT_KIND_CODE = {"q4_1": FORMAT["KIND_Q41I"], "q8_0": FORMAT["KIND_Q80I"]}   # the int8 numerics' layout
 EXPERTS_FORMAT = f"lessonkit-stream-v{LAYOUT_VERSION}"     # experts.safetensors' metadata "format"
+# the bytes inside a strip-block: csrc/format.h's structs (its names), field -> byte offset, "size" the struct's
+# bytes; the int layouts' twins keep the same offsets (tests/test_kernel_format.py compiles offsetof and compares)
+BLOCK_LAYOUT = {
+    "block_q41": {"d": 0, "m": 32, "qs": 64, "size": 320},
+    "block_q80": {"d": 0, "qs": 32, "size": 544},
+    "block_q41i": {"d": 0, "m": 32, "qs": 64, "size": 320},
+    "block_q80i": {"d": 0, "qs": 32, "size": 544},
+}
+FIELDS = {"q4_1": BLOCK_LAYOUT["block_q41"], "q8_0": BLOCK_LAYOUT["block_q80"]}     # by kind name
 
 
 def choose_weights(requested: str | None = None) -> tuple[str, str]:
@@ -149,10 +158,11 @@ def _strip_parts(packed: torch.Tensor, k: int, kind: str):
     b, sb = k // QK, STRIP_BLOCK_BYTES[kind]
     blk = packed.view(-1, b, sb)
     half = lambda off: blk[..., off:off + 2 * STRIP].contiguous().view(torch.float16)
+    f = FIELDS[kind]
     if kind == "q8_0":
-        return half(0), None, blk[..., 2 * STRIP:].contiguous().view(torch.int8).view(-1, b, QK, STRIP)
-    pairs = blk[..., 4 * STRIP:].reshape(-1, b, QK // 2, 1, STRIP)
-    return half(0), half(2 * STRIP), torch.cat([pairs & 15, pairs >> 4], dim=3).reshape(-1, b, QK, STRIP)
+        return half(f["d"]), None, blk[..., f["qs"]:].contiguous().view(torch.int8).view(-1, b, QK, STRIP)
+    pairs = blk[..., f["qs"]:].reshape(-1, b, QK // 2, 1, STRIP)
+    return half(f["d"]), half(f["m"]), torch.cat([pairs & 15, pairs >> 4], dim=3).reshape(-1, b, QK, STRIP)
 
 
 def unpack_blocks(packed: torch.Tensor, n: int, k: int, kind: str) -> torch.Tensor:
@@ -292,8 +302,8 @@ class NativeWeight:
         blk = self.data.view(-1, b, nb)[ids // STRIP]                       # [T, B, bytes of a strip-block]
         col = (ids % STRIP).view(-1, 1, 1)
         half = lambda off: blk[..., off:off + 2 * STRIP].contiguous().view(torch.float16)   # [T, B, 16]
-        d = half(0).gather(2, col.expand(-1, b, 1))[..., 0]                 # [T, B]
-        codes = blk[..., 2 * STRIP * (2 if self.kind == "q4_1" else 1):]
+        d = half(FIELDS[self.kind]["d"]).gather(2, col.expand(-1, b, 1))[..., 0]       # [T, B]
+        codes = blk[..., FIELDS[self.kind]["qs"]:]
         if self.code != KIND_CODE[self.kind]:
             q = self._int_layout_codes(codes, col, b)
         else:
@@ -301,7 +311,7 @@ class NativeWeight:
             q = codes.gather(3, col[..., None].expand(-1, b, codes.shape[2], 1))[..., 0]   # [T, B, 16 or 32]
         if self.kind == "q8_0":
             return (d.float()[..., None] * q.view(torch.int8).float()).reshape(len(ids), -1)
-        m = half(2 * STRIP).gather(2, col.expand(-1, b, 1))[..., 0]
+        m = half(FIELDS[self.kind]["m"]).gather(2, col.expand(-1, b, 1))[..., 0]
         if self.code == KIND_CODE[self.kind]:
             q = torch.stack([q & 15, q >> 4], dim=-1).reshape(len(ids), b, QK)     # pair j: inputs 2j, 2j + 1
         return (d.float()[..., None] * q.float() + m.float()[..., None]).reshape(len(ids), -1)

@@ -1,0 +1,80 @@
+"""The C kernel's names, checked against the Python side and against the C sources themselves (issue 61).
+
+The bytes inside a strip-block are named once, in csrc/format.h's structs (block_q41, block_q80 and the int
+layouts' twins); lessonkit/engine/blocks.py mirrors their offsets in BLOCK_LAYOUT. A C program compiled here prints
+offsetof() and sizeof() of every field, and the two must agree. The sources are then read for what the names
+replace: a literal byte offset inside a block (`blk + 32`, `blk[64 + ...]`) is a rule broken."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lessonkit.engine import blocks as qb
+
+ROOT = Path(__file__).resolve().parents[1]
+CSRC = ROOT / "csrc"
+
+
+def c_compiler() -> list[str] | None:
+    """This machine's C compiler, else zig's (the one the shipped binaries are built with)."""
+    for cc in ("cc", "gcc", "clang"):
+        if shutil.which(cc):
+            return [cc]
+    try:
+        import ziglang  # noqa: F401
+        return [sys.executable, "-m", "ziglang", "cc"]
+    except ImportError:
+        return None
+
+
+def c_sources() -> dict[str, str]:
+    """Every C file of csrc/ with its comments blanked (a comment may quote an offset; code may not)."""
+    out = {}
+    for path in sorted(CSRC.glob("*.[ch]")):
+        text = path.read_text(encoding="utf-8")
+        out[path.name] = re.sub(r"/\*.*?\*/|//[^\n]*", lambda m: re.sub(r"[^\n]", " ", m.group()), text, flags=re.S)
+    return out
+
+
+def test_block_layout_equals_format_h_structs(tmp_path):
+    """BLOCK_LAYOUT's offsets and sizes are what a C compiler makes of format.h's structs."""
+    cc = c_compiler()
+    if cc is None:
+        pytest.skip("no C compiler (cc, gcc, clang or ziglang)")
+    lines = []
+    for struct, fields in qb.BLOCK_LAYOUT.items():
+        for field in fields:
+            what = f"sizeof({struct})" if field == "size" else f"offsetof({struct}, {field})"
+            lines.append(f'    printf("{struct} {field} %d\\n", (int)({what}));\n')
+    src = tmp_path / "offsets.c"
+    src.write_text('#include <stdio.h>\n#include <stddef.h>\n#include "format.h"\nint main(void) {\n'
+                   + "".join(lines) + "    return 0;\n}\n")
+    exe = tmp_path / "offsets"
+    subprocess.run(cc + ["-std=c11", "-Wall", "-Werror", f"-I{CSRC}", str(src), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+    got: dict[str, dict[str, int]] = {}
+    for line in filter(None, out):
+        struct, field, value = line.split()
+        got.setdefault(struct, {})[field] = int(value)
+    assert got == qb.BLOCK_LAYOUT
+    assert {k: v["size"] for k, v in qb.FIELDS.items()} == qb.STRIP_BLOCK_BYTES
+
+
+# a pointer into a block (or a block's bytes) plus a literal offset, or a literal offset plus a stride, or a
+# strip-block's size written as a number
+LITERAL_OFFSET = re.compile(r"\b(?:blk|wp|ws|src|dst|s|o|p|q)\s*(?:\+|\[)\s*(?:16|32|48|64)\b(?!\s*\*)"
+                            r"|\b(?:16|32|48|64)\s*\+\s*(?:STRIP|IGROUP)\b|Q(?:41|80)_BLOCK\s*\+\s*\d"
+                            r"|\b(?:320|544)\b|memcpy\([^;]*,\s*(?:32|64)\)|\?\s*(?:32|64)\s*:\s*(?:16|32)\b")
+
+
+def test_no_literal_block_offsets_in_c():
+    """Every byte inside a block is read through format.h's fields, never at a number."""
+    found = [f"{name}:{text[:m.start()].count(chr(10)) + 1}: {m.group()}"
+             for name, text in c_sources().items() if name != "format.h"
+             for m in LITERAL_OFFSET.finditer(text)]
+    assert found == []
