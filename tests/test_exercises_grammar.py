@@ -148,7 +148,7 @@ def test_on_this_run_judges_the_prediction_on_the_measured_numbers():
     """The check on this run's numbers (a small A/B on tiny-moe) passes the cost model and the solution, and fails
     a prediction that ignores the verify cost, naming the mistake."""
     ok, out = run(lambda fn: check.on_this_run(fn, smoke=True), gs_right)
-    assert ok is True and "measured here" in out and "your prediction" in out, out
+    assert ok is True and "measured apart" in out and "your prediction" in out, out
     ok, out = run(lambda fn: check.on_this_run(fn, smoke=True), solution_functions(NB)["grammar_speedup"])
     assert ok is True, out
     ok, out = run(lambda fn: check.on_this_run(fn, smoke=True), gs_longest_verify)

@@ -114,7 +114,7 @@ def _drafter_rows(n: int = 5):
     import pandas as pd
     return pd.DataFrame([{"model": "tiny-moe", "drafter": f"d{i}", "k": 4, "acceptance_rate": 0.5, "a1": 0.7,
                           "a2": 0.6, "a3": 0.5, "a4": 0.4, "c": 0.1, "measured_speedup": 1.2,
-                          "refined_speedup": 1.1, "identical_to_plain": True} for i in range(n)])
+                          "breakdown_speedup": 1.1, "identical_to_plain": True} for i in range(n)])
 
 
 def _whole(ticks) -> bool:

@@ -472,7 +472,7 @@ def test_drafter_comparison_measures_every_drafter_side_by_side(tiny):
     assert by.loc["right", "a1"] == 1.0 and by.loc["right", "acceptance_rate"] == 1.0
     assert by.loc["wrong", "a1"] == 0.0 and by.loc["wrong", "acceptance_rate"] == 0.0
     assert by.loc["right", "c"] > 0 and (df["c"] >= 0).all()
-    assert (df["measured_speedup"] > 0).all() and (df["refined_speedup"] > 0).all()
+    assert (df["measured_speedup"] > 0).all() and (df["breakdown_speedup"] > 0).all()
     assert len(fig.axes) == 2
 
 

@@ -241,8 +241,9 @@ def grammar_speedup(fn) -> bool:
 
 def on_this_run(fn, smoke: bool = False, seed: int = 0) -> bool:
     """Lesson 3's controlled A/B on tiny-moe (three held-out records as the prompt, plain and grammar-drafted
-    interleaved) and the verify cost curve, measured here; then your prediction from these numbers next to the
-    measured speed-up. True when your function gives the cost model's prediction on this run's numbers."""
+    interleaved), measured here; your prediction reads an untimed drafted run on three *other* records and the
+    verify cost curve (`measure.apart.check_apart` refuses the timed prompt among them), and is printed next to
+    the measured speed-up. True when your function gives the cost model's prediction on those numbers."""
     import torch
 
     from lessonkit.models.registry import load_model
@@ -254,14 +255,19 @@ def on_this_run(fn, smoke: bool = False, seed: int = 0) -> bool:
     torch.manual_seed(seed)
     engine = load_model("tiny-moe")
     tg = TokenGrammar(monitoring_grammar(), engine.tokenizer, eos_ids=engine.config.eos_ids)
-    records = measure.corpus_records(3)
-    prompt = engine.encode("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
-    ab = measure.grammar_ab(engine, prompt, 24 if smoke else 96, tg, repeats=1 if smoke else 3)
-    cost = measure_cost_curve(engine, max(2, math.ceil(ab["rows_per_forward"]) + 1), repeats=2 if smoke else 5)
-    print(f"measured here: {ab['tokens_per_forward']:.2f} tokens per forward, {ab['rows_per_forward']:.2f} rows per "
-          f"verify forward, T(r)/T(1) = {', '.join(f'{t / cost[0]:.2f}' for t in cost)} for r = 1..{len(cost)}; "
-          f"speed-up {ab['speedup']:.2f}x (controlled, output identical: {ab['identical']})")
-    args = (ab["tokens_per_forward"], ab["rows_per_forward"], list(cost))
+    from lessonkit.measure.apart import check_apart
+    records = measure.corpus_records(6)
+    encode = lambda rs: engine.encode("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rs))  # noqa: E731
+    prompt, n_new = encode(records[:3]), 24 if smoke else 96
+    apart = measure.grammar_apart(engine, encode(records[3:]), n_new, tg)
+    ab = measure.grammar_ab(engine, prompt, n_new, tg, repeats=1 if smoke else 3)
+    cost = measure_cost_curve(engine, max(2, math.ceil(apart.rows_per_verify) + 1), repeats=2 if smoke else 5)
+    check_apart(apart, [prompt])
+    print(f"measured apart (other records): {apart.tokens_per_verify:.2f} tokens per forward, "
+          f"{apart.rows_per_verify:.2f} rows per verify forward, T(r)/T(1) = "
+          f"{', '.join(f'{t / cost[0]:.2f}' for t in cost)} for r = 1..{len(cost)}; timed: speed-up "
+          f"{ab['speedup']:.2f}x (controlled, output identical: {ab['identical']})")
+    args = (apart.tokens_per_verify, apart.rows_per_verify, list(cost))
     got, error = call(fn, args)
     problem = error and f"grammar_speedup: {error}" or _judge_grammar_speedup(args, got)
     if problem:

@@ -408,10 +408,13 @@ def best_k_priced(fn) -> bool:
 
 
 def on_this_machine(predict, best_k_fn=None, smoke: bool = False, seed: int = 0) -> None:
-    """Measure tiny-moe with its draft model on a few corpus prompts here (a_i, c, the verify cost curve and the
-    speed-up at k = 4, plain and speculative interleaved), then print your prediction (and your best k, with the
-    measured c) next to the measurement. A stub leaves its line out."""
+    """Measure tiny-moe with its draft model here: a_i and c on some corpus prompts, the verify cost curve on its
+    own forwards, then the speed-up at k = 4 on *other* prompts (plain and speculative interleaved). Your
+    prediction reads only the first two (`measure.apart.check_apart` refuses a timed prompt among them) and is
+    printed next to the measurement, with your best k at that c. A stub leaves its line out."""
     from lessonkit.engine.generate import generate
+    from lessonkit.measure.apart import check_apart
+    from lessonkit.measure.speculative import measure_apart
     from lessonkit.models.registry import load_model
     from lessonkit.speculative.drafters import ModelDrafter
     from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve
@@ -421,19 +424,23 @@ def on_this_machine(predict, best_k_fn=None, smoke: bool = False, seed: int = 0)
     pin_torch_threads(1)
     target, draft = load_model("tiny-moe"), load_model("tiny-draft")
     prompts = [p for ps in prompts_by_kind(target, n=1, max_tokens=48, seed=seed).values() for p in ps]
+    others = [p for ps in prompts_by_kind(target, n=1, max_tokens=48, seed=seed + 1).values() for p in ps]
     n_new, k = (8, 2) if smoke else (48, 4)
     cost = measure_cost_curve(target, 6, repeats=2 if smoke else 10)
+    apart = measure_apart(target, ModelDrafter(draft), others, k=k, max_new_tokens=n_new, cost=cost,
+                          source="other corpus prompts (seed + 1)")
+    check_apart(apart, prompts)
     plain = spec = None
     for _ in range(1 if smoke else 2):        # plain and speculative in each round; the fastest counts
         p = total_stats([generate(target, q, n_new).stats for q in prompts])
         s = total_stats([speculative_generate(target, ModelDrafter(draft), q, n_new, k=k).stats for q in prompts])
         plain = p if plain is None or p["wall_s"] < plain["wall_s"] else plain
         spec = s if spec is None or s["wall_s"] < spec["wall_s"] else spec
-    acc = conditional_per_pos(spec["num_accepted_tokens_per_pos"], spec["num_drafts"])
-    c = (spec["draft_s"] / spec["num_draft_tokens"]) / (plain["wall_s"] / plain["new_tokens"])
-    measured = plain["wall_s"] / spec["wall_s"]
-    print(f"measured here: a_i = {', '.join(f'{a:.2f}' for a in acc)}, c = {c:.3f}, T(k+1)/T(1) = "
-          f"{', '.join(f'{t / cost[0]:.2f}' for t in cost)}; speed-up at k = {k}: {measured:.2f}x")
+    acc, c = list(apart.acceptance), apart.c
+    measured, timed_acc = plain["wall_s"] / spec["wall_s"], conditional_per_pos(spec["num_accepted_tokens_per_pos"], spec["num_drafts"])
+    print(f"measured apart (other prompts): a_i = {', '.join(f'{a:.2f}' for a in acc)}, c = {c:.3f}; T(k+1)/T(1) = "
+          f"{', '.join(f'{t / cost[0]:.2f}' for t in cost)}; timed: speed-up at k = {k}: {measured:.2f}x "
+          f"(its own a_i {', '.join(f'{a:.2f}' for a in timed_acc)}, which no prediction reads)")
     got, error = call(predict, (acc, c, cost, k))
     if error and error != NOT_IMPLEMENTED:
         print(f"predict_speedup: {error}")

@@ -2,8 +2,8 @@
 
 Each experiment returns a DataFrame and a matplotlib Figure:
   acceptance_by_kind   acceptance and per-position acceptance for each drafter x kind of text
-  speedup_vs_k         measured speed-up against k, next to Leviathan's formula (measured a, c) and the
-                       refined prediction (per-position acceptance + measured verify cost curve)
+  speedup_vs_k         measured speed-up against k, next to Leviathan's formula (a and c measured on other
+                       prompts: a prediction) and the breakdown of the same run (its a_i, c and verify cost curve)
 
 The break-even is lessonkit.lessons.break_even (its figures) and lessonkit.measure.break_even; the
 measurements alone (trace_verify_step, per_position_acceptance, sampling_tv: the emitted distribution of
@@ -26,8 +26,9 @@ from lessonkit.measure import numerics_paths as paths
 from lessonkit.measure.speculative import _timed_runs, drafter_table
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import ModelDrafter, c_step_why_not
-from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens, expected_tokens_per_pos,
-                                        leviathan_speedup, measure_cost_curve, predicted_speedup)
+from lessonkit.measure.apart import Apart, predict_speedup
+from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve
+from lessonkit.speculative.gate import predicted_speedup as breakdown_speedup
 from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.stack import make_drafter
 from lessonkit.workloads.corpus import prompts_by_kind
@@ -145,21 +146,16 @@ def _a(a) -> str:
     return "never" if a is None or a != a else f"{a:.2f}"
 
 
-def speedup_vs_k(target, drafter, prompts: list[list[int]], *, ks=(1, 2, 3, 4, 6, 8), max_new_tokens: int = 32,
-                 repeats: int = 2, cost: list[float] | None = None, apart: list[float] | None = None):
+def speedup_vs_k(target, drafter, prompts: list[list[int]], *, apart: Apart, ks=(1, 2, 3, 4, 6, 8),
+                 max_new_tokens: int = 32, repeats: int = 2, cost: list[float] | None = None):
     """Measured speed-up of greedy speculative decoding vs plain greedy, for each k, with predictions.
 
-    apart: per-position acceptance measured on other prompts (measure.speculative.per_position_acceptance); then
-    E_apart = 1 + a1 + a1 a2 + ... from it predicts tokens_per_verify, the tokens per verify step with the
-    prefill forward (and the token it emits) left out.
-
-    a: acceptance at the first draft position (Leviathan assumes i.i.d. acceptance);
-    E_iid_a1: E(k) = (1 - a^(k+1)) / (1 - a) predicted from that a; E_tokens_per_verify: 1 + a1 + a1 a2 + ...
-    from the per-position acceptance of the same run (next to the measured tokens_per_forward);
-    c: measured draft seconds per draft token / plain seconds per token;
-    Leviathan: (1 - a^(k+1)) / ((1 - a)(k c + 1));
-    refined_speedup (a breakdown, not a prediction: fitted from the same run): `predicted_speedup`: E(k) from
-    per-position acceptance, T(k+1)/T(1) from the measured cost curve, the draft time per token, and the
+    apart: what runs on other prompts measured (measure.speculative.measure_apart): the per-position acceptance and
+    c a prediction may read (`measure.apart.predict_speedup` refuses them if a timed prompt is among theirs).
+    Predicted from it: E_apart = 1 + a1 + a1 a2 + ... (next to tokens_per_verify, measured with the prefill forward
+    and its token left out) and Leviathan's (1 - a^(k+1)) / ((1 - a)(k c + 1)) from its first-position a and c.
+    breakdown_speedup (fitted from the same run, so it explains the measurement, it predicts nothing): E(k) from
+    this run's per-position acceptance, T(k+1)/T(1) from the cost curve, this run's draft time per token and the
     prefill time that no drafting shortens.
     """
     kmax = max(ks)
@@ -174,36 +170,34 @@ def speedup_vs_k(target, drafter, prompts: list[list[int]], *, ks=(1, 2, 3, 4, 6
                 best[k] = tot
     plain, runs = best[0], {k: best[k] for k in ks}
     t_tok = plain["wall_s"] / plain["new_tokens"]
-    deep = runs[kmax]
-    cond = conditional_per_pos(deep["num_accepted_tokens_per_pos"], deep["num_drafts"])
-    a = runs[min(ks)]["num_accepted_tokens_per_pos"][0] / max(runs[min(ks)]["num_drafts"], 1)
+    cond = conditional_per_pos(runs[kmax]["num_accepted_tokens_per_pos"], runs[kmax]["num_drafts"])
     rows = []
     for k in ks:
         r = runs[k]
-        t_draft = r["draft_s"] / r["num_draft_tokens"] if r["num_draft_tokens"] else 0.0
-        c = t_draft / t_tok
-        cond_k = conditional_per_pos(r["num_accepted_tokens_per_pos"], r["num_drafts"])
-        e_meas = expected_tokens_per_pos(cond_k, k)
+        lev = predict_speedup(apart, k, prompts, iid=True, free_verify=True)
         rows.append({"k": k, "measured_speedup": plain["wall_s"] / r["wall_s"],
-                     "leviathan_speedup": leviathan_speedup(min(a, 0.999999), k, c),
-                     "refined_speedup": predicted_speedup(plain, r, k, cost),
-                     "a_first_pos": a, "c": c, "cost_ratio": cost[k] / cost[0],
+                     "leviathan_speedup": lev["predicted_speedup"],
+                     "breakdown_speedup": breakdown_speedup(plain, r, k, cost),
+                     "a_first_pos": apart.acceptance[0] if apart.acceptance else float("nan"), "c": apart.c,
+                     "c_this_run": (r["draft_s"] / r["num_draft_tokens"] / t_tok) if r["num_draft_tokens"] else 0.0,
+                     "cost_ratio": cost[k] / cost[0],
                      "acceptance_rate": r["acceptance_rate"], "tokens_per_forward": r["tokens_per_forward"],
-                     "E_iid_a1": expected_tokens(min(a, 0.999999), k), "E_tokens_per_verify": e_meas, "tokens_per_s": r["tokens_per_s"],
-                     "E_apart": expected_tokens_per_pos(apart, k) if apart else float("nan"),
+                     "E_iid_a1": lev["E_predicted"], "tokens_per_s": r["tokens_per_s"],
+                     "E_apart": predict_speedup(apart, k, prompts)["E_predicted"],
                      "tokens_per_verify": (r["new_tokens"] - r["runs"]) / max(r["forwards"] - r["runs"], 1),
                      "plain_tokens_per_s": plain["tokens_per_s"]})
     df = pd.DataFrame(rows)
+    a = df.a_first_pos.iloc[0]
     return df, plot_speedup_vs_k(df, cond, cost, kmax, a, title=f"Speed-up vs k with {getattr(drafter, 'name', 'drafter')} "
                                  f"on {target.name}: the i.i.d. formula misses\ndecaying acceptance and rising verify cost")
 
 
 def plot_speedup_vs_k(df: pd.DataFrame, cond, cost, kmax: int, a: float, title: str):
-    """Left: measured speed-up vs k against Leviathan's and the breakdown; right: acceptance and verify cost."""
+    """Left: measured speed-up vs k against Leviathan's prediction and the breakdown; right: acceptance and verify cost."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     ax1.plot(df.k, df.measured_speedup, "o-", label="measured")
-    ax1.plot(df.k, df.leviathan_speedup, "s--", label=f"Leviathan (a={a:.2f}, c={df.c.iloc[0]:.2f})")
-    ax1.plot(df.k, df.refined_speedup, "^:", label="breakdown: this run's a_i, c and T(k+1)")
+    ax1.plot(df.k, df.leviathan_speedup, "s--", label=f"predicted: Leviathan (a={a:.2f}, c={df.c.iloc[0]:.2f}, other prompts)")
+    ax1.plot(df.k, df.breakdown_speedup, "^:", label="breakdown: this run's a_i, c and T(k+1)")
     ax1.axhline(1.0, color="grey", lw=0.8)
     ax1.set_xlabel("draft length k (tokens)")
     ax1.set_ylabel("speed-up over plain greedy (x)")
@@ -234,7 +228,7 @@ def drafter_comparison(target, drafters: dict, prompts: list[list[int]], *, k: i
     """Every drafter on one target at draft length k, side by side in one process: per-position acceptance
     a_1..a_k, acceptance rate, draft cost c (draft seconds per draft token / plain seconds per token),
     measured speed-up over plain greedy (the fastest of `repeats` rounds; plain and every drafter run in each
-    round, so drift lands on all alike) and the breakdown from the same run's numbers (refined_speedup: fitted
+    round, so drift lands on all alike) and the breakdown from the same run's numbers (breakdown_speedup: fitted
     from that run, so it explains the measurement, it does not predict it).
 
     drafters: {label: Drafter}. Returns (DataFrame, Figure); identical_to_plain checks every run's tokens."""
@@ -243,7 +237,7 @@ def drafter_comparison(target, drafters: dict, prompts: list[list[int]], *, k: i
 
 
 def plot_drafter_comparison(df: pd.DataFrame):
-    """Left: acceptance per draft position; right: measured speed-up next to the refined prediction."""
+    """Left: acceptance per draft position; right: measured speed-up next to the same run's breakdown."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
     pos = sorted((c for c in df.columns if c[0] == "a" and c[1:].isdigit()), key=lambda c: int(c[1:]))
     for _, r in df.iterrows():
@@ -257,7 +251,7 @@ def plot_drafter_comparison(df: pd.DataFrame):
     labels = [f"{r.model}\n{r.drafter}" for r in df.itertuples()]
     x = np.arange(len(df))
     ax2.bar(x - 0.2, df["measured_speedup"], 0.4, label="measured")
-    ax2.bar(x + 0.2, df["refined_speedup"], 0.4, label="breakdown (same run's a_i, c, T)", alpha=0.6)
+    ax2.bar(x + 0.2, df["breakdown_speedup"], 0.4, label="breakdown (same run's a_i, c, T)", alpha=0.6)
     ax2.axhline(1.0, color="grey", lw=0.8)
     ax2.set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
     ax2.set_ylabel("speed-up over plain greedy (x)")
@@ -355,9 +349,9 @@ HEADLINE = Headline(
     title="Speculative decoding",
     sentences=(
         Sentence("{models}: speculative decoding ran {measured_speedup_best_k:.2f}x plain greedy at its best draft "
-                 "length k = {best_k}; Leviathan's formula (first-position acceptance, i.i.d.) predicted "
+                 "length k = {best_k}; Leviathan's formula (first-position acceptance and c from other prompts, i.i.d.) predicted "
                  "{leviathan_speedup_best_k:.2f}x; the breakdown fitted from the same run's a_i, c and verify cost "
-                 "gives {refined_speedup_best_k:.2f}x."),
+                 "gives {breakdown_speedup_best_k:.2f}x."),
         Sentence("The draft model had {tiny_draft_acceptance_rate:.0%} of its drafted tokens accepted, n-gram lookup "
                  "{ngram_acceptance_rate:.0%}; every drafter's output was checked against plain greedy (table)."),
         Sentence("A verify forward at k = 4 cost {verify_cost_ratio_k4:.2f}x a plain one-token step."),
@@ -376,7 +370,7 @@ HEADLINE = Headline(
              Column("acceptance_rate", "acceptance (%)", ".0f", scale=100),
              Column("c", "draft cost c (target steps)", ".3f"),
              Column("measured_speedup", "measured speed-up (x)", ".2f"),
-             Column("refined_speedup", "breakdown (same run) (x)", ".2f"),
+             Column("breakdown_speedup", "breakdown (same run) (x)", ".2f"),
              Column("identical_to_plain", "output vs plain greedy", "identical|DIFFERS")),
     table="drafters",
     caption="Drafters side by side",

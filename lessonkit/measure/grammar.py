@@ -102,3 +102,16 @@ def corpus_records(n: int = 50, split: str = "heldout") -> list[dict]:
             if len(out) >= n:
                 return out
     return out
+
+
+def grammar_apart(eng, prompt_ids: list[int], max_new_tokens: int, tg: TokenGrammar, cost=(), **drafter_kw):
+    """What a prediction of the grammar's speed-up may read (`measure.apart.Apart`), from one untimed drafted run
+    on `prompt_ids`, which must not be the timed A/B's prompt: tokens per verify forward and rows per verify
+    forward (the prefill forward counted as the runs count it), with the verify cost curve `cost` (its own
+    forwards). Grammar drafts cost no model forward, so c = 0."""
+    from lessonkit.measure.apart import Apart
+    drafter = GrammarDrafter(tg, **drafter_kw)
+    st = speculative_generate(eng, drafter, prompt_ids, max_new_tokens, k=grammar_depth(drafter.max_draft)).stats
+    forwards = max(st.get("forwards", 1), 1)
+    return Apart(prompts=(tuple(prompt_ids),), source="a drafted run on other records", cost=tuple(cost),
+                 tokens_per_verify=st["tokens_per_forward"], rows_per_verify=1 + st.get("num_draft_tokens", 0) / forwards)

@@ -14,7 +14,9 @@ from lessonkit.engine.generate import generate
 from lessonkit.errors import LessonkitError
 from lessonkit.measure.break_even import break_even_acceptance
 from lessonkit.models.registry import load_model
-from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens_per_pos, measure_cost_curve)
+from lessonkit.measure.apart import predict_speedup
+from lessonkit.measure.speculative import measure_apart
+from lessonkit.speculative.gate import measure_cost_curve
 from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.stack import make_drafter
 
@@ -71,9 +73,9 @@ def _decode(st: dict) -> tuple[float, int]:
 def drafter_on_each(engines: dict, costs: dict, drafters: dict, timed: list[list[int]], apart: list[list[int]], *,
                     k: int = 3, max_new_tokens: int = 32, repeats: int = 2) -> pd.DataFrame:
     """Each drafter ({label: drafter spec for stack.make_drafter}) on each numerics' engine. Predicted, from parts
-    measured apart from the timed runs: E(k) from the per-position acceptance on the `apart` prompts, the draft
-    cost c (draft seconds per draft token on `apart`, over a plain decode step of the timed runs) and the verify
-    cost T(k+1)/T(1) of `costs`: speed-up = E(k) / (T(k+1)/T(1) + k c), and a* at that cost. Measured on the
+    measured apart from the timed runs (`measure.apart.predict_speedup`): E(k) from the per-position acceptance on
+    the `apart` prompts, the draft cost c (draft seconds per draft token over a plain decode step, both on `apart`)
+    and the verify cost T(k+1)/T(1) of `costs`: speed-up = E(k) / (T(k+1)/T(1) + k c), and a* at that cost. Measured on the
     `timed` prompts: the decode-phase speed-up (prefill out on both sides: it is the same work) and tokens per
     verify step (the prefill forward left out); every output compared with plain greedy."""
     rows = []
@@ -81,9 +83,9 @@ def drafter_on_each(engines: dict, costs: dict, drafters: dict, timed: list[list
         ref = {i: generate(eng, p, max_new_tokens).token_ids for i, p in enumerate(timed)}
         for label, spec in drafters.items():
             d = make_drafter(spec, eng)
-            aside = total_stats([speculative_generate(eng, d, p, max_new_tokens, k=k).stats for p in apart])
-            a = conditional_per_pos(aside["num_accepted_tokens_per_pos"], aside["num_drafts"])
-            t_draft = aside["draft_s"] / aside["num_draft_tokens"] if aside["num_draft_tokens"] else 0.0
+            aside = measure_apart(eng, d, apart, k=k, max_new_tokens=max_new_tokens, cost=costs[nm],
+                                  source="the apart prompts")
+            pred = predict_speedup(aside, k, timed)
             best, same = {}, True
             for _ in range(repeats):                 # plain and speculative in turn; the fastest round counts
                 plain = total_stats([generate(eng, p, max_new_tokens).stats for p in timed])
@@ -95,15 +97,13 @@ def drafter_on_each(engines: dict, costs: dict, drafters: dict, timed: list[list
                         best[key] = st
             (p_s, p_n), (s_s, _) = _decode(best["plain"]), _decode(best["spec"])
             t_tok = p_s / max(p_n, 1)
-            c = t_draft / t_tok
-            verify = costs[nm][k] / costs[nm][0]
-            e_pred = expected_tokens_per_pos(a, k)
+            c, verify, a = aside.c, pred["verify_cost"], aside.acceptance
             st = best["spec"]
             rows.append({"numerics": nm, "drafter": label, "k": k, "plain_ms_per_token": 1e3 * t_tok,
                          "verify_cost": verify, "c": c, "a1_apart": a[0] if a else float("nan"),
-                         "E_predicted": e_pred,
+                         "E_predicted": pred["E_predicted"],
                          "tokens_per_verify": (st["new_tokens"] - st["runs"]) / max(st["forwards"] - st["runs"], 1),
                          "a_star": break_even_acceptance(verify + k * c, k),
-                         "predicted_speedup": e_pred / (verify + k * c), "measured_speedup": p_s / s_s,
+                         "predicted_speedup": pred["predicted_speedup"], "measured_speedup": p_s / s_s,
                          "identical_to_plain": same})
     return pd.DataFrame(rows)

@@ -9,7 +9,9 @@ from tqdm.auto import tqdm
 
 from lessonkit.engine.generate import generate, probs_from_logits
 from lessonkit.models.registry import load_model
-from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve, predicted_speedup
+from lessonkit.measure.apart import Apart
+from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve
+from lessonkit.speculative.gate import predicted_speedup as breakdown_speedup
 from lessonkit.speculative.verify import speculative_generate, total_stats, verify_sampling
 
 
@@ -89,7 +91,7 @@ def drafter_table(target, drafters: dict, prompts: list[list[int]], *, k: int = 
                      **{f"a{i + 1}": a for i, a in enumerate(cond)},
                      "c": (r["draft_s"] / r["num_draft_tokens"] / t_tok) if r["num_draft_tokens"] else 0.0,
                      "measured_speedup": plain["wall_s"] / r["wall_s"],
-                     "refined_speedup": predicted_speedup(plain, r, k, cost),
+                     "breakdown_speedup": breakdown_speedup(plain, r, k, cost),
                      "identical_to_plain": same[name]})
     return pd.DataFrame(rows)
 
@@ -99,6 +101,18 @@ def per_position_acceptance(target, drafter, prompts: list[list[int]], *, k: int
     tokens per verify step it predicts."""
     tot = total_stats([speculative_generate(target, drafter, p, max_new_tokens, k=k).stats for p in prompts])
     return conditional_per_pos(tot["num_accepted_tokens_per_pos"], tot["num_drafts"])
+
+def measure_apart(target, drafter, prompts: list[list[int]], *, k: int = 4, max_new_tokens: int = 32,
+                  cost=(), source: str = "other prompts") -> Apart:
+    """The statistics a prediction may read, from runs on `prompts` apart from the timed ones: the conditional
+    acceptance a_1..a_k and c (draft seconds per draft token over a plain decode step, both on these prompts, the
+    prefill forward left out); `cost`, the verify cost curve, is passed through (its own untimed forwards)."""
+    spec = total_stats([speculative_generate(target, drafter, p, max_new_tokens, k=k).stats for p in prompts])
+    plain = total_stats([generate(target, p, max_new_tokens).stats for p in prompts])
+    t_tok = (plain["wall_s"] - plain["ttft_s"]) / max(plain["new_tokens"] - plain["runs"], 1)
+    c = spec["draft_s"] / spec["num_draft_tokens"] / t_tok if spec["num_draft_tokens"] else 0.0
+    return Apart(prompts=tuple(tuple(p) for p in prompts), source=source, cost=tuple(cost), c=c,
+                 acceptance=tuple(conditional_per_pos(spec["num_accepted_tokens_per_pos"], spec["num_drafts"])))
 
 def lesson_models(model: str = "tiny-moe", draft: str = "tiny-draft", *, expert_budget_mb=None):
     """(target, draft engine, a note naming them)."""
