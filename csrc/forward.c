@@ -163,7 +163,7 @@ typedef struct {
     int64_t slen;
     float scale;
     int64_t pairs;          /* M * H */
-    int avx2;
+    enum rk_isa isa;
 } attention_t;
 
 FWD_INLINE void attention_body(const attention_t *a, int part, int parts, int thread)
@@ -207,7 +207,7 @@ static void run_attention(attention_t *a)
 {
     void (*part)(void *, int, int, int) = attention_portable;
 #if HAVE_X86
-    if (a->avx2) part = attention_avx2;
+    if (a->isa != PATH_PORTABLE) part = attention_avx2;
 #endif
     if (rk_mutex_trylock(&pool_lock) == 0) {
         const int threads = (int)(a->pairs < pool_size ? a->pairs : pool_size);
@@ -218,12 +218,19 @@ static void run_attention(attention_t *a)
     part(a, 0, 1, 0);
 }
 
+typedef struct {
+    int64_t L, D, H, G, hd, I, V, R, E, A, norm_topk, qk_norm, prefetch;
+    float eps, clip;
+    enum rk_isa isa;        /* the path word, decoded once per call (rowkernel.c decode_path) */
+    int vnni;
+} shape_t;
+
 static int fwd_product(const float *x, int64_t ldx, int64_t m, int64_t k, uint64_t w, int64_t kind, float *y,
-                       int64_t ldy, int64_t n, int path)
+                       int64_t ldy, int64_t n, const shape_t *c)
 {
     product_t p = {0};
     p.x = x, p.ldx = ldx, p.m = m, p.k = k, p.w = (const void *)(uintptr_t)w, p.kind = (int)kind;
-    p.y = y, p.ldy = ldy, p.n = n, p.avx2 = path & PATH_ISA, p.path = path & ~PATH_ISA;
+    p.y = y, p.ldy = ldy, p.n = n, p.isa = c->isa, p.vnni = c->vnni;
     return run_product(&p) ? RK_NO_MEMORY : RK_OK;
 }
 
@@ -267,12 +274,12 @@ static void swiglu_portable(float *gu, int64_t m, int64_t I) { swiglu_body(gu, m
 RK_TARGET("avx2") static void swiglu_avx2(float *gu, int64_t m, int64_t I) { swiglu_body(gu, m, I); }
 #endif
 
-static void swiglu_rows(float *gu, int64_t m, int64_t I, int avx2)
+static void swiglu_rows(float *gu, int64_t m, int64_t I, enum rk_isa isa)
 {
 #if HAVE_X86
-    if (avx2) { swiglu_avx2(gu, m, I); return; }
+    if (isa != PATH_PORTABLE) { swiglu_avx2(gu, m, I); return; }
 #endif
-    (void)avx2;
+    (void)isa;
     swiglu_portable(gu, m, I);
 }
 
@@ -280,13 +287,6 @@ static void swiglu_rows(float *gu, int64_t m, int64_t I, int avx2)
    side's expert store reads the expert from disk if it must); 0 on success. Called once per expert a layer
    uses, in expert order, when the layer's table holds no address for it. */
 typedef int64_t (*fetch_fn)(int64_t, int64_t, int64_t *);
-
-typedef struct {
-    int64_t L, D, H, G, hd, I, V, R, E, A, norm_topk, qk_norm, prefetch;
-    float eps, clip;
-    int avx2;               /* the ISA (path & PATH_ISA) */
-    int path;               /* the ISA and the numerics bits, for products */
-} shape_t;
 
 /* the router and the experts of one MoE layer on xn [M, D]: out [M, D] = sum over the row's top-A experts of
    weight * expert(xn); experts taken in ascending id, each once for all the rows that chose it (batch-union) */
@@ -299,7 +299,7 @@ static int moe_layer(const shape_t *c, int64_t l, const int64_t *p, const float 
     int64_t *rows = (int64_t *)malloc((size_t)M * sizeof(int64_t));
     if (!rows) return RK_NO_MEMORY;
     int rc = RK_OK;
-    STEP(fwd_product(xn, D, M, D, (uint64_t)p[LAYER_ROUTER], p[LAYER_ROUTER_KIND], probs, E, E, c->path));
+    STEP(fwd_product(xn, D, M, D, (uint64_t)p[LAYER_ROUTER], p[LAYER_ROUTER_KIND], probs, E, E, c));
     for (int64_t r = 0; r < M && rc == 0; r++) {            /* softmax, then the top A (ties: lower id first) */
         float *pr = probs + r * E, mx = -INFINITY;
         for (int64_t e = 0; e < E; e++) mx = pr[e] > mx ? pr[e] : mx;
@@ -325,7 +325,7 @@ static int moe_layer(const shape_t *c, int64_t l, const int64_t *p, const float 
         /* one-layer-ahead prefetch, as the PyTorch forward guesses it: this layer's input routed by the next
            layer's router (top A of its logits), each expert of the union handed to fetch with no entry */
         const int64_t *pn = p + PLAN_LAYER;
-        STEP(fwd_product(xn, D, M, D, (uint64_t)pn[LAYER_ROUTER], pn[LAYER_ROUTER_KIND], ahead, E, E, c->path));
+        STEP(fwd_product(xn, D, M, D, (uint64_t)pn[LAYER_ROUTER], pn[LAYER_ROUTER_KIND], ahead, E, E, c));
         for (int64_t e = 0; e < E && rc == RK_OK; e++) {
             int wanted = 0;
             for (int64_t r = 0; r < M && !wanted; r++) {
@@ -352,10 +352,10 @@ static int moe_layer(const shape_t *c, int64_t l, const int64_t *p, const float 
         if (prof_on) prof_fetch_s += rk_now_s() - tf;
         if (!entry[EXPERT_GATE_UP] || !entry[EXPERT_DOWN]) { rc = RK_BAD_SIZES; break; }
         for (int64_t j = 0; j < n; j++) memcpy(xe + j * D, xn + (rows[j] / A) * D, (size_t)D * sizeof(float));
-        STEP(fwd_product(xe, D, n, D, (uint64_t)entry[EXPERT_GATE_UP], entry[EXPERT_GATE_UP_KIND], ge, 2 * I, 2 * I, c->path));
-        swiglu_rows(ge, n, I, c->avx2);
+        STEP(fwd_product(xe, D, n, D, (uint64_t)entry[EXPERT_GATE_UP], entry[EXPERT_GATE_UP_KIND], ge, 2 * I, 2 * I, c));
+        swiglu_rows(ge, n, I, c->isa);
         float *de = xe;                                      /* the gathered rows are no longer needed */
-        STEP(fwd_product(ge, 2 * I, n, I, (uint64_t)entry[EXPERT_DOWN], entry[EXPERT_DOWN_KIND], de, D, D, c->path));
+        STEP(fwd_product(ge, 2 * I, n, I, (uint64_t)entry[EXPERT_DOWN], entry[EXPERT_DOWN_KIND], de, D, D, c));
         for (int64_t j = 0; j < n; j++) memcpy(slots + rows[j] * D, de + j * D, (size_t)D * sizeof(float));
     }
     for (int64_t r = 0; r < M && rc == 0; r++) {            /* y = s0 * w0, then + s_a * w_a in slot order */
@@ -382,9 +382,8 @@ static int embed_row(const int64_t *plan, int64_t t, int64_t D, float *out)
     }
     const uint8_t *w = (const uint8_t *)(uintptr_t)plan[PLAN_EMBED] + (t / STRIP) * strip_bytes((int)kind, D);
     const int c = (int)(t % STRIP);
-    static void (*const column[4])(const uint8_t *, int, float *) = {column_q41, column_q80, column_q41i, column_q80i};
-    const size_t bb = strip_bytes((int)kind, QK);
-    for (int64_t b = 0; b < D / QK; b++) column[kind](w + b * bb, c, out + b * QK);
+    const kind_t *kt = &KINDS[kind];
+    for (int64_t b = 0; b < D / QK; b++) kt->column(w + b * kt->bytes, c, out + b * QK);
     return RK_OK;
 }
 
@@ -398,18 +397,18 @@ static void clip_rows(float *v, int64_t n, float clip)
 RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, float clip, uintptr_t x_a,
                              uintptr_t tokens_a, int64_t M,
                              int64_t start, uintptr_t kc_a, uintptr_t vc_a, int64_t alloc, uintptr_t logits_a,
-                             int64_t first, int32_t use_avx2, uintptr_t routing_a, uintptr_t unique_a,
+                             int64_t first, int32_t path, uintptr_t routing_a, uintptr_t unique_a,
                              uintptr_t fetch_a)
 {
     const int64_t *plan = (const int64_t *)plan_a, *dims = (const int64_t *)dims_a;
     shape_t c = {dims[DIM_LAYERS], dims[DIM_D], dims[DIM_HEADS], dims[DIM_KV_HEADS], dims[DIM_HEAD_DIM], dims[DIM_INTER],
                  dims[DIM_VOCAB], dims[DIM_ROPE_ROWS], dims[DIM_EXPERTS], dims[DIM_TOP_K], dims[DIM_NORM_TOPK],
-                 dims[DIM_QK_NORM], dims[DIM_PREFETCH], eps, clip, (use_avx2 & PATH_ISA) == 2 ? 2 : (use_avx2 & PATH_ISA) != 0, 0};
+                 dims[DIM_QK_NORM], dims[DIM_PREFETCH], eps, clip, PATH_PORTABLE, 0};
     const int64_t L = c.L, D = c.D, H = c.H, G = c.G, hd = c.hd, I = c.I, V = c.V, E = c.E, A = c.A;
     if (L < 1 || D < 1 || H < 1 || G < 1 || H % G || hd < 2 || hd % 2 || I < 1 || V < 1 || M < 1 || start < 0 ||
         start + M > alloc || start + M > c.R || first < 0 || first >= M || E < 1 || A < 1 || A > E)
         return RK_BAD_SIZES;
-    if (tokens_a && (plan[PLAN_EMBED_KIND] < -1 || plan[PLAN_EMBED_KIND] > 3 || (plan[PLAN_EMBED_KIND] >= 0 && D % QK)))
+    if (tokens_a && plan[PLAN_EMBED_KIND] != KIND_F32 && (!block_kind(plan[PLAN_EMBED_KIND]) || D % QK))
         return RK_BAD_KIND;
     for (int64_t l = -1; l < L; l++) {               /* every weight's kind, and K a multiple of 32 for blocks */
         const int64_t *p = plan + PLAN_GLOBALS + PLAN_LAYER * l;
@@ -418,15 +417,11 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
                                   l < 0 || E == 1 ? -1 : p[LAYER_ROUTER_KIND]};
         const int64_t ks[5] = {D, H * hd, D, I, D};
         for (int i = 0; i < 5; i++)
-            if (kinds[i] < -1 || kinds[i] > 3 || (kinds[i] >= 0 && ks[i] % QK)) return RK_BAD_KIND;
+            if (kinds[i] != KIND_F32 && (!block_kind(kinds[i]) || ks[i] % QK)) return RK_BAD_KIND;
     }
-    if (!choose_matmul(c.avx2))
-        return RK_NO_AVX2;
-#if !HAVE_X86
-    c.avx2 = 0;
-#endif
-    const int avx2 = c.avx2, path = c.avx2 | (use_avx2 & (PATH_INT8 | PATH_NO_VNNI));
-    c.path = path;
+    const int32_t decoded = decode_path(path, &c.isa, &c.vnni);
+    if (decoded != RK_OK)
+        return decoded;
     const int64_t nq = H * hd, nkv = G * hd, nqkv = nq + 2 * nkv, S = start + M;
     float *x = (float *)x_a, *logits = (float *)logits_a;
     float *kc = (float *)kc_a, *vc = (float *)vc_a;
@@ -447,14 +442,14 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
         for (int64_t r = 0; r < M && rc == RK_OK; r++) rc = embed_row(plan, ((const int64_t *)tokens_a)[r], D, x + r * D);
     attention_t a = {0};
     a.qkv = qkv, a.ldqkv = nqkv, a.start = start, a.H = H, a.G = G, a.hd = hd, a.nkv = nkv, a.out = att;
-    a.scores = scores, a.slen = S, a.scale = 1.0f / sqrtf((float)hd), a.pairs = M * H, a.avx2 = avx2;
+    a.scores = scores, a.slen = S, a.scale = 1.0f / sqrtf((float)hd), a.pairs = M * H, a.isa = c.isa;
     double t = prof_on ? rk_now_s() : 0.0;
     for (int64_t l = 0; l < L && rc == 0; l++) {
         const int64_t *p = plan + PLAN_GLOBALS + PLAN_LAYER * l;
         float *kl = kc + l * alloc * nkv, *vl = vc + l * alloc * nkv;
         rms_rows(x, (const float *)(uintptr_t)p[LAYER_ATTN_NORM], xn, M, D, eps);
         prof_mark(&t, 0);
-        STEP(fwd_product(xn, D, M, D, (uint64_t)p[LAYER_WQKV], p[LAYER_WQKV_KIND], qkv, nqkv, nqkv, path));
+        STEP(fwd_product(xn, D, M, D, (uint64_t)p[LAYER_WQKV], p[LAYER_WQKV_KIND], qkv, nqkv, nqkv, &c));
         prof_mark(&t, 1);
         for (int64_t r = 0; r < M; r++) {
             float *row = qkv + r * nqkv;
@@ -472,16 +467,16 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
         prof_mark(&t, 0);
         run_attention(&a);
         prof_mark(&t, 2);
-        STEP(fwd_product(att, nq, M, nq, (uint64_t)p[LAYER_WO], p[LAYER_WO_KIND], mix, D, D, path));
+        STEP(fwd_product(att, nq, M, nq, (uint64_t)p[LAYER_WO], p[LAYER_WO_KIND], mix, D, D, &c));
         prof_mark(&t, 1);
         for (int64_t i = 0; i < M * D; i++) x[i] = x[i] + mix[i];
         rms_rows(x, (const float *)(uintptr_t)p[LAYER_MLP_NORM], xn, M, D, eps);
         prof_mark(&t, 0);
         const double fetched = prof_fetch_s;
         if (E == 1) {
-            STEP(fwd_product(xn, D, M, D, (uint64_t)p[LAYER_GATE_UP], p[LAYER_GATE_UP_KIND], gu, 2 * I, 2 * I, path));
-            swiglu_rows(gu, M, I, avx2);
-            STEP(fwd_product(gu, 2 * I, M, I, (uint64_t)p[LAYER_DOWN], p[LAYER_DOWN_KIND], mix, D, D, path));
+            STEP(fwd_product(xn, D, M, D, (uint64_t)p[LAYER_GATE_UP], p[LAYER_GATE_UP_KIND], gu, 2 * I, 2 * I, &c));
+            swiglu_rows(gu, M, I, c.isa);
+            STEP(fwd_product(gu, 2 * I, M, I, (uint64_t)p[LAYER_DOWN], p[LAYER_DOWN_KIND], mix, D, D, &c));
             if (unique) unique[l] = 1;
         } else {
             int64_t used = 0;
@@ -496,7 +491,7 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
     }
     if (rc == 0) {
         rms_rows(x + first * D, (const float *)(uintptr_t)plan[PLAN_FINAL_NORM], xn, M - first, D, eps);
-        STEP(fwd_product(xn, D, M - first, D, (uint64_t)plan[PLAN_HEAD], plan[PLAN_HEAD_KIND], logits, V, V, path));
+        STEP(fwd_product(xn, D, M - first, D, (uint64_t)plan[PLAN_HEAD], plan[PLAN_HEAD_KIND], logits, V, V, &c));
         prof_mark(&t, 4);
     }
     free(buf);

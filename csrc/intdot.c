@@ -39,10 +39,7 @@ Paths:
   portable:    plain C, the reference the others are tested against bit for bit.
 PATH_NO_VNNI makes an AVX-512 product take the BW instructions (tests compare the two on VNNI CPUs). */
 
-/* PATH_ISA, PATH_INT8, PATH_NO_VNNI: rowkernel.h */
-#define IGROUP 64            /* bytes of one group of codes: 16 columns x 4 bytes */
-
-static int is_int_kind(int kind) { return kind == KIND_Q41I || kind == KIND_Q80I; }
+/* PATH_ISA, PATH_INT8, PATH_NO_VNNI: rowkernel.h; the layouts' structs block_q41i, block_q80i: format.h */
 
 /* rows x [m, k] -> q [m, k] int8, d, s and the code sums [m, k / 32]: the rounding above */
 static void quantise_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int8_t *q, float *d, float *s,
@@ -133,22 +130,17 @@ static void column_q80i(const uint8_t *b, int c, float *out)
     for (int i = 0; i < QK; i++) out[i] = (float)code_q80i(blk, c, i) * d;
 }
 
-/* int-layout strips -> the float strip layout (out: ns x k x 16 floats) */
-static void dequant_int(const uint8_t *w, int kind, int64_t k, int64_t ns, float *out)
+/* an int-layout strip-block -> QK x STRIP floats in the float strip layout, column by column */
+static void dequant_by_columns(void (*column)(const uint8_t *, int, float *), const uint8_t *blk, float *o)
 {
-    const size_t bb = kind == KIND_Q41I ? Q41_BLOCK : Q80_BLOCK;
     float col[QK];
-    for (int64_t s = 0; s < ns; s++)
-        for (int64_t b = 0; b < k / QK; b++) {
-            const uint8_t *blk = w + (s * (k / QK) + b) * bb;
-            float *o = out + s * STRIP * k + b * QK * STRIP;
-            for (int c = 0; c < STRIP; c++) {
-                if (kind == KIND_Q41I) column_q41i(blk, c, col);
-                else column_q80i(blk, c, col);
-                for (int i = 0; i < QK; i++) o[STRIP * i + c] = col[i];
-            }
-        }
+    for (int c = 0; c < STRIP; c++) {
+        column(blk, c, col);
+        for (int i = 0; i < QK; i++) o[STRIP * i + c] = col[i];
+    }
 }
+static void dequant_q41i(const uint8_t *blk, float *o) { dequant_by_columns(column_q41i, blk, o); }
+static void dequant_q80i(const uint8_t *blk, float *o) { dequant_by_columns(column_q80i, blk, o); }
 
 /* the portable fma: the instruction where the CPU has one, else the proven software fma (rowkernel.c) */
 static inline float fma_portable(float a, float b, float c)
@@ -165,6 +157,7 @@ static void int_portable(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w,
 {
     const int64_t nb = k / QK;
     const size_t sb = strip_bytes(kind, k);
+    const int has_min = KINDS[kind].has_min;
     for (int64_t s = 0; s * STRIP < n; s++) {
         const int64_t nc = n - s * STRIP < STRIP ? n - s * STRIP : STRIP;
         for (int64_t r = 0; r < m; r++) {
@@ -174,7 +167,7 @@ static void int_portable(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w,
                 for (int64_t b = 0; b < nb; b++) {
                     int32_t isum = 0;
                     lk_half dw;
-                    if (kind == KIND_Q41I) {
+                    if (has_min) {
                         const block_q41i *blk = (const block_q41i *)(w + s * sb) + b;
                         for (int i = 0; i < QK; i++) isum += code_q41i(blk, c, i) * xq[b * QK + i];
                         accm = fma_portable(half_to_float(blk->m[c]), qx->s[r * nb + b], accm);
@@ -186,7 +179,7 @@ static void int_portable(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w,
                     }
                     acc = fma_portable(half_to_float(dw) * qx->d[r * nb + b], (float)isum, acc);
                 }
-                y[r * ldy + s * STRIP + c] = kind == KIND_Q41I ? acc + accm : acc;
+                y[r * ldy + s * STRIP + c] = has_min ? acc + accm : acc;
             }
         }
     }
@@ -354,25 +347,17 @@ DEFINE_I512_ROWS(Q80, block_q80i, 0)
 typedef void (*i256_fn)(const qx_t *, int64_t, int64_t, const uint8_t *, float *, int64_t, int64_t, const uint8_t *);
 typedef void (*i512_fn)(const qx_t *, int64_t, int64_t, const uint8_t *, float *, int64_t, int64_t, int,
                         const uint8_t *);
-/* [Q4_1, Q8_0][rows] */
-static const i256_fn I256[2][3] = {{0, i256_Q41_1, i256_Q41_2}, {0, i256_Q80_1, i256_Q80_2}};
-static const i512_fn I512[2][7] = {{0, i512_Q41_1, i512_Q41_2, i512_Q41_3, i512_Q41_4, i512_Q41_5, i512_Q41_6},
-                                   {0, i512_Q80_1, i512_Q80_2, i512_Q80_3, i512_Q80_4, i512_Q80_5, i512_Q80_6}};
-
-static int cpu_vnni(void)
-{
-    static rk_atomic ok = -1;
-    if (rk_load(&ok) < 0) rk_store(&ok, rk_cpu_avx512() && rk_cpu_avx512vnni());
-    return (int)rk_load(&ok);
-}
+/* [kind][rows] */
+static const i256_fn I256[][3] = {[KIND_Q41I] = {0, i256_Q41_1, i256_Q41_2}, [KIND_Q80I] = {0, i256_Q80_1, i256_Q80_2}};
+static const i512_fn I512[][7] = {
+    [KIND_Q41I] = {0, i512_Q41_1, i512_Q41_2, i512_Q41_3, i512_Q41_4, i512_Q41_5, i512_Q41_6},
+    [KIND_Q80I] = {0, i512_Q80_1, i512_Q80_2, i512_Q80_3, i512_Q80_4, i512_Q80_5, i512_Q80_6}};
 
 /* every strip of w against every row, rows in register groups (AVX-512: up to 6, AVX2: 2) */
 static void int_simd(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int kind, float *y, int64_t ldy,
-                     int64_t n, int path)
+                     int64_t n, enum rk_isa isa, int vnni)
 {
     const size_t sb = strip_bytes(kind, k);
-    const int wide = (path & PATH_ISA) == 2, vnni = wide && !(path & PATH_NO_VNNI) && cpu_vnni();
-    const int q = kind == KIND_Q41I ? 0 : 1;
     for (int64_t s = 0; s * STRIP < n; s++) {
         const int64_t nc = n - s * STRIP < STRIP ? n - s * STRIP : STRIP;
         const uint8_t *ws = w + s * sb;
@@ -383,13 +368,13 @@ static void int_simd(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int
         for (int64_t r = 0; r < m;) {
             const int64_t left = m - r;
             const uint8_t *pf = r == 0 ? next : NULL;
-            if (wide) {                        /* 7 rows: 4 + 3, 8: 4 + 4, 9 and more: 6 at a time */
+            if (isa == PATH_AVX512) {          /* 7 rows: 4 + 3, 8: 4 + 4, 9 and more: 6 at a time */
                 const int R = left >= 9 ? 6 : left >= 7 ? 4 : (int)left;
-                I512[q][R](qx, r, k, ws, ys, ldy, nc, vnni, pf);
+                I512[kind][R](qx, r, k, ws, ys, ldy, nc, vnni, pf);
                 r += R;
             } else {
                 const int R = left >= 2 ? 2 : 1;
-                I256[q][R](qx, r, k, ws, ys, ldy, nc, pf);
+                I256[kind][R](qx, r, k, ws, ys, ldy, nc, pf);
                 r += R;
             }
         }
@@ -397,13 +382,13 @@ static void int_simd(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int
 }
 #endif
 
-/* the int8 product of rows (already quantised in qx) against int-layout strips of w */
+/* the int8 product of rows (already quantised in qx) against int-layout strips of w; vnni: vpdpbusd (AVX-512) */
 static void int_product(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int kind, float *y, int64_t ldy,
-                        int64_t n, int path)
+                        int64_t n, enum rk_isa isa, int vnni)
 {
 #if HAVE_X86
-    if (path & PATH_ISA) { int_simd(qx, m, k, w, kind, y, ldy, n, path); return; }
+    if (isa != PATH_PORTABLE) { int_simd(qx, m, k, w, kind, y, ldy, n, isa, vnni); return; }
 #endif
-    (void)path;
+    (void)isa, (void)vnni;
     int_portable(qx, m, k, w, kind, y, ldy, n);
 }

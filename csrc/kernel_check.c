@@ -1,6 +1,6 @@
 /* kernel_check: the row kernel's bit test for platforms this machine can only emulate.
 
-    kernel_check LIBRARY USE_AVX2 THREADS [all | stress ROUNDS]
+    kernel_check LIBRARY PATH THREADS [all | stress ROUNDS]
 
 loads a shipped kernel library (dlopen, or LoadLibrary on Windows), runs fixed pseudo-random products through
 every entry point and prints one line per test: its name and an FNV-1a hash of the output bits. The same
@@ -192,7 +192,7 @@ static void check_rc(const char *who, int32_t rc)
 static const int ROWS[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 40};
 #define NROWS (int)(sizeof ROWS / sizeof ROWS[0])
 
-static void test_matmul(int avx2)
+static void test_matmul(int path)
 {
     static const int64_t SHAPES[][2] = {{64, 8}, {100, 37}, {33, 50}, {256, 300}, {576, 96}, {7, 1}, {1536, 64}};
     hash_t h = {0xcbf29ce484222325ull};
@@ -202,7 +202,7 @@ static void test_matmul(int avx2)
         fill(w, (size_t)(ns * 16 * k));
         fill(x, (size_t)(40 * k));
         for (int r = 0; r < NROWS; r++) {
-            check_rc("rk_matmul", rk.matmul((uintptr_t)x, ROWS[r], k, k, (uintptr_t)w, n, (uintptr_t)y, n, avx2));
+            check_rc("rk_matmul", rk.matmul((uintptr_t)x, ROWS[r], k, k, (uintptr_t)w, n, (uintptr_t)y, n, path));
             hash_floats(&h, y, (size_t)(ROWS[r] * n));
         }
         free(w), free(x), free(y);
@@ -233,7 +233,7 @@ static uint8_t *random_blocks(int kind, int64_t k, int64_t ns, size_t *bytes)
     return w;
 }
 
-static void test_native(int avx2)
+static void test_native(int path)
 {
     static const int64_t SHAPES[][2] = {{64, 40}, {576, 96}, {96, 17}, {1536, 48}};
     hash_t hq = {0xcbf29ce484222325ull}, hd = {0xcbf29ce484222325ull};
@@ -247,19 +247,19 @@ static void test_native(int avx2)
             float *f = xmalloc((size_t)(ns * 16 * k) * 4);
             fill(x, (size_t)(40 * k));
             for (int r = 0; r < NROWS; r++) {
-                check_rc("rk_qmatmul", rk.qmatmul((uintptr_t)x, ROWS[r], k, k, (uintptr_t)w, kind, n, (uintptr_t)y, n, avx2));
+                check_rc("rk_qmatmul", rk.qmatmul((uintptr_t)x, ROWS[r], k, k, (uintptr_t)w, kind, n, (uintptr_t)y, n, path));
                 hash_floats(&hq, y, (size_t)(ROWS[r] * n));
             }
-            check_rc("rk_dequantise", rk.dequantise((uintptr_t)w, kind, k, n, (uintptr_t)f, avx2));
+            check_rc("rk_dequantise", rk.dequantise((uintptr_t)w, kind, k, n, (uintptr_t)f, path));
             hash_floats(&hd, f, (size_t)(ns * 16 * k));
             /* the int8 numerics: the same blocks in their layout (kind + 2), integer block dots */
             uint8_t *wi = xmalloc(bytes);
             check_rc("rk_repack_int", rk.repack_int((uintptr_t)w, kind, k, n, (uintptr_t)wi));
             for (int r = 0; r < NROWS; r++) {
-                check_rc("rk_qmatmul", rk.qmatmul((uintptr_t)x, ROWS[r], k, k, (uintptr_t)wi, kind + 2, n, (uintptr_t)y, n, avx2));
+                check_rc("rk_qmatmul", rk.qmatmul((uintptr_t)x, ROWS[r], k, k, (uintptr_t)wi, kind + 2, n, (uintptr_t)y, n, path));
                 hash_floats(&hi, y, (size_t)(ROWS[r] * n));
             }
-            check_rc("rk_dequantise", rk.dequantise((uintptr_t)wi, kind + 2, k, n, (uintptr_t)f, avx2));
+            check_rc("rk_dequantise", rk.dequantise((uintptr_t)wi, kind + 2, k, n, (uintptr_t)f, path));
             hash_floats(&hdi, f, (size_t)(ns * 16 * k));
             free(w), free(wi), free(x), free(y), free(f);
         }
@@ -430,7 +430,7 @@ typedef struct {
 } run_t;
 
 /* the tokens in chunks of chunk[0], chunk[1], ... rows (summing to FT); 0 on success */
-static int32_t run_chunks(const model_t *m, run_t *r, const int *chunk, int avx2)
+static int32_t run_chunks(const model_t *m, run_t *r, const int *chunk, int path)
 {
     memset(r, 0, sizeof *r);
     for (int64_t start = 0, c = 0; start < FT; start += chunk[c++]) {
@@ -439,7 +439,7 @@ static int32_t run_chunks(const model_t *m, run_t *r, const int *chunk, int avx2
         const int32_t rc = rk.forward((uintptr_t)m->plan, (uintptr_t)m->dims, FEPS, m->clip, (uintptr_t)r->x,
                                       (uintptr_t)(FTOKENS + start), M,
                                       start, (uintptr_t)r->k, (uintptr_t)r->v, FR,
-                                      (uintptr_t)(r->logits + start * FV), 0, avx2,
+                                      (uintptr_t)(r->logits + start * FV), 0, path,
                                       m->moe ? (uintptr_t)r->chunk_routing : 0, 0, 0);
         if (rc) return rc;
         memcpy(r->xs + start * FD, r->x, (size_t)(M * FD) * 4);
@@ -464,7 +464,7 @@ static const int DECODE[] = {1, 1, 1, 1, 1, 1, 1, 1, 1}, PREFILL[] = {FT}, CHUNK
                  VERIFY[] = {1, 1, 1, 1, 1, 4};
 
 /* prefix_decode, _prefill, _chunks, _verify, _last, _last_only (see the top of this file) */
-static void test_forward(int avx2, int moe, const char *prefix)
+static void test_forward(int path, int moe, const char *prefix)
 {
     model_t *m = xmalloc(sizeof *m);
     model_build(m, moe);
@@ -472,7 +472,7 @@ static void test_forward(int avx2, int moe, const char *prefix)
     static const struct { const char *name; const int *chunk; } RUNS[] = {
         {"decode", DECODE}, {"prefill", PREFILL}, {"chunks", CHUNKS}, {"verify", VERIFY}};
     for (size_t i = 0; i < sizeof RUNS / sizeof RUNS[0]; i++) {
-        check_rc("rk_forward", run_chunks(m, r, RUNS[i].chunk, avx2));
+        check_rc("rk_forward", run_chunks(m, r, RUNS[i].chunk, path));
         printf("%s_%s %016llx\n", prefix, RUNS[i].name, (unsigned long long)run_hash(r));
         if (i == 0) {                                           /* the decode's last row, for _last */
             hash_t h = {0xcbf29ce484222325ull};
@@ -484,7 +484,7 @@ static void test_forward(int avx2, int moe, const char *prefix)
     memset(r, 0, sizeof *r);
     for (int64_t t = 0; t < FT; t++) memcpy(r->x + t * FD, m->embed + FTOKENS[t] * FD, FD * 4);
     check_rc("rk_forward", rk.forward((uintptr_t)m->plan, (uintptr_t)m->dims, FEPS, m->clip, (uintptr_t)r->x, 0, FT, 0,
-                                      (uintptr_t)r->k, (uintptr_t)r->v, FR, (uintptr_t)r->logits, FT - 1, avx2, 0, 0,
+                                      (uintptr_t)r->k, (uintptr_t)r->v, FR, (uintptr_t)r->logits, FT - 1, path, 0, 0,
                                       0));
     hash_t h = {0xcbf29ce484222325ull};
     hash_floats(&h, r->logits, FV);
@@ -576,11 +576,11 @@ static void *watchdog(void *arg)
     return NULL;
 }
 
-static uint64_t small_run(const small_t *p, float *y, int avx2)
+static uint64_t small_run(const small_t *p, float *y, int path)
 {
     const int32_t rc = p->kind < 0
-        ? rk.matmul((uintptr_t)p->x, p->m, p->k, p->k, (uintptr_t)p->w, p->n, (uintptr_t)y, p->n, avx2)
-        : rk.qmatmul((uintptr_t)p->x, p->m, p->k, p->k, (uintptr_t)p->w, p->kind, p->n, (uintptr_t)y, p->n, avx2);
+        ? rk.matmul((uintptr_t)p->x, p->m, p->k, p->k, (uintptr_t)p->w, p->n, (uintptr_t)y, p->n, path)
+        : rk.qmatmul((uintptr_t)p->x, p->m, p->k, p->k, (uintptr_t)p->w, p->kind, p->n, (uintptr_t)y, p->n, path);
     check_rc(p->kind < 0 ? "rk_matmul" : "rk_qmatmul", rc);
     atomic_fetch_add(&progress, 1);
     hash_t h = {0xcbf29ce484222325ull};
@@ -590,7 +590,7 @@ static uint64_t small_run(const small_t *p, float *y, int avx2)
 
 typedef struct {
     const model_t *model, *moe;
-    int avx2, rounds, id;
+    int path, rounds, id;
     uint64_t ref_decode, ref_prefill, ref_moe;
     long calls, mismatches;
 } stress_t;
@@ -599,18 +599,18 @@ typedef struct {
    against its reference */
 static void stress_round(stress_t *st, run_t *r, float *y)
 {
-    check_rc("rk_forward", run_chunks(st->model, r, PREFILL, st->avx2));
+    check_rc("rk_forward", run_chunks(st->model, r, PREFILL, st->path));
     st->mismatches += run_hash(r) != st->ref_prefill;
     atomic_fetch_add(&progress, 1);
-    check_rc("rk_forward", run_chunks(st->model, r, DECODE, st->avx2));
+    check_rc("rk_forward", run_chunks(st->model, r, DECODE, st->path));
     st->mismatches += run_hash(r) != st->ref_decode;
     atomic_fetch_add(&progress, 1);
-    check_rc("rk_forward", run_chunks(st->moe, r, PREFILL, st->avx2));
+    check_rc("rk_forward", run_chunks(st->moe, r, PREFILL, st->path));
     st->mismatches += run_hash(r) != st->ref_moe;
     atomic_fetch_add(&progress, 1);
     st->calls += 2 + FT;
     for (int i = 0; i < NSMALL; i++) {
-        st->mismatches += small_run(&SMALL[(i + st->id) % NSMALL], y, st->avx2) != SMALL[(i + st->id) % NSMALL].ref;
+        st->mismatches += small_run(&SMALL[(i + st->id) % NSMALL], y, st->path) != SMALL[(i + st->id) % NSMALL].ref;
         st->calls++;
     }
 }
@@ -625,7 +625,7 @@ static void *stress_caller(void *arg)
     return NULL;
 }
 
-static void stress(int avx2, int rounds)
+static void stress(int path, int rounds)
 {
     static model_t m, moe;
     model_build(&m, 0);
@@ -644,23 +644,23 @@ static void stress(int avx2, int rounds)
     /* the first calls at THREADS (the kernel's lazily set statics are first read by the workers), then the
        references at one thread */
     uint64_t first[NSMALL + 3];
-    for (int i = 0; i < NSMALL; i++) first[i] = small_run(&SMALL[i], y, avx2);
-    check_rc("rk_forward", run_chunks(&m, r, DECODE, avx2));
+    for (int i = 0; i < NSMALL; i++) first[i] = small_run(&SMALL[i], y, path);
+    check_rc("rk_forward", run_chunks(&m, r, DECODE, path));
     first[NSMALL] = run_hash(r);
-    check_rc("rk_forward", run_chunks(&m, r, PREFILL, avx2));
+    check_rc("rk_forward", run_chunks(&m, r, PREFILL, path));
     first[NSMALL + 1] = run_hash(r);
-    check_rc("rk_forward", run_chunks(&moe, r, PREFILL, avx2));
+    check_rc("rk_forward", run_chunks(&moe, r, PREFILL, path));
     first[NSMALL + 2] = run_hash(r);
     check_rc("rk_set_threads", rk.set_threads(1, NULL));
-    stress_t st = {&m, &moe, avx2, rounds, 0, 0, 0, 0, 0, 0};
-    check_rc("rk_forward", run_chunks(&m, r, DECODE, avx2));
+    stress_t st = {&m, &moe, path, rounds, 0, 0, 0, 0, 0, 0};
+    check_rc("rk_forward", run_chunks(&m, r, DECODE, path));
     st.ref_decode = run_hash(r);
-    check_rc("rk_forward", run_chunks(&m, r, PREFILL, avx2));
+    check_rc("rk_forward", run_chunks(&m, r, PREFILL, path));
     st.ref_prefill = run_hash(r);
-    check_rc("rk_forward", run_chunks(&moe, r, PREFILL, avx2));
+    check_rc("rk_forward", run_chunks(&moe, r, PREFILL, path));
     st.ref_moe = run_hash(r);
     for (int i = 0; i < NSMALL; i++) {
-        SMALL[i].ref = small_run(&SMALL[i], y, avx2);
+        SMALL[i].ref = small_run(&SMALL[i], y, path);
         st.mismatches += first[i] != SMALL[i].ref;
     }
     st.mismatches += (first[NSMALL] != st.ref_decode) + (first[NSMALL + 1] != st.ref_prefill) +
@@ -671,7 +671,7 @@ static void stress(int avx2, int rounds)
         check_rc("rk_set_threads", rk.set_threads(SWITCH[i % NSWITCH], NULL));
         stress_round(&st, r, y);
         check_rc("rk_set_threads", rk.set_threads(SWITCH[(i + 5) % NSWITCH], NULL));
-        st.mismatches += small_run(&SMALL[i % NSMALL], y, avx2) != SMALL[i % NSMALL].ref;
+        st.mismatches += small_run(&SMALL[i % NSMALL], y, path) != SMALL[i % NSMALL].ref;
         st.calls++;
     }
     /* two callers at once (one finds the pool busy and runs alone) while this thread switches the count */
@@ -688,7 +688,7 @@ static void stress(int avx2, int rounds)
     }
     for (int i = 0; i < 2 * rounds; i++) {
         check_rc("rk_set_threads", rk.set_threads(SWITCH[i % NSWITCH], NULL));
-        st.mismatches += small_run(&SMALL[i % NSMALL], y, avx2) != SMALL[i % NSMALL].ref;
+        st.mismatches += small_run(&SMALL[i % NSMALL], y, path) != SMALL[i % NSMALL].ref;
         st.calls++;
     }
     for (int c = 0; c < 2; c++) {
@@ -706,27 +706,27 @@ int main(int argc, char **argv)
 {
     const int stress_mode = argc == 6 && strcmp(argv[4], "stress") == 0;
     if (!(argc == 4 || (argc == 5 && strcmp(argv[4], "all") == 0) || stress_mode)) {
-        fprintf(stderr, "usage: kernel_check LIBRARY USE_AVX2 THREADS [all | stress ROUNDS]\n");
+        fprintf(stderr, "usage: kernel_check LIBRARY PATH THREADS [all | stress ROUNDS]\n");
         return 2;
     }
     if (bind_all(argv[1])) return 2;
-    const int avx2 = atoi(argv[2]), threads = atoi(argv[3]);
+    const int path = atoi(argv[2]), threads = atoi(argv[3]);
     int32_t in_use = 0;
     check_rc("rk_set_threads", rk.set_threads(threads, &in_use));
     printf("abi %d\nthreads %d\n", (int)rk.abi(), (int)in_use);
     state = 42;
     if (stress_mode) {
-        stress(avx2, atoi(argv[5]));
+        stress(path, atoi(argv[5]));
         fflush(stdout);
         return 0;
     }
-    test_matmul(avx2);
-    test_native(avx2);
-    test_forward(avx2, 0, "forward");
-    test_forward(avx2, 1, "forward_moe");
+    test_matmul(path);
+    test_native(path);
+    test_forward(path, 0, "forward");
+    test_forward(path, 1, "forward_moe");
     int_layout = 1;                      /* the same models on the int8 numerics */
-    test_forward(avx2, 0, "forward_int8");
-    test_forward(avx2, 1, "forward_moe_int8");
+    test_forward(path, 0, "forward_int8");
+    test_forward(path, 1, "forward_moe_int8");
     int_layout = 0;
     test_exp_many();
     test_fma();

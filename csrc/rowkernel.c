@@ -309,11 +309,6 @@ static void matmul_avx2(const float *x, int64_t ldx, int64_t m, int64_t k,
 /* ---- native blocks: Q4_1 and Q8_0 --------------------------------------------------------------- */
 /* QK, Q41_BLOCK, Q80_BLOCK and the kinds: format.h */
 
-static size_t strip_bytes(int kind, int64_t k)
-{
-    return (size_t)(k / QK) * (kind == KIND_Q41 || kind == KIND_Q41I ? Q41_BLOCK : Q80_BLOCK);
-}
-
 /* IEEE half to float, exact (normals, subnormals, zeros, inf, nan) */
 static float half_to_float(lk_half h)
 {
@@ -322,32 +317,29 @@ static float half_to_float(lk_half h)
     return (h & 0x8000) ? -f : f;
 }
 
-/* strips [0, ns) of packed native weights -> the float strip layout (out: ns x k x 16 floats) */
-static void dequant_portable(const uint8_t *w, int kind, int64_t k, int64_t ns, float *out)
+/* The dequantisers: one strip-block -> QK x STRIP floats in the float strip layout (input i's 16 columns at
+   out[STRIP * i]), or column c alone -> QK floats. w = d * q (+ m) in two roundings, as the loader computes the
+   float32 weights (the AVX2 one fuses them: exact, see "Native blocks" above). */
+static void dequant_q41(const uint8_t *b, float *o)
 {
-    const size_t sb = strip_bytes(kind, k);
-    for (int64_t s = 0; s < ns; s++)
-        for (int64_t b = 0; b < k / QK; b++) {
-            float d[STRIP], mn[STRIP], *o = out + s * STRIP * k + b * QK * STRIP;
-            if (kind == KIND_Q41) {
-                const block_q41 *blk = (const block_q41 *)(w + s * sb) + b;
-                for (int c = 0; c < STRIP; c++) { d[c] = half_to_float(blk->d[c]); mn[c] = half_to_float(blk->m[c]); }
-                for (int j = 0; j < QK / 2; j++)
-                    for (int c = 0; c < STRIP; c++) {
-                        const uint8_t q = blk->qs[j][c];
-                        o[STRIP * (2 * j) + c] = (float)(q & 15) * d[c] + mn[c];      /* two roundings: no FMA */
-                        o[STRIP * (2 * j + 1) + c] = (float)(q >> 4) * d[c] + mn[c];
-                    }
-            } else {
-                const block_q80 *blk = (const block_q80 *)(w + s * sb) + b;
-                for (int c = 0; c < STRIP; c++) d[c] = half_to_float(blk->d[c]);
-                for (int i = 0; i < QK; i++)
-                    for (int c = 0; c < STRIP; c++) o[STRIP * i + c] = (float)blk->qs[i][c] * d[c];
-            }
+    const block_q41 *blk = (const block_q41 *)b;
+    float d[STRIP], mn[STRIP];
+    for (int c = 0; c < STRIP; c++) { d[c] = half_to_float(blk->d[c]); mn[c] = half_to_float(blk->m[c]); }
+    for (int j = 0; j < QK / 2; j++)
+        for (int c = 0; c < STRIP; c++) {
+            const uint8_t q = blk->qs[j][c];
+            o[STRIP * (2 * j) + c] = (float)(q & 15) * d[c] + mn[c];      /* two roundings: no FMA */
+            o[STRIP * (2 * j + 1) + c] = (float)(q >> 4) * d[c] + mn[c];
         }
 }
-
-/* column c of one strip-block -> its QK weights, d * q (+ m) in two roundings (a tied embedding's row) */
+static void dequant_q80(const uint8_t *b, float *o)
+{
+    const block_q80 *blk = (const block_q80 *)b;
+    float d[STRIP];
+    for (int c = 0; c < STRIP; c++) d[c] = half_to_float(blk->d[c]);
+    for (int i = 0; i < QK; i++)
+        for (int c = 0; c < STRIP; c++) o[STRIP * i + c] = (float)blk->qs[i][c] * d[c];
+}
 static void column_q41(const uint8_t *b, int c, float *out)
 {
     const block_q41 *blk = (const block_q41 *)b;
@@ -367,38 +359,74 @@ static void column_q80(const uint8_t *b, int c, float *out)
 
 #if HAVE_X86
 #define AVX2H RK_TARGET("avx2,fma,f16c")
-
-AVX2H static void dequant_avx2(const uint8_t *w, int kind, int64_t k, int64_t ns, float *out)
+AVX2H static void dequant_q41_avx2(const uint8_t *b, float *o)
 {
-    const size_t sb = strip_bytes(kind, k);
+    const block_q41 *blk = (const block_q41 *)b;
     const __m256i low = _mm256_set1_epi32(15);
-    for (int64_t s = 0; s < ns; s++)
-        for (int64_t b = 0; b < k / QK; b++) {
-            float *o = out + s * STRIP * k + b * QK * STRIP;
-            for (int h = 0; h < 2; h++) {                  /* columns 8h .. 8h + 7 */
-                if (kind == KIND_Q41) {
-                    const block_q41 *blk = (const block_q41 *)(w + s * sb) + b;
-                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk->d + 8 * h)));
-                    const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk->m + 8 * h)));
-                    for (int j = 0; j < QK / 2; j++) {
-                        const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs[j] + 8 * h)));
-                        _mm256_storeu_ps(o + STRIP * (2 * j) + 8 * h,
-                                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, low)), d, mn));
-                        _mm256_storeu_ps(o + STRIP * (2 * j + 1) + 8 * h,
-                                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), d, mn));
-                    }
-                } else {
-                    const block_q80 *blk = (const block_q80 *)(w + s * sb) + b;
-                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk->d + 8 * h)));
-                    for (int i = 0; i < QK; i++) {
-                        const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs[i] + 8 * h)));
-                        _mm256_storeu_ps(o + STRIP * i + 8 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
-                    }
-                }
-            }
+    for (int h = 0; h < 2; h++) {                          /* columns 8h .. 8h + 7 */
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk->d + 8 * h)));
+        const __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk->m + 8 * h)));
+        for (int j = 0; j < QK / 2; j++) {
+            const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs[j] + 8 * h)));
+            _mm256_storeu_ps(o + STRIP * (2 * j) + 8 * h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, low)), d, mn));
+            _mm256_storeu_ps(o + STRIP * (2 * j + 1) + 8 * h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), d, mn));
         }
+    }
+}
+AVX2H static void dequant_q80_avx2(const uint8_t *b, float *o)
+{
+    const block_q80 *blk = (const block_q80 *)b;
+    for (int h = 0; h < 2; h++) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk->d + 8 * h)));
+        for (int i = 0; i < QK; i++) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk->qs[i] + 8 * h)));
+            _mm256_storeu_ps(o + STRIP * i + 8 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
+    }
+}
+#else
+#define dequant_q41_avx2 NULL
+#define dequant_q80_avx2 NULL
+#endif
+
+/* the int8 numerics' layouts (csrc/intdot.c) */
+static void dequant_q41i(const uint8_t *b, float *o);
+static void dequant_q80i(const uint8_t *b, float *o);
+static void column_q41i(const uint8_t *b, int c, float *out);
+static void column_q80i(const uint8_t *b, int c, float *out);
+
+/* ---- the kinds: one row each, what the code asks of a kind (ggml's type_traits) ------------------------ */
+typedef struct {
+    size_t bytes;           /* of one strip-block (its format.h struct) */
+    int has_min;            /* w = d * q + m (Q4_1), else w = d * q (Q8_0) */
+    int int_layout;         /* codes permuted for integer dots: products take the int8 numerics (csrc/intdot.c) */
+    void (*dequant)(const uint8_t *blk, float *out);           /* portable dequantiser of a strip-block */
+    void (*dequant_avx2)(const uint8_t *blk, float *out);      /* the same with AVX2 + F16C (NULL: none) */
+    void (*column)(const uint8_t *blk, int c, float *out);     /* column c's QK weights */
+} kind_t;
+static const kind_t KINDS[] = {
+    [KIND_Q41] = {sizeof(block_q41), 1, 0, dequant_q41, dequant_q41_avx2, column_q41},
+    [KIND_Q80] = {sizeof(block_q80), 0, 0, dequant_q80, dequant_q80_avx2, column_q80},
+    [KIND_Q41I] = {sizeof(block_q41i), 1, 1, dequant_q41i, NULL, column_q41i},
+    [KIND_Q80I] = {sizeof(block_q80i), 0, 1, dequant_q80i, NULL, column_q80i},
+};
+#define N_KINDS (int64_t)(sizeof KINDS / sizeof KINDS[0])
+
+/* a kind of strip-blocks (format.h's KIND_*, not KIND_F32) */
+static int block_kind(int64_t kind) { return kind >= 0 && kind < N_KINDS; }
+
+static size_t strip_bytes(int kind, int64_t k) { return (size_t)(k / QK) * KINDS[kind].bytes; }
+
+/* strips [0, ns) of packed blocks -> the float strip layout (out: ns x k x 16 floats) */
+static void dequant_strips(const uint8_t *w, int kind, int64_t k, int64_t ns, float *out, enum rk_isa isa)
+{
+    const kind_t *kt = &KINDS[kind];
+    void (*dequant)(const uint8_t *, float *) = isa != PATH_PORTABLE && kt->dequant_avx2 ? kt->dequant_avx2 : kt->dequant;
+    for (int64_t s = 0; s < ns; s++)
+        for (int64_t b = 0; b < k / QK; b++) dequant(w + (s * (k / QK) + b) * kt->bytes, out + s * STRIP * k + b * QK * STRIP);
 }
 
+#if HAVE_X86
 /* MB rows x P strips of Q4_1 blocks, dequantised in registers: per input pair the weights of the P strips
    are built once (d * q + m: a multiply, then an add) and feed every row's chain, input 2j then 2j + 1 */
 #define DEFINE_Q41(MB, P)                                                                               \
@@ -592,12 +620,13 @@ static void qrows_avx512(const float *x, int64_t ldx, int m, int64_t k, const ui
 typedef struct {
     const float *x;
     int64_t ldx, m, k;
-    const void *w;          /* float strips (KIND_F32) or native strip-blocks */
-    int kind, avx2;
+    const void *w;          /* float strips (KIND_F32) or strip-blocks of a kind in KINDS */
+    int kind;
+    enum rk_isa isa;        /* the call's path word, decoded once (decode_path) */
+    int vnni;               /* the int8 numerics' dot on AVX-512: vpdpbusd (decode_path) */
     float *y;
     int64_t ldy, n;
     float **scratch;        /* per part: GROUP_BYTES of float strips (native weights, M > 6 or portable) */
-    int path;               /* the caller's path word: PATH_INT8 (csrc/intdot.c) and PATH_NO_VNNI bits */
     const void *qx;         /* int8 numerics: the rows quantised once per product (a qx_t) */
 } product_t;
 
@@ -609,6 +638,17 @@ static int64_t group_strips(int64_t k)
     return gs < 1 ? 1 : gs;
 }
 
+/* float strips on the ISA's path: AVX2's blocks, or the portable loops */
+static void matmul_on(enum rk_isa isa, const float *x, int64_t ldx, int64_t m, int64_t k, const float *w, float *y,
+                      int64_t ldy, int64_t n)
+{
+#if HAVE_X86
+    if (isa != PATH_PORTABLE) { matmul_avx2(x, ldx, m, k, w, y, ldy, n); return; }
+#endif
+    (void)isa;
+    matmul_portable(x, ldx, m, k, w, y, ldy, n);
+}
+
 /* native weights through the float blocks: a group of strips dequantised into scratch, then every row */
 static void native_via_scratch(const product_t *p, const uint8_t *w, float *y, int64_t n, float *buf)
 {
@@ -616,15 +656,8 @@ static void native_via_scratch(const product_t *p, const uint8_t *w, float *y, i
     const size_t sb = strip_bytes(p->kind, p->k);
     for (int64_t g = 0; g < nstrips; g += gs) {
         const int64_t ns = g + gs < nstrips ? gs : nstrips - g, cols = n - g * STRIP;
-#if HAVE_X86
-        if (p->avx2) {
-            dequant_avx2(w + g * sb, p->kind, p->k, ns, buf);
-            matmul_avx2(p->x, p->ldx, p->m, p->k, buf, y + g * STRIP, p->ldy, cols < ns * STRIP ? cols : ns * STRIP);
-            continue;
-        }
-#endif
-        dequant_portable(w + g * sb, p->kind, p->k, ns, buf);
-        matmul_portable(p->x, p->ldx, p->m, p->k, buf, y + g * STRIP, p->ldy, cols < ns * STRIP ? cols : ns * STRIP);
+        dequant_strips(w + g * sb, p->kind, p->k, ns, buf, p->isa);
+        matmul_on(p->isa, p->x, p->ldx, p->m, p->k, buf, y + g * STRIP, p->ldy, cols < ns * STRIP ? cols : ns * STRIP);
     }
 }
 
@@ -641,18 +674,17 @@ static void product_part(void *ctx, int part, int parts, int thread)
     float *y = p->y + s0 * STRIP;
     const int64_t n = (s1 * STRIP < p->n ? s1 * STRIP : p->n) - s0 * STRIP;
     if (p->kind == KIND_F32) {
-        const float *w = (const float *)p->w + s0 * STRIP * p->k;
-#if HAVE_X86
-        if (p->avx2) { matmul_avx2(p->x, p->ldx, p->m, p->k, w, y, p->ldy, n); return; }
-#endif
-        matmul_portable(p->x, p->ldx, p->m, p->k, w, y, p->ldy, n);
+        matmul_on(p->isa, p->x, p->ldx, p->m, p->k, (const float *)p->w + s0 * STRIP * p->k, y, p->ldy, n);
         return;
     }
     const uint8_t *w = (const uint8_t *)p->w + s0 * strip_bytes(p->kind, p->k);
-    if (is_int_kind(p->kind)) { int_product((const qx_t *)p->qx, p->m, p->k, w, p->kind, y, p->ldy, n, p->path | p->avx2); return; }
+    if (KINDS[p->kind].int_layout) {
+        int_product((const qx_t *)p->qx, p->m, p->k, w, p->kind, y, p->ldy, n, p->isa, p->vnni);
+        return;
+    }
 #if HAVE_X86
-    if (p->avx2 == 2 && p->m <= 6) { qrows_avx512(p->x, p->ldx, (int)p->m, p->k, w, p->kind, y, p->ldy, n); return; }
-    if (p->avx2 && p->m <= 6) { qrows_avx2(p->x, p->ldx, (int)p->m, p->k, w, p->kind, y, p->ldy, n); return; }
+    if (p->isa == PATH_AVX512 && p->m <= 6) { qrows_avx512(p->x, p->ldx, (int)p->m, p->k, w, p->kind, y, p->ldy, n); return; }
+    if (p->isa == PATH_AVX2 && p->m <= 6) { qrows_avx2(p->x, p->ldx, (int)p->m, p->k, w, p->kind, y, p->ldy, n); return; }
 #endif
     native_via_scratch(p, w, y, n, p->scratch[thread]);
 }
@@ -811,7 +843,7 @@ static int run_product_on(product_t *p);
 /* int8 numerics on native weights: the rows quantised once (csrc/intdot.c), then the product */
 static int run_product(product_t *p)
 {
-    if (!is_int_kind(p->kind))
+    if (p->kind == KIND_F32 || !KINDS[p->kind].int_layout)
         return run_product_on(p);
     const int64_t nb = p->k / QK;
     const size_t qbytes = ((size_t)(p->m * p->k) + 63) & ~(size_t)63;
@@ -829,7 +861,7 @@ static int run_product(product_t *p)
 
 static int run_product_on(product_t *p)
 {
-    const size_t need = (p->kind == KIND_F32 || is_int_kind(p->kind)) ? 0
+    const size_t need = p->kind == KIND_F32 || KINDS[p->kind].int_layout ? 0
                         : (size_t)group_strips(p->k) * STRIP * (size_t)p->k;
     float *own = NULL, *bufs[MAXT];
     int rc = 0;
@@ -877,6 +909,16 @@ static int cpu_avx512(void)
 }
 
 RK_EXPORT int32_t rk_has_avx512(void) { return cpu_avx512(); }
+
+#if HAVE_X86
+static int cpu_vnni(void)
+{
+    static rk_atomic ok = -1;
+    if (rk_load(&ok) < 0) rk_store(&ok, rk_cpu_avx512() && rk_cpu_avx512vnni());
+    return (int)rk_load(&ok);
+}
+#endif
+
 RK_EXPORT int32_t rk_has_vnni(void)
 {
 #if HAVE_X86
@@ -886,78 +928,76 @@ RK_EXPORT int32_t rk_has_vnni(void)
 #endif
 }
 
-/* the path a call asked for (use_avx2: 0 portable, 1 AVX2, 2 AVX-512 for native blocks and AVX2 for the
-   rest): NULL when the CPU lacks it */
-static matmul_fn choose_matmul(int32_t use_avx2)
+/* A call's path word, decoded once: its ISA (enum rk_isa; the unused value 3 runs as AVX2, as it always has,
+   and every ISA is the portable path off x86) and, for the int8 numerics on AVX-512, whether the dot takes
+   vpdpbusd (the CPU has VNNI and the word does not say PATH_NO_VNNI). RK_NO_AVX2 when this CPU lacks the ISA. */
+static int32_t decode_path(int32_t path, enum rk_isa *isa, int *vnni)
 {
+    const int bits = path & PATH_ISA;
+    *isa = bits == PATH_AVX512 ? PATH_AVX512 : bits != PATH_PORTABLE ? PATH_AVX2 : PATH_PORTABLE;
+    *vnni = 0;
 #if HAVE_X86
-    if (use_avx2 == 2 && !cpu_avx512()) return NULL;
-    if (use_avx2) return cpu_avx2() ? matmul_avx2 : NULL;
+    if ((*isa == PATH_AVX512 && !cpu_avx512()) || (*isa != PATH_PORTABLE && !cpu_avx2()))
+        return RK_NO_AVX2;
+    *vnni = *isa == PATH_AVX512 && !(path & PATH_NO_VNNI) && cpu_vnni();
+#else
+    *isa = PATH_PORTABLE;
 #endif
-    (void)use_avx2;
-    return matmul_portable;
+    return RK_OK;
 }
 
-static int32_t product_call(product_t *p)
+static int32_t product_call(product_t *p, int32_t path)
 {
     if (p->m < 1 || p->k < 1 || p->n < 1 || p->ldx < p->k || p->ldy < p->n || (p->kind != KIND_F32 && p->k % QK))
         return RK_BAD_SIZES;
-    if (!choose_matmul(p->avx2))
-        return RK_NO_AVX2;
-#if !HAVE_X86
-    p->avx2 = 0;
-#endif
+    const int32_t rc = decode_path(path, &p->isa, &p->vnni);
+    if (rc != RK_OK)
+        return rc;
     return run_product(p) ? RK_NO_MEMORY : RK_OK;
 }
 
 /* y[m, :n] = x[m, :k] @ W, W packed in float strips */
 RK_EXPORT int32_t rk_matmul(uintptr_t x, int64_t m, int64_t k, int64_t ldx, uintptr_t w, int64_t n, uintptr_t y,
-                            int64_t ldy, int32_t use_avx2)
+                            int64_t ldy, int32_t path)
 {
     product_t p = {0};
     p.x = (const float *)x, p.m = m, p.k = k, p.ldx = ldx, p.w = (const void *)w, p.n = n;
-    use_avx2 &= PATH_ISA;                 /* float weights: the numerics bits do not apply */
-    p.y = (float *)y, p.ldy = ldy, p.avx2 = use_avx2 == 2 ? 2 : use_avx2 != 0, p.kind = KIND_F32;
-    return product_call(&p);
+    p.y = (float *)y, p.ldy = ldy, p.kind = KIND_F32;
+    return product_call(&p, path & PATH_ISA);       /* float weights: the numerics bits do not apply */
 }
 
-/* the same on native strip-blocks: kind 0 = Q4_1, 1 = Q8_0 */
+/* the same on strip-blocks of any kind in KINDS (format.h KIND_*) */
 RK_EXPORT int32_t rk_qmatmul(uintptr_t x, int64_t m, int64_t k, int64_t ldx, uintptr_t w, int32_t kind, int64_t n,
-                             uintptr_t y, int64_t ldy, int32_t use_avx2)
+                             uintptr_t y, int64_t ldy, int32_t path)
 {
-    if (kind != KIND_Q41 && kind != KIND_Q80 && !is_int_kind(kind))
+    if (!block_kind(kind))
         return RK_BAD_KIND;
     product_t p = {0};
     p.x = (const float *)x, p.m = m, p.k = k, p.ldx = ldx, p.w = (const void *)w, p.kind = kind, p.n = n;
-    p.y = (float *)y, p.ldy = ldy, p.avx2 = (use_avx2 & PATH_ISA) == 2 ? 2 : (use_avx2 & PATH_ISA) != 0;
-    p.path = use_avx2 & (PATH_INT8 | PATH_NO_VNNI);
-    return product_call(&p);
+    p.y = (float *)y, p.ldy = ldy;
+    return product_call(&p, path);
 }
 
-/* native strips -> float strips (out: ceil(n / 16) x k x 16 floats; tests and the float32 path) */
-RK_EXPORT int32_t rk_dequantise(uintptr_t w, int32_t kind, int64_t k, int64_t n, uintptr_t out, int32_t use_avx2)
+/* strip-blocks -> float strips (out: ceil(n / 16) x k x 16 floats; tests and the float32 path) */
+RK_EXPORT int32_t rk_dequantise(uintptr_t w, int32_t kind, int64_t k, int64_t n, uintptr_t out, int32_t path)
 {
-    if (kind != KIND_Q41 && kind != KIND_Q80 && !is_int_kind(kind))
+    if (!block_kind(kind))
         return RK_BAD_KIND;
     if (k < QK || k % QK || n < 1)
         return RK_BAD_SIZES;
-    use_avx2 &= PATH_ISA;
-    if (!choose_matmul(use_avx2))
-        return RK_NO_AVX2;
-    const int64_t ns = (n + STRIP - 1) / STRIP;
-    if (is_int_kind(kind)) { dequant_int((const uint8_t *)w, kind, k, ns, (float *)out); return RK_OK; }
-#if HAVE_X86
-    if (use_avx2) { dequant_avx2((const uint8_t *)w, kind, k, ns, (float *)out); return RK_OK; }
-#endif
-    dequant_portable((const uint8_t *)w, kind, k, ns, (float *)out);
-    return RK_OK;
+    enum rk_isa isa;
+    int vnni;
+    const int32_t rc = decode_path(path & PATH_ISA, &isa, &vnni);
+    if (rc == RK_OK)
+        dequant_strips((const uint8_t *)w, kind, k, (n + STRIP - 1) / STRIP, (float *)out, isa);
+    return rc;
 }
 
 /* native strips of kind 0 / 1 -> the int8 numerics' layout, kind 2 / 3 (csrc/intdot.c; the same bytes permuted,
    dst as large as src) */
 RK_EXPORT int32_t rk_repack_int(uintptr_t src, int32_t kind, int64_t k, int64_t n, uintptr_t dst)
 {
-    if (kind != KIND_Q41 && kind != KIND_Q80)
+    if (!block_kind(kind) || KINDS[kind].int_layout)
         return RK_BAD_KIND;
     if (k < QK || k % QK || n < 1)
         return RK_BAD_SIZES;

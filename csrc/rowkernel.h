@@ -9,7 +9,8 @@ weights' format; this file holds the calls.
 
 Layout of rk_forward's inputs (csrc/forward.c documents what each holds): plan is PLAN_GLOBALS int64, then
 PLAN_LAYER per layer; dims is DIMS int64; a MoE layer's expert table is E entries of EXPERT_ENTRY int64.
-Paths: the path word's low two bits are the ISA (PATH_PORTABLE, PATH_AVX2, PATH_AVX512), PATH_INT8 marks
+Paths: the path word's low two bits are the ISA (enum rk_isa: PATH_PORTABLE, PATH_AVX2, PATH_AVX512; each
+entry point decodes it once, and 3 runs as AVX2), PATH_INT8 marks
 weights prepared for the int8 numerics (csrc/intdot.c; the int layouts' kinds decide the product), and
 PATH_NO_VNNI keeps an AVX-512 int8 product off vpdpbusd (tests compare the two). Bump RK_ABI when an entry
 point's arguments or a slot change meaning: kernel_library.py refuses a binary with another number. */
@@ -30,7 +31,8 @@ enum {
     RK_FETCH_FAILED = 6,       /* rk_forward: the caller's expert fetch reported an error (it holds the reason) */
 };
 
-enum { PATH_PORTABLE = 0, PATH_AVX2 = 1, PATH_AVX512 = 2, PATH_ISA = 3, PATH_INT8 = 4, PATH_NO_VNNI = 8 };
+enum rk_isa { PATH_PORTABLE = 0, PATH_AVX2 = 1, PATH_AVX512 = 2 };    /* the path word's ISA: path & PATH_ISA */
+enum { PATH_ISA = 3, PATH_INT8 = 4, PATH_NO_VNNI = 8 };                /* the path word's bits */
 
 enum {                          /* rk_forward's plan: the globals */
     PLAN_FINAL_NORM = 0, PLAN_HEAD = 1, PLAN_HEAD_KIND = 2, PLAN_COS = 3, PLAN_SIN = 4,

@@ -78,3 +78,17 @@ def test_no_literal_block_offsets_in_c():
              for name, text in c_sources().items() if name != "format.h"
              for m in LITERAL_OFFSET.finditer(text)]
     assert found == []
+
+
+# the path word's ISA compared with a number, or the old names of the path word and its ISA
+ISA_BY_NUMBER = re.compile(r"PATH_ISA\s*\)\s*==\s*\d|\b(?:avx2|isa|path)\s*==\s*\d|\buse_avx2\b|(?:->|\.)avx2\b"
+                           r"|\bint\s+avx2\b")
+
+
+def test_the_isa_is_named_in_c():
+    """enum rk_isa (rowkernel.h) is the ISA's one name: no `== 2` on the path word, no `avx2` for the path."""
+    header = (CSRC / "rowkernel.h").read_text(encoding="utf-8")
+    assert re.search(r"enum rk_isa\s*\{\s*PATH_PORTABLE = 0, PATH_AVX2 = 1, PATH_AVX512 = 2\s*\}", header)
+    found = [f"{name}:{text[:m.start()].count(chr(10)) + 1}: {m.group()}"
+             for name, text in c_sources().items() for m in ISA_BY_NUMBER.finditer(text)]
+    assert found == []

@@ -38,7 +38,7 @@ CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 # ---- one table, two sides ----------------------------------------------------------------------------
 def _header_constants(text: str) -> dict:
     out = {m[1]: int(m[2]) for m in re.finditer(r"^#define\s+(\w+)\s+(-?\d+)\b", text, re.M)}
-    for body in re.findall(r"enum\s*\{([^}]*)\}", text):
+    for body in re.findall(r"enum\s*\w*\s*\{([^}]*)\}", text):          # named (enum rk_isa) or not
         out.update({m[1]: int(m[2]) for m in re.finditer(r"(\w+)\s*=\s*(-?\d+)", body)})
     return out
 
