@@ -21,7 +21,7 @@ from lessonkit.engine.generate import generate
 from lessonkit.errors import LessonkitError
 from lessonkit.files.atomic import TMP_PREFIX
 from lessonkit.models.registry import load_model
-from lessonkit.speculative.suffix import SuffixDrafter, SuffixTrie, greedy_path, spec_depth
+from lessonkit.speculative.suffix import SuffixDrafter, SuffixTrie, best_depth, greedy_path, spec_depth
 from lessonkit.speculative.suffix_store import SuffixStore, store_key
 from lessonkit.speculative.verify import speculative_generate
 from lessonkit.stack import make_drafter
@@ -88,6 +88,24 @@ def test_draft_is_the_most_frequent_continuation_and_its_depth_follows_the_match
     assert strict.propose([7, 8, 1, 2], 8).tokens == []          # 3 follows "1 2" 2 times in 3: below 0.7
 
 
+def test_cost_aware_depth_cuts_where_tokens_per_verify_second_peak_and_learns_acceptance():
+    assert best_depth([0.9] * 4, [1.0] * 5) == (4, 1 + 0.9 + 0.81 + 0.729 + 0.6561)   # free rows: all of it
+    assert best_depth([0.9] * 4, [1.0, 3.0, 5.0, 7.0, 9.0])[0] == 0                    # dear rows: none
+    assert best_depth([1.0, 1.0, 0.1, 1.0], [1.0, 1.2, 1.4, 1.6, 1.8])[0] == 2          # stop before the unsure one
+    assert best_depth([1.0] * 8, [1.0, 1.1, 1.2])[0] == 2                              # no deeper than the curve
+    store = SuffixStore(None, KEY)
+    for out in ([1, 2, 3, 4, 5], [1, 2, 3, 4, 6]):
+        store.add(out)
+    d = SuffixDrafter(store, learn=False, cost=[1.0, 1.1, 1.2, 1.3, 1.4, 1.5])
+    d.reset([7, 1, 2])
+    assert d.propose([7, 1, 2], 8).tokens == [3, 4]            # 5 or 6 after "3 4": it went two ways, cut there
+    before = {key: list(v) for key, v in d.acceptance.items()}
+    d.update([7, 1, 2, 3, 9], 1)                               # the target emitted 3 (accepted), then 9 (not 4)
+    assert d.acceptance[("store", True)] == [before[("store", True)][0] + 1, before[("store", True)][1] + 2]
+    with pytest.raises(LessonkitError, match="cost"):
+        SuffixDrafter(store, cost=[1.0])
+
+
 def test_the_store_keeps_its_newest_outputs_within_its_bound():
     store = SuffixStore(None, KEY, max_tokens=10)
     for i in range(6):
@@ -136,6 +154,8 @@ def test_output_is_plain_greedy_with_the_store_empty_warm_and_reloaded(home, tmp
             assert list(again.outputs) == list(store.outputs) and again.key["numerics"] == numerics
             assert _check_equal(target, SuffixDrafter(again, learn=False), held, refs, k="auto",
                                 cost=[1.0 + 0.2 * j for j in range(9)], learn_cost=False) > 0
+            costed = SuffixDrafter(again, learn=False, cost=[1.0 + 0.1 * j for j in range(9)])   # cost-aware depth
+            assert _check_equal(target, costed, held + train, refs, k=8) > 0
     finally:
         kernel.set_threads(old)
 
@@ -301,3 +321,21 @@ def test_no_heldout_request_is_a_training_request():
     assert all(r.split == "train" for r in train) and {r.family for r in held} == set(FAMILIES)
     with pytest.raises(LessonkitError, match="split"):
         structured_requests("test")
+
+
+def test_a_batch_holds_items_of_one_split_only():
+    """Batches (several items a request) keep the split: every item of a held-out batch is held out, none is in a
+    training batch, and one-item requests are the same items as before batching existed."""
+    train, held = structured_requests("train", 9, per_request=4), structured_requests("heldout", 3, per_request=4)
+    assert len(held) == 3 * len(FAMILIES) and all(len(r.items) == 4 for r in held + train)
+    assert all(i % HELDOUT_EVERY == HELDOUT_EVERY - 1 for r in held for i in r.items)
+    assert not {(r.family, i) for r in held for i in r.items} & {(r.family, i) for r in train for i in r.items}
+    lines = lambda reqs: {line for r in reqs if r.family != "ndjson" for line in r.content.split("\n")}
+    assert not lines(held) & lines(train)
+    for r in held + train:
+        assert r.split == ("heldout" if r in held else "train") and r.messages()[0]["content"].startswith("You")
+    singles = {(r.family, r.index) for r in structured_requests("heldout", 12)}
+    assert {(r.family, i) for r in held for i in r.items} <= singles
+    assert "\n" in held[0].content and held[0].content.count("\n") == 3               # four records, one a line
+    with pytest.raises(LessonkitError, match="per_request"):
+        structured_requests("train", 1, per_request=0)

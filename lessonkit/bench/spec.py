@@ -18,7 +18,8 @@ import torch
 import transformers
 
 from lessonkit.bench.common import goal, machine_info
-from lessonkit.bench.spec_table import category_table, plain_runner, rounds, spec_runner, table_markdown
+from lessonkit.bench.spec_table import (SUFFIX_K, category_table, plain_runner, rounds, spec_runner, table_markdown,
+                                        warm_suffix_store)
 from lessonkit.models.convert import export_hf
 from lessonkit.errors import LessonkitError
 from lessonkit.engine import kernel
@@ -35,6 +36,7 @@ from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens_per
                                         predicted_speedup)
 from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.workloads.corpus import prompts_by_kind
+from lessonkit.workloads.structured import structured_prompts
 
 
 def _interleaved(fns: dict, prompts, repeats) -> dict:
@@ -173,18 +175,26 @@ def _smollm2_drafters(sm, notes) -> list:
 
 def _table(notes: list, sm, smoke: bool, repeats: int) -> dict:
     """The Spec-Bench-style table on held-out requests per category (bench.spec_table): the feature head, prompt
-    lookup and the distilled draft, each beside plain greedy in every round."""
+    lookup and the distilled draft, each beside plain greedy in every round; the structured category adds the suffix
+    drafter with a store warmed on that workload's training split (measured with learning off)."""
+    max_new = 12 if smoke else 48
     drafters = {"ngram k=4": (NGramDrafter(), 4)}
+    store, warm_s = warm_suffix_store(sm, structured_prompts(sm, "train", 1 if smoke else None), max_new)
+    notes.append(f"table, structured category: suffix store warmed on the training split ({len(store)} outputs, "
+                 f"{store.n_tokens} tokens) in {warm_s:.1f} s, in a fresh temporary folder; measured with learning off")
+    warm = SuffixDrafter(store, learn=False)
+    structured = {f"suffix (warm store) k={SUFFIX_K}": (warm, SUFFIX_K)}
     try:
         head = FeatureHeadDrafter(sm)
         # --draft auto as a benchmark runs it: the suffix drafter over the request alone (learn=False: no request is
         # measured against a store holding its own earlier output), else the head, the depth gate on top
         auto = FirstOf([(SuffixDrafter(None, learn=False), 2), (head, 1)], name="auto")
         drafters |= {"head k=2": (head, 2), "head k=auto": (head, "auto"), "auto k=auto": (auto, "auto")}
+        structured["auto (warm store) k=auto"] = (FirstOf([(warm, 2), (head, 1)], name="auto (warm store)"), "auto")
     except LessonkitError as e:
         notes.append(f"feature-head table rows skipped: {e}")
-    rows = category_table(sm, drafters, per_category=1 if smoke else 3, max_new=12 if smoke else 48,
-                          n_rounds=1 if smoke else max(5, repeats))
+    rows = category_table(sm, drafters, per_category=1 if smoke else 3, max_new=max_new,
+                          n_rounds=1 if smoke else max(5, repeats), structured=structured)
     return {"table": rows, "table_markdown": table_markdown(rows)}
 
 

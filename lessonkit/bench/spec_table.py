@@ -1,18 +1,31 @@
 """A Spec-Bench-style table (Xia et al. 2024, arXiv:2401.07851) for `bench spec`: per task category of held-out
-requests (lessonkit.workloads.requests: chat, code, records, rewrite) and per drafter, plain greedy and the
-drafter take turns within every round; the row reports mean accepted tokens per verify, acceptance by draft
-position, the draft cost c (seconds per draft token over a plain step's), the verify cost T(k+1)/T(1) of the
-chosen depth, the speed-up (median of rounds, with the spread) and whether the output equals plain greedy's.
+requests (lessonkit.workloads.requests: chat, code, records, rewrite; and `structured` from
+lessonkit.workloads.structured: records rewritten field by field, NDJSON lines, tickets scored behind one system
+prompt) and per drafter, plain greedy and the drafter take turns within every round; the row reports mean accepted
+tokens per verify, acceptance by draft position, the draft cost c (seconds per draft token over a plain step's),
+the verify cost T(k+1)/T(1) of the chosen depth, the speed-up (median of rounds, with the spread) and whether the
+output equals plain greedy's.
+
+The structured category also measures the suffix drafter with a store warmed on the workload's training split
+(`warm_suffix_store`: a fresh temporary folder, so every benchmark starts from an empty store) and measured with
+learning off, so no held-out request meets a store that holds its own earlier output.
 """
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 
 from lessonkit.engine.generate import generate
+from lessonkit.errors import LessonkitError
 from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve
+from lessonkit.speculative.suffix import SuffixDrafter
+from lessonkit.speculative.suffix_store import SuffixStore
 from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.workloads.requests import CATEGORIES, requests
+from lessonkit.workloads.structured import structured_prompts
+
+SUFFIX_K = 8                # the most drafts a suffix step may verify; the drafter's own rule picks fewer
 
 
 def rounds(fns: dict, prompts: list, n: int) -> dict:
@@ -40,34 +53,64 @@ def spec_runner(target, drafter, k, max_new: int, **kw):
     return lambda p: (lambda r: (r.token_ids, r.stats))(speculative_generate(target, drafter, p, max_new, k=k, **kw))
 
 
-def category_table(target, drafters: dict, *, per_category: int = 3, max_new: int = 48, n_rounds: int = 5,
-                   k_max: int = 6) -> list[dict]:
-    """drafters: name -> (drafter, k). One row per (category, drafter), measured on held-out requests."""
-    cost = measure_cost_curve(target, k_max, context_len=64)
-    prompts = requests(target, "heldout", per_category)
+def warm_suffix_store(target, train: list, max_new: int, k: int = SUFFIX_K) -> tuple[SuffixStore, float]:
+    """A suffix store warmed on `train` (the suffix drafter learning from the target's verified outputs), in a
+    fresh temporary folder (checked empty: a benchmark starts from an empty store), saved and loaded back as a
+    restarted process would; (store, seconds). Measure with it through SuffixDrafter(store, learn=False)."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="suffix-bench-") as folder:
+        store = SuffixStore.for_target(target, folder, max_tokens=1 << 20)
+        if len(store):
+            raise LessonkitError(f"the benchmark's fresh store folder {folder} is not empty")
+        drafter = SuffixDrafter(store)
+        for p in train:
+            speculative_generate(target, drafter, p, max_new, k=k)
+        store.save()
+        store = SuffixStore.for_target(target, folder, max_tokens=1 << 20)
+    return store, time.perf_counter() - t0
+
+
+def _category_rows(cat: str, runs: dict, drafters, cost) -> list[dict]:
+    """The rows of one category from its rounds (cost: the verify cost curve, seconds of 1 .. K+1 rows)."""
+    plain_walls, ref, _ = runs["plain"]
+    t1 = statistics.median(plain_walls) / max(1, sum(len(o) for o in ref))
     rows = []
-    for cat in CATEGORIES:
-        fns = {"plain": plain_runner(target, max_new)}
-        fns |= {name: spec_runner(target, d, k, max_new, cost=cost) for name, (d, k) in drafters.items()}
-        runs = rounds(fns, prompts[cat], n_rounds)
-        plain_walls, ref, _ = runs["plain"]
-        t1 = statistics.median(plain_walls) / max(1, sum(len(o) for o in ref))
-        for name in drafters:
-            walls, outs, stats = runs[name]
-            t = total_stats(stats)
-            ratios = sorted(p / w for p, w in zip(plain_walls, walls))
-            verifies = max(1, t["num_drafts"])
-            k_mean = t["num_draft_tokens"] / verifies
-            kk = min(k_max, round(k_mean))
-            rows.append({
-                "category": cat, "drafter": name, "identical_to_plain": outs == ref,
-                "tokens_per_verify": 1 + t["num_accepted_tokens"] / verifies,
-                "acceptance_by_position": [round(a, 3) for a in conditional_per_pos(t["num_accepted_tokens_per_pos"],
-                                                                                   t["num_drafts"])],
-                "mean_draft_depth": round(k_mean, 2),
-                "c": (t["draft_s"] / t["num_draft_tokens"]) / (cost[0]) if t["num_draft_tokens"] else None,
-                "verify_cost": cost[kk] / cost[0], "plain_s_per_token": t1,
-                "speedup": statistics.median(ratios), "speedup_spread": [ratios[0], ratios[-1]]})
+    for name in drafters:
+        walls, outs, stats = runs[name]
+        t = total_stats(stats)
+        ratios = sorted(p / w for p, w in zip(plain_walls, walls))
+        verifies = max(1, t["num_drafts"])
+        k_mean = t["num_draft_tokens"] / verifies
+        kk = min(len(cost) - 1, round(k_mean))
+        rows.append({
+            "category": cat, "drafter": name, "identical_to_plain": outs == ref,
+            "tokens_per_verify": 1 + t["num_accepted_tokens"] / verifies,
+            "acceptance_by_position": [round(a, 3) for a in conditional_per_pos(t["num_accepted_tokens_per_pos"],
+                                                                               t["num_drafts"])],
+            "mean_draft_depth": round(k_mean, 2),
+            "c": (t["draft_s"] / t["num_draft_tokens"]) / (cost[0]) if t["num_draft_tokens"] else None,
+            "verify_cost": cost[kk] / cost[0], "plain_s_per_token": t1,
+            "speedup": statistics.median(ratios), "speedup_spread": [ratios[0], ratios[-1]]})
+    return rows
+
+
+def category_table(target, drafters: dict, *, per_category: int = 3, max_new: int = 48, n_rounds: int = 5,
+                   k_max: int = 6, categories=CATEGORIES, structured: dict | None = None) -> list[dict]:
+    """drafters: name -> (drafter, k). One row per (category, drafter), measured on held-out requests.
+    structured: name -> (drafter, k), measured besides `drafters` on the structured category (per_category
+    held-out requests, the families taking turns); None leaves that category out."""
+    fixed = [k for _, k in (drafters | (structured or {})).values() if isinstance(k, int)]
+    cost = measure_cost_curve(target, max([k_max, *fixed]), context_len=64)    # T(k+1) of every fixed depth too
+    prompts = requests(target, "heldout", per_category) if categories else {}
+    todo = [(cat, prompts[cat], drafters) for cat in categories]
+    if structured is not None:
+        held = structured_prompts(target, "heldout", -(-per_category // 3))[:per_category]
+        todo.append(("structured", held, drafters | structured))
+    rows = []
+    for cat, cat_prompts, cat_drafters in todo:
+        fns = {"plain": plain_runner(target, max_new)}           # the depth gates' curve stops at k_max
+        fns |= {name: spec_runner(target, d, k, max_new, cost=cost[:k_max + 1]) for name, (d, k) in cat_drafters.items()}
+        rows += _category_rows(cat, rounds(fns, cat_prompts, n_rounds), cat_drafters, cost)
     return rows
 
 

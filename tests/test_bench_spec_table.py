@@ -1,0 +1,43 @@
+"""`bench spec`'s Spec-Bench-style table (lessonkit.bench.spec_table): its structured category measures the suffix
+drafter against a store warmed on the structured workload's training split only, and the measurement leaves that
+store as it was, so no held-out request is measured against a store holding its own earlier output; every row's
+output equals plain greedy's. A tiny run: these check what is measured, never how fast."""
+from __future__ import annotations
+
+import pytest
+
+from lessonkit.bench.spec_table import SUFFIX_K, category_table, warm_suffix_store
+from lessonkit.engine.generate import generate
+from lessonkit.models.registry import load_model
+from lessonkit.speculative.drafters import NGramDrafter
+from lessonkit.speculative.suffix import SuffixDrafter
+from lessonkit.workloads.structured import structured_prompts
+
+MAX_NEW = 10
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_model("smollm2-135m")
+
+
+def test_the_warm_store_holds_the_training_outputs_only(target):
+    train = structured_prompts(target, "train", 1)
+    held = structured_prompts(target, "heldout", 1)
+    assert not {tuple(p) for p in train} & {tuple(p) for p in held}
+    store, _ = warm_suffix_store(target, train, MAX_NEW)
+    assert list(store.outputs) == [generate(target, p, MAX_NEW).token_ids for p in train]
+    assert store.path is not None and not store.path.exists()          # its folder was a fresh temporary one
+
+
+def test_the_structured_category_leaves_the_store_as_it_was_and_equals_plain(target):
+    store, _ = warm_suffix_store(target, structured_prompts(target, "train", 1), MAX_NEW)
+    before = [list(o) for o in store.outputs]
+    warm = SuffixDrafter(store, learn=False)
+    rows = category_table(target, {"ngram k=4": (NGramDrafter(), 4)}, per_category=3, max_new=MAX_NEW, n_rounds=1,
+                          k_max=2, categories=("records",), structured={"suffix (warm store)": (warm, SUFFIX_K)})
+    assert [(r["category"], r["drafter"]) for r in rows] == [
+        ("records", "ngram k=4"), ("structured", "ngram k=4"), ("structured", "suffix (warm store)")]
+    assert all(r["identical_to_plain"] for r in rows)
+    assert [list(o) for o in store.outputs] == before                   # measured with learning off
+    assert rows[-1]["tokens_per_verify"] > 1                            # the warm store drafted, and was right
