@@ -77,8 +77,15 @@ def budget_sweep(model: str, prompt: str, fractions=(0.125, 0.25, 0.5, 0.75, 1.0
     return df, fig
 
 
+def independent_union(n_layers: int, n_experts: int, top_k: int, positions: int) -> float:
+    """Unique experts a forward of `positions` rows would load if each row picked its top_k of n_experts per layer
+    independently and uniformly: per layer, each expert is missed by all rows with chance (1 - top_k/n_experts)^N."""
+    return n_layers * n_experts * (1 - (1 - top_k / n_experts) ** positions)
+
+
 def batch_union(engine, text: str, sizes=(1, 2, 4, 8, 16, 32)):
-    """Unique experts loaded per position when N positions share one forward (batch-union)."""
+    """Unique experts loaded per position when N positions share one forward (batch-union), next to the union that
+    independent, uniform routing predicts (`independent_union`): routes that overlap more than chance load fewer."""
     c = engine.config
     ids = engine.encode(text)
     cache = engine.new_cache()
@@ -97,10 +104,13 @@ def batch_union(engine, text: str, sizes=(1, 2, 4, 8, 16, 32)):
             loads.append(engine.model.last_forward["unique_experts"])
         rows.append({"positions_per_forward": n, "unique_experts_per_forward": float(np.mean(loads)),
                      "experts_loaded_per_position": float(np.mean(loads)) / n,
+                     "independent_routing_per_forward": independent_union(c.n_layers, c.n_experts, c.top_k, n),
                      "without_union": c.n_layers * c.top_k})
     df = pd.DataFrame(rows)
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(df.positions_per_forward, df.experts_loaded_per_position, "o-", label="with batch-union")
+    ax.plot(df.positions_per_forward, df.experts_loaded_per_position, "o-", label="with batch-union (measured)")
+    ax.plot(df.positions_per_forward, df.independent_routing_per_forward / df.positions_per_forward, "s:",
+            label="independent routing (predicted)")
     ax.plot(df.positions_per_forward, df.without_union, "k--", label="one load per routed slot")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("positions sharing one forward")

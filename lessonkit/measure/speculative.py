@@ -146,3 +146,20 @@ def sampling_tv(target, draft_engine, prompt: list[int], *, n: int = 20_000, tem
                  "TV(emitted, target)": 0.5 * float((exact / n - p).abs().sum())})
     rows.append({"sampler": "draft q itself", "samples": None, "TV(emitted, target)": 0.5 * float((q - p).abs().sum())})
     return pd.DataFrame(rows)
+
+def experts_per_forward(target, prompt: list[int], rows=(1, 2, 3, 4, 5)) -> dict[int, float]:
+    """Unique experts a forward of r rows of `prompt` runs, for each r in `rows` (a mixture of experts: every row
+    routes its own top-k, so a verify of r rows runs the union of their experts). Each forward starts after the
+    same prefix, rolled back in between; the rows are the prompt's own next tokens, so they route as text does."""
+    longest = max(rows)
+    if len(prompt) <= longest:
+        raise ValueError(f"experts_per_forward needs a prompt longer than {longest} tokens")
+    start = len(prompt) - longest
+    cache = target.new_cache(len(prompt) + 1)
+    target.forward(prompt[:start], cache)
+    out = {}
+    for r in rows:
+        cache.rollback(start)
+        target.forward(prompt[start:start + r], cache)
+        out[r] = float(target.model.last_forward["unique_experts"])
+    return out
