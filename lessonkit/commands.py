@@ -57,17 +57,18 @@ def cmd_doctor(args) -> int:
 
 # ---- generate --------------------------------------------------------------------------------------
 def cmd_generate(args) -> int:
-    import torch
-    from lessonkit.engine.generate import context_budget, finish_reason, generate
-    from lessonkit.models.registry import load_model
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    from lessonkit.engine.generate import TextStreamer, context_budget, finish_reason, generate
     if args.prefix_cache and (args.grammar or args.schema or args.draft):
         raise LessonkitError("--prefix-cache cannot be combined with --grammar, --schema or --draft yet "
                              "(it would be ignored); the capstone `lessonkit stack run` combines them")
+    from lessonkit.models.lean_load import open_engine, torch_free_dir
+    torch_free, why = torch_free_dir(args.model, args.weights, _needs_torch(args))   # no torch where it serves
+    if torch_free is None:
+        import torch  # noqa: F401  (before the threads start: their check counts torch's)
     threads = use_threads(args.threads, torch_too=False)      # --threads: the kernel's (the help)
     use_numerics(args.numerics)
-    eng = load_model(args.model, expert_budget_mb=args.expert_budget_mb, dtype=dtype, prefetch=args.prefetch,
-                     weights=args.weights)
+    eng, forward = open_engine(args.model, torch_free, why, expert_budget_mb=args.expert_budget_mb,
+                               dtype=args.dtype, prefetch=args.prefetch, weights=args.weights)
     prompt = args.prompt
     if args.chat:
         from lessonkit.models.gguf_loader import apply_chat_template
@@ -78,7 +79,7 @@ def cmd_generate(args) -> int:
         print(f"lessonkit: note: {note}", file=sys.stderr)
     stream = None
     if not args.json:
-        stream = _Streamer(eng)
+        stream = TextStreamer(eng)
     kw = dict(temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop_strings=args.stop or ())
     if args.grammar or args.schema:
         from lessonkit.grammar.drafter import generate_with_grammar
@@ -100,7 +101,8 @@ def cmd_generate(args) -> int:
     res.stats["finish_reason"] = finish_reason(eng, res, max_new, capped=note is not None)
     if args.json:
         _print_json({"model": eng.name, "text": res.text, "token_ids": res.token_ids, "stats": res.stats,
-                     "weights": eng.weights, "threads": threads, "kernel": use_numerics()[0], "numerics": use_numerics()[1]})
+                     "weights": eng.weights, "threads": threads, "kernel": use_numerics()[0], "numerics": use_numerics()[1],
+                     "forward": forward, "torch_imported": "torch" in sys.modules})
     else:
         print()
         s = res.stats
@@ -108,6 +110,15 @@ def cmd_generate(args) -> int:
               f"expert hit rate {s['expert_hit_rate'] if s['expert_hit_rate'] is None else round(s['expert_hit_rate'], 3)}, "
               f"{s['bytes_read'] / 2**20:.1f} MB read, finish_reason {s['finish_reason']}]", file=sys.stderr)
     return 0
+
+
+def _needs_torch(args) -> str | None:
+    """What in a generate request runs on the torch engine only (None: plain greedy decoding)."""
+    asks = [why for why, on in (("sampling", args.temperature > 0), ("--dtype bfloat16", args.dtype != "float32"),
+                                ("a technique", args.draft or args.grammar or args.schema or args.prefix_cache),
+                                ("--prefetch", args.prefetch), ("--expert-budget-mb", args.expert_budget_mb))
+            if on]
+    return asks[0] if asks else None
 
 
 def use_threads(n: int | None, torch_too: bool = True) -> int:
@@ -120,22 +131,6 @@ def use_numerics(name: str | None = None) -> tuple[str, str]:
     """--numerics: how native blocks multiply in this command (kernel.set_numerics); (kernel path, numerics)."""
     from lessonkit.engine import kernel
     return kernel.BACKEND, kernel.set_numerics(name) if name else kernel.NUMERICS
-
-
-class _Streamer:
-    """Streaming callback: prints text as tokens arrive (decoding the whole tail keeps UTF-8 intact)."""
-
-    def __init__(self, eng):
-        self.eng, self.ids, self.printed = eng, [], 0
-
-    def __call__(self, token_id: int):
-        self.ids.append(token_id)
-        text = self.eng.decode(self.ids)
-        if text.endswith("\ufffd"):
-            return
-        sys.stdout.write(text[self.printed:])
-        sys.stdout.flush()
-        self.printed = len(text)
 
 
 # ---- the main job and benchmarks -------------------------------------------------------------------

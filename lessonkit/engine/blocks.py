@@ -26,63 +26,18 @@ Shape legend: N output rows, K inputs (a multiple of 32), B = K / 32 blocks per 
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from lessonkit.engine import kernel, row_weight
+from lessonkit.engine import kernel, packed_layout, row_weight
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.row_weight import RowWeight
 
-# ---- the packed format: this table and csrc/format.h's constants are the one definition (C names as keys;
-# tests/test_packed_format.py compiles format.h and compares). LK_LAYOUT_VERSION: of experts.safetensors'
-# records, 1 = GGUF rows / float [3, I, D] (packed at every load), 2 = strip-packed (packed at conversion).
-FORMAT = {
-    "LK_LAYOUT_VERSION": 2,
-    "QK": 32,                  # weights per block (llama.cpp's QK4_1 = QK8_0 = 32)
-    "STRIP": 16,               # output rows (GEMV columns) per packed strip
-    "Q41_ROW_BLOCK": 20,       # llama.cpp block_q4_1: d, m (f16), 16 bytes of nibbles
-    "Q80_ROW_BLOCK": 34,       # llama.cpp block_q8_0: d (f16), 32 int8
-    "Q41_BLOCK": 320,          # strip-block: d[16], m[16] (f16), 16 pairs x 16 bytes of nibbles
-    "Q80_BLOCK": 544,          # strip-block: d[16] (f16), 32 x 16 int8
-    "KIND_F32": -1, "KIND_Q41": 0, "KIND_Q80": 1,     # the kernel's weight kinds
-    "KIND_Q41I": 2, "KIND_Q80I": 3,                   # the same blocks in the int8 numerics' layout (csrc/intdot.c)
-}
-QK, STRIP, LAYOUT_VERSION = FORMAT["QK"], FORMAT["STRIP"], FORMAT["LK_LAYOUT_VERSION"]
-BLOCK_BYTES = {"q4_1": FORMAT["Q41_ROW_BLOCK"], "q8_0": FORMAT["Q80_ROW_BLOCK"]}      # bytes per row block
-STRIP_BLOCK_BYTES = {"q4_1": FORMAT["Q41_BLOCK"], "q8_0": FORMAT["Q80_BLOCK"]}       # bytes per strip-block
-KIND_CODE = {"q4_1": FORMAT["KIND_Q41"], "q8_0": FORMAT["KIND_Q80"]}
-INT_KIND_CODE = {"q4_1": FORMAT["KIND_Q41I"], "q8_0": FORMAT["KIND_Q80I"]}   # the int8 numerics' layout
-EXPERTS_FORMAT = f"lessonkit-stream-v{LAYOUT_VERSION}"     # experts.safetensors' metadata "format"
-# the bytes inside a strip-block: csrc/format.h's structs (its names), field -> byte offset, "size" the struct's
-# bytes; the int layouts' twins keep the same offsets (tests/test_kernel_format.py compiles offsetof and compares)
-BLOCK_LAYOUT = {
-    "block_q41": {"d": 0, "m": 32, "qs": 64, "size": 320},
-    "block_q80": {"d": 0, "qs": 32, "size": 544},
-    "block_q41i": {"d": 0, "m": 32, "qs": 64, "size": 320},
-    "block_q80i": {"d": 0, "qs": 32, "size": 544},
-}
-FIELDS = {"q4_1": BLOCK_LAYOUT["block_q41"], "q8_0": BLOCK_LAYOUT["block_q80"]}     # by kind name
-
-
-def choose_weights(requested: str | None = None) -> tuple[str, str]:
-    """("native", "f32" or "q8_0", why): how a model's matrices are multiplied. `requested` (an engine
-    argument) wins over LESSONKIT_WEIGHTS; the default is native where the C kernel runs, else f32. "q8_0"
-    also quantises a model's float matrices to Q8_0 blocks at load (`q8_0_rows`): another model, lossy,
-    whose accuracy is measured against the float one (the int8 numerics then take integer dots on it)."""
-    req = (requested or os.environ.get("LESSONKIT_WEIGHTS", "") or "auto").strip().lower()
-    if req not in ("auto", "native", "f32", "q8_0"):
-        raise LessonkitError(f"weights {req!r} (LESSONKIT_WEIGHTS or --weights): expected native, f32, q8_0 or auto")
-    ready = kernel._rowkernel is not None and kernel.BACKEND != "mkl"
-    if req == "f32":
-        return "f32", "asked for (LESSONKIT_WEIGHTS=f32 or weights='f32')"
-    if req in ("native", "q8_0") and not ready:
-        raise LessonkitError(f"{req} weights need the C kernel ({kernel.WHY}); use LESSONKIT_WEIGHTS=f32")
-    if req == "q8_0":
-        return "q8_0", "asked for: float matrices quantised to Q8_0 blocks at load"
-    if ready:
-        return "native", "asked for" if req == "native" else f"default: the C kernel runs ({kernel.BACKEND})"
-    return "f32", f"default without the C kernel ({kernel.WHY})"
+# ---- the packed format (its one table with csrc/format.h, FORMAT, and the strip-blocks' fields, BLOCK_LAYOUT) lives in
+# packed_layout, with the torch-free pieces of this module: the torch-free generate reads them without torch
+from lessonkit.engine.packed_layout import (BLOCK_BYTES, BLOCK_LAYOUT, EXPERTS_FORMAT, FIELDS, FORMAT,  # noqa: F401
+                                            INT_KIND_CODE, KIND_CODE, LAYOUT_VERSION, QK, STRIP, STRIP_BLOCK_BYTES,
+                                            block_kind, choose_weights, float_expert_split, packed_bytes,
+                                            packed_expert_layout)
 
 
 def q8_0_rows(w: torch.Tensor) -> torch.Tensor:
@@ -103,16 +58,6 @@ def q8_0_rows(w: torch.Tensor) -> torch.Tensor:
 def q8_0_weight(w: torch.Tensor) -> "NativeWeight":
     """A float W [N, K] as a Q8_0 NativeWeight (the weight x @ W.T multiplies by)."""
     return NativeWeight(q8_0_rows(w), w.shape[1], "q8_0")
-
-
-def block_kind(shape: tuple, want: tuple, name: str = "tensor") -> str:
-    """Which block kind a uint8 tensor of `shape` holds for a matrix of shape `want` = (N, K); raises naming it."""
-    if len(want) == 2 and len(shape) == 2 and shape[0] == want[0] and want[1] % QK == 0:
-        for kind, nb in BLOCK_BYTES.items():
-            if shape[1] == want[1] // QK * nb:
-                return kind
-    raise LessonkitError(f"{name}: uint8 blocks of shape {tuple(shape)} are neither Q4_1 nor Q8_0 rows of a "
-                         f"{tuple(want)} matrix")
 
 
 def _parts(raw: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -136,21 +81,11 @@ def dequantise_rows(raw: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 def pack_blocks(raw: torch.Tensor, kind: str, chunk: int = 2048) -> torch.Tensor:
-    """Blocks raw [N, B * bytes] -> the kernel's strip-blocks (1-D uint8): per strip of 16 rows, per block,
-    d[16] (m[16]) as f16 bytes, then the codes input by input (Q4_1: two inputs to a byte, see rowkernel.c).
-    Packed `chunk` rows (whole strips) at a time into one buffer, so loading needs little more than the result."""
-    n = raw.shape[0]
-    per_row = raw.shape[1]                       # a strip-block holds exactly 16 rows' bytes of one block
-    out = torch.empty(-(-n // STRIP) * STRIP * per_row, dtype=torch.uint8)
-    for r0 in range(0, n, chunk):
-        part = _pack_strips(raw[r0:r0 + chunk], kind)
-        out[r0 * per_row:r0 * per_row + part.numel()] = part
+    """Blocks raw [N, B * bytes] -> the kernel's strip-blocks (1-D uint8): packed_layout.pack_blocks (the one
+    implementation, numpy) writing into a torch buffer."""
+    out = torch.empty(-(-raw.shape[0] // STRIP) * STRIP * raw.shape[1], dtype=torch.uint8)
+    packed_layout.pack_blocks(raw.numpy(), kind, out.numpy(), chunk)
     return out
-
-
-def packed_bytes(n: int, k: int, kind: str) -> int:
-    """Bytes of the strip-blocks of an [n, k] matrix (n padded to whole strips)."""
-    return -(-n // STRIP) * (k // QK) * STRIP_BLOCK_BYTES[kind]
 
 
 def _strip_parts(packed: torch.Tensor, k: int, kind: str):
@@ -206,25 +141,6 @@ def strip_row_weight(strips: torch.Tensor, k: int, n: int) -> RowWeight:
     return rw
 
 
-def _pack_strips(raw: torch.Tensor, kind: str) -> torch.Tensor:
-    d, m, q = _parts(raw, kind)
-    n, b = d.shape
-    n_pad = -(-n // STRIP) * STRIP
-    if n_pad != n:                                   # zero rows: d = m = q = 0, weights 0, never stored
-        d = torch.cat([d, d.new_zeros(n_pad - n, b)])
-        m = None if m is None else torch.cat([m, m.new_zeros(n_pad - n, b)])
-        q = torch.cat([q, q.new_zeros(n_pad - n, b, QK)])
-    s = n_pad // STRIP
-    scale = lambda t: t.view(s, STRIP, b).permute(0, 2, 1).contiguous().view(torch.uint8)    # [S, B, 32]
-    codes = q.view(torch.uint8).view(s, STRIP, b, QK).permute(0, 2, 3, 1)                    # [S, B, 32, 16]
-    if kind == "q4_1":
-        codes = codes[:, :, 0::2] | (codes[:, :, 1::2] << 4)                                 # [S, B, 16, 16]
-        parts = [scale(d), scale(m), codes.reshape(s, b, -1)]
-    else:
-        parts = [scale(d), codes.reshape(s, b, -1)]
-    return torch.cat(parts, dim=-1).reshape(-1).contiguous()
-
-
 class NativeWeight:
     """A Q4_1 / Q8_0 matrix W [N, K] prepared for row-invariant products x [M, K] @ W.T on the C kernel,
     with the interface of `row_weight.RowWeight` (k inputs, n outputs, rows(x), x @ w)."""
@@ -248,15 +164,13 @@ class NativeWeight:
         return w
 
     def _for_numerics(self, packed: torch.Tensor) -> torch.Tensor:
-        """The strip-blocks the kernel multiplies: as packed (exact numerics), or their bytes permuted into the
-        int8 numerics' layout (a new tensor of the same size: the packed one may be a read-only file map)."""
-        if kernel.numerics_of(self.avx2) != "int8":
-            self.code = KIND_CODE[self.kind]
-            return packed
-        self.code = INT_KIND_CODE[self.kind]
-        out = torch.empty_like(packed)
-        kernel._rowkernel.repack_int(packed.data_ptr(), KIND_CODE[self.kind], self.k, self.n, out.data_ptr())
-        return out
+        """The strip-blocks the kernel multiplies (packed_layout.for_numerics): as packed (exact numerics), or their
+        bytes permuted into the int8 numerics' layout (a new tensor of the same size: the packed one may be a
+        read-only file map)."""
+        out = torch.empty_like(packed) if kernel.numerics_of(self.avx2) == "int8" else None
+        self.code, _ = packed_layout.for_numerics(packed.numpy(), self.kind, self.k, self.n, self.avx2,
+                                                  None if out is None else out.numpy())
+        return packed if out is None else out
 
     def _prepare(self, k: int, n: int, kind: str, packed: torch.Tensor | None) -> None:
         if kernel._rowkernel is None or kernel.BACKEND == "mkl":
@@ -386,11 +300,6 @@ def pack_expert(record: torch.Tensor, inter: int, dim: int, name: str) -> torch.
     return torch.cat([row_weight.pack_strips(record[:2].reshape(2 * inter, dim).T), row_weight.pack_strips(record[2])])
 
 
-def float_expert_split(inter: int, dim: int) -> tuple[int, int]:
-    """Elements of a format-2 float record's two parts: gate|up strips, down strips."""
-    return -(-2 * inter // STRIP) * STRIP * dim, -(-dim // STRIP) * STRIP * inter
-
-
 def old_rows_error(path, name: str) -> str:
     """The refusal of a format-1 record of native blocks (GGUF rows): what it is, and the command that fixes it."""
     return (f"{path}: {name} holds native blocks as GGUF rows (expert layout 1, written by an older lessonkit and "
@@ -398,21 +307,6 @@ def old_rows_error(path, name: str) -> str:
             f"(metadata format {EXPERTS_FORMAT!r}). For smollm2-135m, `--model smollm2-135m` converts it again from "
             f"the GGUF into a new folder (this one may be deleted); for another folder, "
             f"`python -m lessonkit.models.convert repack FOLDER` rewrites it packed")
-
-
-def packed_expert_layout(numel: int, blocks: bool, inter: int, dim: int, name: str) -> tuple[str, int]:
-    """(kind, elements of the gate|up part) of a format-2 record of `numel` elements (uint8 when `blocks`):
-    kind "q4_1" / "q8_0" (strip-blocks) or "float" (strips). Any other size raises naming the record."""
-    if blocks and dim % QK == 0 and inter % QK == 0:
-        for kind in STRIP_BLOCK_BYTES:
-            a = packed_bytes(2 * inter, dim, kind)
-            if numel == a + packed_bytes(dim, inter, kind):
-                return kind, a
-    elif not blocks and numel == sum(float_expert_split(inter, dim)):
-        return "float", float_expert_split(inter, dim)[0]
-    raise LessonkitError(f"{name}: a record of {numel} {'bytes' if blocks else 'floats'} is not an expert "
-                         f"[3, {inter}, {dim}] in packed layout {LAYOUT_VERSION} ("
-                         f"{'Q4_1 or Q8_0 strip-blocks' if blocks else 'float strips'}): corrupt file?")
 
 
 def packed_expert_parts(record: torch.Tensor, inter: int, dim: int, name: str):

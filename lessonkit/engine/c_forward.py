@@ -19,45 +19,17 @@ attention) run in another fixed order and exp is the forward's own, so logits di
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import os
 import threading
 
 import torch
 
 from lessonkit.engine import blocks as qb
-from lessonkit.engine import kernel, kernel_library, row_weight
+from lessonkit.engine import c_plan, kernel, kernel_library, row_weight
+from lessonkit.engine.c_plan import requested_path, using  # noqa: F401 (the forward's setting, re-exported)
 from lessonkit.errors import LessonkitError
 
 KIND = {"f32": -1, "q4_1": 0, "q8_0": 1}
-
-
-_FORCED: str | None = None        # set by `using`: models built inside take that forward
-
-
-@contextlib.contextmanager
-def using(path: str):
-    """Models built inside the block take forward `path` ("c" or "torch"): lessons and benchmarks load a model
-    twice to show the two forwards side by side."""
-    global _FORCED
-    if path not in ("c", "torch"):
-        raise ValueError(f"unknown forward {path!r}: expected c or torch")
-    old, _FORCED = _FORCED, path
-    try:
-        yield
-    finally:
-        _FORCED = old
-
-
-def requested_path() -> str:
-    """LESSONKIT_FORWARD: "c" (the default where possible) or "torch" (the PyTorch reference forward)."""
-    if _FORCED is not None:
-        return _FORCED
-    req = os.environ.get("LESSONKIT_FORWARD", "").strip().lower() or "auto"
-    if req not in ("auto", "c", "torch"):
-        raise LessonkitError(f"LESSONKIT_FORWARD={req!r}: expected c, torch or auto")
-    return req
 
 
 def describe() -> str:
@@ -135,27 +107,10 @@ class CForward:
             if w[name].dtype != torch.float32 or not w[name].is_contiguous():
                 w[name] = w[name].float().contiguous()
         self.cos, self.sin = model.cos.contiguous(), model.sin.contiguous()
-        E = c.n_experts if c.is_moe else 1
-        self.tables = [torch.zeros(E, 4, dtype=torch.int64) for _ in range(c.n_layers)] if c.is_moe else []
-        plan = [w["norm"].data_ptr(), *self._packed("lm_head", wt["lm_head"]), self.cos.data_ptr(),
-                self.sin.data_ptr(), *self._embedding(w["embed"])]
-        for l in range(c.n_layers):
-            p = f"layers.{l}."
-            plan += [w[p + "attn_norm"].data_ptr(), *self._packed(p + "wqkv", wt[p + "wqkv"]),
-                     *self._packed(p + "wo", wt[p + "wo"]), w[p + "mlp_norm"].data_ptr()]
-            if c.is_moe:
-                plan += [0, -1, 0, -1]
-            else:
-                ex = model.store.get(l, 0)
-                self.keep.append(ex)
-                plan += [*self._packed(p + "gate_up", ex.gate_up_t), *self._packed(p + "down", ex.down_t)]
-            plan += [w[p + "q_norm"].data_ptr() if c.qk_norm else 0, w[p + "k_norm"].data_ptr() if c.qk_norm else 0]
-            plan += [*self._packed(p + "router", wt[p + "router"]), self.tables[l].data_ptr()] if c.is_moe else [0, -1, 0]
-        self.plan = torch.tensor(plan, dtype=torch.int64)
-        self.dims = torch.tensor([c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size,
-                                  wt["lm_head"].n, self.cos.shape[0], E, c.top_k if c.is_moe else 1,
-                                  int(bool(c.norm_topk_prob)), int(bool(c.qk_norm)),
-                                  int(model.store._pool is not None)], dtype=torch.int64)
+        self.tables = [torch.zeros(c.n_experts, 4, dtype=torch.int64) for _ in range(c.n_layers)] if c.is_moe else []
+        self.plan = torch.tensor(self._plan_words(model), dtype=torch.int64)
+        self.dims = torch.tensor(c_plan.dims_words(c, wt["lm_head"].n, self.cos.shape[0], model.store._pool is not None),
+                                 dtype=torch.int64)
         self.avx2 = int(wt["lm_head"].avx2)
         self.eps = float(c.norm_eps)
         self.clip = float(c.clip_qkv) if c.clip_qkv is not None else 0.0
@@ -163,6 +118,20 @@ class CForward:
         self._held: list = []            # experts fetched during the running forward (their tensors stay alive)
         self._error: BaseException | None = None
         self._fetch = kernel_library.FETCH(self._fetch_expert) if c.is_moe else None
+
+    def _plan_words(self, model) -> list[int]:
+        """The plan (c_plan.plan_words) of the model's weights; a dense model's MLP is expert 0 of each layer."""
+        c, w, wt = self.config, model.w, model.wt
+        vectors = {**w, "cos": self.cos, "sin": self.sin}
+        mlps = {} if c.is_moe else {l: model.store.get(l, 0) for l in range(c.n_layers)}
+        self.keep += list(mlps.values())
+
+        def weight(name: str) -> tuple[int, int]:
+            part = name.rsplit(".", 1)[-1]                    # layers.L.gate_up / .down: the MLP's weights
+            mlp = mlps[int(name.split(".")[1])] if part in ("gate_up", "down") else None
+            return self._packed(name, wt[name] if mlp is None else getattr(mlp, part + "_t"))
+        return c_plan.plan_words(c, lambda name: vectors[name].data_ptr(), weight, self._embedding(w["embed"]),
+                                 [t.data_ptr() for t in self.tables])
 
     def _embedding(self, table) -> tuple[int, int, int]:
         """(address, kind, rows) of the embedding the C forward looks tokens up in: float32 rows, or a tied
@@ -316,7 +285,7 @@ class CForward:
         key = (lo, hi)
         memo = self.__dict__.setdefault("_segments", {})
         if key not in memo:
-            G = 8                                          # PLAN_GLOBALS (csrc/rowkernel.h), then equal layers
+            G = c_plan.PLAN_GLOBALS                        # then equal layers
             P = (self.plan.numel() - G) // self.config.n_layers
             head = self.plan[:G].clone()
             sink = torch.empty(1, 16, dtype=torch.float32)

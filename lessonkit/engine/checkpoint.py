@@ -69,25 +69,6 @@ def parse_safetensors_header(f, size: int) -> tuple[dict, int, int]:
     return header, 8 + n, 8 + n + end
 
 
-def _dense_shapes(c: ModelConfig) -> dict[str, tuple]:
-    s = {"embed": (c.vocab_size, c.dim), "norm": (c.dim,)}
-    if not c.tie_embeddings:
-        s["lm_head"] = (c.output_rows, c.dim)
-    if c.head_rows is not None:
-        s["lm_head_ids"] = (c.head_rows,)
-    for l in range(c.n_layers):
-        p = f"layers.{l}."
-        s.update({p + "attn_norm": (c.dim,), p + "mlp_norm": (c.dim,),
-                  p + "wq": (c.n_heads * c.head_dim, c.dim), p + "wk": (c.n_kv_heads * c.head_dim, c.dim),
-                  p + "wv": (c.n_kv_heads * c.head_dim, c.dim), p + "wo": (c.dim, c.n_heads * c.head_dim)})
-        if c.qk_norm:
-            s[p + "q_norm"] = (c.n_heads * c.head_dim,)
-            s[p + "k_norm"] = (c.n_kv_heads * c.head_dim,)
-        if c.is_moe:
-            s[p + "router"] = (c.n_experts, c.dim)
-    return s
-
-
 # ---- Hugging Face -> streaming layout ---------------------------------------------------------
 class _Tensors:
     """A Hugging Face state dict taken apart tensor by tensor: a missing one is an error naming it."""
@@ -136,7 +117,7 @@ def _layer_tensors(c: ModelConfig, t: _Tensors, l: int, dense: dict, experts: di
 
 
 def _check_shapes(c: ModelConfig, dense: dict, experts: dict, source: str) -> None:
-    want = _dense_shapes(c)
+    want = c.dense_shapes()
     for k, v in dense.items():
         if v.dtype == torch.uint8:
             qb.block_kind(v.shape, want[k], f"{source}: {k}")
@@ -178,7 +159,7 @@ def load_dense(model_dir: Path, c: ModelConfig, *, blocks: bool = False) -> dict
         dense = load_file(path)
     except (SafetensorError, OSError, Exception) as e:  # safetensors raises several types for corrupt files
         raise LessonkitError(f"{path}: corrupt or truncated safetensors ({e})") from None
-    want = _dense_shapes(c)
+    want = c.dense_shapes()
     missing = sorted(set(want) - set(dense))
     if missing and not any(k.startswith("layers.") for k in missing):
         raise LessonkitError(f"{path}: missing tensors {missing[:5]}")

@@ -100,6 +100,26 @@ class ModelConfig:
         """Rows of the output layer: head_rows, or the whole vocabulary."""
         return self.head_rows or self.vocab_size
 
+    def dense_shapes(self) -> dict[str, tuple]:
+        """The shape of every tensor dense.safetensors holds (float; native blocks hold rows of the same matrices)."""
+        c = self
+        s = {"embed": (c.vocab_size, c.dim), "norm": (c.dim,)}
+        if not c.tie_embeddings:
+            s["lm_head"] = (c.output_rows, c.dim)
+        if c.head_rows is not None:
+            s["lm_head_ids"] = (c.head_rows,)
+        for l in range(c.n_layers):
+            p = f"layers.{l}."
+            s.update({p + "attn_norm": (c.dim,), p + "mlp_norm": (c.dim,),
+                      p + "wq": (c.n_heads * c.head_dim, c.dim), p + "wk": (c.n_kv_heads * c.head_dim, c.dim),
+                      p + "wv": (c.n_kv_heads * c.head_dim, c.dim), p + "wo": (c.dim, c.n_heads * c.head_dim)})
+            if c.qk_norm:
+                s[p + "q_norm"] = (c.n_heads * c.head_dim,)
+                s[p + "k_norm"] = (c.n_kv_heads * c.head_dim,)
+            if c.is_moe:
+                s[p + "router"] = (c.n_experts, c.dim)
+        return s
+
     def expert_numel(self) -> int:
         return 3 * self.intermediate_size * self.dim
 

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, pre_tokenizers
 
 from lessonkit.engine.blocks import choose_weights
 from lessonkit.engine.checkpoint import load_dense
@@ -17,29 +16,10 @@ from lessonkit.errors import LessonkitError
 from lessonkit.engine.expert_store import ExpertStore
 from lessonkit.engine.kv_cache import KVCache
 from lessonkit.engine.model import Transformer
+from lessonkit.engine.text import TextCodec, byte_decoder, load_tokenizer  # noqa: F401 (byte_decoder: re-exported)
 
 
-def byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet (bytes_to_unicode), inverted: printable stand-in character -> byte."""
-    global _BYTE_DECODER
-    if _BYTE_DECODER is None:
-        alphabet = pre_tokenizers.ByteLevel.alphabet()          # the 256 stand-in characters
-        bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-        cs, n = bs[:], 0
-        for b in range(256):
-            if b not in bs:
-                bs.append(b)
-                cs.append(256 + n)
-                n += 1
-        _BYTE_DECODER = {chr(c): b for b, c in zip(bs, cs)}
-        assert set(_BYTE_DECODER) == set(alphabet)
-    return _BYTE_DECODER
-
-
-_BYTE_DECODER: dict[str, int] | None = None
-
-
-class Engine:
+class Engine(TextCodec):
     def __init__(self, model_dir: str | Path, *, name: str | None = None, expert_budget_mb: float | None = None,
                  dtype=torch.float32, prefetch: bool = False, quantisation: str = "none", weights: str | None = None,
                  disk: Disk | str = WARM):
@@ -65,13 +45,7 @@ class Engine:
         has_blocks = self.model.native or self.store.blocks
         self.weights = "q8_0" if q8 else "native" if native and has_blocks else "f32"
         self.weights_why = why if has_blocks or q8 else "the model has no quantised blocks: float32 weights"
-        tok = self.model_dir / "tokenizer.json"
-        self.tokenizer = None
-        if tok.exists():
-            try:
-                self.tokenizer = Tokenizer.from_file(str(tok))
-            except Exception as e:
-                raise LessonkitError(f"{tok}: cannot load tokenizer ({e})") from None
+        self.tokenizer = load_tokenizer(self.model_dir)
         self._fingerprint: str | None = None
 
     # ---- the model -----------------------------------------------------------------------------
@@ -90,30 +64,6 @@ class Engine:
 
     def stats(self) -> dict:
         return {**self.store.counters(), "last_forward": dict(self.model.last_forward)}
-
-    # ---- text ----------------------------------------------------------------------------------
-    def _need_tokenizer(self):
-        if self.tokenizer is None:
-            raise LessonkitError(f"{self.model_dir}: no tokenizer.json, so text cannot be encoded")
-        return self.tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return self._need_tokenizer().encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids) -> str:
-        return self._need_tokenizer().decode(list(ids), skip_special_tokens=False)
-
-    def token_bytes(self, token_id: int) -> bytes:
-        """The exact bytes a token stands for (byte-level BPE: also for tokens holding part of a UTF-8
-        character, which decoding through text would turn into U+FFFD)."""
-        tok = self._need_tokenizer()
-        piece = tok.id_to_token(int(token_id))
-        if piece is None:
-            raise LessonkitError(f"token id {token_id} is not in the vocabulary")
-        table = byte_decoder()
-        if all(ch in table for ch in piece):
-            return bytes(table[ch] for ch in piece)
-        return piece.encode("utf-8")      # special tokens and non-byte-level vocabularies
 
     # ---- provenance ----------------------------------------------------------------------------
     def weight_files(self) -> list[Path]:

@@ -1,18 +1,21 @@
 """Plain decoding: prefill, decode_one_token, generate (greedy or seeded temperature / top-p sampling).
 
 This is the reference every lossless technique is compared against: same tokens (greedy) or the same
-distribution (sampling).
+distribution (sampling). Greedy decoding needs no torch (the torch-free generate, engine/lean.py, runs this loop
+on numpy logits); sampling draws with torch's generator, imported where it samples.
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable
-
-import torch
+from typing import TYPE_CHECKING, Callable
 
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -34,6 +37,7 @@ class SamplingParams:
 
 def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
     """The sampling distribution (float32) after temperature and nucleus (top-p) truncation."""
+    import torch
     p = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:
         sp, idx = torch.sort(p, descending=True, stable=True)
@@ -45,9 +49,11 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1
     return p
 
 
-def sample_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
+def sample_token(logits, params: SamplingParams, gen: torch.Generator | None) -> int:
+    """Greedy: the first of the largest logits (a torch tensor or a numpy array, the same index); else a draw."""
     if params.greedy:
-        return int(torch.argmax(logits))
+        return int(logits.argmax())
+    import torch
     return int(torch.multinomial(probs_from_logits(logits, params.temperature, params.top_p), 1, generator=gen))
 
 
@@ -89,6 +95,22 @@ class StopChecker:
                         new_ids = new_ids[:n]
                         break
         return new_ids, text
+
+
+class TextStreamer:
+    """A generate callback that prints the text as tokens arrive (decoding the whole tail keeps UTF-8 intact)."""
+
+    def __init__(self, eng):
+        self.eng, self.ids, self.printed = eng, [], 0
+
+    def __call__(self, token_id: int):
+        self.ids.append(token_id)
+        text = self.eng.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return
+        sys.stdout.write(text[self.printed:])
+        sys.stdout.flush()
+        self.printed = len(text)
 
 
 def engine_counters(engine) -> dict:
@@ -148,7 +170,7 @@ def generate(engine, prompt_ids: list[int], max_new_tokens: int, *, temperature:
     stops = list(stop_token_ids) + (engine.config.eos_ids if use_eos else [])
     checker = StopChecker(engine, stops, stop_strings)
     cache = request_cache(engine, len(prompt_ids), max_new_tokens) if cache is None else cache
-    gen = torch.Generator().manual_seed(seed)
+    gen = None if params.greedy else _generator(seed)
     before = engine_counters(engine)
     t0 = time.perf_counter()
     logits = prefill(engine, list(prompt_ids), cache) if cache.length == 0 else None
@@ -184,6 +206,11 @@ def generate(engine, prompt_ids: list[int], max_new_tokens: int, *, temperature:
                          extra={"prompt_tokens": len(prompt_ids), "tokens_per_forward": len(ids) / max(forwards, 1),
                                 "finish_reason": finish})
     return GenerationResult(ids, text, stats)
+
+
+def _generator(seed: int):
+    import torch
+    return torch.Generator().manual_seed(seed)
 
 
 def context_budget(engine, n_prompt: int, max_new_tokens: int) -> tuple[int, str | None]:

@@ -1,7 +1,11 @@
-"""A preallocated KV cache for batch-1 decoding: one buffer per K and V, a length, and rollback."""
+"""A preallocated KV cache for batch-1 decoding: one buffer per K and V, a length, and rollback.
+
+The buffers are torch tensors, or numpy arrays in the torch-free generate (`KVCache.on_numpy`, engine/lean.py):
+the C forward reads either through their addresses. Snapshots and restores are torch's.
+"""
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from lessonkit.errors import LessonkitError
 
@@ -9,11 +13,21 @@ from lessonkit.errors import LessonkitError
 class KVCache:
     """k, v: [n_layers, max_len, n_kv_heads, head_dim]. Positions >= length are garbage."""
 
-    def __init__(self, n_layers: int, max_len: int, n_kv_heads: int, head_dim: int, dtype=torch.float32):
-        self.k = torch.zeros(n_layers, max_len, n_kv_heads, head_dim, dtype=dtype)
+    def __init__(self, n_layers: int, max_len: int, n_kv_heads: int, head_dim: int, dtype=None):
+        import torch          # here, not at the top: the torch-free generate's cache is on_numpy's
+        self.k = torch.zeros(n_layers, max_len, n_kv_heads, head_dim, dtype=dtype or torch.float32)
         self.v = torch.zeros_like(self.k)
         self.length = 0
         self.max_len = max_len
+
+    @classmethod
+    def on_numpy(cls, n_layers: int, max_len: int, n_kv_heads: int, head_dim: int) -> "KVCache":
+        """A float32 cache in numpy arrays (the torch-free generate)."""
+        cache = cls.__new__(cls)
+        cache.k = np.zeros((n_layers, max_len, n_kv_heads, head_dim), dtype=np.float32)
+        cache.v = np.zeros_like(cache.k)
+        cache.length, cache.max_len = 0, max_len
+        return cache
 
     def check_room(self, n_new: int) -> None:
         if self.length + n_new > self.max_len:

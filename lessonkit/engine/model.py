@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from lessonkit.engine import blocks as qb
-from lessonkit.engine import c_forward
+from lessonkit.engine import c_forward, c_plan
 from lessonkit.engine.attention import attend
 from lessonkit.engine.config import ModelConfig
 from lessonkit.errors import LessonkitError
@@ -47,7 +47,7 @@ from lessonkit.engine.expert_store import ExpertStore
 from lessonkit.engine.kv_cache import KVCache
 from lessonkit.engine.row_weight import ROW_PAD, ROWWISE_MAX, RowWeight, ensure_row_group, pad_rows
 
-KEY_BUCKET = 64
+KEY_BUCKET = c_plan.KEY_BUCKET
 
 
 def _pad_rows(x: torch.Tensor) -> torch.Tensor:
@@ -70,11 +70,9 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope_tables(c: ModelConfig, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
-    t = torch.arange(n_pos, dtype=torch.float32)
-    freqs = torch.outer(t, inv_freq)
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos(), emb.sin()
+    """cos, sin [n_pos, head_dim] float32 (c_plan.rope_tables: the torch-free generate uses the same tables)."""
+    cos, sin = c_plan.rope_tables(c, n_pos)
+    return torch.from_numpy(cos), torch.from_numpy(sin)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -118,7 +116,7 @@ class Transformer:
         self._probe_row_group()
         # rows that take the exact short-forward path: all of them when the C kernel holds the weights
         self.exact_rows = 1 << 30 if self.wt["lm_head"].packed else ROWWISE_MAX
-        self.alloc_len = -(-config.max_seq_len // KEY_BUCKET) * KEY_BUCKET
+        self.alloc_len = c_plan.alloc_len(config)
         self.cos, self.sin = rope_tables(config, self.alloc_len)
         self.last_forward: dict = {}
         self.routing_log: list | None = None   # set to [] to record (layer, expert ids [T, A]) per forward
@@ -157,7 +155,7 @@ class Transformer:
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         c = self.config
-        n = self.alloc_len if max_len is None else -(-max_len // KEY_BUCKET) * KEY_BUCKET
+        n = self.alloc_len if max_len is None else c_plan.alloc_len(c, max_len)
         return KVCache(c.n_layers, n, c.n_kv_heads, c.head_dim, dtype=self.dtype)
 
     # ---- blocks --------------------------------------------------------------------------------

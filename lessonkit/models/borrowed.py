@@ -20,7 +20,7 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from lessonkit.files.atomic import publish_dir
-from lessonkit.engine.checkpoint import FORMAT_VERSION, _dense_shapes, load_dense
+from lessonkit.engine.checkpoint import FORMAT_VERSION, load_dense
 from lessonkit.files.safe_files import sha256_file
 from lessonkit.models.integrity import write_manifest
 from lessonkit.engine.config import ModelConfig
@@ -58,7 +58,7 @@ def assembled_dir(model_dir: Path, base_dir: Path, out_root: Path, name: str) ->
     c = ModelConfig.load(model_dir / "config.json")
     dense = load_file(model_dir / "dense.safetensors")
     base = load_dense(base_dir, ModelConfig.load(base_dir / "config.json"))   # float32 (native blocks dequantised)
-    want = _dense_shapes(c)
+    want = c.dense_shapes()
     for t in meta["tensors"]:
         if t in dense:
             raise LessonkitError(f"{model_dir}: {t} is both shipped and borrowed from {meta['base']}")

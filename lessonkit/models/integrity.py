@@ -22,7 +22,6 @@ from pathlib import Path
 
 from lessonkit.files.atomic import atomic_write
 from lessonkit.errors import LessonkitError
-from lessonkit.engine.checkpoint import FORMAT_VERSION, LAYOUT_FILES
 from lessonkit.files.resources import lessonkit_home
 from lessonkit.files.safe_files import load_json_file, require_regular, sha256_file  # noqa: F401 (re-exported)
 
@@ -163,6 +162,7 @@ def check_model_files(model_dir: str | Path, *, required: bool = True) -> bool:
 def write_manifest(model_dir: str | Path, files: list[str] | None = None) -> dict:
     """manifest.json with the SHA-256 of the layout's files (or of `files`, names inside model_dir),
     written atomically."""
+    from lessonkit.engine.checkpoint import FORMAT_VERSION, LAYOUT_FILES     # here: checking files needs no torch
     model_dir = Path(model_dir)
     files = {f: sha256_file(model_dir / f) for f in (files or LAYOUT_FILES) if (model_dir / f).exists()}
     m = {"format_version": FORMAT_VERSION, "sha256": files}

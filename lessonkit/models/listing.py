@@ -139,3 +139,10 @@ def model_info(name: str) -> dict:
             "experts": c.n_experts, "top_k": c.top_k, "vocab": c.vocab_size,
             "params": pc["total"], "active_params": pc["active"], "files": files, "built": how,
             "description": {**SHIPPED, **CONVERTED, **ADAPTED}.get(name, "checkpoint directory")}
+
+
+def load_bytes(d: Path, expert_budget_mb: float | None) -> int:
+    """Address space a load maps or allocates at least: the dense weights, and the experts up to the budget."""
+    size = lambda f: (d / f).stat().st_size if (d / f).is_file() else 0
+    experts = size("experts.safetensors")
+    return size("dense.safetensors") + int(min(experts, experts if expert_budget_mb is None else expert_budget_mb * 2**20))

@@ -22,7 +22,7 @@ from lessonkit.models.gguf_loader import load_gguf, smollm2_gguf_path
 
 # the names, their folders and the listing live in lessonkit.models.listing (no torch: `lessonkit models` stays cheap)
 from lessonkit.models.listing import (ADAPTED, CONVERTED, CONVERTER_REVISION, MODELS_DIR, SHIPPED,  # noqa: F401
-                                      list_models, model_info, smollm2_cache_dir)
+                                      list_models, load_bytes, model_info, smollm2_cache_dir)
 
 
 def _smollm2_dir() -> Path:
@@ -93,16 +93,9 @@ def load_model(name_or_path: str, *, expert_budget_mb: float | None = None, dtyp
     name, d = resolve_model_dir(name_or_path)
     # shipped and converted models must match their manifest; a user directory without one loads unverified
     eng_verified = check_model_files(d, required=not (Path(name_or_path).is_dir() and d == Path(name_or_path)))
-    check_memory_room(_load_bytes(d, expert_budget_mb), f"loading {name}")     # before any weight is read
+    check_memory_room(load_bytes(d, expert_budget_mb), f"loading {name}")     # before any weight is read
     eng = Engine(d, name=name, expert_budget_mb=expert_budget_mb, dtype=dtype, prefetch=prefetch, weights=weights)
     tpl = d / "chat_template.jinja"
     eng.chat_template = tpl.read_text(encoding="utf-8") if tpl.exists() else None
     eng.weights_verified = eng_verified
     return eng
-
-
-def _load_bytes(d: Path, expert_budget_mb: float | None) -> int:
-    """Address space a load maps or allocates at least: the dense weights, and the experts up to the budget."""
-    size = lambda f: (d / f).stat().st_size if (d / f).is_file() else 0
-    experts = size("experts.safetensors")
-    return size("dense.safetensors") + int(min(experts, experts if expert_budget_mb is None else expert_budget_mb * 2**20))
