@@ -214,17 +214,32 @@ class FeatureHeadDrafter:
 
     # ---- target states -------------------------------------------------------------------------------
     def record(self, start: int, states: torch.Tensor) -> None:
+        """Keep the target's states [T, S, D] of positions start .. start+T-1; their state half is computed when a
+        draft needs it (_settle), so a step that drafts nothing (the gate at k = 0) pays a copy, not two products."""
         T = states.shape[0]
         if start > self.n_states:                       # positions the target skipped (a restored prefix)
             self.missing = max(self.missing, start)
-        if start + T > self.g.shape[0]:
-            grow = torch.zeros(max(2 * self.g.shape[0], start + T), self.cfg.dim)
+        if start + T > self.raw.shape[0]:
+            grow = torch.zeros(max(2 * self.raw.shape[0], start + T), *self.raw.shape[1:])
+            grow[:self.raw.shape[0]] = self.raw
+            self.raw = grow
+        self.raw[start:start + T] = states
+        self.n_states = start + T
+        self.settled = min(self.settled, start)
+        self.changed_from = min(self.changed_from, start)
+
+    def _settle(self) -> None:
+        """The state half of every recorded position not yet computed, in one batch."""
+        a, b = self.settled, self.n_states
+        if a >= b:
+            return
+        if b > self.g.shape[0]:
+            grow = torch.zeros(max(2 * self.g.shape[0], b), self.cfg.dim)
             grow[:self.g.shape[0]] = self.g
             self.g = grow
         with torch.no_grad():
-            self.g[start:start + T] = self._state_half(states)
-        self.n_states = start + T
-        self.changed_from = min(self.changed_from, start)
+            self.g[a:b] = self._state_half(self.raw[a:b])
+        self.settled = b
 
     def _state_half(self, states: torch.Tensor) -> torch.Tensor:
         """w_g RMSNorm(g) of the target's states [T, S, D]: the state half of the head's input rows, computed once
@@ -240,7 +255,8 @@ class FeatureHeadDrafter:
 
     def reset(self, prompt_ids) -> None:
         self.g = torch.zeros(256, self.cfg.dim)
-        self.n_states, self.changed_from, self.missing = 0, 0, 0
+        self.raw = torch.zeros(256, self.cfg.n_states, self.cfg.dim)
+        self.n_states, self.changed_from, self.missing, self.settled = 0, 0, 0, 0
         self.cache.rollback(0)
         self.real, self.row_tokens = 0, []
         self.tap.active = self
@@ -255,8 +271,8 @@ class FeatureHeadDrafter:
         n, self.missing = self.missing, 0
         cache = self.target.new_cache(n + 1)
         _, top, tapped = self.tap.orig(context[:n], cache, last_only=True, taps=self.cfg.taps)
-        with torch.no_grad():
-            self.g[:n] = self._state_half(torch.stack([*tapped, top.float()], 1))
+        self.raw[:n] = torch.stack([*tapped, top.float()], 1)
+        self.settled = 0
         self.stats["recomputed_states"] += n
 
     # ---- drafting ---------------------------------------------------------------------------------------
@@ -275,6 +291,7 @@ class FeatureHeadDrafter:
             self._recover_missing(context)
         if self.n_states < n - 1:                       # the target has not run position n - 2 yet
             return Draft([])
+        self._settle()
         # head rows p = 1 .. n - 1 need states 0 .. n - 2 and tokens 1 .. n - 1; keep the rows still valid
         keep = min(self.real, self.changed_from, n - 2)
         if self.row_tokens[:keep] != context[1:keep + 1]:      # (one list comparison: the usual case is equal)

@@ -3,13 +3,22 @@
 Leviathan et al. (2023): with i.i.d. acceptance a and k drafts a verify step yields
 E(k) = (1 - a^(k+1)) / (1 - a) tokens; with per-position acceptance a_i (position i accepted given
 1..i-1 were), E(k) = 1 + a1 + a1*a2 + ... The price of a step is the verify forward of k+1 rows,
-T(k+1), plus k drafts. The depth gate (k="auto") picks k maximising E(k) / (T(k+1) + k t_draft)
+T(k+1), plus k drafts. The depth gate (DepthGate) picks k maximising E(k) / (T(k+1) + k t_draft)
 from running acceptance counts and the measured cost curve (refined online); k = 0 means "do not
 draft"; every `probe_every` steps it probes one deeper than its choice, so it can notice when
 drafting starts paying again.
+
+The model leaves out what a step costs beyond the verify and the drafts (a drafter's fixed part per
+turn, its bookkeeping, the loop itself), and its cost curve was measured before the run, on a machine
+other work shares. Cascade (Saxena et al. 2025, arXiv:2506.20675) therefore measures utility, the
+tokens a step gains over what the step costs, in short *test* phases and keeps the winner for a longer
+*set* phase, switching speculation off (k = 0) where the utility is below one. UtilityGate, what
+k="auto" runs, is that test-then-set on top of the depth gate: the depth gate names the depth worth
+testing, the measured wall time of whole steps decides.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -148,3 +157,105 @@ class DepthGate:
             self.cost[r] = (1 - self.ema) * self.cost[r] + self.ema * verify_s
         if n_drafted:
             self.t_draft = (1 - self.ema) * self.t_draft + self.ema * draft_s / n_drafted if self.t_draft else draft_s / n_drafted
+
+
+@dataclass
+class UtilityGate:
+    """Cascade's test-then-set over whole steps, per request.
+
+    test: k = 0 for `test_steps` steps, then the depth the cost model ranks first among k >= 1 for as many, and
+          while the deepest tested depth beats k = 0, twice that depth (at most three depths a phase);
+    set:  of the tested depths the one of highest utility u(k) = E(k) s(0) / s(k), where it is above `margin`, else
+          k = 0, with E(k) from this run's acceptance counts and s(k) the measured seconds of a whole step at depth
+          k (drafting, verify, bookkeeping), for `set_steps` steps, doubled while the choice repeats (Cascade's locality), at most
+          `max_set`; then test again.
+    With measure=False, s(k) is the cost model's T(k+1) + k t_draft (deterministic, for tests)."""
+    depth: DepthGate
+    test_steps: int = 3
+    set_steps: int = 16
+    max_set: int = 128
+    measure: bool = True
+    margin: float = 1.05                          # drafting must promise 5% over k = 0 (the tests are short)
+    window: int = 8
+    step_s: dict = field(default_factory=dict)    # depth -> seconds of its whole steps, latest last
+    plan: list = field(default_factory=list)      # depths still to run in this phase
+    stage: str = "set"
+    tested: list = field(default_factory=list)
+    last_set: int | None = None
+    span: int = 0
+    steps: int = 0
+
+    @property
+    def k_max(self) -> int:
+        return self.depth.k_max
+
+    def acceptance(self) -> list[float]:
+        return self.depth.acceptance()
+
+    def seconds(self, k: int) -> float:
+        """A whole step's seconds at depth k: the median of its last `window` steps (other work on a shared machine
+        lengthens some steps, not the median), or the cost model's where none ran."""
+        if self.measure and self.step_s.get(k):
+            return statistics.median(self.step_s[k][-self.window:])
+        return self.depth.cost[k] + k * self.depth.t_draft
+
+    def measured_acceptance(self) -> list[float]:
+        """a_i from the counts alone (no priors: a set decision rests on what this run drafted); a position never
+        reached takes the estimate of the one before."""
+        out = []
+        for acc, reached in zip(self.depth.accepted, self.depth.reached):
+            out.append(acc / reached if reached else (out[-1] if out else 0.0))
+        return out
+
+    def utility(self, k: int) -> float:
+        """Expected tokens per step at depth k over the step's cost in steps at k = 0: above 1, drafting pays."""
+        return expected_tokens_per_pos(self.measured_acceptance(), k) * self.seconds(0) / self.seconds(k)
+
+    def _next_plan(self) -> list[int]:
+        if not self.k_max:
+            return [0] * self.max_set
+        if self.stage == "set":
+            self.stage, self.tested = "test", []
+            return [0] * self.test_steps
+        if not self.tested:
+            self.tested = [max(range(1, self.k_max + 1), key=lambda k: (self.depth.value(k), -k))]
+            return [self.tested[0]] * self.test_steps
+        last = self.tested[-1]
+        if len(self.tested) < 3 and last < self.k_max and self.utility(last) > self.margin:
+            self.tested.append(min(2 * last, self.k_max))
+            return [self.tested[-1]] * self.test_steps
+        k = max(self.tested, key=lambda j: (self.utility(j), -j))
+        k = k if self.utility(k) > self.margin else 0
+        self.span = min(2 * self.span, self.max_set) if k == self.last_set else self.set_steps
+        self.stage, self.last_set = "set", k
+        return [k] * self.span
+
+    def choose(self) -> int:
+        self.steps += 1
+        if not self.plan:
+            self.plan = self._next_plan()
+        return self.plan.pop(0)
+
+    def memory(self) -> dict:
+        """What the next request of the same drafter starts from: the acceptance counts (halved, so a new kind of
+        request outweighs them soon), the step seconds, and the last set decision with its span."""
+        return {"accepted": [a / 2 for a in self.depth.accepted], "reached": [r / 2 for r in self.depth.reached],
+                "step_s": {k: v[-self.window:] for k, v in self.step_s.items()}, "last_set": self.last_set,
+                "span": self.span, "t_draft": self.depth.t_draft}
+
+    def resume(self, memory: dict | None) -> None:
+        """Start where the drafter's last request left off: in its set phase for `set_steps` steps, then test."""
+        if not memory or len(memory["accepted"]) != self.k_max or (memory["last_set"] or 0) > self.k_max:
+            return
+        self.depth.accepted, self.depth.reached = list(memory["accepted"]), list(memory["reached"])
+        self.depth.t_draft = memory["t_draft"]
+        self.step_s = {k: list(v) for k, v in memory["step_s"].items()}
+        self.last_set, self.span = memory["last_set"], memory["span"]
+        if self.last_set is not None:
+            self.plan = [self.last_set] * self.set_steps
+
+    def observe(self, n_drafted: int, n_accepted: int, verify_s: float, draft_s: float, *, asked: int | None = None,
+                step_s: float | None = None) -> None:
+        self.depth.observe(n_drafted, n_accepted, verify_s, draft_s)
+        if step_s is not None:
+            self.step_s.setdefault(n_drafted if asked is None else asked, []).append(step_s)

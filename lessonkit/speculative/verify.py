@@ -11,10 +11,11 @@ target in a single forward; row i holds the target's distribution for the positi
             norm(max(p - q, 0)) and stop. The emitted tokens are distributed exactly as the target's.
 Rejected positions are rolled back in the target's KV cache (and the drafter's).
 
-Depth gate (k="auto"): pick k maximising E(k) / cost(k), with E(k) = 1 + a1 + a1*a2 + ... from running
-per-position acceptance and cost(k) = T(k+1 rows) + k * t_draft from the measured cost curve of the
-verify forward (refined online); k = 0 means "do not draft"; every `probe_every` steps it probes one
-deeper than its choice, so it can notice when drafting starts paying again.
+Depth gate (k="auto"): Cascade's test-then-set (speculative.gate.UtilityGate). A short test phase runs
+k = 0 and the depth the cost model ranks first (E(k) / cost(k), E(k) = 1 + a1 + a1*a2 + ... from running
+per-position acceptance, cost(k) = T(k+1 rows) + k * t_draft from the measured verify cost curve); the
+longer set phase keeps the one whose measured whole steps gave more tokens per second; k = 0 means
+"do not draft", so speculation switches itself off where it does not pay.
 
 Statistics use vLLM's names: num_drafts, num_draft_tokens, num_accepted_tokens,
 num_accepted_tokens_per_pos, mean_acceptance_length (= 1 + accepted / drafts, counts the bonus token).
@@ -34,7 +35,7 @@ from lessonkit.engine.generate import (GenerationResult, SamplingParams, StopChe
 from lessonkit.engine.model import ROWWISE_MAX
 from lessonkit.speculative.depth import AUTO, K_MAX, parse_draft_depth
 from lessonkit.speculative.drafters import Draft, Drafter
-from lessonkit.speculative.gate import DepthGate, cost_curve
+from lessonkit.speculative.gate import DepthGate, UtilityGate, cost_curve
 
 
 def verify_greedy(target_logits: torch.Tensor, draft_tokens: list[int]) -> tuple[int, int]:
@@ -115,9 +116,11 @@ class _Tally:
         return extra
 
 
-def _draft_width(target, k, k_max: int, cost, probe_every: int, learn_cost: bool) -> tuple[DepthGate | None, int]:
-    """(depth gate or None, the most drafts per step). k is a draft depth (lessonkit.speculative.depth);
-    a library caller's bad one, or a gate deeper than K_MAX, is refused here naming the value and the limit."""
+def _draft_width(target, drafter, k, k_max: int, cost, probe_every: int,
+                 learn_cost: bool) -> tuple[UtilityGate | None, int]:
+    """(utility gate or None, the most drafts per step). k is a draft depth (lessonkit.speculative.depth);
+    a library caller's bad one, or a gate deeper than K_MAX, is refused here naming the value and the limit.
+    The gate picks up where this drafter's last request left off (drafter.gate_memory)."""
     k = parse_draft_depth(k)
     if k != AUTO:
         return None, k
@@ -126,9 +129,18 @@ def _draft_width(target, k, k_max: int, cost, probe_every: int, learn_cost: bool
                              f"(a verify forward of more than {ROWWISE_MAX} rows is not bit-identical to decoding)")
     if cost is not None:
         k_max = min(k_max, len(cost) - 1)          # a shorter measured curve bounds the depth
-    gate = DepthGate(cost if cost is not None else cost_curve(target, k_max), k_max=k_max,
-                     probe_every=probe_every, learn_cost=learn_cost)
+    depth = DepthGate(cost if cost is not None else cost_curve(target, k_max), k_max=k_max,
+                      probe_every=probe_every, learn_cost=learn_cost)
+    gate = UtilityGate(depth, measure=learn_cost)
+    gate.resume(getattr(drafter, "gate_memory", None))
     return gate, k_max
+
+
+def _finish(drafter, gate) -> None:
+    """A drafter that taps the target stops tapping it; the gate's memory stays with the drafter."""
+    getattr(drafter, "finish", lambda: None)()
+    if gate:
+        drafter.gate_memory = gate.memory()
 
 
 def _prepare_drafter(drafter, target, params: SamplingParams, prompt: list[int], reset: bool) -> float:
@@ -177,18 +189,16 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
                          cache=None, reset_drafter: bool = True) -> GenerationResult:
     """Generate with drafts verified by `target`. Greedy: token-identical to `generate`; sampling: same distribution.
 
-    cache: a KV cache that already holds a prefix of the prompt (e.g. restored from the prefix cache);
-    only the rest of the prompt is prefilled, exactly as `generate(..., cache=cache)` does.
-    reset_drafter=False: the caller already reset the drafter (e.g. before prefilling that prefix, so an
-    MTP head saw its hidden states).
-
-    k: a draft depth (speculative.depth): at most k drafts per step, or "auto": the depth gate, which uses `cost`
-    (seconds of a verify forward of 1 .. k_max+1 rows; measured when None), refined online unless learn_cost=False.
-    """
+    cache: a KV cache holding a prefix of the prompt (e.g. restored from the prefix cache): only the rest is
+    prefilled, as `generate(..., cache=cache)` does. reset_drafter=False: the caller already reset the drafter
+    (e.g. before prefilling that prefix, so an MTP head saw its hidden states).
+    k: a draft depth (speculative.depth): at most k drafts per step, or "auto": the utility gate, whose cost model
+    uses `cost` (seconds of a verify forward of 1 .. k_max+1 rows; measured when None); learn_cost=False: decide
+    from the cost model alone, never from measured seconds (deterministic)."""
     if max_new_tokens < 0:
         raise LessonkitError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     params = SamplingParams(temperature, top_p, seed)
-    gate, width = _draft_width(target, k, k_max, cost, probe_every, learn_cost)
+    gate, width = _draft_width(target, drafter, k, k_max, cost, probe_every, learn_cost)
     prompt = list(prompt_ids)
     checker = StopChecker(target, list(stop_token_ids) + (target.config.eos_ids if use_eos else []), stop_strings)
     cache = request_cache(target, len(prompt), max_new_tokens) if cache is None else cache
@@ -213,16 +223,18 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
     try:
         done = max_new_tokens == 0 or emit(sample_token(logits, params, gen))
         while not done:
+            ts = time.perf_counter()
             room = max_new_tokens - len(out) - 1          # the step emits up to k drafts + 1 own token
-            d, dq, td = _propose(drafter, context, min(gate.choose() if gate else width, room))
+            asked = min(gate.choose() if gate else width, room)
+            d, dq, td = _propose(drafter, context, asked)
             n, nxt, tv = _verify(target, cache, context, d, dq, params, gen)
             tally.step(len(d), n, td, tv, target.model.last_forward["unique_experts"])
-            if gate:
-                gate.observe(len(d), n, tv, td)
             done = any(emit(t) for t in d[:n] + [nxt])
             drafter.update(list(context), n)
-    finally:                                          # a drafter that taps the target stops tapping it
-        getattr(drafter, "finish", lambda: None)()
+            if gate:                                  # the whole step's seconds: what the test-then-set compares
+                gate.observe(len(d), n, tv, td, asked=asked, step_s=time.perf_counter() - ts)
+    finally:
+        _finish(drafter, gate)
     ids, text = checker.trim(out)
     extra = tally.stats(prompt_tokens=len(prompt), emitted=len(out), kept=len(ids), drafter=drafter, k=k,
                         reset_s=reset_s, gate=gate)

@@ -1,0 +1,74 @@
+"""The utility gate (k="auto"): Cascade's test-then-set decides from what whole steps measured, not from the cost
+model alone; it switches drafting off where steps cost more than they give, goes deep where drafts are right, and a
+drafter's next request starts from the last decision."""
+import pytest
+import torch
+
+from lessonkit.engine.engine import Engine
+from lessonkit.speculative.drafters import OracleDrafter
+from lessonkit.speculative.gate import DepthGate, UtilityGate
+from lessonkit.speculative.verify import speculative_generate
+from tests.hf_tiny import make_hf
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return Engine(make_hf("olmoe", tmp_path_factory.mktemp("gate"))[1])
+
+
+def _run(gate: UtilityGate, steps: int, accept, step_s) -> list[int]:
+    """Drive the gate as the loop does: accept(k) drafts accepted at depth k, step_s(k) the step's seconds."""
+    ks = []
+    for _ in range(steps):
+        k = gate.choose()
+        ks.append(k)
+        gate.observe(k, accept(k), verify_s=0.0, draft_s=0.0, asked=k, step_s=step_s(k))
+    return ks
+
+
+def test_measured_steps_overrule_the_cost_model():
+    """The cost model says verification is free and the priors say drafts are mostly right; the drafts are half
+    right, but each drafting step measures five times a plain one: the gate must settle on k = 0."""
+    gate = UtilityGate(DepthGate([1.0] * 7, k_max=6))
+    ks = _run(gate, 200, accept=lambda k: k // 2, step_s=lambda k: 5.0 if k else 1.0)
+    assert ks[-100:].count(0) >= 90, ks
+    assert any(ks[100:]), "it still tests now and then"
+    assert gate.utility(gate.tested[-1]) < 1.0
+
+
+def test_it_goes_deep_where_drafts_are_right():
+    gate = UtilityGate(DepthGate([1.0 + 0.1 * j for j in range(9)], k_max=8))
+    ks = _run(gate, 120, accept=lambda k: k, step_s=lambda k: 1.0 + 0.1 * k)
+    assert max(ks[-50:]) >= 4 and ks[-50:].count(0) <= 6, ks
+
+
+@pytest.mark.parametrize("k_max", [0])
+def test_k_max_zero_never_drafts(k_max):
+    gate = UtilityGate(DepthGate([1.0], k_max=k_max))
+    assert set(_run(gate, 50, accept=lambda k: k, step_s=lambda k: 1.0)) == {0}
+
+
+def test_a_request_starts_from_the_last_decision():
+    first = UtilityGate(DepthGate([1.0] * 5, k_max=4))
+    _run(first, 60, accept=lambda k: 0, step_s=lambda k: 2.0 if k else 1.0)
+    assert first.last_set == 0
+    second = UtilityGate(DepthGate([1.0] * 5, k_max=4))
+    second.resume(first.memory())
+    assert _run(second, second.set_steps, accept=lambda k: 0, step_s=lambda k: 1.0) == [0] * second.set_steps
+    other = UtilityGate(DepthGate([1.0] * 9, k_max=8))
+    other.resume(first.memory())                    # another depth range: the memory does not fit, a fresh start
+    assert other.last_set is None and other.plan == []
+
+
+def test_the_loop_carries_the_gate_across_requests(target):
+    """speculative_generate leaves the gate's memory on the drafter; the next request starts in its set phase; the
+    output stays plain greedy's either way (the exactness tests hold it)."""
+    eng = target
+    d = OracleDrafter(eng, 1.0, horizon=80)
+    cost = [1.0 + 0.2 * j for j in range(9)]
+    speculative_generate(eng, d, list(range(10, 30)), 40, k="auto", cost=cost, learn_cost=False)
+    assert d.gate_memory["last_set"] == 0
+    again = speculative_generate(eng, d, list(range(12, 32)), 12, k="auto", cost=cost, learn_cost=False)
+    assert again.stats["k_hist"] == {0: again.stats["forwards"] - 1}
