@@ -236,6 +236,12 @@ class UtilityGate:
             self.plan = self._next_plan()
         return self.plan.pop(0)
 
+    def summary(self) -> dict:
+        """Why the run drafted as it did: the last set decision, the utility of each measured depth, the steps."""
+        return {"set_k": self.last_set, "tested": list(self.tested), "steps": self.steps,
+                "utility": {k: round(self.utility(k), 3) for k in sorted(self.step_s)},
+                "rule": f"test-then-set: draft at the depth of highest measured utility where it is above {self.margin}"}
+
     def memory(self) -> dict:
         """What the next request of the same drafter starts from: the acceptance counts (halved, so a new kind of
         request outweighs them soon), the step seconds, and the last set decision with its span."""

@@ -113,6 +113,9 @@ class _Tally:
         }
         if gate:
             extra["gate_acceptance"] = [round(a, 4) for a in gate.acceptance()]
+            extra["gate"] = gate.summary()
+        if getattr(drafter, "used", None) is not None:     # speculative.first_of: which drafter drafted how often
+            extra["drafts_by"] = dict(drafter.used)
         return extra
 
 
