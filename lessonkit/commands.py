@@ -87,7 +87,7 @@ def cmd_generate(args) -> int:
                                     mode=args.mode, draft=args.draft, draft_k=args.draft_k, **kw)
     elif args.draft:
         from lessonkit.speculative.verify import speculative_generate
-        from lessonkit.stack import make_drafter
+        from lessonkit.drafter_registry import make_drafter
         from lessonkit.speculative.depth import AUTO
         k = AUTO if args.draft_k is None else args.draft_k     # parsed by argparse (speculative.depth)
         drafter = make_drafter(args.draft, eng, seed=args.seed)

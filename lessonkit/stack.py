@@ -34,19 +34,14 @@ from tqdm.auto import tqdm
 
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import generate
-from lessonkit.models.registry import load_model
-from lessonkit.feature_head.drafter import FeatureHeadDrafter
-from lessonkit.grammar.drafter import GrammarDrafter, resolve_grammar
+from lessonkit.drafter_registry import make_drafter
+from lessonkit.grammar.drafter import GrammarDrafter
 from lessonkit.grammar.json_schema import schema_grammar
 from lessonkit.grammar.tokens import TokenGrammar
-from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.prefix_cache.cache import PrefixCache
 from lessonkit.semcache.front import SemanticFront, front_safe_margin, front_scorer
 from lessonkit.semcache.policies import load_embedder
-from lessonkit.speculative.drafters import Draft, Drafter, ModelDrafter, NGramDrafter, OracleDrafter
-from lessonkit.speculative.suffix import SuffixDrafter
-from lessonkit.speculative.suffix_store import SuffixStore
-from lessonkit.speculative.first_of import FirstOf
+from lessonkit.speculative.drafters import Draft
 from lessonkit.speculative.verify import speculative_generate
 from lessonkit.workloads.triage import ITEM_TEMPLATE, JUDGE_SCHEMA, STOP_STRINGS, Workload, needs_action
 
@@ -77,96 +72,6 @@ PRESETS = {
 
 TECHNIQUES = ("semcache", "prefix", "grammar", "drafter")
 GATE_K_MAX = 8                      # the depth gate's deepest draft in the stack (k + 1 <= 16: the row-wise path)
-
-
-
-# ---- drafters by name (`--draft NAME[:ARG]`, the stack's model drafter) -------------------------------
-def _model_drafter(target, arg, **kw):
-    eng = load_model(arg or "tiny-draft")
-    d = ModelDrafter(eng, name=arg or "tiny-draft", **{k: v for k, v in kw.items() if k in ("temperature", "top_p", "seed")})
-    d.check_vocab(target)
-    return d
-
-
-def _ngram_drafter(target, arg, **kw):
-    if arg is None:
-        return NGramDrafter()
-    try:
-        n = int(arg)
-    except ValueError:
-        raise LessonkitError(f"ngram:N needs an integer n-gram size, got {arg!r}") from None
-    return NGramDrafter(max_ngram=n)
-
-
-def _oracle_drafter(target, arg, **kw):
-    if arg is None:
-        raise LessonkitError("the oracle drafter needs an error rate: oracle:P with P in [0, 1], e.g. oracle:0.3")
-    try:
-        p = float(arg)
-    except ValueError:
-        raise LessonkitError(f"oracle:P needs a number P in [0, 1], got {arg!r}") from None
-    return OracleDrafter(target, p, seed=kw.get("seed", 0), horizon=kw.get("horizon", 128))
-
-
-def _mtp_drafter(target, arg, **kw):
-    """'mtp' (float head) or 'mtp:SCHEME' (quantised head, e.g. mtp:int8)."""
-    return MtpDrafter(target, quant=arg or "none")
-
-
-def _grammar_drafter(target, arg, **kw):
-    """'grammar:NAME_OR_PATH' (a .json path is read as a JSON Schema)."""
-    spec = arg or "json"
-    g = resolve_grammar(schema=spec) if spec.endswith(".json") else resolve_grammar(grammar=spec)
-    return GrammarDrafter(TokenGrammar(g, target.tokenizer, eos_ids=target.config.eos_ids))
-
-
-def _head_drafter(target, arg, **kw):
-    """'head' (the shipped feature head of the target) or 'head:PATH' (a head.safetensors)."""
-    return FeatureHeadDrafter(target, arg)
-
-
-def _suffix_drafter(target, arg, **kw):
-    """'suffix' (store in lessonkit_home()/suffix) or 'suffix:DIR' (the store's folder); saved after every run."""
-    return SuffixDrafter(SuffixStore.for_target(target, arg), autosave=True)
-
-
-def _auto_drafter(target, arg, **kw):
-    """'auto': the target's shipped drafters, cheapest first (speculative.first_of): the suffix drafter's match of
-    >= 2 tokens (the request and the store of earlier outputs), else the feature head where one ships for the
-    target, else its draft model; the depth gate (k=auto) switches drafting off where it does not pay."""
-    free = _suffix_drafter(target, arg)
-    try:
-        learned, why = FeatureHeadDrafter(target), "head"
-    except LessonkitError:
-        learned, why = (_model_drafter(target, "tiny-draft"), "tiny-draft") if target.name == "tiny-moe" else (None, "")
-    parts = [(free, 2)] + ([(learned, 1)] if learned is not None else [])
-    return FirstOf(parts, name=f"auto (suffix match >= 2 tokens{', else ' + why if why else ''})")
-
-
-# name -> factory(target, arg: str | None, **kw) -> Drafter
-DRAFTERS = {
-    "tiny-draft": lambda target, arg, **kw: _model_drafter(target, "tiny-draft", **kw),
-    "smollm2-draft": lambda target, arg, **kw: _model_drafter(target, "smollm2-draft", **kw),
-    "model": _model_drafter,          # model:NAME_OR_DIR
-    "ngram": _ngram_drafter,          # ngram or ngram:N
-    "oracle": _oracle_drafter,        # oracle:P
-    "mtp": _mtp_drafter,              # mtp or mtp:SCHEME
-    "grammar": _grammar_drafter,      # grammar or grammar:NAME_OR_PATH
-    "suffix": _suffix_drafter,        # suffix or suffix:DIR (lessonkit.speculative.suffix)
-    "head": _head_drafter,            # head or head:PATH (lessonkit.feature_head)
-    "auto": _auto_drafter,            # auto or auto:DIR (the suffix store's folder)
-}
-
-
-def make_drafter(spec: str, target, **kw) -> Drafter:
-    """A drafter from 'NAME[:ARG]': tiny-draft, model:DIR, ngram[:N], oracle:P, mtp[:SCHEME], grammar[:G]."""
-    if not isinstance(spec, str) or not spec:
-        raise LessonkitError(f"--draft needs a drafter name, got {spec!r}")
-    name, _, arg = spec.partition(":")
-    factory = DRAFTERS.get(name)
-    if factory is None:
-        raise LessonkitError(f"unknown drafter {spec!r}: known drafters are {', '.join(sorted(DRAFTERS))}")
-    return factory(target, arg or None, **kw)
 
 
 

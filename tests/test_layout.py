@@ -1,5 +1,5 @@
 """The shape of the house: rooms that say what they hold, dependencies pointing one way,
-errors, files <- engine <- models <- workloads <- techniques <- training, stack <- measure <- lessons <-
+errors, files <- engine <- models <- workloads <- techniques <- training, drafter_registry, stack <- measure <- lessons <-
 report, bench <- commands (doctor, sweep) <- cli, with no import cycles, short modules and short functions. Imports are
 read with `ast` (every import counts, also one inside a function), so nothing here imports the package."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "lessonkit"
 TECHNIQUES = ("speculative", "mtp", "feature_head", "grammar", "prefix_cache", "semcache", "gap")
 LAYER = {"__init__": 0, "errors": 0, "files": 0, "engine": 1, "models": 2, "workloads": 3,
-         **{t: 4 for t in TECHNIQUES}, "training": 5, "stack": 5, "measure": 6, "lessons": 7, "exercises": 7,
+         **{t: 4 for t in TECHNIQUES}, "training": 5, "drafter_registry": 5, "stack": 5, "measure": 6, "lessons": 7, "exercises": 7,
          "report": 8, "bench": 8, "commands": 9, "doctor": 9, "sweep": 9, "cli": 10, "__main__": 11}
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60

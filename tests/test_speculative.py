@@ -12,7 +12,7 @@ from lessonkit.speculative.drafters import (Draft, Drafter, ModelDrafter, NGramD
                                             lean_decode_step)
 from lessonkit.speculative.gate import DepthGate, expected_tokens, leviathan_speedup
 from lessonkit.speculative.verify import speculative_generate, verify_greedy, verify_sampling
-from lessonkit.stack import DRAFTERS, make_drafter
+from lessonkit.drafter_registry import DRAFTERS, make_drafter
 from lessonkit.workloads.corpus import prompts_by_kind
 from tests.hf_tiny import make_hf
 

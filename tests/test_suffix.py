@@ -24,7 +24,7 @@ from lessonkit.models.registry import load_model
 from lessonkit.speculative.suffix import SuffixDrafter, SuffixTrie, best_depth, greedy_path, spec_depth
 from lessonkit.speculative.suffix_store import SuffixStore, store_key
 from lessonkit.speculative.verify import speculative_generate
-from lessonkit.stack import make_drafter
+from lessonkit.drafter_registry import make_drafter
 from lessonkit.workloads.structured import FAMILIES, HELDOUT_EVERY, structured_prompts, structured_requests
 
 ROOT = Path(__file__).resolve().parents[1]

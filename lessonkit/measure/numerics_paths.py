@@ -18,7 +18,7 @@ from lessonkit.measure.apart import predict_speedup
 from lessonkit.measure.speculative import measure_apart
 from lessonkit.speculative.gate import measure_cost_curve
 from lessonkit.speculative.verify import speculative_generate, total_stats
-from lessonkit.stack import make_drafter
+from lessonkit.drafter_registry import make_drafter
 
 NUMERICS = ("exact", "int8")
 # docs/kernel.md: on the exact path a weight costs about 3 operations to build (widen, convert, the dequantising

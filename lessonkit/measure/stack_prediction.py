@@ -23,7 +23,8 @@ import pandas as pd
 
 from lessonkit.speculative.gate import measure_cost_curve
 from lessonkit.speculative.verify import speculative_generate
-from lessonkit.stack import GATE_K_MAX, StackRun, make_drafter
+from lessonkit.drafter_registry import make_drafter
+from lessonkit.stack import GATE_K_MAX, StackRun
 from lessonkit.workloads.triage import ITEM_TEMPLATE, STOP_STRINGS, Workload
 
 

@@ -16,7 +16,7 @@ verification ignores it.
 Implementations here: ModelDrafter (a small model, e.g. tiny-draft, with its own KV cache rolled back
 on rejection), NGramDrafter (prompt lookup), OracleDrafter (the target's own greedy tokens, each
 corrupted with probability P, so acceptance can be dialled in). The MTP head (lessonkit.mtp.drafter)
-and the grammar (lessonkit.grammar.drafter) implement the same protocol; `lessonkit.stack.DRAFTERS`
+and the grammar (lessonkit.grammar.drafter) implement the same protocol; `lessonkit.drafter_registry.DRAFTERS`
 names them all for `--draft`.
 """
 from __future__ import annotations
