@@ -179,7 +179,8 @@ def _table(notes: list, sm, smoke: bool, repeats: int) -> dict:
     drafter with a store warmed on that workload's training split (measured with learning off)."""
     max_new = 12 if smoke else 48
     drafters = {"ngram k=4": (NGramDrafter(), 4)}
-    store, warm_s = warm_suffix_store(sm, structured_prompts(sm, "train", 1 if smoke else None), max_new)
+    train = structured_prompts(sm, "train", 1, families=("records",)) if smoke else structured_prompts(sm, "train")
+    store, warm_s = warm_suffix_store(sm, train, max_new)
     notes.append(f"table, structured category: suffix store warmed on the training split ({len(store)} outputs, "
                  f"{store.n_tokens} tokens) in {warm_s:.1f} s, in a fresh temporary folder; measured with learning off")
     warm = SuffixDrafter(store, learn=False)
