@@ -39,8 +39,9 @@ verify-second, (1 + q_1 + q_1 q_2 + ... + q_1..q_d) / T(d+1). Each q is an accep
 online per kind of continuation: its source (request or store) and whether every earlier occurrence went on the
 same way (unanimous) or not. Counts alone overstate it: on the held-out structured requests a unanimous store
 continuation was accepted ~90% of the time, a unanimous request one ~75%, any continuation that had gone two
-ways ~20-40% (the field values, which come from each request's own input). The rates start from a prior and are
-updated from what the target emitted after every proposal, whichever drafter proposed it.
+ways ~20-40% (the field values, which come from each request's own input; docs/speculative.md, 2026-12-05).
+The rates start from a prior and are updated from what the target emitted after every proposal, whichever
+drafter proposed it.
 
 What is simplified against the paper: one path, not a speculation tree (greedy verification here checks one
 draft); a trie bounded in depth instead of a compressed suffix tree (short code, O(n * depth) nodes, which
