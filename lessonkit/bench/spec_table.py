@@ -109,7 +109,8 @@ def category_table(target, drafters: dict, *, per_category: int = 3, max_new: in
     rows = []
     for cat, cat_prompts, cat_drafters in todo:
         fns = {"plain": plain_runner(target, max_new)}           # the depth gates' curve stops at k_max
-        fns |= {name: spec_runner(target, d, k, max_new, cost=cost[:k_max + 1]) for name, (d, k) in cat_drafters.items()}
+        fns |= {name: spec_runner(target, d, k, max_new, cost=cost[:k_max + 1])
+                for name, (d, k) in cat_drafters.items()}
         rows += _category_rows(cat, rounds(fns, cat_prompts, n_rounds), cat_drafters, cost)
     return rows
 

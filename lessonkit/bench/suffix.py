@@ -89,7 +89,8 @@ def _contenders(target, store, max_new: int, cost, shares=STORE_SHARES) -> tuple
     fns = {"plain greedy": plain, "prompt lookup (ngram, k=4)": spec(NGramDrafter(), 4)}
     stores = {}
     if len(shares) > 1:
-        fns["suffix, empty store"], stores["suffix, empty store"] = spec(SuffixDrafter(None, learn=False), SUFFIX_K), empty
+        fns["suffix, empty store"] = spec(SuffixDrafter(None, learn=False), SUFFIX_K)
+        stores["suffix, empty store"] = empty
     for share in shares:
         s = _sized(store, share)
         name = f"suffix, store {s.n_tokens} tokens ({share:.0%} of the training split)"
