@@ -72,3 +72,22 @@ def test_every_lesson_draws_its_mechanism_on_the_main_path(lesson):
 def test_lesson_0_draws_batch_union():
     cells = main_path(ROOT / "notebooks" / "00_engine.ipynb")
     assert any("lesson.batch_union(" in "".join(c["source"]) for c in cells)
+
+
+def test_lesson_1_draws_speedup_against_acceptance():
+    """Each regime a curve, each real drafter a predicted and a measured point (issue 59 item 1)."""
+    from lessonkit.lessons.speculative import speedup_against_acceptance
+    cost = pd.DataFrame([{"numerics": nm, "k": 3, "measured": m} for nm, m in (("exact", 2.0), ("int8", 1.3))])
+    spd = pd.DataFrame([{"numerics": "int8", "drafter": "feature head", "k": 3, "E_predicted": 1.8,
+                         "predicted_speedup": 1.1, "tokens_per_verify": 1.7, "measured_speedup": 1.0}])
+    surf = pd.DataFrame([{"budget_experts": 2, "k": 2, "acceptance": a, "speedup": 0.5 + a} for a in (0.0, 0.5, 1.0)])
+    fig = speedup_against_acceptance(cost, spd, surf)
+    lines = fig.axes[0].get_lines()
+    curves = [ln for ln in lines if len(ln.get_xdata()) > 1 and ln.get_linestyle() in ("-", "--")]
+    assert len(curves) >= 3                                              # exact, int8, disk (and the 1.0 line)
+    points = [ln for ln in lines if len(ln.get_xdata()) == 1]
+    assert len(points) == 2 and {p.get_markerfacecolor() for p in points} != {"none"}   # hollow and filled
+    fig.canvas.draw()
+    matplotlib.pyplot.close(fig)
+    cells = main_path(ROOT / "notebooks" / "01_speculative.ipynb")
+    assert any("lesson.speedup_against_acceptance(" in "".join(c["source"]) for c in cells)

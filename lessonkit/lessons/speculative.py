@@ -119,6 +119,48 @@ def plot_two_numerics(cost_df: pd.DataFrame, spd: pd.DataFrame, model: str):
     return fig
 
 
+def _iid_acceptance(e: float, k: int) -> float:
+    """The a at which E(a, k) = 1 + a + ... + a^k equals e (an i.i.d. drafter emitting the same tokens a verify)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(mid ** i for i in range(k + 1)) < e else (lo, mid)
+    return (lo + hi) / 2
+
+
+def speedup_against_acceptance(cost_df: pd.DataFrame, spd: pd.DataFrame, surf_df: pd.DataFrame | None = None):
+    """Lesson 1's one picture of when speculation pays: speed-up against acceptance a for a free drafter in each
+    regime (the resident model on each numerics, at section 2's k and measured verify cost; the disk-bound model of
+    section 5 at its smallest budget), and each real drafter as a pair of points at the i.i.d. acceptance that
+    gives its tokens per verify: predicted (hollow, from parts measured apart) and measured (filled)."""
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    a = np.linspace(0.0, 0.99, 100)
+    k = int(spd.k.iloc[0])
+    for i, (nm, d) in enumerate(cost_df[cost_df.k == k].groupby("numerics", sort=False)):
+        ratio = float(d.measured.iloc[0])
+        ax.plot(a, [sum(x ** j for j in range(k + 1)) / ratio for x in a], "-", color=f"C{i}",
+                label=f"resident, {nm} numerics (verify {ratio:.2f} steps, k = {k})")
+    if surf_df is not None and len(surf_df):
+        b, kd = surf_df.budget_experts.min(), surf_df.k.max()
+        g = surf_df[(surf_df.budget_experts == b) & (surf_df.k == kd)].sort_values("acceptance")
+        ax.plot(g.acceptance, g.speedup, "--", color="C3", label=f"disk-bound tiny-moe ({b} experts resident, k = {kd})")
+    colours = {nm: f"C{i}" for i, nm in enumerate(cost_df.numerics.unique())}
+    markers = dict(zip(spd.drafter.unique(), "osD^v"))
+    for r in spd.itertuples():
+        c, m = colours.get(r.numerics, "k"), markers.get(r.drafter, "o")
+        ax.plot(_iid_acceptance(r.E_predicted, k), r.predicted_speedup, m, mfc="none", color=c)
+        ax.plot(_iid_acceptance(r.tokens_per_verify, k), r.measured_speedup, m, color=c,
+                label=f"{r.drafter} ({r.numerics}): hollow predicted, filled measured")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xlabel("acceptance a (a real drafter at the i.i.d. a that gives its tokens per verify)")
+    ax.set_ylabel("speed-up over plain decoding (x)")
+    ax.set_title("Where speculation pays: each regime's curve for a free drafter; real drafters pay their draft cost "
+                 "below it", fontsize=9)
+    legend_beside(ax, fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def two_numerics_sentences(cost_df: pd.DataFrame, spd: pd.DataFrame) -> list[str]:
     """Section 2's sentences, from the run's numbers: the verify cost measured and predicted per numerics, and
     for each drafter where it paid and where it lost."""

@@ -81,3 +81,14 @@ def predict_speedup(apart: Apart, k: int, timed_prompts, *, iid: bool = False, f
     ratio = 1.0 if free_verify or not apart.cost else verify_cost(apart.cost, rows)
     return {"E_predicted": e, "verify_cost": ratio, "c": float(apart.c), "rows": rows,
             "predicted_speedup": e / (ratio + k * float(apart.c)), "apart": apart.source}
+
+
+def predict_ratio(slow_s: float, fast_s: float, *, inputs: dict, timed) -> dict:
+    """A speed-up predicted as a ratio of two predicted times, slow_s / fast_s, for predictions that are not
+    lesson 1's formula (lesson 4's batch: n (prefill + item) against restore + n item). inputs: {quantity: the run
+    it was measured in}; timed: the runs the prediction is compared with. Raises InSample when a quantity comes
+    from a timed run."""
+    shared = {q: run for q, run in inputs.items() if run in set(timed)}
+    if shared:
+        raise InSample(f"predicted from the timed runs themselves: {shared}; that is a breakdown, not a prediction")
+    return {"predicted_speedup": slow_s / fast_s if fast_s > 0 else float("nan"), "inputs": dict(inputs)}

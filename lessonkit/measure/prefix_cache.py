@@ -244,13 +244,16 @@ def predicted_batch_speedup(df_batch: pd.DataFrame, df_rvp: pd.DataFrame) -> dic
     """Lesson 4's batch speed-up, predicted before it is read off: the uncached run pays the prefix's prefill for
     every item, T_off = n (t_prefill + t_item); the warm run restores it once, T_warm = t_restore + n t_item. The
     prefill and restore times come from the restore-vs-prefill measurement (the prefix length closest to the
-    batch's), t_item from the uncached run with the prefill taken out; the warm run is only compared with."""
-    off, warm = df_batch.iloc[0], df_batch.iloc[-1]
+    batch's), t_item from the cold run (one prefill and save, then the items) with the prefill taken out; the
+    uncached and warm runs, whose ratio is the measured speed-up, feed nothing (`measure.apart.predict_ratio`)."""
+    from lessonkit.measure.apart import predict_ratio
+    off, cold, warm = df_batch.iloc[0], df_batch.iloc[1], df_batch.iloc[-1]
     n, p = int(off["items"]), int(off["prefix tokens"])
     r = df_rvp.iloc[int((df_rvp["prefix tokens"] - p).abs().argmin())]
     t_prefill, t_restore = float(r["prefill s"]), float(r["restore s"])
-    t_item = max(float(off["total s"]) / n - t_prefill, 0.0)
+    t_item = max((float(cold["total s"]) - t_prefill) / n, 0.0)
+    pred = predict_ratio(n * (t_prefill + t_item), t_restore + n * t_item, timed={"off", "warm"},
+                         inputs={"prefill_s": "restore vs prefill", "restore_s": "restore vs prefill", "item_s": "cold"})
     return {"items": n, "prefix_tokens": p, "rvp_prefix_tokens": int(r["prefix tokens"]), "prefill_s": t_prefill,
-            "restore_s": t_restore, "item_s": t_item,
-            "predicted": float(off["total s"]) / (t_restore + n * t_item) if t_restore + n * t_item > 0 else float("nan"),
+            "restore_s": t_restore, "item_s": t_item, "predicted": pred["predicted_speedup"],
             "measured": float(warm["speed-up vs off"])}
