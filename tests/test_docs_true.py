@@ -64,13 +64,17 @@ def test_the_render_sees_a_changed_size():
 
 
 def _banners(text: str) -> list[str]:
-    """Paragraph openings that date a record of runs: a bold or italic line carrying a date."""
+    """Paragraph openings that date a record of runs: a bold or italic line carrying a date, or a dated heading
+    (with the paragraph under it, where a record's conditions are usually written)."""
     date = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b\d{1,2} Dec 20\d\d\b")
     out = []
-    for para in re.split(r"\n\s*\n", text):
+    paras = re.split(r"\n\s*\n", text)
+    for i, para in enumerate(paras):
         first = para.strip().split("\n")[0]
-        if first.startswith("#") and date.search(first) or first.startswith("*") and date.search(first) \
-                and re.search(r"[Mm]easured|recorded|[Bb]ench|run", first):
+        if first.startswith("#") and date.search(first):
+            under = paras[i + 1].strip().split("\n")[:3] if i + 1 < len(paras) else []
+            out.append(" ".join([first, *under]))
+        elif first.startswith("*") and date.search(first) and re.search(r"[Mm]easured|recorded|[Bb]ench|run", first):
             out.append(" ".join(para.strip().split("\n")[:3]))
     return out
 
