@@ -20,7 +20,8 @@ BACKLOG = {
     "lessonkit/measure/break_even.py": "lesson 1 measures the disk model's validation cells on other prompts than its "
                                        "inputs, but validate_cost_model does not check it (bench streaming passes one "
                                        "set of prompts to both); drafter_on_disk takes a and c apart, its reads not",
-    "lessonkit/measure/stack_prediction.py": "measured apart on calibration items, but not through predict_speedup",
+    "lessonkit/measure/stack_prediction.py": "E, c and the depths come from calibration items apart, but the decode "
+                                             "share is the plain row's own (the ratio's baseline), not through the helper",
 }
 
 
