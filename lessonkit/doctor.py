@@ -90,6 +90,10 @@ def paths_ok() -> bool:
         print("  INFO draft turn of dense drafters (tiny-draft, smollm2-draft): " +
               (f"PyTorch lean step, about 30 operations per layer ({why})" if why else
                "their own C forward, k greedy drafts in one C call"))
+        from lessonkit.models.lean_load import torch_free_dir
+        where, why = torch_free_dir("smollm2-135m")
+        print("  INFO generate without torch (smollm2-135m, greedy): " +
+              ("yes, numpy buffers and the C forward" if where else f"no, the torch engine runs ({why})"))
     except LessonkitError as e:
         ok = False
         print(f"  FAIL forward: {e}")

@@ -79,6 +79,7 @@ def test_doctor_passes_on_the_shipped_files(capsys):
     out = capsys.readouterr().out
     assert "tiny-moe/experts.safetensors: ok" in out and "sha256 matches" in out
     assert "draft turn of dense drafters" in out
+    assert "generate without torch (smollm2-135m, greedy): yes" in out
     assert "feature-head/smollm2-135m/head.safetensors: ok" in out
 
 
