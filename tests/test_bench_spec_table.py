@@ -21,23 +21,28 @@ def target():
     return load_model("smollm2-135m")
 
 
-def test_the_warm_store_holds_the_training_outputs_only(target):
+@pytest.fixture(scope="module")
+def warm(target):
     train = structured_prompts(target, "train", 1)
+    return train, warm_suffix_store(target, train, MAX_NEW)[0]
+
+
+def test_the_warm_store_holds_the_training_outputs_only(target, warm):
+    train, store = warm
     held = structured_prompts(target, "heldout", 1)
     assert not {tuple(p) for p in train} & {tuple(p) for p in held}
-    store, _ = warm_suffix_store(target, train, MAX_NEW)
     assert list(store.outputs) == [generate(target, p, MAX_NEW).token_ids for p in train]
     assert store.path is not None and not store.path.exists()          # its folder was a fresh temporary one
 
 
-def test_the_structured_category_leaves_the_store_as_it_was_and_equals_plain(target):
-    store, _ = warm_suffix_store(target, structured_prompts(target, "train", 1), MAX_NEW)
+def test_the_structured_category_leaves_the_store_as_it_was_and_equals_plain(target, warm):
+    store = warm[1]
     before = [list(o) for o in store.outputs]
-    warm = SuffixDrafter(store, learn=False)
-    rows = category_table(target, {"ngram k=4": (NGramDrafter(), 4)}, per_category=3, max_new=MAX_NEW, n_rounds=1,
-                          k_max=2, categories=("records",), structured={"suffix (warm store)": (warm, SUFFIX_K)})
-    assert [(r["category"], r["drafter"]) for r in rows] == [
-        ("records", "ngram k=4"), ("structured", "ngram k=4"), ("structured", "suffix (warm store)")]
+    rows = category_table(target, {"ngram k=4": (NGramDrafter(), 4)}, per_category=1, max_new=MAX_NEW, n_rounds=1,
+                          k_max=2, categories=(), structured={"suffix (warm store)": (SuffixDrafter(store, learn=False),
+                                                                                       SUFFIX_K)})
+    assert [(r["category"], r["drafter"]) for r in rows] == [("structured", "ngram k=4"),
+                                                             ("structured", "suffix (warm store)")]
     assert all(r["identical_to_plain"] for r in rows)
     assert [list(o) for o in store.outputs] == before                   # measured with learning off
     assert rows[-1]["tokens_per_verify"] > 1                            # the warm store drafted, and was right
