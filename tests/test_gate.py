@@ -52,14 +52,15 @@ def test_k_max_zero_never_drafts(k_max):
 
 def test_a_request_starts_from_the_last_decision():
     first = UtilityGate(DepthGate([1.0] * 5, k_max=4))
-    _run(first, 60, accept=lambda k: 0, step_s=lambda k: 2.0 if k else 1.0)
+    _run(first, 50, accept=lambda k: 0, step_s=lambda k: 2.0 if k else 1.0)      # ends inside a set phase
     assert first.last_set == 0
     second = UtilityGate(DepthGate([1.0] * 5, k_max=4))
     second.resume(first.memory())
-    assert _run(second, second.set_steps, accept=lambda k: 0, step_s=lambda k: 1.0) == [0] * second.set_steps
+    left = len(first.plan)
+    assert left and _run(second, left, accept=lambda k: 0, step_s=lambda k: 1.0) == [0] * left
     other = UtilityGate(DepthGate([1.0] * 9, k_max=8))
     other.resume(first.memory())                    # another depth range: the memory does not fit, a fresh start
-    assert other.last_set is None and other.plan == []
+    assert other.last_set is None and other.plan == [] and other.step_s == {}
 
 
 def test_the_loop_carries_the_gate_across_requests(target):

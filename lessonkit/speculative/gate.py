@@ -244,21 +244,22 @@ class UtilityGate:
 
     def memory(self) -> dict:
         """What the next request of the same drafter starts from: the acceptance counts (halved, so a new kind of
-        request outweighs them soon), the step seconds, and the last set decision with its span."""
+        request outweighs them soon), the step seconds, and the phase with the steps it has left."""
         return {"accepted": [a / 2 for a in self.depth.accepted], "reached": [r / 2 for r in self.depth.reached],
                 "step_s": {k: v[-self.window:] for k, v in self.step_s.items()}, "last_set": self.last_set,
-                "span": self.span, "t_draft": self.depth.t_draft}
+                "span": self.span, "t_draft": self.depth.t_draft, "plan": list(self.plan), "stage": self.stage,
+                "tested": list(self.tested)}
 
     def resume(self, memory: dict | None) -> None:
-        """Start where the drafter's last request left off: in its set phase for `set_steps` steps, then test."""
-        if not memory or len(memory["accepted"]) != self.k_max or (memory["last_set"] or 0) > self.k_max:
+        """Go on where the drafter's last request left off (Cascade's phases outlive a short request): the same
+        phase, with the steps it had left."""
+        if not memory or len(memory["accepted"]) != self.k_max or max(memory["plan"] + [0]) > self.k_max:
             return
         self.depth.accepted, self.depth.reached = list(memory["accepted"]), list(memory["reached"])
         self.depth.t_draft = memory["t_draft"]
         self.step_s = {k: list(v) for k, v in memory["step_s"].items()}
-        self.last_set, self.span = memory["last_set"], memory["span"]
-        if self.last_set is not None:
-            self.plan = [self.last_set] * self.set_steps
+        self.last_set, self.span, self.stage = memory["last_set"], memory["span"], memory["stage"]
+        self.plan, self.tested = list(memory["plan"]), list(memory["tested"])
 
     def observe(self, n_drafted: int, n_accepted: int, verify_s: float, draft_s: float, *, asked: int | None = None,
                 step_s: float | None = None) -> None:
