@@ -1,4 +1,4 @@
-"""Build the row kernel (csrc/rowkernel.c + csrc/portable.h) as plain C shared libraries, no Python ABI.
+"""Build the row kernel (csrc/: the units in UNITS, their headers) as plain C shared libraries, no Python ABI.
 
     python csrc/build_kernels.py            the six shipped binaries, cross-built with `zig cc` (PyPI ziglang)
                                             into lessonkit/engine/kernels/, plus manifest.json
@@ -8,7 +8,9 @@
                                             engine loads when no shipped binary matches (git ignores it)
     python csrc/build_kernels.py --check    exit 1 unless manifest.json matches the sources and the binaries
 
-One set of flags for every target, nothing taken from the environment but the compiler: -O3, C11,
+The library is five compilation units compiled separately and linked into one file (UNITS; csrc/kernel_impl.h
+says what each holds and which calls which). One set of flags for every target, nothing taken from the
+environment but the compiler: -O3, C11,
 -ffp-contract=off (a * b + c is never fused behind the code's back: the bits must not depend on the
 compiler), hidden symbols but the rk_* entry points, stripped. Linux targets glibc 2.17 (manylinux2014).
 manifest.json records the SHA-256 of the sources, of each binary, and the zig version; a test
@@ -29,7 +31,8 @@ from pathlib import Path
 CSRC = Path(__file__).resolve().parent
 ROOT = CSRC.parent
 KERNELS = ROOT / "lessonkit" / "engine" / "kernels"
-SOURCES = ["rowkernel.c", "rowkernel.h", "forward.c", "intdot.c", "portable.h", "format.h"]
+UNITS = ["rowkernel.c", "forward.c", "products.c", "intdot.c", "pool.c"]   # compiled separately, linked in this order
+SOURCES = UNITS + ["rowkernel.h", "kernel_impl.h", "portable.h", "format.h"]   # what the binaries are built from
 MANIFEST = "manifest.json"
 
 TARGETS = {                                   # shipped file name: zig target
@@ -71,7 +74,7 @@ def build_target(z: list[str], name: str, out_dir: Path) -> Path:
     # macOS: strip local symbols and the debug map (-S: its stabs name the build machine's source folder and
     # object cache); the install name would otherwise be the (temporary) output path
     strip = ["-Wl,-x", "-Wl,-S", f"-Wl,-install_name,@rpath/{name}"] if "macos" in target else ["-s"]
-    cmd = z + ["cc", "-target", target, *FLAGS, *pic, *strip, "-o", str(out), "rowkernel.c"]
+    cmd = z + ["cc", "-target", target, *FLAGS, *pic, *strip, "-o", str(out), *UNITS]
     subprocess.run(cmd, cwd=CSRC, check=True)
     for junk in out_dir.glob(Path(name).stem + ".*"):      # zig leaves import libraries (.lib, .pdb) beside a DLL
         if junk.name != name:
@@ -117,12 +120,12 @@ def build_host() -> Path:
     KERNELS.mkdir(parents=True, exist_ok=True)
     cc = host_compiler()
     if cc is None and sys.platform == "win32" and shutil.which("cl"):
-        # MSVC: /fp:precise is its default and rowkernel.c's portable.h adds #pragma fp_contract(off)
-        cmd = ["cl", "/nologo", "/O2", "/std:c11", "/fp:precise", "/LD", "rowkernel.c", f"/Fe:{out}"]
+        # MSVC: /fp:precise is its default and portable.h (every unit includes it) adds #pragma fp_contract(off)
+        cmd = ["cl", "/nologo", "/O2", "/std:c11", "/fp:precise", "/LD", *UNITS, f"/Fe:{out}"]
     elif cc is not None:
-        cmd = cc + HOST_FLAGS + ["-o", str(out), "rowkernel.c", "-lm"]
+        cmd = cc + HOST_FLAGS + ["-o", str(out), *UNITS, "-lm"]
     else:
-        cmd = zig() + ["cc", *HOST_FLAGS, "-o", str(out), "rowkernel.c"]
+        cmd = zig() + ["cc", *HOST_FLAGS, "-o", str(out), *UNITS]
     print(" ".join(cmd))
     subprocess.run(cmd, cwd=CSRC, check=True)
     return out

@@ -1,4 +1,4 @@
-/* forward.c: a whole Llama forward over M rows in one C call (included at the end of rowkernel.c).
+/* forward.c: a whole Llama forward over M rows in one C call (a unit of its own: kernel_impl.h).
 
 Why. A decode step on the PyTorch forward crosses from Python into C about 121 times and runs about 2,400
 PyTorch ops (norms, RoPE, attention, SwiGLU, residuals); on SmolLM2's native blocks that glue took about 40%
@@ -11,7 +11,7 @@ Numerics (docs/numerics.md is the specification; this file follows it). Every va
 on that row's inputs and position only, never on M, on where the row sits, on the thread count or on the
 instruction set, so decode, verify, any prefill chunking, 1 or 8 threads and the AVX2 or portable paths give
 the same bits:
-  - products: the row kernel above (one fixed-order FMA chain per output);
+  - products: the row kernel (products.c: one fixed-order FMA chain per output);
   - sums over a vector (RMSNorm's squares, attention's q.k, softmax's denominator): EIGHT SUM_LANES, lane l
     takes the terms l, l + 8, l + 16, ... in order (a multiply, then an add: two roundings), then the fixed
     tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), which is how an 8-wide vector register reduces;
@@ -51,8 +51,9 @@ x [M, D]: the embeddings in (or looked up here from tokens [M] when tokens is no
   (what the PyTorch forward returns as its hidden state).
 logits [M - first, V]: the output layer for rows first .. M - 1 (first = M - 1: the last row only).
 
-Threads. Products split their strips over the pool (above); attention splits its (row, head) pairs; each
+Threads. Products split their strips over the pool (pool.c); attention splits its (row, head) pairs; each
 value is still computed by one thread in one order. The elementwise stages run on the calling thread. */
+#include "kernel_impl.h"
 
 #define SUM_LANES 8
 
@@ -202,27 +203,20 @@ RK_TARGET("avx2") static void attention_avx2(void *ctx, int part, int parts, int
 }
 #endif
 
-/* the attention pairs on the pool when it is free, else alone (as run_product) */
+/* the attention pairs on the pool when it is free, else alone (as a product) */
 static void run_attention(attention_t *a)
 {
     void (*part)(void *, int, int, int) = attention_portable;
 #if HAVE_X86
     if (a->isa != PATH_PORTABLE) part = attention_avx2;
 #endif
-    if (rk_mutex_trylock(&pool_lock) == 0) {
-        const int threads = (int)(a->pairs < pool_size ? a->pairs : pool_size);
-        run_parts(part, a, threads, a->pairs);
-        rk_mutex_unlock(&pool_lock);
-        return;
-    }
-    part(a, 0, 1, 0);
+    pool_run(part, a, a->pairs, 0, NULL);
 }
 
 typedef struct {
     int64_t L, D, H, G, hd, I, V, R, E, A, norm_topk, qk_norm, prefetch;
     float eps, clip;
-    enum rk_isa isa;        /* the path word, decoded once per call (rowkernel.c decode_path) */
-    int vnni;
+    path_t path;            /* the path word, decoded once per call (rowkernel.c decode_path) */
 } shape_t;
 
 static int fwd_product(const float *x, int64_t ldx, int64_t m, int64_t k, uint64_t w, int64_t kind, float *y,
@@ -230,7 +224,7 @@ static int fwd_product(const float *x, int64_t ldx, int64_t m, int64_t k, uint64
 {
     product_t p = {0};
     p.x = x, p.ldx = ldx, p.m = m, p.k = k, p.w = (const void *)(uintptr_t)w, p.kind = (int)kind;
-    p.y = y, p.ldy = ldy, p.n = n, p.isa = c->isa, p.vnni = c->vnni;
+    p.y = y, p.ldy = ldy, p.n = n, p.path = c->path;
     return run_product(&p) ? RK_NO_MEMORY : RK_OK;
 }
 
@@ -353,7 +347,7 @@ static int moe_layer(const shape_t *c, int64_t l, const int64_t *p, const float 
         if (!entry[EXPERT_GATE_UP] || !entry[EXPERT_DOWN]) { rc = RK_BAD_SIZES; break; }
         for (int64_t j = 0; j < n; j++) memcpy(xe + j * D, xn + (rows[j] / A) * D, (size_t)D * sizeof(float));
         STEP(fwd_product(xe, D, n, D, (uint64_t)entry[EXPERT_GATE_UP], entry[EXPERT_GATE_UP_KIND], ge, 2 * I, 2 * I, c));
-        swiglu_rows(ge, n, I, c->isa);
+        swiglu_rows(ge, n, I, c->path.isa);
         float *de = xe;                                      /* the gathered rows are no longer needed */
         STEP(fwd_product(ge, 2 * I, n, I, (uint64_t)entry[EXPERT_DOWN], entry[EXPERT_DOWN_KIND], de, D, D, c));
         for (int64_t j = 0; j < n; j++) memcpy(slots + rows[j] * D, de + j * D, (size_t)D * sizeof(float));
@@ -380,7 +374,7 @@ static int embed_row(const int64_t *plan, int64_t t, int64_t D, float *out)
         memcpy(out, (const float *)(uintptr_t)plan[PLAN_EMBED] + t * D, (size_t)D * sizeof(float));
         return RK_OK;
     }
-    const uint8_t *w = (const uint8_t *)(uintptr_t)plan[PLAN_EMBED] + (t / STRIP) * strip_bytes((int)kind, D);
+    const uint8_t *w = (const uint8_t *)(uintptr_t)plan[PLAN_EMBED] + (t / STRIP) * strip_bytes(&KINDS[kind], D);
     const int c = (int)(t % STRIP);
     const kind_t *kt = &KINDS[kind];
     for (int64_t b = 0; b < D / QK; b++) kt->column(w + b * kt->bytes, c, out + b * QK);
@@ -403,7 +397,7 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
     const int64_t *plan = (const int64_t *)plan_a, *dims = (const int64_t *)dims_a;
     shape_t c = {dims[DIM_LAYERS], dims[DIM_D], dims[DIM_HEADS], dims[DIM_KV_HEADS], dims[DIM_HEAD_DIM], dims[DIM_INTER],
                  dims[DIM_VOCAB], dims[DIM_ROPE_ROWS], dims[DIM_EXPERTS], dims[DIM_TOP_K], dims[DIM_NORM_TOPK],
-                 dims[DIM_QK_NORM], dims[DIM_PREFETCH], eps, clip, PATH_PORTABLE, 0};
+                 dims[DIM_QK_NORM], dims[DIM_PREFETCH], eps, clip, {PATH_PORTABLE, 0, 0}};
     const int64_t L = c.L, D = c.D, H = c.H, G = c.G, hd = c.hd, I = c.I, V = c.V, E = c.E, A = c.A;
     if (L < 1 || D < 1 || H < 1 || G < 1 || H % G || hd < 2 || hd % 2 || I < 1 || V < 1 || M < 1 || start < 0 ||
         start + M > alloc || start + M > c.R || first < 0 || first >= M || E < 1 || A < 1 || A > E)
@@ -419,7 +413,7 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
         for (int i = 0; i < 5; i++)
             if (kinds[i] != KIND_F32 && (!block_kind(kinds[i]) || ks[i] % QK)) return RK_BAD_KIND;
     }
-    const int32_t decoded = decode_path(path, &c.isa, &c.vnni);
+    const int32_t decoded = decode_path(path, &c.path);
     if (decoded != RK_OK)
         return decoded;
     const int64_t nq = H * hd, nkv = G * hd, nqkv = nq + 2 * nkv, S = start + M;
@@ -442,7 +436,7 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
         for (int64_t r = 0; r < M && rc == RK_OK; r++) rc = embed_row(plan, ((const int64_t *)tokens_a)[r], D, x + r * D);
     attention_t a = {0};
     a.qkv = qkv, a.ldqkv = nqkv, a.start = start, a.H = H, a.G = G, a.hd = hd, a.nkv = nkv, a.out = att;
-    a.scores = scores, a.slen = S, a.scale = 1.0f / sqrtf((float)hd), a.pairs = M * H, a.isa = c.isa;
+    a.scores = scores, a.slen = S, a.scale = 1.0f / sqrtf((float)hd), a.pairs = M * H, a.isa = c.path.isa;
     double t = prof_on ? rk_now_s() : 0.0;
     for (int64_t l = 0; l < L && rc == 0; l++) {
         const int64_t *p = plan + PLAN_GLOBALS + PLAN_LAYER * l;
@@ -475,7 +469,7 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
         const double fetched = prof_fetch_s;
         if (E == 1) {
             STEP(fwd_product(xn, D, M, D, (uint64_t)p[LAYER_GATE_UP], p[LAYER_GATE_UP_KIND], gu, 2 * I, 2 * I, &c));
-            swiglu_rows(gu, M, I, c.isa);
+            swiglu_rows(gu, M, I, c.path.isa);
             STEP(fwd_product(gu, 2 * I, M, I, (uint64_t)p[LAYER_DOWN], p[LAYER_DOWN_KIND], mix, D, D, &c));
             if (unique) unique[l] = 1;
         } else {

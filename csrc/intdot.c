@@ -1,4 +1,4 @@
-/* intdot.c: the int8 numerics, integer block dots on native weights (included by rowkernel.c).
+/* intdot.c: the int8 numerics, integer block dots on native weights (a unit of its own: kernel_impl.h).
 
 Why. The exact path builds every weight in float (widen, convert, dequantising FMA: about 3 operations a
 weight) and then spends one FMA per weight per row, so a step of M rows costs about (3 + M) operations a
@@ -39,11 +39,11 @@ Paths:
   portable:    plain C, the reference the others are tested against bit for bit.
 PATH_NO_VNNI makes an AVX-512 product take the BW instructions (tests compare the two on VNNI CPUs). */
 
-/* PATH_ISA, PATH_INT8, PATH_NO_VNNI: rowkernel.h; the layouts' structs block_q41i, block_q80i: format.h */
+#include "kernel_impl.h"   /* qx_t, kind_t, path_t, half_to_float, fma_portable; block_q41i, block_q80i: format.h */
 
 /* rows x [m, k] -> q [m, k] int8, d, s and the code sums [m, k / 32]: the rounding above */
-static void quantise_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int8_t *q, float *d, float *s,
-                          int32_t *sums)
+void quantise_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int8_t *q, float *d, float *s,
+                   int32_t *sums)
 {
     const int64_t nb = k / QK;
     for (int64_t r = 0; r < m; r++)
@@ -76,12 +76,6 @@ static void quantise_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int
         }
 }
 
-typedef struct {
-    const int8_t *q;         /* [m, k] quantised activations */
-    const float *d, *s;      /* [m, k / 32] scales and scaled code sums */
-    const int32_t *sums;     /* [m, k / 32] code sums (the VNNI Q8_0 dot's correction) */
-} qx_t;
-
 /* column c's code for input i of an int-layout strip-block (Q4_1: 0..15; Q8_0: -128..127) */
 static inline int code_q41i(const block_q41i *blk, int c, int i)
 {
@@ -91,7 +85,7 @@ static inline int code_q41i(const block_q41i *blk, int c, int i)
 static inline int code_q80i(const block_q80i *blk, int c, int i) { return (int)blk->qs[i / 4][c][i % 4] - 128; }
 
 /* strip-blocks of format.h (kind 0 / 1) -> the int layout (kind 2 / 3), ns strips of k inputs */
-static void repack_int(const uint8_t *src, int kind, int64_t k, int64_t ns, uint8_t *dst)
+void repack_int(const uint8_t *src, int kind, int64_t k, int64_t ns, uint8_t *dst)
 {
     for (int64_t blkno = 0; blkno < ns * (k / QK); blkno++) {
         if (kind == KIND_Q41) {
@@ -117,13 +111,13 @@ static void repack_int(const uint8_t *src, int kind, int64_t k, int64_t ns, uint
 
 /* column c of one int-layout strip-block -> its QK weights: d * q (+ m), two roundings, as the loader computes
    the float32 weights */
-static void column_q41i(const uint8_t *b, int c, float *out)
+void column_q41i(const uint8_t *b, int c, float *out)
 {
     const block_q41i *blk = (const block_q41i *)b;
     const float d = half_to_float(blk->d[c]), mn = half_to_float(blk->m[c]);
     for (int i = 0; i < QK; i++) out[i] = (float)code_q41i(blk, c, i) * d + mn;
 }
-static void column_q80i(const uint8_t *b, int c, float *out)
+void column_q80i(const uint8_t *b, int c, float *out)
 {
     const block_q80i *blk = (const block_q80i *)b;
     const float d = half_to_float(blk->d[c]);
@@ -139,25 +133,16 @@ static void dequant_by_columns(void (*column)(const uint8_t *, int, float *), co
         for (int i = 0; i < QK; i++) o[STRIP * i + c] = col[i];
     }
 }
-static void dequant_q41i(const uint8_t *blk, float *o) { dequant_by_columns(column_q41i, blk, o); }
-static void dequant_q80i(const uint8_t *blk, float *o) { dequant_by_columns(column_q80i, blk, o); }
-
-/* the portable fma: the instruction where the CPU has one, else the proven software fma (rowkernel.c) */
-static inline float fma_portable(float a, float b, float c)
-{
-#if RK_X86 || RK_ARM64
-    if (hw_fma()) return hw_fmaf(a, b, c);
-#endif
-    return soft_fmaf(a, b, c);
-}
+void dequant_q41i(const uint8_t *blk, float *o) { dequant_by_columns(column_q41i, blk, o); }
+void dequant_q80i(const uint8_t *blk, float *o) { dequant_by_columns(column_q80i, blk, o); }
 
 /* ---- portable: the reference --------------------------------------------------------------------- */
-static void int_portable(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int kind, float *y, int64_t ldy,
-                         int64_t n)
+static void int_portable(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, const kind_t *kt, float *y,
+                         int64_t ldy, int64_t n, int fma)
 {
     const int64_t nb = k / QK;
-    const size_t sb = strip_bytes(kind, k);
-    const int has_min = KINDS[kind].has_min;
+    const size_t sb = strip_bytes(kt, k);
+    const int has_min = kt->has_min;
     for (int64_t s = 0; s * STRIP < n; s++) {
         const int64_t nc = n - s * STRIP < STRIP ? n - s * STRIP : STRIP;
         for (int64_t r = 0; r < m; r++) {
@@ -170,14 +155,14 @@ static void int_portable(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w,
                     if (has_min) {
                         const block_q41i *blk = (const block_q41i *)(w + s * sb) + b;
                         for (int i = 0; i < QK; i++) isum += code_q41i(blk, c, i) * xq[b * QK + i];
-                        accm = fma_portable(half_to_float(blk->m[c]), qx->s[r * nb + b], accm);
+                        accm = fma_portable(half_to_float(blk->m[c]), qx->s[r * nb + b], accm, fma);
                         dw = blk->d[c];
                     } else {
                         const block_q80i *blk = (const block_q80i *)(w + s * sb) + b;
                         for (int i = 0; i < QK; i++) isum += code_q80i(blk, c, i) * xq[b * QK + i];
                         dw = blk->d[c];
                     }
-                    acc = fma_portable(half_to_float(dw) * qx->d[r * nb + b], (float)isum, acc);
+                    acc = fma_portable(half_to_float(dw) * qx->d[r * nb + b], (float)isum, acc, fma);
                 }
                 y[r * ldy + s * STRIP + c] = has_min ? acc + accm : acc;
             }
@@ -354,10 +339,10 @@ static const i512_fn I512[][7] = {
     [KIND_Q80I] = {0, i512_Q80_1, i512_Q80_2, i512_Q80_3, i512_Q80_4, i512_Q80_5, i512_Q80_6}};
 
 /* every strip of w against every row, rows in register groups (AVX-512: up to 6, AVX2: 2) */
-static void int_simd(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int kind, float *y, int64_t ldy,
-                     int64_t n, enum rk_isa isa, int vnni)
+static void int_simd(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int kind, const kind_t *kt, float *y,
+                     int64_t ldy, int64_t n, const path_t *path)
 {
-    const size_t sb = strip_bytes(kind, k);
+    const size_t sb = strip_bytes(kt, k);
     for (int64_t s = 0; s * STRIP < n; s++) {
         const int64_t nc = n - s * STRIP < STRIP ? n - s * STRIP : STRIP;
         const uint8_t *ws = w + s * sb;
@@ -368,9 +353,9 @@ static void int_simd(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int
         for (int64_t r = 0; r < m;) {
             const int64_t left = m - r;
             const uint8_t *pf = r == 0 ? next : NULL;
-            if (isa == PATH_AVX512) {          /* 7 rows: 4 + 3, 8: 4 + 4, 9 and more: 6 at a time */
+            if (path->isa == PATH_AVX512) {    /* 7 rows: 4 + 3, 8: 4 + 4, 9 and more: 6 at a time */
                 const int R = left >= 9 ? 6 : left >= 7 ? 4 : (int)left;
-                I512[kind][R](qx, r, k, ws, ys, ldy, nc, vnni, pf);
+                I512[kind][R](qx, r, k, ws, ys, ldy, nc, path->vnni, pf);
                 r += R;
             } else {
                 const int R = left >= 2 ? 2 : 1;
@@ -382,13 +367,13 @@ static void int_simd(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int
 }
 #endif
 
-/* the int8 product of rows (already quantised in qx) against int-layout strips of w; vnni: vpdpbusd (AVX-512) */
-static void int_product(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int kind, float *y, int64_t ldy,
-                        int64_t n, enum rk_isa isa, int vnni)
+/* the int8 product of rows (already quantised in qx) against int-layout strips of w, of kind `kind` (kt its row) */
+void int_product(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int kind, const kind_t *kt, float *y,
+                 int64_t ldy, int64_t n, const path_t *path)
 {
 #if HAVE_X86
-    if (isa != PATH_PORTABLE) { int_simd(qx, m, k, w, kind, y, ldy, n, isa, vnni); return; }
+    if (path->isa != PATH_PORTABLE) { int_simd(qx, m, k, w, kind, kt, y, ldy, n, path); return; }
 #endif
-    (void)isa, (void)vnni;
-    int_portable(qx, m, k, w, kind, y, ldy, n);
+    (void)kind;
+    int_portable(qx, m, k, w, kt, y, ldy, n, path->fma);
 }

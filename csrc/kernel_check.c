@@ -2,7 +2,8 @@
 
     kernel_check LIBRARY PATH THREADS [all | stress ROUNDS]
 
-loads a shipped kernel library (dlopen, or LoadLibrary on Windows), runs fixed pseudo-random products through
+(PATH: the path word, rowkernel.h: 0 portable, 1 AVX2, 2 AVX-512, 10 AVX-512 without VNNI) loads a shipped
+kernel library (dlopen, or LoadLibrary on Windows), runs fixed pseudo-random products through
 every entry point and prints one line per test: its name and an FNV-1a hash of the output bits. The same
 inputs on every platform, so equal hashes mean equal bits (tests/test_platforms_kernel.py builds this with
 zig for linux-aarch64 and windows-x86_64, runs it under qemu-aarch64 and wine64 and natively, and compares):
@@ -24,7 +25,7 @@ zig for linux-aarch64 and windows-x86_64, runs it under qemu-aarch64 and wine64 
               also take the experts every row chose in every layer
   exp_many    rk_exp_many over [-100, 100] in 2^20 steps, the edges, specials and random bit patterns
   fma         2 million triples through the portable path's fma (FMA instruction or software) ...
-  fma_soft    ... and through the software fma alone (csrc/rowkernel.c soft_fmaf); NaNs hash as one value
+  fma_soft    ... and through the software fma alone (csrc/kernel_impl.h soft_fmaf); NaNs hash as one value
 
 `stress ROUNDS` instead hammers the thread pool: ROUNDS rounds of rk_forward (prefill and decode, and a prefill
 of the MoE) and small rk_qmatmul / rk_matmul products (fewer strips than threads, so some workers sit a job
@@ -32,11 +33,14 @@ out), switching rk_set_threads between 1, 2, 3 and 8 between calls, then the sam
 once while the main thread keeps switching; every result is compared with the one-thread bits. It prints
 `stress_mismatches N` (must be 0) and `stress_calls N`, or `stress_hung N` and exits with status 7 when no call
 has returned for 15 s (a deadlocked pool: a call that waits for a worker that will never come).
-tests/test_kernel_tsan.py links this file with rowkernel.c under ThreadSanitizer (-DKERNEL_CHECK_LINKED: no
-library to load, LIBRARY is ignored).
+tests/test_kernel_tsan.py links this file with the kernel's units (csrc/build_kernels.py UNITS) under
+ThreadSanitizer (-DKERNEL_CHECK_LINKED: no library to load, LIBRARY is ignored).
 
-Plain C11, no Python; build: zig cc -O2 -ffp-contract=off -o kernel_check kernel_check.c (add -ldl on old
-glibc). -ffp-contract=off (and the pragma below) keeps the rope tables' double arithmetic the same on every
+The ABI is the project's: the entry points are typed from rowkernel.h's prototypes, rk_forward's plan and dims
+filled by its named slots, the blocks built with format.h's structs, so a change there is a change here.
+
+Plain C11 (and __typeof__), no Python; build: zig cc -O2 -ffp-contract=off -o kernel_check kernel_check.c (add
+-ldl on old glibc; the headers sit beside it). -ffp-contract=off (and the pragma below) keeps the rope tables' double arithmetic the same on every
 CPU: a compiler may otherwise fuse their multiply-adds on arm64 and not on x86-64. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -45,34 +49,24 @@ CPU: a compiler may otherwise fuse their multiply-adds on arm64 and not on x86-6
 #include <string.h>
 #include <stdatomic.h>
 
+#include "rowkernel.h"    /* the entry points' prototypes, the path word, rk_forward's plan and dims slots */
 #include "format.h"       /* QK, STRIP, KIND_*, the strip-block structs: the blocks built here are the kernel's */
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-typedef int32_t (*abi_fn)(void);
-typedef int32_t (*matmul_fn)(uintptr_t, int64_t, int64_t, int64_t, uintptr_t, int64_t, uintptr_t, int64_t, int32_t);
-typedef int32_t (*qmatmul_fn)(uintptr_t, int64_t, int64_t, int64_t, uintptr_t, int32_t, int64_t, uintptr_t, int64_t,
-                              int32_t);
-typedef int32_t (*dequant_fn)(uintptr_t, int32_t, int64_t, int64_t, uintptr_t, int32_t);
-typedef int32_t (*threads_fn)(int32_t, int32_t *);
-typedef int32_t (*fma_fn)(uintptr_t, uintptr_t, uintptr_t, uintptr_t, int64_t, int32_t);
-typedef int32_t (*forward_fn)(uintptr_t, uintptr_t, float, float, uintptr_t, uintptr_t, int64_t, int64_t, uintptr_t, uintptr_t,
-                              int64_t, uintptr_t, int64_t, int32_t, uintptr_t, uintptr_t, uintptr_t);
-typedef int32_t (*exp_fn)(uintptr_t, uintptr_t, int64_t);
-typedef int32_t (*repack_fn)(uintptr_t, int32_t, int64_t, int64_t, uintptr_t);
-
+/* the entry points it calls, typed by rowkernel.h's prototypes (the ABI is written once, there) */
 static struct {
-    abi_fn abi;
-    matmul_fn matmul;
-    qmatmul_fn qmatmul;
-    dequant_fn dequantise;
-    threads_fn set_threads;
-    fma_fn fma_many;
-    forward_fn forward;
-    exp_fn exp_many;
-    repack_fn repack_int;
+    __typeof__(&rk_abi) abi;
+    __typeof__(&rk_matmul) matmul;
+    __typeof__(&rk_qmatmul) qmatmul;
+    __typeof__(&rk_dequantise) dequantise;
+    __typeof__(&rk_set_threads) set_threads;
+    __typeof__(&rk_fma_many) fma_many;
+    __typeof__(&rk_forward) forward;
+    __typeof__(&rk_exp_many) exp_many;
+    __typeof__(&rk_repack_int) repack_int;
 } rk;
 
 #if defined(_WIN32)
@@ -80,17 +74,7 @@ static struct {
 #endif
 
 #if defined(KERNEL_CHECK_LINKED)
-/* linked with rowkernel.c (the ThreadSanitizer build): the entry points are plain functions */
-int32_t rk_abi(void);
-int32_t rk_matmul(uintptr_t, int64_t, int64_t, int64_t, uintptr_t, int64_t, uintptr_t, int64_t, int32_t);
-int32_t rk_qmatmul(uintptr_t, int64_t, int64_t, int64_t, uintptr_t, int32_t, int64_t, uintptr_t, int64_t, int32_t);
-int32_t rk_dequantise(uintptr_t, int32_t, int64_t, int64_t, uintptr_t, int32_t);
-int32_t rk_set_threads(int32_t, int32_t *);
-int32_t rk_fma_many(uintptr_t, uintptr_t, uintptr_t, uintptr_t, int64_t, int32_t);
-int32_t rk_forward(uintptr_t, uintptr_t, float, float, uintptr_t, uintptr_t, int64_t, int64_t, uintptr_t, uintptr_t,
-                   int64_t, uintptr_t, int64_t, int32_t, uintptr_t, uintptr_t, uintptr_t);
-int32_t rk_exp_many(uintptr_t, uintptr_t, int64_t);
-int32_t rk_repack_int(uintptr_t, int32_t, int64_t, int64_t, uintptr_t);
+/* linked with the kernel's units (the ThreadSanitizer build): the entry points are plain functions */
 static int bind_all(const char *path)
 {
     (void)path;
@@ -213,6 +197,8 @@ static void test_matmul(int path)
 /* a native kind's strip-block: its bytes, and the bytes of its scales (and minima) before the codes */
 static size_t block_bytes(int kind) { return kind == KIND_Q41 ? sizeof(block_q41) : sizeof(block_q80); }
 static size_t scale_bytes(int kind) { return kind == KIND_Q41 ? offsetof(block_q41, qs) : offsetof(block_q80, qs); }
+/* the same blocks in the int8 numerics' layout (rk_repack_int) */
+static int int_kind(int kind) { return kind == KIND_Q41 ? KIND_Q41I : KIND_Q80I; }
 
 /* random strip-blocks whose scales are finite halves (exponents 8..17: 2^-7 .. 4) and codes any byte */
 static uint8_t *random_blocks(int kind, int64_t k, int64_t ns, size_t *bytes)
@@ -238,7 +224,7 @@ static void test_native(int path)
     static const int64_t SHAPES[][2] = {{64, 40}, {576, 96}, {96, 17}, {1536, 48}};
     hash_t hq = {0xcbf29ce484222325ull}, hd = {0xcbf29ce484222325ull};
     hash_t hi = {0xcbf29ce484222325ull}, hdi = {0xcbf29ce484222325ull};
-    for (int kind = 0; kind < 2; kind++)
+    for (int kind = KIND_Q41; kind <= KIND_Q80; kind++)
         for (size_t s = 0; s < sizeof SHAPES / sizeof SHAPES[0]; s++) {
             const int64_t k = SHAPES[s][0], n = SHAPES[s][1], ns = (n + 15) / 16;
             size_t bytes;
@@ -252,14 +238,14 @@ static void test_native(int path)
             }
             check_rc("rk_dequantise", rk.dequantise((uintptr_t)w, kind, k, n, (uintptr_t)f, path));
             hash_floats(&hd, f, (size_t)(ns * 16 * k));
-            /* the int8 numerics: the same blocks in their layout (kind + 2), integer block dots */
+            /* the int8 numerics: the same blocks in their layout (KIND_Q41I, KIND_Q80I), integer block dots */
             uint8_t *wi = xmalloc(bytes);
             check_rc("rk_repack_int", rk.repack_int((uintptr_t)w, kind, k, n, (uintptr_t)wi));
             for (int r = 0; r < NROWS; r++) {
-                check_rc("rk_qmatmul", rk.qmatmul((uintptr_t)x, ROWS[r], k, k, (uintptr_t)wi, kind + 2, n, (uintptr_t)y, n, path));
+                check_rc("rk_qmatmul", rk.qmatmul((uintptr_t)x, ROWS[r], k, k, (uintptr_t)wi, int_kind(kind), n, (uintptr_t)y, n, path));
                 hash_floats(&hi, y, (size_t)(ROWS[r] * n));
             }
-            check_rc("rk_dequantise", rk.dequantise((uintptr_t)wi, kind + 2, k, n, (uintptr_t)f, path));
+            check_rc("rk_dequantise", rk.dequantise((uintptr_t)wi, int_kind(kind), k, n, (uintptr_t)f, path));
             hash_floats(&hdi, f, (size_t)(ns * 16 * k));
             free(w), free(wi), free(x), free(y), free(f);
         }
@@ -284,14 +270,13 @@ enum { FE = 4, FA = 2, FIE = 32 };    /* the MoE: 4 experts, top 2, expert width
 #define FEPS 1e-5f
 static const int64_t FTOKENS[FT] = {3, 17, 42, 0, 199, 8, 111, 64, 150};
 
-/* csrc/forward.c's plan: 8 globals (the last three: the embedding), then PLAN_LAYER per layer (a dense
-   model leaves q/k norm, router and expert table 0); dims: L, D, H, G, hd, I, V, R, E (1: dense), A, norm_topk, qk_norm, prefetch (0 here) */
-#define PLAN_LAYER 15
+/* rk_forward's plan and dims, slots named by rowkernel.h (PLAN_*, LAYER_*, DIM_*, EXPERT_*): a dense model leaves
+   q/k norm, router and expert table 0; E = 1 (dense), prefetch 0 here */
 #define MAX_OWNED 96
 typedef struct {
-    int64_t dims[13];
-    int64_t plan[8 + PLAN_LAYER * FL];
-    int64_t table[FL][FE * 4];       /* MoE: per expert gate_up address, kind, down address, kind */
+    int64_t dims[DIMS];
+    int64_t plan[PLAN_GLOBALS + PLAN_LAYER * FL];
+    int64_t table[FL][FE * EXPERT_ENTRY];   /* MoE: per expert gate_up address, kind, down address, kind */
     float clip;                      /* MoE: q, k, v clipped to [-clip, clip] (0: none) */
     int moe;
     void *owned[MAX_OWNED];
@@ -324,22 +309,22 @@ static uint8_t *small_blocks(int kind, int64_t k, int64_t n)
     return w;
 }
 
-static int int_layout;   /* 1: models take native weights in the int8 numerics' layout (kind + 2) */
+static int int_layout;   /* 1: models take native weights in the int8 numerics' layout (int_kind) */
 
-/* a product's weight [k, n] in `kind` (-1 float strips, 0 Q4_1, 1 Q8_0; with int_layout, blocks become kind + 2):
-   at[0] its address, at[1] its kind */
-static void product_weight(model_t *m, int64_t *at, int64_t k, int64_t n, int kind)
+/* a product's weight [k, n] in `kind` (KIND_F32, KIND_Q41, KIND_Q80; with int_layout, blocks take the int8
+   numerics' layout, int_kind): its address into *at, its kind into *kind_at */
+static void product_weight(model_t *m, int64_t *at, int64_t *kind_at, int64_t k, int64_t n, int kind)
 {
-    void *w = kind < 0 ? (void *)packed(k, n) : (void *)small_blocks(kind, k, n);
-    if (kind >= 0 && int_layout) {
+    void *w = kind == KIND_F32 ? (void *)packed(k, n) : (void *)small_blocks(kind, k, n);
+    if (kind != KIND_F32 && int_layout) {
         const size_t bytes = (size_t)(k / QK) * (size_t)((n + STRIP - 1) / STRIP) * block_bytes(kind);
         uint8_t *wi = xmalloc(bytes);
         check_rc("rk_repack_int", rk.repack_int((uintptr_t)w, kind, k, n, (uintptr_t)wi));
         free(w);
-        w = wi, kind += 2;
+        w = wi, kind = int_kind(kind);
     }
-    at[0] = (int64_t)(uintptr_t)own(m, w);
-    at[1] = kind;
+    *at = (int64_t)(uintptr_t)own(m, w);
+    *kind_at = kind;
 }
 
 static int64_t norm_weight(model_t *m, int64_t d)
@@ -379,40 +364,45 @@ static void rope_tables(float *cosv, float *sinv)
    the top 2 renormalised, the experts' products in every kind */
 static void model_build(model_t *m, int moe)
 {
-    static const int KINDS[FL][4] = {{-1, 0, 1, 0}, {1, -1, 0, -1}};   /* wqkv, wo, gate_up, down */
-    static const int EXPERT_KINDS[FE][2] = {{-1, 0}, {0, 1}, {1, -1}, {0, 0}};
+    enum { F = KIND_F32, Q4 = KIND_Q41, Q8 = KIND_Q80 };
+    static const int KINDS[FL][4] = {{F, Q4, Q8, Q4}, {Q8, F, Q4, F}};     /* wqkv, wo, gate_up, down */
+    static const int EXPERT_KINDS[FE][2] = {{F, Q4}, {Q4, Q8}, {Q8, F}, {Q4, Q4}};
     const int64_t nq = FH * FHD, nkv = FG * FHD;
-    const int64_t dims[13] = {FL, FD, FH, FG, FHD, moe ? FIE : FI, FV, FR, moe ? FE : 1, moe ? FA : 1, moe, moe, 0};
     memset(m, 0, sizeof *m);
-    memcpy(m->dims, dims, sizeof dims);
+    int64_t *d = m->dims;
+    d[DIM_LAYERS] = FL, d[DIM_D] = FD, d[DIM_HEADS] = FH, d[DIM_KV_HEADS] = FG, d[DIM_HEAD_DIM] = FHD;
+    d[DIM_INTER] = moe ? FIE : FI, d[DIM_VOCAB] = FV, d[DIM_ROPE_ROWS] = FR, d[DIM_EXPERTS] = moe ? FE : 1;
+    d[DIM_TOP_K] = moe ? FA : 1, d[DIM_NORM_TOPK] = moe, d[DIM_QK_NORM] = moe, d[DIM_PREFETCH] = 0;
     m->moe = moe, m->clip = moe ? 3.0f : 0.0f;
     m->embed = own(m, xmalloc((size_t)(FV * FD) * 4));
     fill(m->embed, (size_t)(FV * FD));
-    m->plan[0] = norm_weight(m, FD);
-    product_weight(m, m->plan + 1, FD, FV, 1);
+    int64_t *g = m->plan;
+    g[PLAN_FINAL_NORM] = norm_weight(m, FD);
+    product_weight(m, &g[PLAN_HEAD], &g[PLAN_HEAD_KIND], FD, FV, Q8);
     float *cosv = own(m, xmalloc((size_t)(FR * FHD) * 4)), *sinv = own(m, xmalloc((size_t)(FR * FHD) * 4));
     rope_tables(cosv, sinv);
-    m->plan[3] = (int64_t)(uintptr_t)cosv, m->plan[4] = (int64_t)(uintptr_t)sinv;
-    m->plan[5] = (int64_t)(uintptr_t)m->embed, m->plan[6] = -1, m->plan[7] = FV;     /* float32 rows */
+    g[PLAN_COS] = (int64_t)(uintptr_t)cosv, g[PLAN_SIN] = (int64_t)(uintptr_t)sinv;
+    g[PLAN_EMBED] = (int64_t)(uintptr_t)m->embed, g[PLAN_EMBED_KIND] = F, g[PLAN_EMBED_ROWS] = FV;   /* float32 rows */
     for (int l = 0; l < FL; l++) {
-        int64_t *p = m->plan + 8 + PLAN_LAYER * l;
-        p[0] = norm_weight(m, FD);
-        product_weight(m, p + 1, FD, nq + 2 * nkv, KINDS[l][0]);
-        product_weight(m, p + 3, nq, FD, KINDS[l][1]);
-        p[5] = norm_weight(m, FD);
+        int64_t *p = m->plan + PLAN_GLOBALS + PLAN_LAYER * l;
+        p[LAYER_ATTN_NORM] = norm_weight(m, FD);
+        product_weight(m, &p[LAYER_WQKV], &p[LAYER_WQKV_KIND], FD, nq + 2 * nkv, KINDS[l][0]);
+        product_weight(m, &p[LAYER_WO], &p[LAYER_WO_KIND], nq, FD, KINDS[l][1]);
+        p[LAYER_MLP_NORM] = norm_weight(m, FD);
         if (!moe) {
-            product_weight(m, p + 6, FD, 2 * FI, KINDS[l][2]);
-            product_weight(m, p + 8, FI, FD, KINDS[l][3]);
+            product_weight(m, &p[LAYER_GATE_UP], &p[LAYER_GATE_UP_KIND], FD, 2 * FI, KINDS[l][2]);
+            product_weight(m, &p[LAYER_DOWN], &p[LAYER_DOWN_KIND], FI, FD, KINDS[l][3]);
             continue;
         }
-        p[7] = p[9] = -1;
-        p[10] = norm_weight(m, nq), p[11] = norm_weight(m, nkv);
-        product_weight(m, p + 12, FD, FE, l == 0 ? -1 : 1);
+        p[LAYER_GATE_UP_KIND] = p[LAYER_DOWN_KIND] = F;
+        p[LAYER_Q_NORM] = norm_weight(m, nq), p[LAYER_K_NORM] = norm_weight(m, nkv);
+        product_weight(m, &p[LAYER_ROUTER], &p[LAYER_ROUTER_KIND], FD, FE, l == 0 ? F : Q8);
         for (int e = 0; e < FE; e++) {
-            product_weight(m, m->table[l] + 4 * e, FD, 2 * FIE, EXPERT_KINDS[e][0]);
-            product_weight(m, m->table[l] + 4 * e + 2, FIE, FD, EXPERT_KINDS[e][1]);
+            int64_t *entry = m->table[l] + EXPERT_ENTRY * e;
+            product_weight(m, &entry[EXPERT_GATE_UP], &entry[EXPERT_GATE_UP_KIND], FD, 2 * FIE, EXPERT_KINDS[e][0]);
+            product_weight(m, &entry[EXPERT_DOWN], &entry[EXPERT_DOWN_KIND], FIE, FD, EXPERT_KINDS[e][1]);
         }
-        p[14] = (int64_t)(uintptr_t)m->table[l];
+        p[LAYER_EXPERTS] = (int64_t)(uintptr_t)m->table[l];
     }
 }
 
@@ -550,9 +540,9 @@ static const int SWITCH[] = {1, 2, 3, 8, 3, 1, 8, 2, 3, 2, 8, 1};
 
 /* small products: fewer strips than threads (some workers sit the job out) and more */
 typedef struct { int kind; int64_t m, k, n; void *w; float *x; uint64_t ref; } small_t;
-static small_t SMALL[] = {{0, 1, 64, 40, 0, 0, 0}, {0, 7, 64, 40, 0, 0, 0}, {1, 2, 96, 17, 0, 0, 0},
-                          {-1, 3, 33, 50, 0, 0, 0}, {-1, 9, 64, 300, 0, 0, 0},
-                          {1, 1, 64, 8, 0, 0, 0}};
+static small_t SMALL[] = {{KIND_Q41, 1, 64, 40, 0, 0, 0}, {KIND_Q41, 7, 64, 40, 0, 0, 0},
+                          {KIND_Q80, 2, 96, 17, 0, 0, 0}, {KIND_F32, 3, 33, 50, 0, 0, 0},
+                          {KIND_F32, 9, 64, 300, 0, 0, 0}, {KIND_Q80, 1, 64, 8, 0, 0, 0}};
 #define NSMALL (int)(sizeof SMALL / sizeof SMALL[0])
 
 /* calls finished so far; the watchdog ends the run when it stops growing for HANG_S seconds (a hung pool) */
@@ -578,10 +568,10 @@ static void *watchdog(void *arg)
 
 static uint64_t small_run(const small_t *p, float *y, int path)
 {
-    const int32_t rc = p->kind < 0
+    const int32_t rc = p->kind == KIND_F32
         ? rk.matmul((uintptr_t)p->x, p->m, p->k, p->k, (uintptr_t)p->w, p->n, (uintptr_t)y, p->n, path)
         : rk.qmatmul((uintptr_t)p->x, p->m, p->k, p->k, (uintptr_t)p->w, p->kind, p->n, (uintptr_t)y, p->n, path);
-    check_rc(p->kind < 0 ? "rk_matmul" : "rk_qmatmul", rc);
+    check_rc(p->kind == KIND_F32 ? "rk_matmul" : "rk_qmatmul", rc);
     atomic_fetch_add(&progress, 1);
     hash_t h = {0xcbf29ce484222325ull};
     hash_floats(&h, y, (size_t)(p->m * p->n));
@@ -637,7 +627,7 @@ static void stress(int path, int rounds)
     if (thread_start(&wd, &wd_tr, watchdog, NULL)) { fprintf(stderr, "kernel_check: no thread\n"); exit(5); }
     for (int i = 0; i < NSMALL; i++) {
         small_t *p = &SMALL[i];
-        p->w = p->kind < 0 ? (void *)packed(p->k, p->n) : (void *)small_blocks(p->kind, p->k, p->n);
+        p->w = p->kind == KIND_F32 ? (void *)packed(p->k, p->n) : (void *)small_blocks(p->kind, p->k, p->n);
         p->x = xmalloc((size_t)(p->m * p->k) * 4);
         fill(p->x, (size_t)(p->m * p->k));
     }

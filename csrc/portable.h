@@ -1,7 +1,8 @@
-/* portable.h: what rowkernel.c needs from the platform, for gcc, clang (zig cc) and MSVC, on POSIX
-(pthreads) and Windows (Win32 threads): exported symbols, no contraction of a * b + c, a mutex and two
-condition variables, atomics, detached threads, a monotonic clock, a yield, and x86 CPU features
-(cpuid + xgetbv). Nothing here computes: the arithmetic, and so the bits, are in rowkernel.c.
+/* portable.h: what the kernel's units (csrc/kernel_impl.h) need from the platform, for gcc, clang (zig cc) and
+MSVC, on POSIX (pthreads) and Windows (Win32 threads): exported symbols, no contraction of a * b + c, a mutex and
+two condition variables, atomics, detached threads, a monotonic clock, a yield, and x86 CPU features (cpuid +
+xgetbv). Nothing here computes: the arithmetic, and so the bits, are in the units. Every helper is static inline:
+each unit includes this file and keeps what it uses.
 
 Exactness flags (build_kernels.py passes them; the pragmas below repeat what a compiler honours):
   gcc / clang   -ffp-contract=off (gcc ignores the STDC pragma, clang honours it), never -ffast-math;
@@ -79,16 +80,16 @@ typedef SRWLOCK rk_mutex;
 typedef CONDITION_VARIABLE rk_cond;
 #define RK_MUTEX_INIT SRWLOCK_INIT
 #define RK_COND_INIT CONDITION_VARIABLE_INIT
-static void rk_mutex_lock(rk_mutex *m) { AcquireSRWLockExclusive(m); }
-static int rk_mutex_trylock(rk_mutex *m) { return TryAcquireSRWLockExclusive(m) ? 0 : 1; }   /* 0: taken */
-static void rk_mutex_unlock(rk_mutex *m) { ReleaseSRWLockExclusive(m); }
-static void rk_cond_wait(rk_cond *c, rk_mutex *m) { SleepConditionVariableSRW(c, m, INFINITE, 0); }
-static void rk_cond_broadcast(rk_cond *c) { WakeAllConditionVariable(c); }
-static void rk_thread_yield(void) { SwitchToThread(); }
+static inline void rk_mutex_lock(rk_mutex *m) { AcquireSRWLockExclusive(m); }
+static inline int rk_mutex_trylock(rk_mutex *m) { return TryAcquireSRWLockExclusive(m) ? 0 : 1; }   /* 0: taken */
+static inline void rk_mutex_unlock(rk_mutex *m) { ReleaseSRWLockExclusive(m); }
+static inline void rk_cond_wait(rk_cond *c, rk_mutex *m) { SleepConditionVariableSRW(c, m, INFINITE, 0); }
+static inline void rk_cond_broadcast(rk_cond *c) { WakeAllConditionVariable(c); }
+static inline void rk_thread_yield(void) { SwitchToThread(); }
 
 typedef void *(*rk_thread_fn)(void *);
 typedef struct { rk_thread_fn fn; void *arg; } rk_thread_start_t;
-static DWORD WINAPI rk_thread_trampoline(LPVOID p)
+static inline DWORD WINAPI rk_thread_trampoline(LPVOID p)
 {
     rk_thread_start_t s = *(rk_thread_start_t *)p;
     HeapFree(GetProcessHeap(), 0, p);
@@ -96,7 +97,7 @@ static DWORD WINAPI rk_thread_trampoline(LPVOID p)
     return 0;
 }
 /* start a detached thread running fn(arg); 0 on success */
-static int rk_thread_start(rk_thread_fn fn, void *arg)
+static inline int rk_thread_start(rk_thread_fn fn, void *arg)
 {
     rk_thread_start_t *s = (rk_thread_start_t *)HeapAlloc(GetProcessHeap(), 0, sizeof *s);
     if (!s) return -1;
@@ -106,7 +107,7 @@ static int rk_thread_start(rk_thread_fn fn, void *arg)
     CloseHandle(h);
     return 0;
 }
-static double rk_now_s(void)
+static inline double rk_now_s(void)
 {
     LARGE_INTEGER t, f;
     QueryPerformanceCounter(&t);
@@ -114,7 +115,7 @@ static double rk_now_s(void)
     return (double)t.QuadPart / (double)f.QuadPart;
 }
 /* Windows has no fork: nothing to repair in a child */
-static void rk_at_fork_child(void (*fn)(void)) { (void)fn; }
+static inline void rk_at_fork_child(void (*fn)(void)) { (void)fn; }
 #else
 #include <pthread.h>
 #include <sched.h>
@@ -123,14 +124,14 @@ typedef pthread_mutex_t rk_mutex;
 typedef pthread_cond_t rk_cond;
 #define RK_MUTEX_INIT PTHREAD_MUTEX_INITIALIZER
 #define RK_COND_INIT PTHREAD_COND_INITIALIZER
-static void rk_mutex_lock(rk_mutex *m) { pthread_mutex_lock(m); }
-static int rk_mutex_trylock(rk_mutex *m) { return pthread_mutex_trylock(m); }
-static void rk_mutex_unlock(rk_mutex *m) { pthread_mutex_unlock(m); }
-static void rk_cond_wait(rk_cond *c, rk_mutex *m) { pthread_cond_wait(c, m); }
-static void rk_cond_broadcast(rk_cond *c) { pthread_cond_broadcast(c); }
-static void rk_thread_yield(void) { sched_yield(); }
+static inline void rk_mutex_lock(rk_mutex *m) { pthread_mutex_lock(m); }
+static inline int rk_mutex_trylock(rk_mutex *m) { return pthread_mutex_trylock(m); }
+static inline void rk_mutex_unlock(rk_mutex *m) { pthread_mutex_unlock(m); }
+static inline void rk_cond_wait(rk_cond *c, rk_mutex *m) { pthread_cond_wait(c, m); }
+static inline void rk_cond_broadcast(rk_cond *c) { pthread_cond_broadcast(c); }
+static inline void rk_thread_yield(void) { sched_yield(); }
 typedef void *(*rk_thread_fn)(void *);
-static int rk_thread_start(rk_thread_fn fn, void *arg)
+static inline int rk_thread_start(rk_thread_fn fn, void *arg)
 {
     pthread_t t;
     pthread_attr_t attr;
@@ -142,13 +143,13 @@ static int rk_thread_start(rk_thread_fn fn, void *arg)
     pthread_detach(t);
     return 0;
 }
-static double rk_now_s(void)
+static inline double rk_now_s(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
-static void rk_at_fork_child(void (*fn)(void)) { pthread_atfork(NULL, NULL, fn); }
+static inline void rk_at_fork_child(void (*fn)(void)) { pthread_atfork(NULL, NULL, fn); }
 #endif
 
 /* ---- atomics: C11 where the compiler has them, Interlocked on MSVC ---------------------------- */
@@ -156,27 +157,27 @@ static void rk_at_fork_child(void (*fn)(void)) { pthread_atfork(NULL, NULL, fn);
 #include <intrin.h>
 typedef volatile long rk_atomic;
 /* Interlocked operations are full barriers: stronger than the acquire / release the kernel asks for */
-static long rk_load(rk_atomic *a) { return _InterlockedCompareExchange(a, 0, 0); }
-static void rk_store(rk_atomic *a, long v) { _InterlockedExchange(a, v); }
-static long rk_fetch_add(rk_atomic *a, long v) { return _InterlockedExchangeAdd(a, v); }
+static inline long rk_load(rk_atomic *a) { return _InterlockedCompareExchange(a, 0, 0); }
+static inline void rk_store(rk_atomic *a, long v) { _InterlockedExchange(a, v); }
+static inline long rk_fetch_add(rk_atomic *a, long v) { return _InterlockedExchangeAdd(a, v); }
 /* 64 bits whatever `long` is (32 on Windows): the pool's job word */
 typedef volatile long long rk_atomic64;
-static long long rk_load64(rk_atomic64 *a) { return _InterlockedCompareExchange64(a, 0, 0); }
-static void rk_store64(rk_atomic64 *a, long long v) { _InterlockedExchange64(a, v); }
-static int rk_cas64(rk_atomic64 *a, long long expect, long long v)
+static inline long long rk_load64(rk_atomic64 *a) { return _InterlockedCompareExchange64(a, 0, 0); }
+static inline void rk_store64(rk_atomic64 *a, long long v) { _InterlockedExchange64(a, v); }
+static inline int rk_cas64(rk_atomic64 *a, long long expect, long long v)
 {
     return _InterlockedCompareExchange64(a, v, expect) == expect;
 }
 #else
 #include <stdatomic.h>
 typedef atomic_long rk_atomic;
-static long rk_load(rk_atomic *a) { return atomic_load_explicit(a, memory_order_acquire); }
-static void rk_store(rk_atomic *a, long v) { atomic_store_explicit(a, v, memory_order_seq_cst); }
-static long rk_fetch_add(rk_atomic *a, long v) { return atomic_fetch_add_explicit(a, v, memory_order_acq_rel); }
+static inline long rk_load(rk_atomic *a) { return atomic_load_explicit(a, memory_order_acquire); }
+static inline void rk_store(rk_atomic *a, long v) { atomic_store_explicit(a, v, memory_order_seq_cst); }
+static inline long rk_fetch_add(rk_atomic *a, long v) { return atomic_fetch_add_explicit(a, v, memory_order_acq_rel); }
 typedef atomic_llong rk_atomic64;
-static long long rk_load64(rk_atomic64 *a) { return atomic_load_explicit(a, memory_order_acquire); }
-static void rk_store64(rk_atomic64 *a, long long v) { atomic_store_explicit(a, v, memory_order_seq_cst); }
-static int rk_cas64(rk_atomic64 *a, long long expect, long long v)
+static inline long long rk_load64(rk_atomic64 *a) { return atomic_load_explicit(a, memory_order_acquire); }
+static inline void rk_store64(rk_atomic64 *a, long long v) { atomic_store_explicit(a, v, memory_order_seq_cst); }
+static inline int rk_cas64(rk_atomic64 *a, long long expect, long long v)
 {
     return atomic_compare_exchange_strong_explicit(a, &expect, v, memory_order_acq_rel, memory_order_acquire);
 }
@@ -185,24 +186,24 @@ static int rk_cas64(rk_atomic64 *a, long long expect, long long v)
 /* a spinning thread's hint to the core (x86 pause, arm64 yield) */
 #if RK_X86
 #include <immintrin.h>
-static void rk_relax(void) { _mm_pause(); }
+static inline void rk_relax(void) { _mm_pause(); }
 #elif RK_ARM64 && RK_MSVC
-static void rk_relax(void) { __yield(); }
+static inline void rk_relax(void) { __yield(); }
 #elif RK_ARM64
-static void rk_relax(void) { __asm__ __volatile__("yield"); }
+static inline void rk_relax(void) { __asm__ __volatile__("yield"); }
 #else
-static void rk_relax(void) {}
+static inline void rk_relax(void) {}
 #endif
 
 /* ---- x86 CPU features: AVX2 + FMA + F16C with the OS saving the YMM registers --------------------- */
 #if RK_X86
 #if RK_MSVC
-static void rk_cpuid(int leaf, int sub, unsigned r[4]) { int v[4]; __cpuidex(v, leaf, sub); for (int i = 0; i < 4; i++) r[i] = (unsigned)v[i]; }
-static uint64_t rk_xgetbv0(void) { return _xgetbv(0); }
+static inline void rk_cpuid(int leaf, int sub, unsigned r[4]) { int v[4]; __cpuidex(v, leaf, sub); for (int i = 0; i < 4; i++) r[i] = (unsigned)v[i]; }
+static inline uint64_t rk_xgetbv0(void) { return _xgetbv(0); }
 #else
 #include <cpuid.h>
-static void rk_cpuid(int leaf, int sub, unsigned r[4]) { __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]); }
-static uint64_t rk_xgetbv0(void)
+static inline void rk_cpuid(int leaf, int sub, unsigned r[4]) { __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]); }
+static inline uint64_t rk_xgetbv0(void)
 {
     unsigned lo, hi;
     __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
@@ -210,7 +211,7 @@ static uint64_t rk_xgetbv0(void)
 }
 #endif
 /* FMA alone (the portable path's scalar fma instruction); needs the OS to save XMM/YMM state */
-static int rk_cpu_fma(void)
+static inline int rk_cpu_fma(void)
 {
     unsigned r[4];
     rk_cpuid(0, 0, r);
@@ -219,7 +220,7 @@ static int rk_cpu_fma(void)
     const int osxsave = (r[2] >> 27) & 1, avx = (r[2] >> 28) & 1, fma = (r[2] >> 12) & 1;
     return osxsave && avx && fma && (rk_xgetbv0() & 6) == 6;
 }
-static int rk_cpu_avx2_fma_f16c(void)
+static inline int rk_cpu_avx2_fma_f16c(void)
 {
     unsigned r[4];
     if (!rk_cpu_fma()) return 0;
@@ -232,7 +233,7 @@ static int rk_cpu_avx2_fma_f16c(void)
 }
 /* AVX-512 F and BW on top of AVX2 + FMA + F16C, with the OS saving the opmask and all 512-bit registers
    (XCR0 bits 5, 6, 7 besides SSE and AVX state) */
-static int rk_cpu_avx512(void)
+static inline int rk_cpu_avx512(void)
 {
     unsigned r[4];
     if (!rk_cpu_avx2_fma_f16c()) return 0;
@@ -241,7 +242,7 @@ static int rk_cpu_avx512(void)
     return f && bw && (rk_xgetbv0() & 0xe6) == 0xe6;
 }
 /* AVX-512 VNNI (vpdpbusd): CPUID leaf 7, ECX bit 11 (the int8 numerics' fastest dot, csrc/intdot.c) */
-static int rk_cpu_avx512vnni(void)
+static inline int rk_cpu_avx512vnni(void)
 {
     unsigned r[4];
     rk_cpuid(0, 0, r);
@@ -250,8 +251,8 @@ static int rk_cpu_avx512vnni(void)
     return (r[2] >> 11) & 1;
 }
 #else
-static int rk_cpu_avx2_fma_f16c(void) { return 0; }
-static int rk_cpu_avx512(void) { return 0; }
+static inline int rk_cpu_avx2_fma_f16c(void) { return 0; }
+static inline int rk_cpu_avx512(void) { return 0; }
 #endif
 
 #endif

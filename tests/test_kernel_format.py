@@ -92,3 +92,13 @@ def test_the_isa_is_named_in_c():
     found = [f"{name}:{text[:m.start()].count(chr(10)) + 1}: {m.group()}"
              for name, text in c_sources().items() for m in ISA_BY_NUMBER.finditer(text)]
     assert found == []
+
+
+def test_the_kernel_is_units_that_include_no_c_file():
+    """csrc/build_kernels.py compiles every unit on its own; a `#include "x.c"` would make two units one again."""
+    sys.path.insert(0, str(CSRC))
+    import build_kernels
+    includes = {name: re.findall(r'#include\s+"([^"]+)"', text) for name, text in c_sources().items()}
+    assert [(n, i) for n, inc in includes.items() for i in inc if i.endswith(".c")] == []
+    assert sorted(build_kernels.UNITS) == sorted(n for n in includes if n.endswith(".c") and n != "kernel_check.c")
+    assert set(build_kernels.SOURCES) == {n for n in includes if n != "kernel_check.c"}

@@ -1,8 +1,8 @@
 """The kernel's thread pool under ThreadSanitizer: no data race, no hang, the same bits at every thread count.
 
-csrc/kernel_check.c's stress mode, linked with csrc/rowkernel.c (and forward.c) into one program built with
-`-fsanitize=thread -O1 -g -ffp-contract=off` (gcc; zig's clang where gcc has no TSAN runtime), runs rk_forward
-(a 9-row prefill and 9 decode steps of a 2-layer dense Llama, float32, Q4_1 and Q8_0 products) and small
+csrc/kernel_check.c's stress mode, linked with the kernel's units (csrc/build_kernels.py UNITS) into one program
+built with `-fsanitize=thread -O1 -g -ffp-contract=off` (gcc; zig's clang where gcc has no TSAN runtime), runs
+rk_forward (a 9-row prefill and 9 decode steps of a 2-layer dense Llama, float32, Q4_1 and Q8_0 products) and small
 rk_qmatmul / rk_matmul products (fewer strips than threads, so some workers sit a job out), switching
 rk_set_threads between 1, 2, 3 and 8 between calls, then from two caller threads at once while the main thread
 keeps switching; every result must equal the one-thread bits, and ThreadSanitizer must report nothing. The first
@@ -51,8 +51,10 @@ def tsan_check(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tsan")
     exe = out / "kernel_check_tsan"
     cc = tsan_compiler(out)
-    r = subprocess.run(cc + FLAGS + ["-o", str(exe), str(CSRC / "kernel_check.c"), str(CSRC / "rowkernel.c"),
-                                     "-lm", "-lpthread"], capture_output=True, text=True, timeout=900)
+    from tests.test_platforms_kernel import build_kernels
+    units = [str(CSRC / u) for u in build_kernels.UNITS]
+    r = subprocess.run(cc + FLAGS + ["-o", str(exe), str(CSRC / "kernel_check.c"), *units, "-lm", "-lpthread"],
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return exe
 

@@ -83,7 +83,7 @@ def test_max_threads_is_the_kernels_limit():
 
     from lessonkit.engine import kernel
     from lessonkit.engine.threads import MAX_THREADS
-    src = (ROOT / "csrc" / "rowkernel.c").read_text(encoding="utf-8")
+    src = (ROOT / "csrc" / "kernel_impl.h").read_text(encoding="utf-8")
     assert int(re.search(r"#define MAXT\s+(\d+)", src).group(1)) == MAX_THREADS      # rk_max_threads() returns it
     if kernel._rowkernel is not None:
         assert kernel._rowkernel.max_threads == MAX_THREADS
