@@ -65,10 +65,10 @@ def test_library_callers_get_a_lessonkit_error_naming_value_and_limit(bad):
 def test_verify_refuses_a_deep_gate_naming_the_limit():
     from lessonkit.speculative.verify import _draft_width
     with pytest.raises(LessonkitError, match=r"k_max=20.*K_MAX=15"):
-        _draft_width(None, AUTO, 20, None, 16, True)
+        _draft_width(None, None, AUTO, 20, None, 16, True)
     with pytest.raises(LessonkitError, match=r"20.*at most 15"):
-        _draft_width(None, 20, 8, None, 16, True)
-    assert _draft_width(None, 15, 8, None, 16, True) == (None, 15)
+        _draft_width(None, None, 20, 8, None, 16, True)
+    assert _draft_width(None, None, 15, 8, None, 16, True) == (None, 15)
 
 
 def test_grammar_depth_is_not_auto():
