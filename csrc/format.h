@@ -1,6 +1,6 @@
 /* The packed weight format, C side: the constants the kernel multiplies by and lessonkit writes to disk.
 
-The Python side is ONE table, FORMAT in lessonkit/engine/blocks.py (same names, same values);
+The Python side is ONE table, FORMAT in lessonkit/engine/packed_layout.py (same names, same values);
 tests/test_packed_format.py compiles this header and compares every constant with it, and the
 _Static_asserts below check at compile time that the sizes follow from QK and STRIP. Change a value here
 and there together, and bump LK_LAYOUT_VERSION when the bytes on disk change meaning (converted models
@@ -19,7 +19,7 @@ packing is a permutation of the GGUF's bytes. The int8 numerics permute the code
 The bytes inside a strip-block are named once, as ggml-common.h names block_q4_1: the structs below
 (block_q41, block_q80 and their int-layout twins block_q41i, block_q80i), each with _Static_asserts on its size
 and every field's offset. C code reads a block through them (blk->d[c], blk->qs[j][c]), never at a literal offset;
-the Python side's mirror is BLOCK_LAYOUT in lessonkit/engine/blocks.py (tests/test_kernel_format.py compiles
+the Python side's mirror is BLOCK_LAYOUT in lessonkit/engine/packed_layout.py (tests/test_kernel_format.py compiles
 offsetof() for every field and compares). A block sits at an even address (every size here is even and a
 tensor's storage is aligned), so its f16 fields are lk_half (uint16_t, IEEE half bits). */
 #ifndef LK_FORMAT_H

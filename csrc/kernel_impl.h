@@ -23,7 +23,7 @@ quantised once per product. */
 #include "portable.h"
 #define RK_API RK_EXPORT
 #include "rowkernel.h" /* RK_ABI, error codes, the path word, rk_forward's slots, every entry point's prototype */
-#include "format.h"   /* QK, STRIP, KIND_*, the strip-block structs: the packed format, shared with lessonkit/engine/blocks.py */
+#include "format.h"   /* QK, STRIP, KIND_*, the strip-blocks: the packed format (lessonkit/engine/packed_layout.py) */
 
 #include <math.h>
 #include <stdint.h>

@@ -1,9 +1,10 @@
 """The C kernel's names, checked against the Python side and against the C sources themselves (issue 61).
 
 The bytes inside a strip-block are named once, in csrc/format.h's structs (block_q41, block_q80 and the int
-layouts' twins); lessonkit/engine/blocks.py mirrors their offsets in BLOCK_LAYOUT. A C program compiled here prints
-offsetof() and sizeof() of every field, and the two must agree. The sources are then read for what the names
-replace: a literal byte offset inside a block (`blk + 32`, `blk[64 + ...]`) is a rule broken."""
+layouts' twins); lessonkit/engine/packed_layout.py mirrors their offsets in BLOCK_LAYOUT. A C program compiled
+here prints offsetof() and sizeof() of every field, and the two must agree. The sources are then read for what
+the names replace: a literal byte offset inside a block (`blk + 32`, `blk[64 + ...]`), the path word's ISA
+compared with a number, a `.c` file included by another."""
 from __future__ import annotations
 
 import re
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lessonkit.engine import blocks as qb
+from lessonkit.engine import packed_layout as qb
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
