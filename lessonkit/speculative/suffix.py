@@ -223,6 +223,7 @@ class SuffixDrafter:
         self.store_match = [self.store.trie.root] if self.store is not None else None
         self.seen: list[int] = []
         self._pending = None
+        self._context = None        # the context of the last update, not yet indexed
         self.prompt_len = len(prompt_ids)
         self._feed(list(prompt_ids))
 
@@ -296,8 +297,9 @@ class SuffixDrafter:
         return Draft(pick[0])
 
     def update(self, context: list[int], num_accepted: int) -> None:
-        """Catch up with the context; after a cost-aware proposal, learn from what the target emitted whether
-        each proposed token would have been accepted (whichever drafter's draft was verified)."""
+        """After a cost-aware proposal, learn from what the target emitted whether each proposed token would have been
+        accepted (whichever drafter's draft was verified). The trie catches up with the context when a draft is
+        asked for (propose) or the run ends (finish): steps the depth gate runs without drafting index nothing."""
         if self._pending is not None:
             start, proposed = self._pending
             self._pending = None
@@ -307,10 +309,13 @@ class SuffixDrafter:
                 if tok != emitted:
                     break
                 counts[0] += 1
-        self._catch_up(context)
+        self._context = context
 
     def finish(self) -> None:
         """The run is over: its output (the target's verified tokens) joins the store, when learning."""
+        if self._context is not None and self.learn and self.store is not None:
+            self._catch_up(self._context)
+        self._context = None
         if self.learn and self.store is not None and len(self.seen) > self.prompt_len:
             self.store.add(self.seen[self.prompt_len:])
             if self.autosave:
