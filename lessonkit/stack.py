@@ -121,6 +121,11 @@ class StackDrafter:
         if self.model is not None and self._last == "model":
             self.model.update(context, num_accepted)
 
+    def finish(self):
+        """The run is over: each part ends its run (a feature head stops tapping the target, a suffix store learns)."""
+        for d in (self.grammar, self.model):
+            if d is not None:
+                getattr(d, "finish", lambda: None)()
 
 
 # ---- one judge call ------------------------------------------------------------------------------

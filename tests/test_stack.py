@@ -230,6 +230,10 @@ def test_stack_drafter_prefers_the_forced_span():
     assert d.propose([0], 4).tokens == [7]
     d.update([0, 7, 8], 1)
     assert d.accepted["model"] == 1 and m.updates == [1]
+    ended = []
+    m.finish = lambda: ended.append("ngram")
+    d.finish()                          # both parts end their run (a head stops tapping; a grammar has no finish)
+    assert ended == ["ngram"]
     with pytest.raises(ValueError):
         stack.StackDrafter(None, None)
 
