@@ -17,8 +17,8 @@ SHEET = ROOT / "docs" / "teaching.md"
 
 def _sections() -> dict[str, str]:
     text = SHEET.read_text(encoding="utf-8")
-    return {m.group(1): body for m, body in zip(re.finditer(r"^## .*\(`(\d\d_\w+)\.ipynb`\)", text, re.M),
-                                              re.split(r"^## .*\(`\d\d_\w+\.ipynb`\)", text, flags=re.M)[1:])}
+    return {m.group(1): body for m, body in zip(re.finditer(r"^## .*\(`(\d\d[a-z]?_\w+)\.ipynb`\)", text, re.M),
+                                              re.split(r"^## .*\(`\d\d[a-z]?_\w+\.ipynb`\)", text, flags=re.M)[1:])}
 
 
 @pytest.mark.parametrize("nb", LESSONS, ids=lambda p: p.stem)

@@ -405,8 +405,11 @@ HEADLINE = Headline(
                  "below plain speed in {break_even_cells_losing} of {break_even_cells} cells of the break-even surface "
                  "(acceptance x expert budget x depth); the cells measured for real were {validation_error_median:.0%} "
                  "off the model (median, {validation_cells} cells)."),
-        Sentence("Sampling: the exact speculative sampler's tokens were {tv_correct_sampler:.3f} from the target "
-                 "distribution in total variation (sampling noise), a broken sampler's {tv_broken_sampler:.3f}."),
+        Sentence("On held-out requests, {win_drafter} on {win_category} ran {win_measured_speedup:.2f}x plain greedy "
+                 "(predicted {win_predicted_speedup:.2f}x from parts measured apart); {loss_drafter} on {loss_category} "
+                 "{loss_measured_speedup:.2f}x (predicted {loss_predicted_speedup:.2f}x). Distinct completions per "
+                 "prompt over verify widths and threads: lessonkit {distinct_completions_lessonkit}, transformers' "
+                 "assisted generation {distinct_completions_transformers}."),
     ),
     columns=(Column("model", "target"), Column("drafter", "drafter"),
              Column("acceptance_rate", "acceptance (%)", ".0f", scale=100),

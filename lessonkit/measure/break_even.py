@@ -28,27 +28,30 @@ def _budget_engine(model_dir, nb, expert_bytes: int, dtype, disk: Disk) -> Engin
     mb = None if nb is None else nb * expert_bytes / 2**20
     return Engine(model_dir, name=f"budget-{nb or 'all'}", expert_budget_mb=mb, dtype=dtype, disk=disk)
 
-def _timed_pair(eng, prompts, drafter_of, k: int, max_new_tokens: int, repeats: int) -> tuple[dict, dict, bool]:
+def _timed_pair(eng, prompts, drafter_of, k: int, max_new_tokens: int, repeats: int) -> tuple[dict, dict, bool, list]:
     """Plain and speculative greedy over `prompts` on `eng`, each prompt from an empty expert cache, in turn
     within each of `repeats` rounds (load on shared cores hits both); drafter_of(eng) gives each round a fresh
-    drafter. Returns the fastest round of each side and whether every speculative output equalled plain greedy's."""
+    drafter. Returns the fastest round of each side, whether every speculative output equalled plain greedy's,
+    and each round's own speed-up (plain seconds over speculative seconds: the spread of the rounds)."""
     def run(fn):
         out = []
         for p in prompts:
             eng.store.clear()
             out.append(fn(p))
         return out
-    best, same = {}, True
+    best, same, rounds = {}, True, []
     for _ in range(repeats):
         plain = run(lambda p: generate(eng, p, max_new_tokens))
         drafter = drafter_of(eng)
         spec = run(lambda p: speculative_generate(eng, drafter, p, max_new_tokens, k=k))
         same &= all(a.token_ids == b.token_ids for a, b in zip(plain, spec))
+        walls = {}
         for side, res in (("plain", plain), ("spec", spec)):
-            st = total_stats([r.stats for r in res])
+            st = walls[side] = total_stats([r.stats for r in res])
             if side not in best or st["wall_s"] < best[side]["wall_s"]:
                 best[side] = st
-    return best["plain"], best["spec"], same
+        rounds.append(walls["plain"]["wall_s"] / walls["spec"]["wall_s"])
+    return best["plain"], best["spec"], same, rounds
 
 def _measured_cell(model_dir, prompts, nb, P, k, max_new_tokens, disk: Disk, dtype, oracle_engine, total,
                    repeats: int = 1) -> dict:
@@ -57,7 +60,7 @@ def _measured_cell(model_dir, prompts, nb, P, k, max_new_tokens, disk: Disk, dty
     in turn within each of `repeats` rounds, the fastest round of each counts (load on shared cores hits both)."""
     eng = _budget_engine(model_dir, nb, oracle_engine.expert_bytes, dtype, disk)
     oracle_of = lambda e: OracleDrafter(e, P, seed=0, horizon=max_new_tokens + k + 2, oracle_engine=oracle_engine)
-    plain, t, _ = _timed_pair(eng, prompts, oracle_of, k, max_new_tokens, repeats)
+    plain, t, _, _ = _timed_pair(eng, prompts, oracle_of, k, max_new_tokens, repeats)
     return {"budget_experts": nb or total, "budget_frac": (nb or total) / total, "error_rate": P,
             "acceptance": 1 - P, "k": k, "acceptance_rate": t["acceptance_rate"],
             "tokens_per_forward": t["tokens_per_forward"], "speedup": plain["wall_s"] / t["wall_s"],
@@ -284,7 +287,7 @@ def drafter_on_disk(model_dir, draft_engine, prompts: list[list[int]], apart_pro
             conditional_per_pos(apart["num_accepted_tokens_per_pos"], apart["num_drafts"]), k)
         c = apart["draft_s"] / apart["num_draft_tokens"] / plain_step
         ratio = verify_step(a, k) / plain_step + k * c       # a verify step's cost in plain steps, drafts included
-        plain, spec, same = _timed_pair(eng, prompts, drafter_of, k, n, repeats)
+        plain, spec, same, rounds = _timed_pair(eng, prompts, drafter_of, k, n, repeats)
         plain_tok_s = (plain["wall_s"] - plain["ttft_s"]) / max(plain["new_tokens"] - plain["runs"], 1)
         rows.append({"drafter": draft_engine.name, "budget_experts": b, "k": k, "disk": str(disk),
                      "acceptance_apart": a, "E_apart": e, "c": c, "cost_per_verify_step": ratio,
@@ -292,7 +295,8 @@ def drafter_on_disk(model_dir, draft_engine, prompts: list[list[int]], apart_pro
                      "measured_acceptance": spec["acceptance_rate"],
                      "measured_tokens_per_verify": (spec["new_tokens"] - spec["runs"]) / max(spec["num_drafts"], 1),
                      "measured_c": spec["draft_s"] / max(spec["num_draft_tokens"], 1) / plain_tok_s,
-                     "measured_speedup": plain["wall_s"] / spec["wall_s"], "identical_to_plain": same})
+                     "measured_speedup": plain["wall_s"] / spec["wall_s"], "round_speedups": rounds,
+                     "identical_to_plain": same})
     df = pd.DataFrame(rows)
     df["error"] = df.predicted_speedup / df.measured_speedup - 1
     return df
