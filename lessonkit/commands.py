@@ -100,8 +100,10 @@ def cmd_generate(args) -> int:
         res = generate(eng, ids, max_new, callback=stream, **kw)
     res.stats["finish_reason"] = finish_reason(eng, res, max_new, capped=note is not None)
     if args.json:
+        from lessonkit.engine.active import describe
+        on = describe()
         _print_json({"model": eng.name, "text": res.text, "token_ids": res.token_ids, "stats": res.stats,
-                     "weights": eng.weights, "threads": threads, "kernel": use_numerics()[0], "numerics": use_numerics()[1],
+                     "weights": eng.weights, "threads": threads, "kernel": on["backend"], "numerics": on["numerics"],
                      "forward": forward, "torch_imported": "torch" in sys.modules})
     else:
         print()
@@ -159,13 +161,13 @@ def cmd_lessons(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from lessonkit.engine.threads import physical_cores
+    from lessonkit.engine import settings
     from lessonkit.report.runner import run_all
     if args.numerics:               # the lessons' kernels read it at import (LESSONKIT_NUMERICS, docs/numerics.md)
-        os.environ["LESSONKIT_NUMERICS"] = args.numerics
+        os.environ[settings.ENV["numerics"]] = args.numerics
     # every lesson runs with this many kernel threads: a papermill parameter (KERNEL_THREADS), not the environment
     return run_all(build_dir=args.build_dir, smoke=args.smoke, only=args.only,
-                   threads=args.threads or physical_cores())
+                   threads=args.threads or settings.default().threads)
 
 
 def cmd_bench(args) -> int:

@@ -3,7 +3,6 @@ backend and threads, native or float32 weights, the drafters' step)."""
 from __future__ import annotations
 
 from lessonkit.errors import LessonkitError
-from lessonkit.engine.threads import physical_cores
 
 
 def doctor() -> int:
@@ -59,18 +58,16 @@ def paths_ok() -> bool:
     """Which exact paths run: kernel backend (checked for row invariance), weights, the drafters' step."""
     import torch
 
-    from lessonkit.engine.kernel import backend
+    from lessonkit.engine.active import describe
     from lessonkit.engine.row_weight import check_row_invariance, row_group
     ok = True
-    kb = backend()
-    from lessonkit.engine.blocks import choose_weights
-    try:
-        mode, why_w = choose_weights()
-        print(f"  INFO smollm2-135m weights: {mode} ({why_w}); LESSONKIT_WEIGHTS=native|f32 chooses; "
-              f"kernel threads {kb['threads']} (generate, bench and run default to {physical_cores()})")
-    except LessonkitError as e:
+    kb = describe()
+    if kb["weights"] is not None:
+        print(f"  INFO smollm2-135m weights: {kb['weights']} ({kb['weights_why']}); LESSONKIT_WEIGHTS=native|f32 "
+              f"chooses; kernel threads {kb['threads']} (generate, bench and run default to {kb['default_threads']})")
+    else:
         ok = False
-        print(f"  FAIL weights: {e}")
+        print(f"  FAIL weights: {kb['weights_why']}")
     good = check_row_invariance([(256, 768), (576, 960), (1536, 576)])
     ok &= good
     path = {"avx512": "C kernel, AVX-512 (native blocks) + AVX2", "avx2": "C kernel, AVX2 + FMA",
@@ -83,9 +80,9 @@ def paths_ok() -> bool:
           f"{kb['isa']} (LESSONKIT_KERNEL=auto|avx512|avx2|neon|portable|mkl chooses)")
     print(f"  INFO numerics of native blocks: {kb['numerics']} ({kb['numerics_why']}; AVX-512 VNNI "
           f"{'present' if kb['vnni'] else 'absent'}); LESSONKIT_NUMERICS=exact|int8 chooses, docs/numerics.md")
-    from lessonkit.engine.c_forward import describe, draft_ready
+    from lessonkit.engine.c_forward import describe as forward_text, draft_ready
     try:
-        print(f"  INFO forward (smollm2-135m, tiny-moe, drafters): {describe()}")
+        print(f"  INFO forward (smollm2-135m, tiny-moe, drafters): {forward_text()}")
         why = draft_ready()
         print("  INFO draft turn of dense drafters (tiny-draft, smollm2-draft): " +
               (f"PyTorch lean step, about 30 operations per layer ({why})" if why else

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import lessonkit.engine.kernel as K
+from lessonkit.engine import active
 from lessonkit.engine import c_forward
 from lessonkit.errors import LessonkitError
 from lessonkit.models.registry import load_model
@@ -139,7 +140,7 @@ def test_thread_counts_give_the_same_bits(model):
 @needs_c
 @pytest.mark.skipif(len(PATHS) < 2, reason="one kernel path on this CPU")
 def test_avx2_and_portable_paths_give_the_same_bits():
-    with K.using("portable"):
+    with active.use(kernel="portable"):
         portable = load_model("smollm2-135m")
     assert portable.model.c_forward is not None and not portable.model.c_forward.avx2
     avx2 = load_model("smollm2-135m")

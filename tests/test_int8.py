@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import lessonkit.engine.kernel as K
+from lessonkit.engine import active
 from lessonkit.engine import blocks as qb
 
 needs_c = pytest.mark.skipif(K._rowkernel is None or K.BACKEND == "mkl", reason="C kernel not built or not active")
@@ -47,7 +48,7 @@ def product(w: qb.NativeWeight, x: torch.Tensor, path: int) -> torch.Tensor:
 
 def int8_weight(raw: torch.Tensor, k: int, kind: str) -> qb.NativeWeight:
     """A native weight prepared for the int8 numerics (its codes in csrc/intdot.c's layout)."""
-    with K.numerics("int8"):
+    with active.use(numerics="int8"):
         w = qb.NativeWeight(raw, k, kind)
     assert w.code == qb.INT_KIND_CODE[kind]
     return w
@@ -182,7 +183,7 @@ def test_negative_control_a_width_dependent_float_sum_does_differ():
 @pytest.fixture(scope="module")
 def smollm2_int8():
     from lessonkit.models.registry import load_model
-    with K.numerics("int8"):
+    with active.use(numerics="int8"):
         eng = load_model("smollm2-135m", weights="native")
     assert "int8" in eng.model.forward_why
     return eng
@@ -220,7 +221,7 @@ def test_q8_0_rows_round_to_the_nearest_code():
 @needs_c
 def test_tiny_moe_on_q8_0_blocks_is_row_invariant():
     from lessonkit.models.registry import load_model
-    with K.numerics("int8"):
+    with active.use(numerics="int8"):
         eng = load_model("tiny-moe", weights="q8_0")
     assert eng.weights == "q8_0" and "int8" in eng.model.forward_why
     ids = list(range(5, 29))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import lessonkit.engine.kernel as K
+from lessonkit.engine import active, settings
 from lessonkit.engine import kernel_library, row_weight
 from lessonkit.engine.config import ModelConfig, preset
 
@@ -72,9 +73,9 @@ def test_avx2_and_portable_paths_give_the_same_bits(shape):
     k, n = shape
     gen = torch.Generator().manual_seed(2)
     w_t = torch.randn(k, n, generator=gen)
-    with K.using("avx2"):
+    with active.use(kernel="avx2"):
         fast = row_weight.RowWeight(w_t)
-    with K.using("portable"):
+    with active.use(kernel="portable"):
         portable = row_weight.RowWeight(w_t)
     assert fast.avx2 and not portable.avx2
     for m in (1, 3, 7, 16, 21):
@@ -85,7 +86,7 @@ def test_avx2_and_portable_paths_give_the_same_bits(shape):
 @needs_c
 def test_the_kernel_is_used_when_built(tmp_path):
     """A built extension that the engine does not use would silently bring back the slow path."""
-    if K.os.environ.get("LESSONKIT_KERNEL", "auto") not in ("", "auto"):
+    if settings.from_env().kernel != "auto":
         pytest.skip("backend forced by LESSONKIT_KERNEL")
     x86 = platform.machine().lower() in ("x86_64", "amd64")
     if x86 and not K._rowkernel.has_avx2():
@@ -255,12 +256,11 @@ def test_a_malformed_thread_count_is_one_clear_error():
 def test_physical_cores_without_linux_interfaces(monkeypatch):
     """Windows and macOS have neither /proc/cpuinfo nor sched_getaffinity: psutil counts the cores."""
     import psutil
-    from lessonkit.engine import threads
-    monkeypatch.delattr(threads.os, "sched_getaffinity", raising=False)
+    monkeypatch.delattr(settings.os, "sched_getaffinity", raising=False)
     monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 6 if not logical else 12)
-    assert threads.physical_cores() == 6
+    assert settings.physical_cores() == 6
     monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: None)     # psutil cannot tell
-    assert threads.physical_cores() == (threads.os.cpu_count() or 1)
+    assert settings.physical_cores() == (settings.os.cpu_count() or 1)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or K._rowkernel is None, reason="RLIMIT_AS and the C kernel")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lessonkit.engine import c_plan, kernel, lean
+from lessonkit.engine import active, c_plan, kernel, lean
 from lessonkit.engine import packed_layout as pl
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.generate import generate
@@ -59,7 +59,7 @@ def test_pack_blocks_equals_the_reference(kind, n):
 @pytest.fixture(scope="module", params=NUMERICS)
 def engines(request):
     """(the torch engine, the torch-free engine) of smollm2-135m, both prepared for one numerics."""
-    with kernel.numerics(request.param):
+    with active.use(numerics=request.param):
         yield load_model("smollm2-135m"), lean.LeanEngine(built_dir("smollm2-135m"), name="smollm2-135m")
 
 
@@ -167,7 +167,7 @@ def test_the_command_runs_without_torch_under_400_mb(numerics):
     assert proc == {"rc": 0, "torch": False, "peak_mb": proc["peak_mb"]}
     assert doc["forward"] == "C forward without torch" and doc["torch_imported"] is False
     assert proc["peak_mb"] <= RSS_TARGET_MB, f"peak RSS {proc['peak_mb']:.0f} MB"
-    with kernel.numerics(numerics):
+    with active.use(numerics=numerics):
         eng = load_model("smollm2-135m")
     assert doc["token_ids"] == generate(eng, eng.encode(PROMPTS[1]), 32).token_ids
 

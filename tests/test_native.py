@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import lessonkit.engine.kernel as K
+from lessonkit.engine import active
 from lessonkit.engine import row_weight
 from lessonkit.engine import blocks as qb
 from lessonkit.errors import LessonkitError
@@ -49,7 +50,7 @@ def test_dequantised_blocks_equal_gguf_values(gguf_tensors):
 def test_native_products_equal_the_float32_path_bit_for_bit(gguf_tensors, path):
     gen = torch.Generator().manual_seed(1)
     for name, (kind, raw, ref) in gguf_tensors.items():
-        with K.using(path):
+        with active.use(kernel=path):
             nw, rw = qb.NativeWeight(raw, ref.shape[1], kind), row_weight.RowWeight(ref.T.contiguous())
         assert torch.equal(nw.unpacked(), ref.T), name
         x = torch.randn(16, ref.shape[1], generator=gen) * 3
@@ -75,7 +76,7 @@ def test_avx2_and_portable_native_paths_agree(gguf_tensors):
         x = torch.randn(m, ref.shape[1]) * 5
         outs = []
         for path in PATHS:
-            with K.using(path):
+            with active.use(kernel=path):
                 outs.append(qb.NativeWeight(raw, ref.shape[1], kind).rows(x))
         assert all(torch.equal(outs[0], o) for o in outs[1:]), (m, PATHS)
 

@@ -9,7 +9,7 @@ import pytest
 
 from lessonkit.lessons.headline import (LESSON_MODULES, Column, Headline, Sentence, format_value, headline_for,
                                         main_table, missing_figures, sentence_texts)
-from lessonkit.report.html import duration, machine_info
+from lessonkit.report.html import duration, machine_table
 from lessonkit.lessons.results import record_results
 from lessonkit.report.runner import lesson_notebooks
 
@@ -78,15 +78,15 @@ def test_record_results_writes_the_table_and_returns_the_sentences(tmp_path):
     assert "tiny-moe: restoring a 64-token prefix" in shown._repr_markdown_()
 
 
-def test_duration_and_machine_info(monkeypatch):
+def test_duration_and_machine_table(monkeypatch):
     assert [duration(s) for s in (4.4, 65, 3725)] == ["4 s", "1 min 5 s", "1 h 2 min"]
     monkeypatch.delenv("LESSONKIT_WEIGHTS", raising=False)
-    info = machine_info()
+    info = machine_table()
     assert {"CPU", "cores", "kernel path", "versions"} <= set(info) and "torch" in info["versions"]
     monkeypatch.setenv("LESSONKIT_WEIGHTS", "native")
-    assert machine_info()["weights path"].startswith("native (asked for")
+    assert machine_table()["weights path"].startswith("native (asked for")
     monkeypatch.setenv("LESSONKIT_WEIGHTS", "f32")
-    assert machine_info()["weights path"].startswith("f32 (asked for")
+    assert machine_table()["weights path"].startswith("f32 (asked for")
 
 
 # ---- the executed notebooks' pages work offline (lessons/offline.py) ---------------------------------------

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lessonkit.speculative.depth import parse_draft_depth as parse_draft_k
-from lessonkit.engine import kernel
+from lessonkit.engine import active, kernel
 from lessonkit.engine.engine import Engine
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import generate, probs_from_logits
@@ -388,7 +388,7 @@ def test_a_c_draft_turn_same_bits_on_both_c_paths(tiny):
     ctx = torch.randint(0, 200, (9,), generator=torch.Generator().manual_seed(5)).tolist()
     outs = []
     for name in (kernel.BACKEND, "portable"):
-        with kernel.using(name):
+        with active.use(kernel=name):
             eng = Engine(tiny[1])
         d = ModelDrafter(eng)
         toks = d.propose(ctx, 6).tokens
@@ -396,7 +396,7 @@ def test_a_c_draft_turn_same_bits_on_both_c_paths(tiny):
         outs.append((toks, d.model.cache.k[:, :n].clone(), d.model.cache.v[:, :n].clone()))
     assert outs[0][0] == outs[1][0]
     assert torch.equal(outs[0][1], outs[1][1]) and torch.equal(outs[0][2], outs[1][2])
-    with kernel.using("mkl"):
+    with active.use(kernel="mkl"):
         eng = Engine(tiny[1])
     assert "no C forward" in c_step_why_not(eng)
 
@@ -481,7 +481,7 @@ def test_without_the_c_kernel_drafters_take_the_pytorch_step(tiny):
     with the same proposals as the C step."""
     prompt = list(range(3, 20))
     with_c = ModelDrafter(Engine(tiny[1])).propose(prompt, 4).tokens
-    with kernel.using("mkl"):
+    with active.use(kernel="mkl"):
         draft = Engine(tiny[1])
     d = ModelDrafter(draft)
     assert d.model.step_path == "torch" and "no C kernel" in c_step_why_not(draft)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lessonkit.engine import kernel
+from lessonkit.engine import active, kernel
 from lessonkit.engine.generate import generate
 from lessonkit.errors import LessonkitError
 from lessonkit.files.atomic import TMP_PREFIX
@@ -139,7 +139,7 @@ def test_output_is_plain_greedy_with_the_store_empty_warm_and_reloaded(home, tmp
     old = kernel.THREADS
     kernel.set_threads(threads)
     try:
-        with kernel.numerics(numerics):
+        with active.use(numerics=numerics):
             target = load_model("smollm2-135m")
             held = structured_prompts(target, "heldout", 1, families=("records", "scoring"))
             train = structured_prompts(target, "train", 1)

@@ -1,31 +1,15 @@
-"""Shared pieces of every `lessonkit bench`: machine description, medians, goals, the readable table."""
+"""Shared pieces of every `lessonkit bench`: medians, goals, the readable table (the machine record is
+lessonkit.measure.machine.machine_record)."""
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 import time
 
 import numpy as np
 import pandas as pd
-import torch
 
 from lessonkit.engine.generate import generate
-from lessonkit.engine.threads import physical_cores
-from lessonkit.measure.machine import cpu_name
 from lessonkit.measure.timing import median_time
-
-
-def machine_info() -> dict:
-    """What ran: the CPU, versions, cores, and the engine's paths (kernel backend and threads, weights path)."""
-    from lessonkit.engine import kernel
-    from lessonkit.engine.blocks import choose_weights
-    return {"cpu": cpu_name(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpu_count": os.cpu_count(),
-            "physical_cores": physical_cores(), "torch_threads": torch.get_num_threads(),
-            "kernel": kernel.BACKEND, "isa": kernel.isa(), "numerics": kernel.NUMERICS,
-            "vnni": kernel.backend()["vnni"], "kernel_threads": kernel.THREADS, "weights": choose_weights()[0],
-            "platform": platform.platform(), "processor": platform.processor() or platform.machine()}
 
 
 def median_times(fns: dict, repeats: int = 3, warmup: int = 1) -> dict:

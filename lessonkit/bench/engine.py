@@ -7,12 +7,13 @@ import tempfile
 import torch
 import transformers
 
-from lessonkit.bench.common import decode_rate, goal, machine_info, median_times, memcpy_bandwidth
+from lessonkit.bench.common import decode_rate, goal, median_times, memcpy_bandwidth
 from lessonkit.bench.native import outside_kernel_share
 from lessonkit.models.convert import export_hf
 from lessonkit.engine.generate import generate
 from lessonkit.models.registry import load_model, resolve_model_dir
 from lessonkit.measure.timing import median_time
+from lessonkit.measure.machine import machine_record
 
 PROMPTS = ['{"ts": "2026-03-01T12:00:00Z", "host": "web-', "def parse_config(path):\n    ",
            "The expert cache keeps the most recently used"]
@@ -74,5 +75,5 @@ def bench(args) -> dict:
                      "memcpy_gb_per_s": bw / 1e9, "weights": eng.weights,
                      "share_outside_kernel": outside_kernel_share(eng, ids[0], n_new)})
         targets.append(goal("weight bandwidth / memcpy bandwidth", round(frac, 3), ">= 0.5", frac >= 0.5))
-    return {"bench": "engine", "model": name, "machine": machine_info(), "new_tokens_per_prompt": n_new,
+    return {"bench": "engine", "model": name, "machine": machine_record(), "new_tokens_per_prompt": n_new,
             "repeats": repeats, "rows": rows, "targets": targets}

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-from lessonkit.bench.common import machine_info
 from lessonkit.bench.grammar_masks import mask_section, mask_targets
 from lessonkit.errors import LessonkitError
 from lessonkit.models.registry import load_model
@@ -12,6 +11,7 @@ from lessonkit.grammar.records import monitoring_grammar
 from lessonkit.grammar.tokens import TokenGrammar
 from lessonkit.measure.grammar import corpus_records, grammar_ab, schema_compile_times
 from lessonkit.workloads.corpus import load_documents
+from lessonkit.measure.machine import machine_record
 
 
 def bench(args) -> dict:
@@ -47,7 +47,7 @@ def bench(args) -> dict:
          "forced_fraction": once["forced_fraction"], "resyncs": 0, "speedup": once["speedup"]},
     ]
     acc = ab["grammar_acceptance"] or 0.0
-    return {"bench": "grammar", "machine": machine_info(), "model": eng.name, "smoke": smoke, "repeats": repeats,
+    return {"bench": "grammar", "machine": machine_record(), "model": eng.name, "smoke": smoke, "repeats": repeats,
             "rows": rows, "schema_compile_ms_max": None if worst is None else 1e3 * worst,
             "ceiling_on_valid_records": ceiling, "masks": masks,
             "notes": [f"if tiny-moe wrote valid records ({ceiling['sequences']} held-out corpus records, canonical "

@@ -17,13 +17,14 @@ import time
 import numpy as np
 import torch
 
-from lessonkit.bench.common import goal, machine_info
+from lessonkit.bench.common import goal
 from lessonkit.engine.threads import pin_torch_threads
 from lessonkit.grammar.json_schema import schema_grammar
 from lessonkit.grammar.measure import sample_text
 from lessonkit.grammar.tokens import TokenGrammar, trie_levels, vocabulary_trie
 from lessonkit.measure.grammar import _test_schema_dir
 from lessonkit.models.registry import resolve_model_dir
+from lessonkit.measure.machine import machine_record
 
 MASK_TARGET_MS, COMPILE_TARGET_MS = 1.0, 2.0
 
@@ -142,6 +143,6 @@ def mask_targets(section: dict) -> list[dict]:
 def bench(args) -> dict:
     smoke = bool(getattr(args, "smoke", False))
     section = mask_section(smoke, repeats=1 if smoke else max(3, int(getattr(args, "repeats", 5) or 5)))
-    return {"bench": "grammar-masks", "machine": machine_info(), "smoke": smoke, "rows": section["rows"],
+    return {"bench": "grammar-masks", "machine": machine_record(), "smoke": smoke, "rows": section["rows"],
             "summary": section["summary"], "llguidance": section["llguidance"], "targets": mask_targets(section),
             "notes": [] if section["llguidance"] else ["llguidance is not installed: its columns are left out"]}

@@ -11,11 +11,12 @@ import time
 
 import torch
 
-from lessonkit.bench.common import goal, machine_info
-from lessonkit.engine import kernel, row_weight
+from lessonkit.bench.common import goal
+from lessonkit.engine import active, kernel, row_weight
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.gate import measure_cost_curve
 from lessonkit.measure.roofline import roofline
+from lessonkit.measure.machine import machine_record
 
 ROWS = (1, 2, 4, 8, 16)
 
@@ -52,7 +53,7 @@ def cost_curves(model: str, k_max: int, repeats: int) -> dict:
     """Verify cost T(k+1)/T(1) for k = 1..k_max on the kernel and on the MKL path (two loads, one process)."""
     curves = {}
     for name in (kernel.BACKEND, "mkl") if kernel.BACKEND != "mkl" else ("mkl",):
-        with kernel.using(name):
+        with active.use(kernel=name):
             eng = load_model(model)
         c = measure_cost_curve(eng, k_max, repeats=repeats)
         curves[name] = {"T1_ms": c[0] * 1e3, "ratios": [round(t / c[0], 3) for t in c[1:]]}
@@ -81,7 +82,7 @@ def bench(args) -> dict:
                      f"{roof['fraction_of_roofline']:.2f} of the roofline")
         if model == "smollm2-135m" and info["backend"] != "mkl":
             targets += _smollm2_targets(shapes, curves[info["backend"]]["ratios"], roof)
-    return {"bench": "kernel", "machine": machine_info(), "kernel": info, "repeats": repeats, "rows": rows,
+    return {"bench": "kernel", "machine": machine_record(), "kernel": info, "repeats": repeats, "rows": rows,
             "models": per_model, "targets": targets, "notes": notes}
 
 

@@ -24,13 +24,14 @@ from pathlib import Path
 
 import torch
 
-from lessonkit.bench.common import decode_rate, goal, machine_info, prefill_rate
+from lessonkit.bench.common import decode_rate, goal, prefill_rate
 from lessonkit.engine import kernel
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.threads import pin_torch_threads
 from lessonkit.measure.llamacpp import CMAKE_FLAGS, TOOLS, VERSION, binary, build_record, home, is_built
 from lessonkit.models.gguf_loader import load_smollm2, smollm2_gguf_path, to_transformers
 from lessonkit.models.registry import load_model
+from lessonkit.measure.machine import machine_record
 
 MODEL = "smollm2-135m"
 ENGINES = ("llamacpp", "lessonkit", "transformers")
@@ -338,7 +339,7 @@ def bench(args) -> dict:
     notes += [f"{r['figure']}, {r['threads']} thread(s): " + ", ".join(
         f"{k} {v:.2f}x" for k, v in r.items() if k not in ("threads", "figure") and v is not None)
         for r in ratios if any(v is not None for k, v in r.items() if k not in ("threads", "figure"))]
-    return {"bench": "llamacpp", "model": MODEL, "machine": machine_info(), "kernel": kernel.backend(),
+    return {"bench": "llamacpp", "model": MODEL, "machine": machine_record(), "kernel": kernel.backend(),
             "llamacpp": {"version": VERSION, "dir": str(home()), "built": is_built(), "build": build_info},
             "engines": engines, "threads": threads, "repeats": repeats, "decode_tokens": n_gen,
             "prefill_tokens": n_prompt, "rows": rows, "ratios": ratios, "targets": targets, "notes": notes}

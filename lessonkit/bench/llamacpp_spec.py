@@ -27,7 +27,7 @@ import statistics
 import sys
 
 from lessonkit.bench import llamacpp
-from lessonkit.bench.common import goal, machine_info
+from lessonkit.bench.common import goal
 from lessonkit.engine import kernel
 from lessonkit.engine.generate import generate
 from lessonkit.engine.threads import pin_torch_threads
@@ -38,6 +38,7 @@ from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import ModelDrafter, NGramDrafter
 from lessonkit.speculative.verify import speculative_generate
 from lessonkit.workloads.grounded import GROUNDED_REQUESTS
+from lessonkit.measure.machine import machine_record
 
 MODEL = "smollm2-135m"
 SIZES = {"full": (48, None), "smoke": (8, 2)}     # (new tokens per request, requests: None = all)
@@ -186,7 +187,7 @@ def bench(args) -> dict:
     forks_of = {f"{r['engine']} {r['name']}": r.pop("forks") for r in rows}
     notes.append(f"llama.cpp on a GPU forked from its plain output on 76-80% of requests ({ISSUE_URL}); "
                  "the rows above are this CPU")
-    return {"bench": "llamacpp-spec", "model": MODEL, "machine": machine_info(), "kernel": kernel.backend(),
+    return {"bench": "llamacpp-spec", "model": MODEL, "machine": machine_record(), "kernel": kernel.backend(),
             "weights": target.weights, "gguf": str(smollm2_gguf_path()),
             "llamacpp": {"version": llamacpp.VERSION, "dir": str(llamacpp.home()), "built": llamacpp.is_built(),
                          "build": build_info, "commands": {

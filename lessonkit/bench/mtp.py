@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import statistics
 
-from lessonkit.bench.common import goal, machine_info
+from lessonkit.bench.common import goal
 from lessonkit.models.registry import load_model
 from lessonkit.measure.mtp import prompts_from_corpus, speed_comparison
 from lessonkit.mtp.evaluate import HELDOUT_SAMPLE, acceptance_by_kind, heldout_sample, pooled_acceptance
 from lessonkit.mtp.head import Shared, load_head
+from lessonkit.measure.machine import machine_record
 
 def bench(args) -> dict:
     """`lessonkit bench mtp`: plain greedy vs MTP drafting (k = 1..3) on tiny-moe (and smollm2-135m unless smoke)."""
@@ -35,4 +36,4 @@ def bench(args) -> dict:
         best = max((statistics.median(r["speedup"] for r in rows if r["model"] == m and r["k"] == k) for k in ks),
                    default=0.0)
         targets.append(goal(f"{m}: best MTP speed-up (median prompt)", round(best, 3), "> 1.0", best > 1.0))
-    return {"bench": "mtp", "machine": machine_info(), "rows": rows, "targets": targets}
+    return {"bench": "mtp", "machine": machine_record(), "rows": rows, "targets": targets}

@@ -13,10 +13,11 @@ import time
 
 import torch
 
-from lessonkit.bench.common import goal, machine_info, median_times
-from lessonkit.engine import blocks, kernel, row_weight
+from lessonkit.bench.common import goal, median_times
+from lessonkit.engine import active, blocks, kernel, row_weight
 from lessonkit.engine.generate import generate
 from lessonkit.models.registry import load_model
+from lessonkit.measure.machine import machine_record
 
 PROMPT = "The expert cache keeps the most recently used experts in memory, and"
 
@@ -152,12 +153,12 @@ def int8_agreement(int8, exact, ids: list[int]) -> float:
 
 def load_engines() -> dict:
     """smollm2-135m three ways: native blocks (exact numerics), native blocks (int8 numerics), float32."""
-    with kernel.numerics("exact"):
+    with active.use(numerics="exact"):
         engines = {"native": load_model("smollm2-135m", weights="native")}
     if kernel._rowkernel is not None and kernel.BACKEND != "mkl":
-        with kernel.numerics("int8"):
+        with active.use(numerics="int8"):
             engines["int8"] = load_model("smollm2-135m", weights="native")
-    with kernel.numerics("exact"):
+    with active.use(numerics="exact"):
         engines["f32"] = load_model("smollm2-135m", weights="f32")
     return engines
 
@@ -190,7 +191,7 @@ def bench(args) -> dict:
     ops = {w: op_groups_ms(engines[w], ids, n_dec) for w in ("native", "int8") if w in engines}
     agree = int8_agreement(engines["int8"], native, pre_ids[:128]) if "int8" in engines else None
     kernel.set_threads(1)
-    return {"bench": "native", "model": "smollm2-135m", "machine": machine_info(), "threads": threads,
+    return {"bench": "native", "model": "smollm2-135m", "machine": machine_record(), "threads": threads,
             "forward": {w: e.model.forward_why for w, e in engines.items()}, "repeats": repeats, "rows": rows,
             "outside_kernel_share": share, "ms_per_token_by_op": ops, "verify_cost_T(k+1)/T(1)": verify,
             "int8_greedy_agreement_with_exact": agree, **checks,

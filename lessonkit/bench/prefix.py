@@ -4,12 +4,13 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from lessonkit.bench.common import goal, machine_info
+from lessonkit.bench.common import goal
 from lessonkit.models.registry import load_model
 from lessonkit.measure.timing import median_time
 from lessonkit.prefix_cache.cache import PrefixCache
 from lessonkit.prefix_cache.generate import results_identical, score
 from lessonkit.workloads.reviews import make_items, system_prompt_ids
+from lessonkit.measure.machine import machine_record
 
 def bench(args) -> dict:
     """`lessonkit bench prefix`: prefill vs restore of a 552-token prefix; batch scoring off / cold / warm."""
@@ -50,7 +51,7 @@ def bench(args) -> dict:
                  "bytes_on_disk": size, "bytes_per_token": size / n_prefix, "identical_to_plain": True})
     ratio, speedup = t_res / t_pre, off.stats["total_s"] / warm.stats["total_s"]
     ident = all(r["identical_to_plain"] for r in rows)
-    return {"bench": "prefix", "machine": machine_info(),
+    return {"bench": "prefix", "machine": machine_record(),
             "model": getattr(eng, "name", str(model)), "smoke": smoke, "repeats": repeats,
             "rows": rows,
             "targets": [goal(f"restore / prefill time, {n_prefix}-token prefix", round(ratio, 4), "<= 0.05", ratio <= 0.05),

@@ -1,12 +1,12 @@
 """`lessonkit bench semcache`: one-sided+guard vs exact, two-sided 0.8 and one-sided on the same stream."""
 from __future__ import annotations
 
-from lessonkit.bench.common import machine_info
 from lessonkit.errors import LessonkitError
 from lessonkit.measure.semcache import SMOKE_ITEMS, time_hits, time_judge
 from lessonkit.semcache.policies import AUDIT_OFF, embed_stream, make_policy, run_stream
 from lessonkit.semcache.judge import RuleJudge, ground_truth_judge
 from lessonkit.workloads.monitoring import load_stream
+from lessonkit.measure.machine import machine_record
 
 def bench(args) -> dict:
     """One-sided+guard vs exact, two-sided 0.8 and one-sided on the same stream, audit off."""
@@ -43,5 +43,5 @@ def bench(args) -> dict:
         {"name": "time per query on a hit / judge call", "value": hit_share, "target": 0.05,
          "met": hit_share is not None and hit_share <= 0.05},
     ]
-    return {"bench": "semcache", "machine": machine_info(), "judge": judge.fingerprint,
+    return {"bench": "semcache", "machine": machine_record(), "judge": judge.fingerprint,
             "judge_call_ms": judge_ms, "queries": len(texts), "rows": rows, "targets": targets}

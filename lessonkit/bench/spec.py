@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from lessonkit.bench.common import goal, machine_info
+from lessonkit.bench.common import goal
 from lessonkit.bench.spec_table import (SUFFIX_K, category_table, plain_runner, rounds, spec_runner, table_markdown,
                                         warm_suffix_store)
 from lessonkit.models.convert import export_hf
@@ -37,6 +37,7 @@ from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens_per
 from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.workloads.corpus import prompts_by_kind
 from lessonkit.workloads.structured import structured_prompts
+from lessonkit.measure.machine import machine_record
 
 
 def _interleaved(fns: dict, prompts, repeats) -> dict:
@@ -282,5 +283,5 @@ def bench(args) -> dict:
     for r in rows:
         if not r["identical_to_plain"] and "transformers" not in r["name"]:
             notes.append(f"NOT IDENTICAL: {r['name']}")
-    return {"bench": "spec", "machine": {**machine_info(), "torch_threads": torch.get_num_threads()},
+    return {"bench": "spec", "machine": {**machine_record(), "torch_threads": torch.get_num_threads()},
             "smoke": smoke, "rows": rows, "targets": targets, "notes": notes, **table}

@@ -1,8 +1,8 @@
 """`lessonkit bench stack`: the plain engine vs all techniques together on the stream, one run."""
 from __future__ import annotations
 
-from lessonkit.bench.common import machine_info
 from lessonkit.measure.stack import ablations, available_models, run_config
+from lessonkit.measure.machine import machine_record
 
 def bench(args) -> dict:
     """`lessonkit bench stack`: the plain engine vs all techniques together on the stream, one run."""
@@ -37,6 +37,6 @@ def bench(args) -> dict:
             {"name": f"{eng.name}: actionable losses from the semantic cache", "value": int(a["actionable_losses"]),
              "target": 0, "met": int(a["actionable_losses"]) == 0},
         ]
-    return {"bench": "stack", "machine": {**machine_info(), "timing_threads": cfg.threads}, "smoke": smoke,
+    return {"bench": "stack", "machine": {**machine_record(), "timing_threads": cfg.threads}, "smoke": smoke,
             "items": cfg.n_items, "warm_items": cfg.warm_items, "max_new_tokens": cfg.max_new_tokens, "embed_s": embed_s,
             "rows": rows, "targets": targets}

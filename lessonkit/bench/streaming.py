@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.torch import load_file, save_file
 
-from lessonkit.bench.common import goal, machine_info
+from lessonkit.bench.common import goal
 from lessonkit.engine import blocks as qb
 from lessonkit.engine import row_weight
 from lessonkit.engine.checkpoint import experts_layout, save_packed_experts
@@ -42,6 +42,7 @@ from lessonkit.files.portable_io import read_at
 from lessonkit.measure.break_even import cost_model_inputs, disk_cost_model, validate_cost_model
 from lessonkit.measure.disk import disk_read_rate
 from lessonkit.models.registry import resolve_model_dir
+from lessonkit.measure.machine import machine_record
 
 PROMPTS = ["The expert cache keeps the most recently used", "def parse_config(path):\n    "]
 LAYOUTS = ("format 1: packed at every load", "format 2: packed on disk")
@@ -212,7 +213,7 @@ def bench(args) -> dict:
     targets = [goal("pack calls while streaming the packed layout", n_packs, "0", n_packs == 0),
                goal("identical tokens, old vs packed layout", same, "true", same),
                goal("ms per miss, packed / old layout", round(ratio, 3), "< 1", ratio < 1)]
-    return {"bench": "streaming", "model": name, "machine": machine_info(),
+    return {"bench": "streaming", "model": name, "machine": machine_record(),
             "weights": weights, "disk": disk_rec, "expert_budget": f"{budget} experts", "new_tokens_per_prompt": n_new,
             "repeats": repeats, "rows": rows, "speculation": spec, "targets": targets, "notes": _notes(disk_rec, spec)}
 

@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from lessonkit.bench.common import goal, machine_info
+from lessonkit.bench.common import goal
 from lessonkit.bench.spec_table import SUFFIX_K, plain_runner, spec_runner, warm_suffix_store
 from lessonkit.engine import kernel
 from lessonkit.errors import LessonkitError
@@ -42,6 +42,7 @@ from lessonkit.speculative.gate import measure_cost_curve
 from lessonkit.speculative.suffix import SuffixDrafter
 from lessonkit.speculative.suffix_store import SuffixStore
 from lessonkit.workloads.structured import structured_prompts
+from lessonkit.measure.machine import machine_record
 
 STORE_SHARES = (0.25, 0.5, 1.0)     # store sizes: these shares of the training split's outputs (0: the empty store)
 BATCH = 4                           # items a request in the batch section
@@ -234,5 +235,5 @@ def bench(args) -> dict:
     for r in out["rows"]:
         if not r["identical_to_plain"]:
             out["notes"].append(f"NOT IDENTICAL: {r['name']}")
-    return {"bench": "suffix", "machine": {**machine_info(), "torch_threads": torch.get_num_threads()},
+    return {"bench": "suffix", "machine": {**machine_record(), "torch_threads": torch.get_num_threads()},
             "smoke": smoke, **out, "table_markdown": table_markdown(out["rows"])}

@@ -26,7 +26,7 @@ import torch
 
 from lessonkit.engine import blocks as qb
 from lessonkit.engine import c_plan, kernel, kernel_library, row_weight
-from lessonkit.engine.c_plan import requested_path, using  # noqa: F401 (the forward's setting, re-exported)
+from lessonkit.engine.c_plan import requested_path
 from lessonkit.errors import LessonkitError
 
 KIND = {"f32": -1, "q4_1": 0, "q8_0": 1}

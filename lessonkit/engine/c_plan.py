@@ -3,46 +3,30 @@
 The plan is the list of addresses of a model's weights in the order csrc/forward.c reads them (PLAN_GLOBALS words,
 then the same words for each layer); the dims are the model's sizes; the RoPE tables are the rotations of every
 position. The torch engine (engine/c_forward.py) and the torch-free generate (engine/lean.py) build them here, so
-the two hand the kernel the same plan and the same tables. Which forward runs (LESSONKIT_FORWARD, `using`) is
-read here too: both engines honour it.
+the two hand the kernel the same plan and the same tables. Which forward runs (LESSONKIT_FORWARD,
+`active.use(forward=...)`) is read here too: both engines honour it.
 """
 from __future__ import annotations
 
-import contextlib
-import os
 from typing import Callable
 
 import numpy as np
 
+from lessonkit.engine import settings
 from lessonkit.engine.config import ModelConfig
 from lessonkit.errors import LessonkitError
 
 PLAN_GLOBALS = 8           # csrc/rowkernel.h: words before the first layer's
 KEY_BUCKET = 64            # positions are allocated (and, on the PyTorch forward, attended) in buckets of 64
 
-_FORCED: str | None = None        # set by `using`: models built inside take that forward
-
-
-@contextlib.contextmanager
-def using(path: str):
-    """Models built inside the block take forward `path` ("c" or "torch"): lessons and benchmarks load a model
-    twice to show the two forwards side by side."""
-    global _FORCED
-    if path not in ("c", "torch"):
-        raise ValueError(f"unknown forward {path!r}: expected c or torch")
-    old, _FORCED = _FORCED, path
-    try:
-        yield
-    finally:
-        _FORCED = old
+FORWARD_CHOICES = ("c", "torch")
 
 
 def requested_path() -> str:
-    """LESSONKIT_FORWARD: "c" (the default where possible) or "torch" (the PyTorch reference forward)."""
-    if _FORCED is not None:
-        return _FORCED
-    req = os.environ.get("LESSONKIT_FORWARD", "").strip().lower() or "auto"
-    if req not in ("auto", "c", "torch"):
+    """LESSONKIT_FORWARD, or `active.use(forward=...)` around the call (engine.settings.current): "c" (the default
+    where possible), "torch" (the PyTorch reference forward) or "auto"."""
+    req = settings.current().forward
+    if req not in ("auto",) + FORWARD_CHOICES:
         raise LessonkitError(f"LESSONKIT_FORWARD={req!r}: expected c, torch or auto")
     return req
 

@@ -32,29 +32,24 @@ swaps the library products go through (tests compare binaries), under the same l
 from __future__ import annotations
 
 import contextlib
-import os
 import platform
 import threading
 
+from lessonkit.engine import settings
 from lessonkit.engine.kernel_library import ABI, KernelLibrary, load_library
+from lessonkit.engine.settings import KERNEL_CHOICES
 from lessonkit.errors import LessonkitError
 
 _rowkernel, BINARY, BINARY_WHY = load_library()
 _IMPORT_ERROR = "" if _rowkernel is not None else BINARY_WHY
 
 
-KERNEL_CHOICES = ("auto", "avx512", "avx2", "neon", "portable", "mkl")
-
 
 def _kernel_request() -> str:
     """LESSONKIT_KERNEL=auto|avx512|avx2|neon|portable|mkl: the one setting of the path short forwards take
     ("" or auto: the fastest this CPU has; neon is arm64's portable path; mkl: no C kernel). A path the CPU
-    lacks is refused by name, never silently replaced."""
-    old = os.environ.get("LESSONKIT_ISA", "").strip()
-    if old:
-        raise LessonkitError(f"LESSONKIT_ISA={old!r}: the kernel path has one setting now, LESSONKIT_KERNEL "
-                             f"({', '.join(KERNEL_CHOICES)})")
-    req = os.environ.get("LESSONKIT_KERNEL", "").strip().lower() or "auto"
+    lacks is refused by name, never silently replaced (engine.settings reads it, and refuses the old LESSONKIT_ISA)."""
+    req = settings.from_env().kernel
     if req not in KERNEL_CHOICES:
         raise LessonkitError(f"LESSONKIT_KERNEL={req!r}: expected one of {', '.join(KERNEL_CHOICES)}")
     arm = platform.machine().lower() in ("aarch64", "arm64")
@@ -68,7 +63,7 @@ def _kernel_request() -> str:
 
 def _choose() -> tuple[str, str]:
     forced = _kernel_request()
-    why = f"forced by LESSONKIT_KERNEL={os.environ.get('LESSONKIT_KERNEL', '').strip().lower()}"
+    why = f"forced by LESSONKIT_KERNEL={settings.from_env().kernel}"
     if forced == "mkl":
         return "mkl", why
     if _rowkernel is None:
@@ -109,7 +104,7 @@ def _choose_numerics() -> tuple[str, str]:
     to float32 and gives the float32 model's bits; `int8` quantises each row's activations to 8 bits per block
     of 32 and takes integer block dots (csrc/intdot.c; docs/numerics.md): row-invariant by construction, not
     the float32 model's bits. Float weights always compute in float32."""
-    req = os.environ.get("LESSONKIT_NUMERICS", "").strip().lower() or "auto"
+    req = settings.from_env().numerics
     if req not in NUMERICS_CHOICES + ("auto",):
         raise LessonkitError(f"LESSONKIT_NUMERICS={req!r}: expected exact, int8 or auto")
     if req == "int8" and (_rowkernel is None or BACKEND == "mkl"):
@@ -133,34 +128,33 @@ def path_code(backend_name: str | None = None, numerics: str | None = None) -> i
     return code | (PATH_INT8 if (numerics or NUMERICS) == "int8" and name != "mkl" else 0)
 
 
-def set_numerics(name: str) -> str:
-    """How native weights prepared from now on multiply ("exact" or "int8"); returns the choice."""
-    global NUMERICS, NUMERICS_WHY
+def check_numerics(name: str) -> None:
+    """Raises unless native weights can take numerics `name` ("exact" or "int8") in this process."""
     if name not in NUMERICS_CHOICES:
         raise LessonkitError(f"numerics {name!r}: expected one of {', '.join(NUMERICS_CHOICES)}")
     if name == "int8" and (_rowkernel is None or BACKEND == "mkl"):
         raise LessonkitError(f"numerics int8 needs the C kernel ({WHY})")
-    NUMERICS, NUMERICS_WHY = name, "asked for (--numerics)"
+
+
+def swap_numerics(name: str, why: str) -> tuple[str, str]:
+    """Native weights prepared from now on take numerics `name` (checked: check_numerics), `why` being the
+    reason; returns the (numerics, why) replaced. `lessonkit.engine.active.use` swaps it for a block."""
+    global NUMERICS, NUMERICS_WHY
+    old = NUMERICS, NUMERICS_WHY
+    NUMERICS, NUMERICS_WHY = name, why
+    return old
+
+
+def set_numerics(name: str) -> str:
+    """How native weights prepared from now on multiply ("exact" or "int8"); returns the choice."""
+    check_numerics(name)
+    swap_numerics(name, "asked for (--numerics)")
     return name
 
 
 def numerics_of(code: int) -> str:
     """The numerics a path word selects."""
     return "int8" if int(code) & PATH_INT8 else "exact"
-
-
-@contextlib.contextmanager
-def numerics(name: str):
-    """Weights prepared inside the block take numerics `name` ("exact" or "int8"): benchmarks and lessons load
-    the same model twice to compare the two side by side in one process."""
-    global NUMERICS, NUMERICS_WHY
-    old = NUMERICS, NUMERICS_WHY
-    set_numerics(name)
-    NUMERICS_WHY = f"chosen for a comparison ({name})"
-    try:
-        yield
-    finally:
-        NUMERICS, NUMERICS_WHY = old
 
 
 def backend() -> dict:
@@ -171,11 +165,8 @@ def backend() -> dict:
             "threads": THREADS}
 
 
-@contextlib.contextmanager
-def using(name: str):
-    """Weights prepared inside the block take backend `name` ("avx2", "portable" or "mkl"): benchmarks
-    and lessons load the same model twice to compare the paths side by side in one process."""
-    global BACKEND, WHY
+def check_backend(name: str) -> None:
+    """Raises unless weights can take backend `name` ("avx512", "avx2", "portable" or "mkl") on this CPU."""
     if name not in ("avx512", "avx2", "portable", "mkl"):
         raise ValueError(f"unknown kernel backend {name!r}: expected avx512, avx2, portable or mkl")
     if name != "mkl" and _rowkernel is None:
@@ -184,16 +175,31 @@ def using(name: str):
         raise RuntimeError("backend avx2: this CPU has no AVX2/FMA")
     if name == "avx512" and not _rowkernel.has_avx512():
         raise RuntimeError("backend avx512: this CPU has no AVX-512 F + BW")
+
+
+def swap_backend(name: str, why: str) -> tuple[str, str]:
+    """Weights prepared from now on take backend `name` (checked: check_backend), `why` being the reason;
+    returns the (backend, why) replaced. `lessonkit.engine.active.use` swaps it for a block."""
+    global BACKEND, WHY
     old = BACKEND, WHY
-    BACKEND, WHY = name, f"chosen for a comparison ({name})"
+    BACKEND, WHY = name, why
+    return old
+
+
+@contextlib.contextmanager
+def using(name: str):
+    """`active.use(kernel=name)` for lessonkit/lessons/kernel.py, which calls it by this name (engine.active
+    cannot be imported here: it imports this module)."""
+    check_backend(name)
+    old = swap_backend(name, f"chosen for a comparison ({name})")
     try:
         yield
     finally:
-        BACKEND, WHY = old
+        swap_backend(*old)
 
 
 _LIBRARY_LOCK = threading.Lock()   # set_threads and use_library: a thread count never lands on a library being swapped out
-_asked = 1                         # the count last asked for: what a library swapped in (or back) gets
+_asked = settings.STARTING_THREADS  # the count last asked for: what a library swapped in (or back) takes
 
 
 def set_threads(n: int) -> int:
@@ -236,18 +242,21 @@ def use_library(lib: KernelLibrary | None):
             THREADS = _threads_on(old)
 
 
-THREADS = 1
+THREADS = settings.STARTING_THREADS
+
+
+def asked_threads() -> int:
+    """The thread count last asked for (set_threads), what a library swapped in gets."""
+    return _asked
 
 
 def _threads_from_env() -> None:
-    """LESSONKIT_THREADS=N: a user's override of the library default, the count a process starts with; unset, one
-    thread (tests and notebooks share cores). Commands take --threads; notebooks KERNEL_THREADS (engine.threads)."""
-    raw = os.environ.get("LESSONKIT_THREADS", "").strip()
-    if not raw:
-        return
-    if not raw.isdigit() or int(raw) < 1:
-        raise LessonkitError(f"LESSONKIT_THREADS={raw!r}: expected a positive integer (the kernel's thread count)")
-    set_threads(int(raw))
+    """LESSONKIT_THREADS=N (engine.settings reads it): a user's override of the count a process starts with;
+    unset, one thread (tests and notebooks share cores). Commands take --threads; notebooks KERNEL_THREADS
+    (engine.threads)."""
+    n = settings.from_env().threads
+    if n is not None:
+        set_threads(n)
 
 
 _threads_from_env()

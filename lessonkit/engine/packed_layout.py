@@ -10,11 +10,9 @@ Shape legend: N output rows, K inputs (a multiple of 32), B = K / 32 blocks per 
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from lessonkit.engine import kernel
+from lessonkit.engine import kernel, settings
 from lessonkit.errors import LessonkitError
 
 # ---- the packed format: this table and csrc/format.h's constants are the one definition (C names as keys;
@@ -54,7 +52,7 @@ def choose_weights(requested: str | None = None) -> tuple[str, str]:
     argument) wins over LESSONKIT_WEIGHTS; the default is native where the C kernel runs, else f32. "q8_0"
     also quantises a model's float matrices to Q8_0 blocks at load (`blocks.q8_0_rows`): another model, lossy,
     whose accuracy is measured against the float one (the int8 numerics then take integer dots on it)."""
-    req = (requested or os.environ.get("LESSONKIT_WEIGHTS", "") or "auto").strip().lower()
+    req = (requested or settings.current().weights).strip().lower()
     if req not in ("auto", "native", "f32", "q8_0"):
         raise LessonkitError(f"weights {req!r} (LESSONKIT_WEIGHTS or --weights): expected native, f32, q8_0 or auto")
     ready = kernel._rowkernel is not None and kernel.BACKEND != "mkl"

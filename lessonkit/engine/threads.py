@@ -10,35 +10,24 @@ for reproducible weights) say why where they do it.
 from __future__ import annotations
 
 import contextlib
-import os
 
 # The C kernel's thread limit, MAXT in csrc/rowkernel.c (rk_max_threads) (tests/test_parsing.py holds them equal): kept
 # here as a number so that every command's --threads is checked by argparse without loading the kernel.
 MAX_THREADS = 64
 
 
-def physical_cores() -> int:
-    """Physical cores this process may use (the default thread count for decode): psutil's count of physical
-    cores (Linux, macOS, Windows), at most the CPUs this process is allowed on where the OS says."""
-    import psutil
-    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    if hasattr(os, "sched_getaffinity"):
-        cores = min(cores, len(os.sched_getaffinity(0)))
-    return max(1, cores)
-
-
 def use_threads(n: int | None = None, *, torch_too: bool = True) -> int:
-    """Run the C kernel with n threads (None: this machine's physical cores) and, with torch_too, torch with the
-    same n. Without an n torch keeps its own default (the physical cores too, unless OMP_NUM_THREADS pins it: a
-    test harness or a user on shared cores). Commands whose help says --threads is the kernel's alone (generate,
+    """Run the C kernel with n threads (None: settings.default()'s, this machine's physical cores) and, with
+    torch_too, torch with the same n. Without an n torch keeps its own default (the physical cores too, unless
+    OMP_NUM_THREADS pins it: a test harness or a user on shared cores). Commands whose help says --threads is the kernel's alone (generate,
     bench) pass torch_too=False: torch stays at OMP_NUM_THREADS. Returns the kernel's count in use (1 without the
     C kernel binary). Results do not depend on it: each kernel output is one chain computed by one thread.
 
     A count the system cannot start is one line (errors.ResourceError), checked before starting where a limit
     says so (engine.limits), and after: the kernel starts what it can, and fewer than an asked n is refused."""
-    from lessonkit.engine import kernel
+    from lessonkit.engine import kernel, settings
     from lessonkit.engine.limits import check_thread_room
-    want, loaded = physical_cores() if n is None else n, kernel._rowkernel is not None
+    want, loaded = settings.default().threads if n is None else n, kernel._rowkernel is not None
     if n is not None and loaded:
         check_thread_room(min(want, MAX_THREADS) - kernel.THREADS, f"the C kernel's {want} threads (--threads {want})")
     in_use = kernel.set_threads(want)     # checks n

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lessonkit.engine import c_forward, kernel, row_weight
+from lessonkit.engine import active, c_forward, kernel, row_weight
 from lessonkit.models.registry import load_model
 
 
@@ -68,7 +68,7 @@ def load_on(name: str, kw: dict, forward: str | None = None):
     """load_model(name, **kw), built for forward "c" or "torch" (None: the default)."""
     if forward is None:
         return load_model(name, **kw)
-    with c_forward.using(forward):
+    with active.use(forward=forward):
         return load_model(name, **kw)
 
 def forwards_to_compare(models) -> list[tuple[str, str, dict, str | None]]:

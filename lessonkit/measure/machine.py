@@ -29,3 +29,30 @@ def cpu_name() -> str:
     except (OSError, KeyError, ValueError):
         pass
     return platform.processor() or platform.machine()
+
+
+def machine_record(*, refuse_bad_weights: bool = True) -> dict:
+    """The one machine record: the CPU and its cores, versions, and the settings in force with why each was
+    chosen (lessonkit.engine.active.describe). Every bench's "machine" (lessonkit.bench.common) and the report's
+    first table (lessonkit.report.html) are this record. A LESSONKIT_WEIGHTS the engine refuses raises unless
+    refuse_bad_weights is False (the report, which says so: the run said it first)."""
+    import os
+
+    import psutil
+    import torch
+
+    from lessonkit.engine.active import describe
+    from lessonkit.engine.settings import physical_cores
+    from lessonkit.errors import LessonkitError
+    d = describe()
+    if d["weights"] is None and refuse_bad_weights:
+        raise LessonkitError(d["weights_why"])
+    return {"cpu": cpu_name(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpu_count": os.cpu_count(), "physical_cores": physical_cores(), "torch_threads": torch.get_num_threads(),
+            "kernel": d["backend"], "isa": d["isa"], "numerics": d["numerics"], "vnni": d["vnni"],
+            "kernel_threads": d["threads"], "weights": d["weights"],
+            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cores_in_machine": psutil.cpu_count(logical=False),
+            "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "kernel_why": d["why"], "numerics_why": d["numerics_why"], "weights_why": d["weights_why"],
+            "forward": d["forward"]}

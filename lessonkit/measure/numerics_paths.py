@@ -9,7 +9,7 @@ import math
 
 import pandas as pd
 
-from lessonkit.engine import kernel
+from lessonkit.engine import active, kernel
 from lessonkit.engine.generate import generate
 from lessonkit.errors import LessonkitError
 from lessonkit.measure.break_even import break_even_acceptance
@@ -43,7 +43,7 @@ def load_on_each(model: str) -> tuple[dict, list[str]]:
     engines, notes = {}, []
     for nm in NUMERICS:
         try:
-            with kernel.numerics(nm):
+            with active.use(numerics=nm):
                 engines[nm] = load_model(model)
         except LessonkitError as e:
             notes.append(f"{model} on the {nm} numerics left out: {e}")

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
@@ -19,40 +17,12 @@ from pathlib import Path
 
 import jinja2
 
-from lessonkit.errors import LessonkitError
 from lessonkit.files.resources import PACKAGE_DIR, workbook_root
 from lessonkit.lessons.headline import headline_for, main_table, sentence_texts
-from lessonkit.measure.machine import cpu_name
+from lessonkit.measure.machine import machine_record
 
 TEMPLATES = PACKAGE_DIR / "report" / "templates"
 VERSIONED = ("lessonkit", "torch", "numpy", "pandas", "matplotlib", "papermill", "nbconvert")
-
-
-def _physical_cores() -> int | None:
-    """psutil's count of physical cores; None where the OS does not say."""
-    import psutil
-    return psutil.cpu_count(logical=False)
-
-
-def _kernel_path() -> tuple[str, str | None]:
-    """Which path short forwards take (lessonkit.engine.kernel.backend()) and the weights the models load
-    (lessonkit.engine.blocks.choose_weights: LESSONKIT_WEIGHTS, else the default and why)."""
-    from lessonkit.engine import kernel
-    from lessonkit.engine.blocks import choose_weights
-    b = kernel.backend()
-    path = f"{b['backend']} ({b['why']})"
-    try:
-        mode, why = choose_weights()
-    except LessonkitError as e:              # a bad LESSONKIT_WEIGHTS: the report says so, the run said it first
-        return path, str(e)
-    return path, f"{mode} ({why})"
-
-
-def _numerics() -> str:
-    """The numerics of native blocks in this run (exact or int8; docs/numerics.md), as the lessons' kernels take
-    them from LESSONKIT_NUMERICS (`lessonkit run --numerics`)."""
-    from lessonkit.engine import kernel
-    return f"{kernel.NUMERICS} ({kernel.NUMERICS_WHY})"
 
 
 def _version(pkg: str) -> str:
@@ -71,20 +41,20 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def machine_info() -> dict[str, str]:
-    """The run's machine and software, as label -> text (the report's first table)."""
-    import torch
-    path, weights = _kernel_path()
-    cores = _physical_cores()
-    info = {"CPU": cpu_name(),
-            "cores": f"{cores} physical, {os.cpu_count()} logical" if cores else f"{os.cpu_count()} logical",
-            "usable by this run": f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} "
-                                  f"CPUs, {torch.get_num_threads()} torch thread{'s' if torch.get_num_threads() > 1 else ''}",
-            "kernel path": path, "numerics": _numerics()}
-    if weights:
-        info["weights path"] = str(weights)
-    info["system"] = platform.platform()
-    info["python"] = platform.python_version()
+def machine_table() -> dict[str, str]:
+    """The run's machine and software, as label -> text (the report's first table), from the one machine
+    record (lessonkit.measure.machine.machine_record)."""
+    m = machine_record(refuse_bad_weights=False)
+    cores, logical, usable, torch_n = m["cores_in_machine"], m["cpu_count"], m["cpus_usable"], m["torch_threads"]
+    info = {"CPU": m["cpu"],
+            "cores": f"{cores} physical, {logical} logical" if cores else f"{logical} logical",
+            "usable by this run": f"{'?' if usable is None else usable} CPUs, "
+                                  f"{torch_n} torch thread{'s' if torch_n > 1 else ''}",
+            "kernel path": f"{m['kernel']} ({m['kernel_why']})", "numerics": f"{m['numerics']} ({m['numerics_why']})",
+            # a bad LESSONKIT_WEIGHTS: the report says so, the run said it first
+            "weights path": m["weights_why"] if m["weights"] is None else f"{m['weights']} ({m['weights_why']})"}
+    info["system"] = m["platform"]
+    info["python"] = m["python"]
     info["versions"] = ", ".join(f"{p} {_version(p)}" for p in VERSIONED)
     commit = _git_commit()
     if commit:
@@ -190,7 +160,7 @@ def write_report(build_dir: Path, status: dict[str, dict], *, smoke: bool, total
     build_dir = Path(build_dir)
     lessons = lesson_entries(build_dir, status)
     context = {"generated": time.strftime("%Y-%m-%d %H:%M:%S"), "smoke": smoke, "total": duration(total_s),
-               "command": "lessonkit run --smoke" if smoke else "lessonkit run", "machine": machine_info(),
+               "command": "lessonkit run --smoke" if smoke else "lessonkit run", "machine": machine_table(),
                "lessons": lessons, "n_ok": sum(e["ok"] for e in lessons)}
     env = _environment()
     (build_dir / "report.html").write_text(env.get_template("report.html.j2").render(context), encoding="utf-8")

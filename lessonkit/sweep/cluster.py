@@ -9,7 +9,7 @@ import importlib.util
 import logging
 from dataclasses import dataclass
 
-from lessonkit.engine.threads import physical_cores
+from lessonkit.engine.settings import physical_cores
 from lessonkit.errors import LessonkitError
 
 

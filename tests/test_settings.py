@@ -1,0 +1,101 @@
+"""The run's settings in one object (lessonkit.engine.settings, lessonkit.engine.active): from_env is the one reader
+of the LESSONKIT_* variables that choose them, default() decides the thread default once, and use() changes them
+for a block and restores every one after, on an exception too."""
+from __future__ import annotations
+
+import ast
+import contextlib
+from pathlib import Path
+
+import pytest
+
+import lessonkit.engine.kernel as K
+from lessonkit.engine import active, c_plan, settings
+from lessonkit.engine.packed_layout import choose_weights
+from lessonkit.errors import LessonkitError
+
+PKG = Path(__file__).resolve().parents[1] / "lessonkit"
+CHOOSING = set(settings.ENV.values()) | {settings.RETIRED}
+
+
+def _env_reads(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, variable) of every read of a setting's variable: os.environ[...] loaded, os.environ.get(...),
+    os.getenv(...), or the name in a call's arguments of those."""
+    out = []
+    for node in ast.walk(tree):
+        loaded = isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
+        if loaded and ast.unparse(node.value) == "os.environ":
+            key = node.slice
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv", "environ.get"):
+            key = node.args[0] if node.args else None
+        else:
+            continue
+        if isinstance(key, ast.Constant) and key.value in CHOOSING:
+            out.append((node.lineno, key.value))
+    return out
+
+
+def test_from_env_is_the_only_reader_of_the_settings_variables():
+    found = []
+    for path in sorted(PKG.rglob("*.py")):
+        if path.name == "settings.py" and path.parent.name == "engine":
+            continue
+        found += [f"{path.relative_to(PKG.parent)}:{line} reads {var}"
+                  for line, var in _env_reads(ast.parse(path.read_text(encoding="utf-8")))]
+    assert not found, "\n".join(found)
+    assert _env_reads(ast.parse('import os\nos.environ.get("LESSONKIT_KERNEL")\nos.environ["LESSONKIT_THREADS"]'))
+
+
+def test_from_env_normalises_and_refuses():
+    s = settings.from_env({"LESSONKIT_KERNEL": " AVX2 ", "LESSONKIT_THREADS": "3", "LESSONKIT_FORWARD": "torch"})
+    assert s == settings.RunSettings(kernel="avx2", numerics="auto", threads=3, weights="auto", forward="torch")
+    assert settings.from_env({}) == settings.RunSettings()
+    with pytest.raises(LessonkitError, match=r"LESSONKIT_THREADS='two': expected a positive integer"):
+        settings.from_env({"LESSONKIT_THREADS": "two"})
+    with pytest.raises(LessonkitError, match="one setting now, LESSONKIT_KERNEL"):
+        settings.from_env({"LESSONKIT_ISA": "avx2"})
+    with pytest.raises(AttributeError):                  # frozen
+        s.threads = 4
+
+
+def test_default_is_decided_once(monkeypatch):
+    first = settings.default()
+    monkeypatch.setattr(settings, "physical_cores", lambda: first.threads + 7)
+    assert settings.default() is first and first.threads >= 1
+    assert active.describe()["default_threads"] == first.threads
+
+
+def _state():
+    return K.BACKEND, K.WHY, K.NUMERICS, K.NUMERICS_WHY, K.THREADS, settings.current(), c_plan.requested_path()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_use_changes_every_setting_and_restores_them(monkeypatch, fail):
+    monkeypatch.delenv("LESSONKIT_WEIGHTS", raising=False)
+    monkeypatch.delenv("LESSONKIT_FORWARD", raising=False)
+    before = _state()
+    path = "mkl" if K._rowkernel is None else "portable"
+    changes = {"kernel": path, "threads": 2, "weights": "f32", "forward": "torch"}
+    if K._rowkernel is not None:
+        changes["numerics"] = "int8"
+    with pytest.raises(RuntimeError) if fail else contextlib.nullcontext():
+        with active.use(**changes) as s:
+            assert (K.BACKEND, c_plan.requested_path(), choose_weights()[0]) == (path, "torch", "f32")
+            assert s.threads == 2 and s.forward == "torch" and s.kernel == path
+            if K._rowkernel is not None:
+                assert K.NUMERICS == "int8" and K.THREADS == 2
+            if fail:
+                raise RuntimeError("inside the block")
+    assert _state() == before
+
+
+def test_use_refuses_before_changing_anything():
+    before = _state()
+    for bad, err in (({"kernel": "sse"}, ValueError), ({"forward": "gpu"}, ValueError),
+                     ({"weights": "q2"}, ValueError), ({"colour": "red"}, ValueError),
+                     ({"threads": 0}, ValueError)):
+        with pytest.raises(err):
+            with active.use(**bad):
+                pass
+        assert _state() == before
+
