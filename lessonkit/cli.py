@@ -11,6 +11,7 @@ import sys
 
 from lessonkit import commands as c
 from lessonkit.bench import BENCHES
+from lessonkit.bench import OPTIONS as BENCH_OPTIONS
 from lessonkit.engine.threads import MAX_THREADS
 from lessonkit.errors import LessonkitError, ran_out_line
 from lessonkit.files.disk import USAGE as DISK_USAGE
@@ -113,6 +114,17 @@ NUMERICS = arg("--numerics", choices=["exact", "int8"], default=None,
                help="native blocks: exact (the float32 model's bits) or int8 (activations quantised per block of 32, "
                     "integer dots: docs/numerics.md); default: LESSONKIT_NUMERICS, else exact")
 
+def bench_options() -> list:
+    """`lessonkit bench`'s options, from the bench package's table (lessonkit.bench.OPTIONS: the sweep's too)."""
+    kinds = {"flag": lambda d, h: dict(action="store_true"), "text": lambda d, h: dict(default=d),
+             "repeats": lambda d, h: dict(type=number(1, 1000, integer=True), default=d),
+             "thread counts": lambda d, h: dict(type=thread_counts, default=d),
+             "disk": lambda d, h: dict(type=disk, default=d)}
+    return [NUMERICS if kind == "numerics" else
+            arg(f"--{name}", **kinds[kind](default, why), **({"help": why} if why else {}))
+            for name, (kind, default, why) in BENCH_OPTIONS.items()]
+
+
 COMMANDS = {
     "models": ("list the available models", c.cmd_models, [JSON]),
     "doctor": ("versions, paths, and every model file checked against its SHA-256", c.cmd_doctor, []),
@@ -150,17 +162,7 @@ COMMANDS = {
         arg("--only", action="append", help="run only notebooks whose name contains this"), THREADS, NUMERICS]),
     "bench": ("benchmarks: baseline and contenders side by side", c.cmd_bench, [
         arg("name", choices=sorted(BENCHES)), JSON,
-        arg("--smoke", action="store_true", help="tiny sizes, just checks that it runs"),
-        arg("--model", default=None), arg("--repeats", type=number(1, 1000, integer=True), default=3),
-        arg("--threads", type=thread_counts, default=None, help="C kernel thread counts, e.g. 1,2: llamacpp measures each (default 1,2), other benches use the first, torch too (default: physical cores)"),
-        arg("--disk", type=disk, default="cold",
-            help="streaming: where expert misses are read from: cold (past the page cache: the disk itself; default), "
-                 "warm (the page cache) or simulated:MB/s (a slower disk than yours)"),
-        arg("--engines", default=None,
-            help="llamacpp: which to measure, from llamacpp,lessonkit,transformers (default all)"),
-        arg("--build", action="store_true",
-            help="llamacpp: download the llama-cpp-python sdist and build llama-bench into the cache first (minutes)"),
-        NUMERICS]),
+        *bench_options()]),
     "compare": ("what moved beyond noise between two build/summary.json files, or two sweep folders", c.cmd_compare, [
         arg("old"), arg("new"),
         arg("--noise", type=number(0, 100), default=0.1, help="relative change treated as noise (default 0.1)")]),

@@ -246,11 +246,14 @@ def test_slurm_without_dask_jobqueue_is_one_error_before_anything_runs(tmp_path,
 
 
 def test_the_bench_parameters_are_the_bench_commands_options():
+    """Both come from one table (lessonkit.bench.OPTIONS): every option of `lessonkit bench` but --json (and
+    --help) is a sweep parameter, with the command's default."""
     from lessonkit.cli import build_parser
     from lessonkit.sweep.points import BENCH_PARAMS
     bench = build_parser()._subparsers._group_actions[0].choices["bench"]
-    options = {a.dest for a in bench._actions if a.option_strings}
-    assert set(BENCH_PARAMS) <= options, set(BENCH_PARAMS) - options
+    options = {a.dest: a.default for a in bench._actions if a.option_strings and a.dest not in ("json", "help")}
+    assert set(BENCH_PARAMS) == set(options), set(BENCH_PARAMS) ^ set(options)
+    assert {n: p.default for n, p in BENCH_PARAMS.items()} == options
 
 
 def test_a_local_cluster_sweep_and_the_serial_loop_agree(tmp_path):

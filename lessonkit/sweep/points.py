@@ -20,16 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from lessonkit.bench import OPTIONS as BENCH_OPTIONS
 from lessonkit.errors import LessonkitError
 from lessonkit.sweep.grid import ANY, Param
 
 # the sweep sets these for a lesson itself: they are no grid parameters
 LESSON_RESERVED = ("BUILD_DIR", "INTERACTIVE")
-BENCH_PARAMS = {
-    "smoke": Param(bool, False, "tiny sizes"), "repeats": Param(int, None, "repeats of each measurement"),
-    "model": Param(str, None, "the model"), "threads": Param(int, None, "C kernel threads"),
-    "engines": Param(str, None, "llamacpp: which engines"), "disk": Param(str, None, "streaming: warm, cold or simulated:MB/s"),
-}
+# the bench options (lessonkit.bench.OPTIONS, the CLI's table) as parameters: one thread count per point
+BENCH_TYPES = {"flag": bool, "text": str, "repeats": int, "thread counts": int, "disk": str, "numerics": str}
+BENCH_PARAMS = {name: Param(BENCH_TYPES[kind], default, why or name)
+                for name, (kind, default, why) in BENCH_OPTIONS.items()}
 BREAK_EVEN_PARAMS = {
     "budget_experts": Param(int, 2, "experts resident (0: all)"), "acceptance": Param(float, 1.0, "oracle acceptance"),
     "k": Param(int, 2, "draft depth"), "disk": Param(str, "warm", "warm, cold or simulated:MB/s"),
