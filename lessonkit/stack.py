@@ -42,6 +42,7 @@ from lessonkit.prefix_cache.cache import PrefixCache
 from lessonkit.semcache.front import SemanticFront, front_safe_margin, front_scorer
 from lessonkit.semcache.policies import load_embedder
 from lessonkit.speculative.drafters import Draft
+from lessonkit.speculative.states import forward_for, record_parts, union_of
 from lessonkit.speculative.verify import speculative_generate
 from lessonkit.workloads.triage import ITEM_TEMPLATE, JUDGE_SCHEMA, STOP_STRINGS, Workload, needs_action
 
@@ -88,6 +89,7 @@ class StackDrafter:
             raise LessonkitError("StackDrafter needs a grammar drafter, a model drafter or both")
         self.grammar, self.model = grammar, model
         self.name = "+".join(d.name for d in (grammar, model) if d is not None)
+        self.needs_states = union_of((grammar, model))
         self._last = None
         self.proposed = {"grammar": 0, "model": 0}
         self.accepted = {"grammar": 0, "model": 0}
@@ -96,6 +98,9 @@ class StackDrafter:
         for d in (self.grammar, self.model):
             if d is not None:
                 d.reset(prompt_ids)
+
+    def record(self, start, states):
+        record_parts((self.grammar, self.model), start, states)
 
     def propose(self, context, k):
         self._last = None
@@ -122,7 +127,7 @@ class StackDrafter:
             self.model.update(context, num_accepted)
 
     def finish(self):
-        """The run is over: each part ends its run (a feature head stops tapping the target, a suffix store learns)."""
+        """The run is over: each part ends its run (a suffix store learns)."""
         for d in (self.grammar, self.model):
             if d is not None:
                 getattr(d, "finish", lambda: None)()
@@ -188,11 +193,11 @@ class Judge:
                     cache.rollback(0)
                     restored = 0
             drafter = self._drafter()
-            if drafter is not None:                 # before any forward: an MTP head taps the target's hidden states
+            if drafter is not None:                 # before any forward: the prefix's forward hands an MTP head its states
                 drafter.reset(list(prompt))
             forwards = 0
-            if not restored:
-                eng.forward(self.prefix_ids, cache, last_only=True)      # chunk 1: the shared prefix
+            if not restored:                        # chunk 1: the shared prefix
+                forward_for(drafter, eng, self.prefix_ids, cache, last_only=True)
                 forwards += 1
                 if self.prefix_cache is not None:
                     self.prefix_cache.save(self.prefix_ids, cache)

@@ -17,6 +17,7 @@ from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.mtp.evaluate import acceptance_by_kind, eval_windows, pooled_acceptance, target_states, teacher_forced
 from lessonkit.mtp.head import (MtpConfig, MtpHead, Shared, block, eh_scale_ratio, head_logits, init_head, load_head,
                                 mtp_input, rescale_embedding_half)
+from lessonkit.speculative.states import forward_for
 from lessonkit.speculative.verify import speculative_generate
 
 
@@ -79,7 +80,7 @@ def test_drafter_matches_the_teacher_forced_head(tiny):
     drafter = MtpDrafter(eng, head)
     try:
         drafter.reset([])
-        eng.forward(row[:30], eng.new_cache())
+        forward_for(drafter, eng, row[:30], eng.new_cache())
         d = drafter.propose(row[:31].tolist(), 1).tokens
     finally:
         drafter.close()
@@ -196,7 +197,7 @@ def _judge_like(eng, drafter, prefix, item, n, pc=None):
     restored = pc.lookup_and_restore(prefix, cache, max_tokens=len(prefix)) if pc is not None else 0
     drafter.reset(prompt)
     if not restored:
-        eng.forward(prefix, cache, last_only=True)
+        forward_for(drafter, eng, prefix, cache, last_only=True)
         if pc is not None:
             pc.save(prefix, cache)
     r = speculative_generate(eng, drafter, prompt, n, k=3, cache=cache, use_eos=False, reset_drafter=False)

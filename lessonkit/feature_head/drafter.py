@@ -1,11 +1,12 @@
 """The feature head as a drafter (the drafter protocol of lessonkit.speculative.drafters).
 
-The target's forward is split at the head's taps (engine forward(taps=...): the same bits, the same cache), so
-every position the target verifies leaves its fused state g behind, at the price of one (T, S D) x (S D, D)
-product. A draft turn then runs the head's one layer once per draft token, on the engine's own C forward: the
-head is a one-layer Llama whose input rows are given (x_p, not a token) and whose output layer is the draft
-vocabulary's rows of the target's, its matrices as Q8_0 blocks (integer dots on the int8 numerics). Without the C
-kernel the same steps run in PyTorch (lessonkit.feature_head.head).
+The drafter declares the head's taps (needs_states), so the target's forwards over its sequence are split there
+(lessonkit.speculative.states; engine forward(taps=...): the same bits, the same cache) and every position the
+target verifies leaves its fused state g behind, at the price of one (T, S D) x (S D, D) product. A draft turn then
+runs the head's one layer once per draft token, on the engine's own C forward: the head is a one-layer Llama whose
+input rows are given (x_p, not a token) and whose output layer is the draft vocabulary's rows of the target's, its
+matrices as Q8_0 blocks (integer dots on the int8 numerics). Without the C kernel the same steps run in PyTorch
+(lessonkit.feature_head.head).
 
 State: g [positions, D] for the target's positions, valid below `n_states`; the head's own KV cache, one row
 per position p >= 1 (cache index p - 1), of which the first `real` rows were computed from target states and the
@@ -62,33 +63,6 @@ def load_head(target, path: str | Path | None = None) -> tuple[fh.HeadConfig, di
         raise LessonkitError(f"{path}: its draft vocabulary does not index {target.name}'s {target.config.vocab_size} "
                              "tokens")
     return cfg, {k: (v if k == "vocab" else v.float()) for k, v in w.items()}, meta
-
-
-class _StateTap:
-    """Wraps engine.forward (on this one engine object): while a drafter is active, every forward is split at the
-    taps and hands (start, states [T, S, D]) to it; otherwise the forward is the plain one."""
-
-    def __init__(self, engine, taps: tuple[int, ...]):
-        self.engine, self.orig, self.taps, self.active = engine, engine.forward, taps, None
-        engine.forward = self.forward
-        engine._state_tap = self
-
-    def forward(self, tokens, cache, *, return_hidden=False, last_only=False, taps=None):
-        if self.active is None or taps:
-            return self.orig(tokens, cache, return_hidden=return_hidden, last_only=last_only, taps=taps)
-        start = cache.length
-        logits, top, tapped = self.orig(tokens, cache, last_only=last_only, taps=self.taps)
-        self.active.record(start, torch.stack([*tapped, top.float()], 1))
-        return (logits, top) if return_hidden else logits
-
-    @classmethod
-    def of(cls, engine, taps) -> "_StateTap":
-        tap = getattr(engine, "_state_tap", None)
-        if tap is None:
-            return cls(engine, taps)
-        if tap.taps != taps:
-            raise LessonkitError(f"{engine.name} is already tapped at layers {tap.taps}, this head needs {taps}")
-        return tap
 
 
 class _CHead:
@@ -207,7 +181,7 @@ class FeatureHeadDrafter:
         self.row_of[self.vocab] = torch.arange(len(self.vocab))
         if self.step_path == "C":
             self.head.chain(self.e_table.contiguous(), self.w_g, w["gnorm"].contiguous())
-        self.tap = _StateTap.of(target, self.cfg.taps)
+        self.needs_states = tuple(self.cfg.taps)
         self.stats = {"num_drafts": 0, "recomputed_states": 0}
         self.cache = KVCache(1, self.target.model.cos.shape[0], self.cfg.n_kv_heads, self.cfg.head_dim)
         self.reset([])
@@ -259,18 +233,12 @@ class FeatureHeadDrafter:
         self.n_states, self.changed_from, self.missing, self.settled = 0, 0, 0, 0
         self.cache.rollback(0)
         self.real, self.row_tokens = 0, []
-        self.tap.active = self
-
-    def finish(self) -> None:
-        """The run is over: the target's forward is the plain one again."""
-        if self.tap.active is self:
-            self.tap.active = None
 
     def _recover_missing(self, context: list[int]) -> None:
         """States of positions a restored prefix skipped: one tapped forward of them on a scratch cache."""
         n, self.missing = self.missing, 0
         cache = self.target.new_cache(n + 1)
-        _, top, tapped = self.tap.orig(context[:n], cache, last_only=True, taps=self.cfg.taps)
+        _, top, tapped = self.target.forward(context[:n], cache, last_only=True, taps=self.needs_states)
         self.raw[:n] = torch.stack([*tapped, top.float()], 1)
         self.settled = 0
         self.stats["recomputed_states"] += n

@@ -1,6 +1,6 @@
 """The MTP head as a drafter: k tokens from the target's last hidden state (the drafter protocol of
-lessonkit.speculative.drafters). The target's forward is tapped so the head reads the hidden states
-the target computes anyway."""
+lessonkit.speculative.drafters). It declares that it reads the target's last hidden state (needs_states = ()),
+so the target's forwards over its sequence hand it the states they compute anyway (lessonkit.speculative.states)."""
 from __future__ import annotations
 
 import torch
@@ -11,33 +11,6 @@ from lessonkit.mtp.head import MtpHead, Shared, block, head_logits, load_head, m
 from lessonkit.speculative.drafters import Draft
 from lessonkit.speculative.vocab import DRAFT_VOCAB, draft_head
 
-class _HiddenTap:
-    """Wraps engine.forward (on this one engine object) so drafters can read the hidden states it
-    already computes: every forward records rows [start, start + T) of the target's last hidden state."""
-
-    def __init__(self, engine):
-        self.engine, self.orig = engine, engine.forward
-        self.listeners = []
-        engine.forward = self.forward
-        engine._hidden_tap = self
-
-    def forward(self, tokens, cache, *, return_hidden=False, last_only=False, taps=None):
-        start = cache.length
-        if taps:                                 # a feature head's tap asks for more states: pass them on
-            logits, hid, tapped = self.orig(tokens, cache, last_only=last_only, taps=taps)
-            for fn in self.listeners:
-                fn(start, hid)
-            return logits, hid, tapped
-        logits, hid = self.orig(tokens, cache, return_hidden=True, last_only=last_only)
-        for fn in self.listeners:
-            fn(start, hid)
-        return (logits, hid) if return_hidden else logits
-
-    @classmethod
-    def of(cls, engine) -> "_HiddenTap":
-        tap = getattr(engine, "_hidden_tap", None)
-        return tap if tap is not None else cls(engine)
-
 
 class MtpDrafter:
     """Drafts k tokens with an MTP head from the target's last hidden state (drafter protocol).
@@ -47,6 +20,8 @@ class MtpDrafter:
     state is unknown. The head keeps its own KV cache over its depth-1 stream; positions the target
     re-runs (after a rejection) invalidate the head's rows from there on.
 
+    The states come through record(start, states), from every forward of the target that runs through
+    speculative.states.forward_for (the speculative loop's prefill and verifies, the capstone's prefix).
     Behind a restored prefix (lessonkit.prefix_cache) the target's first forward after `reset` starts
     at position n > 0 and the hidden states of positions 0 .. n-1 were never computed. The drafter
     then recomputes them once with one forward of those n tokens on a scratch cache (the same chunk
@@ -55,6 +30,7 @@ class MtpDrafter:
     """
 
     name = "mtp"
+    needs_states = ()                            # the target's last hidden state alone
 
     def __init__(self, target, head: MtpHead | None = None, quant: str = "none", dtype=torch.float32,
                  draft_vocab: int | None = DRAFT_VOCAB):
@@ -67,15 +43,16 @@ class MtpDrafter:
         self.sh = Shared.from_engine(target)
         # FR-Spec: the argmax over the target's most frequent tokens only (speculative.vocab); None: all rows
         self.frequent = draft_head(target, self.sh.lm_head, draft_vocab)
-        self.tap = _HiddenTap.of(target)
-        self.tap.listeners.append(self._record)
+        self._memo = None                        # (restored prefix, its states): kept for the next request
         self.reset([])
 
     def close(self):
-        if self._record in self.tap.listeners:
-            self.tap.listeners.remove(self._record)
+        """Drop the restored prefix's states kept for the next request."""
+        self._memo = None
 
-    def _record(self, start: int, hid: torch.Tensor):
+    def record(self, start: int, states: torch.Tensor):
+        """The target's states [T, 1, D] of positions start .. start+T-1 (speculative.states)."""
+        hid = states[:, -1]
         if self.n_hidden == 0 and self.missing == 0:
             self.missing = start                 # positions restored from a prefix cache: no states yet
         T = hid.shape[0]
@@ -83,7 +60,7 @@ class MtpDrafter:
             grow = torch.zeros(max(2 * self.hidden.shape[0], start + T), self.hidden.shape[1])
             grow[:self.hidden.shape[0]] = self.hidden
             self.hidden = grow
-        self.hidden[start:start + T] = hid.float()
+        self.hidden[start:start + T] = hid
         self.n_hidden = start + T
         self.stale_from = min(self.stale_from, start)
 
@@ -99,12 +76,12 @@ class MtpDrafter:
 
     def _recover_missing(self, context: list[int]) -> None:
         """Hidden states of the restored positions 0 .. missing-1: from the memo of the last prefix, or
-        one forward of those tokens on a scratch cache (untapped: it must not look like a new forward)."""
+        one forward of those tokens on a scratch cache."""
         n, self.missing = self.missing, 0
         key = tuple(context[:n])
-        memo = getattr(self, "_memo", None)
+        memo = self._memo
         if memo is None or memo[0] != key:
-            _, hid = self.tap.orig(list(key), self.target.new_cache(n + 1), return_hidden=True, last_only=True)
+            _, hid = self.target.forward(list(key), self.target.new_cache(n + 1), return_hidden=True, last_only=True)
             memo = self._memo = (key, hid.float())
             self.stats["recomputed_states"] += n
         self.hidden[:n] = memo[1]

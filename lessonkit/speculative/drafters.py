@@ -8,6 +8,9 @@ shape as Hugging Face's candidate generator (get_candidates / update_candidate_s
     propose(context, k) -> Draft   up to k tokens after `context` (fewer or none is allowed)
     update(context, num_accepted)  context now holds the accepted drafts + the target's bonus token
 
+A drafter that reads the target's hidden states (the MTP head, the feature head) also says which
+(`needs_states`) and takes them with `record(start, states)` (lessonkit.speculative.states).
+
 `Draft.probs` is the draft distribution q [len(tokens), V] the tokens were sampled from, when the
 drafter samples; None means the tokens were chosen deterministically (q is one-hot), which is what
 greedy drafters, prompt lookup and the oracle do. Modified rejection sampling needs q; greedy

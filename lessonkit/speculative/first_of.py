@@ -3,11 +3,13 @@
 Prompt lookup and a suffix store cost nothing and are often right for many tokens in a row, but have nothing to
 say on most steps; a learned drafter (the feature head) always has a guess, at a price. TensorRT-LLM's suffix
 automaton in front of EAGLE-3 and SuffixDecoding's hybrid mode combine them this way: a free match when it is long
-enough, the head otherwise. Every drafter sees every reset and update, so each keeps its own state in step.
+enough, the head otherwise. Every drafter sees every reset and update, and the target's states when it reads
+them (speculative.states), so each keeps its own state in step.
 """
 from __future__ import annotations
 
 from lessonkit.speculative.drafters import Draft
+from lessonkit.speculative.states import record_parts, union_of
 
 
 class FirstOf:
@@ -17,6 +19,10 @@ class FirstOf:
         self.drafters = drafters
         self.name = name or "+".join(getattr(d, "name", type(d).__name__) for d, _ in drafters)
         self.used = {getattr(d, "name", str(i)): 0 for i, (d, _) in enumerate(drafters)}
+        self.needs_states = union_of(d for d, _ in drafters)
+
+    def record(self, start: int, states) -> None:
+        record_parts([d for d, _ in self.drafters], start, states)
 
     def reset(self, prompt_ids) -> None:
         for d, _ in self.drafters:

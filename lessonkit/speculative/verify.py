@@ -9,7 +9,9 @@ target in a single forward; row i holds the target's distribution for the positi
   sampling: modified rejection sampling (Leviathan et al. 2023, Chen et al. 2023). p: target probs,
             q: draft probs. Accept x with probability min(1, p(x)/q(x)); on rejection sample from
             norm(max(p - q, 0)) and stop. The emitted tokens are distributed exactly as the target's.
-Rejected positions are rolled back in the target's KV cache (and the drafter's).
+Rejected positions are rolled back in the target's KV cache (and the drafter's). A drafter that reads the
+target's hidden states (an MTP head, a feature head) gets them from the prefill and every verify forward
+(speculative.states).
 
 Depth gate (k="auto"): Cascade's test-then-set (speculative.gate.UtilityGate). A short test phase runs
 k = 0 and the depth the cost model ranks first (E(k) / cost(k), E(k) = 1 + a1 + a1*a2 + ... from running
@@ -31,11 +33,12 @@ import torch
 
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import (GenerationResult, SamplingParams, StopChecker, engine_counters,
-                                       finish_stats, prefill, probs_from_logits, request_cache, sample_token)
+                                       finish_stats, probs_from_logits, request_cache, sample_token)
 from lessonkit.engine.model import ROWWISE_MAX
 from lessonkit.speculative.depth import AUTO, K_MAX, parse_draft_depth
 from lessonkit.speculative.drafters import Draft, Drafter
 from lessonkit.speculative.gate import DepthGate, UtilityGate, cost_curve
+from lessonkit.speculative.states import forward_for
 
 
 def verify_greedy(target_logits: torch.Tensor, draft_tokens: list[int]) -> tuple[int, int]:
@@ -140,7 +143,7 @@ def _draft_width(target, drafter, k, k_max: int, cost, probe_every: int,
 
 
 def _finish(drafter, gate) -> None:
-    """A drafter that taps the target stops tapping it; the gate's memory stays with the drafter."""
+    """The drafter ends its run (a suffix store learns); the gate's memory stays with the drafter."""
     getattr(drafter, "finish", lambda: None)()
     if gate:
         drafter.gate_memory = gate.memory()
@@ -168,13 +171,13 @@ def _propose(drafter, context: list[int], kk: int) -> tuple[list[int], torch.Ten
     return d, dq, time.perf_counter() - td
 
 
-def _verify(target, cache, context: list[int], d: list[int], dq, params: SamplingParams,
+def _verify(target, drafter, cache, context: list[int], d: list[int], dq, params: SamplingParams,
             gen: torch.Generator) -> tuple[int, int, float]:
     """One (k+1)-row forward of the target: (drafts accepted, the target's own next token, seconds).
     The cache keeps the last token and the accepted drafts; the rest is rolled back."""
     pos = cache.length                                # == len(context) - 1: the last token is not cached yet
     tv = time.perf_counter()
-    rows = target.forward([context[-1]] + d, cache)
+    rows = forward_for(drafter, target, [context[-1]] + d, cache)
     tv = time.perf_counter() - tv
     if params.greedy:
         n, nxt = verify_greedy(rows, d)
@@ -194,7 +197,7 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
 
     cache: a KV cache holding a prefix of the prompt (e.g. restored from the prefix cache): only the rest is
     prefilled, as `generate(..., cache=cache)` does. reset_drafter=False: the caller already reset the drafter
-    (e.g. before prefilling that prefix, so an MTP head saw its hidden states).
+    (e.g. before prefilling that prefix through speculative.states.forward_for, so an MTP head got its states).
     k: a draft depth (speculative.depth): at most k drafts per step, or "auto": the utility gate, whose cost model
     uses `cost` (seconds of a verify forward of 1 .. k_max+1 rows; measured when None); learn_cost=False: decide
     from the cost model alone, never from measured seconds (deterministic)."""
@@ -212,7 +215,7 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
     reset_s = _prepare_drafter(drafter, target, params, prompt, reset_drafter)
     before = engine_counters(target)
     t0 = time.perf_counter()
-    logits = prefill(target, prompt, cache) if held == 0 else target.forward(prompt[held:], cache, last_only=True)[-1]
+    logits = forward_for(drafter, target, prompt[held:], cache, last_only=True)[-1]
     ttft = time.perf_counter() - t0
     tally, out, context = _Tally(width), [], list(prompt)
 
@@ -230,7 +233,7 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
             room = max_new_tokens - len(out) - 1          # the step emits up to k drafts + 1 own token
             asked = min(gate.choose() if gate else width, room)
             d, dq, td = _propose(drafter, context, asked)
-            n, nxt, tv = _verify(target, cache, context, d, dq, params, gen)
+            n, nxt, tv = _verify(target, drafter, cache, context, d, dq, params, gen)
             tally.step(len(d), n, td, tv, target.model.last_forward["unique_experts"])
             done = any(emit(t) for t in d[:n] + [nxt])
             drafter.update(list(context), n)
