@@ -287,6 +287,36 @@ def test_only_engine_threads_sets_torchs_thread_count():
     assert not setters, setters
 
 
+def _environment_reads(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) of every read of a LESSONKIT_* variable: os.environ[NAME] loaded, os.environ.get(NAME),
+    os.getenv(NAME)."""
+    out = []
+    for node in ast.walk(tree):
+        loaded = isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
+        if loaded and ast.unparse(node.value) == "os.environ":
+            key = node.slice
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv") and node.args:
+            key = node.args[0]
+        else:
+            continue
+        if isinstance(key, ast.Constant) and str(key.value).startswith("LESSONKIT_"):
+            out.append((node.lineno, key.value))
+    return out
+
+
+def test_only_engine_settings_reads_the_settings_variables():
+    """The run's settings (kernel path, numerics, threads, weights, forward) are read from the environment in
+    lessonkit.engine.settings.from_env only. LESSONKIT_HOME, where the cache lives, is no run setting: the files
+    room below the engine reads it (lessonkit.files.resources)."""
+    reads = [f"{m}:{line} reads {name}" for m, path in MODULES.items() if m != "lessonkit.engine.settings"
+             for line, name in _environment_reads(ast.parse(path.read_text()))
+             if (m, name) != ("lessonkit.files.resources", "LESSONKIT_HOME")]
+    assert not reads, "\n".join(reads)
+    seen = _environment_reads(ast.parse('os.environ.get("LESSONKIT_KERNEL")\nos.environ["LESSONKIT_THREADS"]\n'
+                                        'os.environ["LESSONKIT_NUMERICS"] = "int8"'))
+    assert [name for _, name in seen] == ["LESSONKIT_KERNEL", "LESSONKIT_THREADS"]     # a write is no read
+
+
 READS_A_FILE = ("read_csv(", "read_json(", "read_parquet(", "open(", "json.load(", "np.load(", ".read_text(",
                 ".read_bytes(", "safe_open(", "load_file(")
 

@@ -1,11 +1,9 @@
-"""The run's settings in one object (lessonkit.engine.settings, lessonkit.engine.active): from_env is the one reader
-of the LESSONKIT_* variables that choose them, default() decides the thread default once, and use() changes them
-for a block and restores every one after, on an exception too."""
+"""The run's settings in one object (lessonkit.engine.settings, lessonkit.engine.active): from_env reads the
+LESSONKIT_* variables that choose them (tests/test_layout.py holds it the only reader), default() decides the
+thread default once, and use() changes them for a block and restores every one after, on an exception too."""
 from __future__ import annotations
 
-import ast
 import contextlib
-from pathlib import Path
 
 import pytest
 
@@ -13,38 +11,6 @@ import lessonkit.engine.kernel as K
 from lessonkit.engine import active, c_plan, settings
 from lessonkit.engine.packed_layout import choose_weights
 from lessonkit.errors import LessonkitError
-
-PKG = Path(__file__).resolve().parents[1] / "lessonkit"
-CHOOSING = set(settings.ENV.values()) | {settings.RETIRED}
-
-
-def _env_reads(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, variable) of every read of a setting's variable: os.environ[...] loaded, os.environ.get(...),
-    os.getenv(...), or the name in a call's arguments of those."""
-    out = []
-    for node in ast.walk(tree):
-        loaded = isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
-        if loaded and ast.unparse(node.value) == "os.environ":
-            key = node.slice
-        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv", "environ.get"):
-            key = node.args[0] if node.args else None
-        else:
-            continue
-        if isinstance(key, ast.Constant) and key.value in CHOOSING:
-            out.append((node.lineno, key.value))
-    return out
-
-
-def test_from_env_is_the_only_reader_of_the_settings_variables():
-    found = []
-    for path in sorted(PKG.rglob("*.py")):
-        if path.name == "settings.py" and path.parent.name == "engine":
-            continue
-        found += [f"{path.relative_to(PKG.parent)}:{line} reads {var}"
-                  for line, var in _env_reads(ast.parse(path.read_text(encoding="utf-8")))]
-    assert not found, "\n".join(found)
-    assert _env_reads(ast.parse('import os\nos.environ.get("LESSONKIT_KERNEL")\nos.environ["LESSONKIT_THREADS"]'))
-
 
 def test_from_env_normalises_and_refuses():
     s = settings.from_env({"LESSONKIT_KERNEL": " AVX2 ", "LESSONKIT_THREADS": "3", "LESSONKIT_FORWARD": "torch"})

@@ -66,7 +66,7 @@ def bench(args) -> dict:
     repeats = 2 if smoke else max(3, getattr(args, "repeats", 5))
     models = ["tiny-moe"] if smoke else ["tiny-moe", "smollm2-135m"]
     k_max = 3 if smoke else 7
-    info = kernel.backend()
+    info = active.describe()
     rows, targets, notes, per_model = [], [], [], {}
     for model in models:
         shapes = shape_rows(load_model(model).config.matrix_shapes(), repeats=repeats)

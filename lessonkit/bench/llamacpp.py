@@ -26,6 +26,7 @@ import torch
 
 from lessonkit.bench.common import decode_rate, goal, prefill_rate
 from lessonkit.engine import kernel
+from lessonkit.engine.active import describe
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.threads import pin_torch_threads
 from lessonkit.measure.llamacpp import CMAKE_FLAGS, TOOLS, VERSION, binary, build_record, home, is_built
@@ -339,7 +340,7 @@ def bench(args) -> dict:
     notes += [f"{r['figure']}, {r['threads']} thread(s): " + ", ".join(
         f"{k} {v:.2f}x" for k, v in r.items() if k not in ("threads", "figure") and v is not None)
         for r in ratios if any(v is not None for k, v in r.items() if k not in ("threads", "figure"))]
-    return {"bench": "llamacpp", "model": MODEL, "machine": machine_record(), "kernel": kernel.backend(),
+    return {"bench": "llamacpp", "model": MODEL, "machine": machine_record(), "kernel": describe(),
             "llamacpp": {"version": VERSION, "dir": str(home()), "built": is_built(), "build": build_info},
             "engines": engines, "threads": threads, "repeats": repeats, "decode_tokens": n_gen,
             "prefill_tokens": n_prompt, "rows": rows, "ratios": ratios, "targets": targets, "notes": notes}

@@ -29,6 +29,7 @@ import sys
 from lessonkit.bench import llamacpp
 from lessonkit.bench.common import goal
 from lessonkit.engine import kernel
+from lessonkit.engine.active import describe
 from lessonkit.engine.generate import generate
 from lessonkit.engine.threads import pin_torch_threads
 from lessonkit.errors import LessonkitError
@@ -187,7 +188,7 @@ def bench(args) -> dict:
     forks_of = {f"{r['engine']} {r['name']}": r.pop("forks") for r in rows}
     notes.append(f"llama.cpp on a GPU forked from its plain output on 76-80% of requests ({ISSUE_URL}); "
                  "the rows above are this CPU")
-    return {"bench": "llamacpp-spec", "model": MODEL, "machine": machine_record(), "kernel": kernel.backend(),
+    return {"bench": "llamacpp-spec", "model": MODEL, "machine": machine_record(), "kernel": describe(),
             "weights": target.weights, "gguf": str(smollm2_gguf_path()),
             "llamacpp": {"version": llamacpp.VERSION, "dir": str(llamacpp.home()), "built": llamacpp.is_built(),
                          "build": build_info, "commands": {
