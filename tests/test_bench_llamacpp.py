@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from lessonkit.bench import BENCHES
-from lessonkit.bench import llamacpp
+from lessonkit.bench import bench_llamacpp
 from lessonkit.cli import build_parser, main
 
 # `llama-bench -m SmolLM2-135M-Instruct.Q4_1.gguf -t 1 -p 512 -n 128 -r 1 -o json` as it printed it on
@@ -43,10 +43,10 @@ RECORDED = """[
 
 
 def test_registered_and_options_parse():
-    assert BENCHES["llamacpp"] == "lessonkit.bench.llamacpp"
+    assert BENCHES["llamacpp"] == "lessonkit.bench.bench_llamacpp"
     args = build_parser().parse_args(["bench", "llamacpp", "--threads", "1, 2", "--engines", "llamacpp", "--build"])
-    assert args.threads == [1, 2] and args.build and llamacpp.parse_engines(args.engines) == ["llamacpp"]
-    assert llamacpp.parse_engines(None) == list(llamacpp.ENGINES)
+    assert args.threads == [1, 2] and args.build and bench_llamacpp.parse_engines(args.engines) == ["llamacpp"]
+    assert bench_llamacpp.parse_engines(None) == list(bench_llamacpp.ENGINES)
 
 
 @pytest.mark.parametrize("value", ["0", "1,x", "", "2,-1"])
@@ -88,14 +88,14 @@ def test_not_built_says_how_to_build(no_subprocess, capsys):
 
 
 def test_recorded_llama_bench_json_is_read():
-    r = llamacpp.parse_bench_json(RECORDED)
+    r = bench_llamacpp.parse_bench_json(RECORDED)
     assert r["prefill_tok_s"] == pytest.approx(171.617469) and r["decode_tok_s"] == pytest.approx(39.200958)
     assert r["n_threads"] == 1 and r["build_commit"] == "unknown"
-    decode_only = llamacpp.parse_bench_json(json.dumps([json.loads(RECORDED)[1]]))
+    decode_only = bench_llamacpp.parse_bench_json(json.dumps([json.loads(RECORDED)[1]]))
     assert decode_only["decode_tok_s"] == pytest.approx(39.200958) and "prefill_tok_s" not in decode_only
     for bad in ("", "main: error: failed to load model", "[]"):
-        with pytest.raises(llamacpp.LessonkitError):
-            llamacpp.parse_bench_json(bad)
+        with pytest.raises(bench_llamacpp.LessonkitError):
+            bench_llamacpp.parse_bench_json(bad)
 
 
 def test_contenders_interleave_and_ratios():
@@ -109,10 +109,10 @@ def test_contenders_interleave_and_ratios():
     fns = {("llama.cpp", "Q4_1 + Q8_0 (as shipped)", "q4.gguf"): fake("q4", 48.0, 90.0),
            ("lessonkit", "native", "dir"): fake("native", 40.0, 130.0),
            ("lessonkit", "f32", "dir"): fake("f32", 14.0, 180.0)}
-    rows = llamacpp.measure(fns, [1, 2], repeats=2, n_gen=8, n_prompt=32)
+    rows = bench_llamacpp.measure(fns, [1, 2], repeats=2, n_gen=8, n_prompt=32)
     assert calls == [("q4", 1), ("native", 1), ("f32", 1), ("q4", 2), ("native", 2), ("f32", 2)] * 2
     assert len(rows) == 6 and {r["threads"] for r in rows} == {1, 2}
-    ratios, targets = llamacpp.ratios_and_targets(rows, [1, 2])
+    ratios, targets = bench_llamacpp.ratios_and_targets(rows, [1, 2])
     one = next(r for r in ratios if r["threads"] == 1 and r["figure"] == "decode_tok_s")
     assert one["native / llama.cpp Q4_1"] == pytest.approx(40 / 48)
     assert one["native / lessonkit f32"] == pytest.approx(40 / 14)

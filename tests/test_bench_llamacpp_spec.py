@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lessonkit.bench import BENCHES, llamacpp
-from lessonkit.bench import llamacpp_spec as spec
+from lessonkit.bench import BENCHES, bench_llamacpp
+from lessonkit.bench import bench_llamacpp_spec as spec
 from lessonkit.measure import llamacpp as run
 from lessonkit.measure.llamacpp import Sample
 from lessonkit.cli import main
@@ -28,27 +28,27 @@ def recorded(tool: str, case: str, stream: str) -> str:
 
 
 def test_registered_and_built_with_the_speculative_tools():
-    assert BENCHES["llamacpp-spec"] == "lessonkit.bench.llamacpp_spec"
-    assert {tool for tool, _ in spec.LLAMACPP_TOOLS.values()} <= set(llamacpp.TOOLS)
-    assert "-DLLAMA_BUILD_EXAMPLES=ON" in llamacpp.CMAKE_FLAGS      # llama-speculative and llama-lookup are examples
+    assert BENCHES["llamacpp-spec"] == "lessonkit.bench.bench_llamacpp_spec"
+    assert {tool for tool, _ in spec.LLAMACPP_TOOLS.values()} <= set(bench_llamacpp.TOOLS)
+    assert "-DLLAMA_BUILD_EXAMPLES=ON" in bench_llamacpp.CMAKE_FLAGS   # llama-speculative, llama-lookup: examples
 
 
 def _fake_build(flags) -> None:
-    for tool in llamacpp.TOOLS:
-        llamacpp.binary(tool).parent.mkdir(parents=True, exist_ok=True)
-        llamacpp.binary(tool).write_text("")
-    (llamacpp.home() / "build.json").write_text(json.dumps({"flags": list(flags)}), encoding="utf-8")
+    for tool in bench_llamacpp.TOOLS:
+        bench_llamacpp.binary(tool).parent.mkdir(parents=True, exist_ok=True)
+        bench_llamacpp.binary(tool).write_text("")
+    (bench_llamacpp.home() / "build.json").write_text(json.dumps({"flags": list(flags)}), encoding="utf-8")
 
 
 def test_build_record_names_todays_flags(monkeypatch, tmp_path):
     monkeypatch.setenv("LESSONKIT_HOME", str(tmp_path))
-    assert not llamacpp.is_built()
-    _fake_build([f for f in llamacpp.CMAKE_FLAGS if "EXAMPLES" not in f] + ["-DLLAMA_BUILD_EXAMPLES=OFF"])
-    assert not llamacpp.is_built()                   # a build of llama-bench alone, before issue 54: rebuilt
-    _fake_build(llamacpp.CMAKE_FLAGS)
-    assert llamacpp.is_built()
-    llamacpp.binary("llama-speculative").unlink()
-    assert not llamacpp.is_built()
+    assert not bench_llamacpp.is_built()
+    _fake_build([f for f in bench_llamacpp.CMAKE_FLAGS if "EXAMPLES" not in f] + ["-DLLAMA_BUILD_EXAMPLES=OFF"])
+    assert not bench_llamacpp.is_built()                   # a build of llama-bench alone, before issue 54: rebuilt
+    _fake_build(bench_llamacpp.CMAKE_FLAGS)
+    assert bench_llamacpp.is_built()
+    bench_llamacpp.binary("llama-speculative").unlink()
+    assert not bench_llamacpp.is_built()
 
 
 def test_not_built_is_one_clear_error(monkeypatch, tmp_path, capsys):

@@ -255,6 +255,16 @@ def test_train_and_stack_run_import_without_matplotlib():
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+def test_bench_modules_are_named_after_their_commands():
+    """`lessonkit bench NAME` runs lessonkit/bench/bench_NAME.py (a dash as an underscore), so no bench module
+    shares its file name with a module of another room (bench/engine.py beside measure/engine.py, until issue 61)."""
+    from lessonkit.bench import BENCHES
+    assert BENCHES == {name: f"lessonkit.bench.bench_{name.replace('-', '_')}" for name in BENCHES}
+    files = {m.rsplit(".", 1)[-1] for m in MODULES if _unit(m) == "bench" and m != "lessonkit.bench"}
+    elsewhere = {m.rsplit(".", 1)[-1] for m in MODULES if _unit(m) != "bench"}
+    assert not files & elsewhere, sorted(files & elsewhere)
+
+
 def test_lessons_re_export_nothing():
     """A lesson module imports from lessonkit only what it uses itself: a notebook takes its measurements from
     lessonkit.measure, its techniques from their rooms, not through a lesson."""

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 import lessonkit.engine.kernel as K
 from lessonkit.engine import row_weight
-from lessonkit.bench.streaming import count_packs
+from lessonkit.bench.bench_streaming import count_packs
 from lessonkit.engine import blocks as qb
 from lessonkit.engine.checkpoint import experts_layout, load_experts
 from lessonkit.models.convert import repack_experts

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lessonkit.bench import prefix as bench_prefix
+from lessonkit.bench import bench_prefix
 from lessonkit.files import atomic
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.kv_cache import KVCache

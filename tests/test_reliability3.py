@@ -182,7 +182,7 @@ def test_a_crash_while_saving_the_judge_leaves_every_file_whole(tmp_path, monkey
 def _sdist(tmp_path, evil: str | None) -> Path:
     """A stand-in for the llama-cpp-python sdist: vendor/llama.cpp with a CMakeLists.txt, plus one hostile member."""
     import io
-    from lessonkit.bench.llamacpp import VERSION
+    from lessonkit.bench.bench_llamacpp import VERSION
     prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
     out = tmp_path / "made" / f"llama_cpp_python-{VERSION}.tar.gz"
     out.parent.mkdir()
@@ -215,7 +215,7 @@ def _sdist(tmp_path, evil: str | None) -> Path:
 
 
 def _fetch(tmp_path, monkeypatch, evil, old_python: bool):
-    import lessonkit.bench.llamacpp as lc
+    import lessonkit.bench.bench_llamacpp as lc
     made = _sdist(tmp_path, evil)
 
     def pip_download(cmd, log, what):                   # stands in for `pip download`: puts the sdist in place

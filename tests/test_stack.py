@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lessonkit import stack
-from lessonkit.bench import stack as bench_stack
+from lessonkit.bench import bench_stack
 from lessonkit.errors import LessonkitError
 from lessonkit.models.registry import MODELS_DIR, load_model
 from lessonkit.lessons import stack as lesson

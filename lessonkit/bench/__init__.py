@@ -1,4 +1,7 @@
-"""The benchmarks: one module per `lessonkit bench NAME`, each with `bench(args) -> dict`.
+"""The benchmarks: one module per `lessonkit bench NAME`, each with `bench(args) -> dict`, named after its command
+(bench_NAME.py, a dash as an underscore: `bench llamacpp-spec` is bench_llamacpp_spec.py), so no bench module
+shares its file name with a module of another room (measure/engine.py is not bench/bench_engine.py). common.py and
+spec_table.py are helpers of several benches.
 
 Each runs a baseline and its contenders side by side in one process, reports medians of repeats and
 ratios, and says which goals (`common.goal`) were met. None is part of the tests' pass/fail (a smoke
@@ -13,20 +16,20 @@ and a sweep its bench parameters (lessonkit.sweep.points), so the two cannot dri
 """
 
 BENCHES = {
-    "engine": "lessonkit.bench.engine",
-    "spec": "lessonkit.bench.spec",
-    "mtp": "lessonkit.bench.mtp",
-    "grammar": "lessonkit.bench.grammar",
-    "grammar-masks": "lessonkit.bench.grammar_masks",
-    "kernel": "lessonkit.bench.kernel",
-    "llamacpp": "lessonkit.bench.llamacpp",
-    "llamacpp-spec": "lessonkit.bench.llamacpp_spec",
-    "native": "lessonkit.bench.native",
-    "prefix": "lessonkit.bench.prefix",
-    "semcache": "lessonkit.bench.semcache",
-    "stack": "lessonkit.bench.stack",
-    "streaming": "lessonkit.bench.streaming",
-    "suffix": "lessonkit.bench.suffix",
+    "engine": "lessonkit.bench.bench_engine",
+    "spec": "lessonkit.bench.bench_spec",
+    "mtp": "lessonkit.bench.bench_mtp",
+    "grammar": "lessonkit.bench.bench_grammar",
+    "grammar-masks": "lessonkit.bench.bench_grammar_masks",
+    "kernel": "lessonkit.bench.bench_kernel",
+    "llamacpp": "lessonkit.bench.bench_llamacpp",
+    "llamacpp-spec": "lessonkit.bench.bench_llamacpp_spec",
+    "native": "lessonkit.bench.bench_native",
+    "prefix": "lessonkit.bench.bench_prefix",
+    "semcache": "lessonkit.bench.bench_semcache",
+    "stack": "lessonkit.bench.bench_stack",
+    "streaming": "lessonkit.bench.bench_streaming",
+    "suffix": "lessonkit.bench.bench_suffix",
 }
 
 # kind: flag (on or off), text, repeats (1 .. 1000), thread counts ("1,2"), disk (warm, cold or simulated:MB/s),

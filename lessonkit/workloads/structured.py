@@ -13,7 +13,7 @@ The split, written down: item i of a family is held out when i % HELDOUT_EVERY =
 fourth), a training item otherwise; a generated item whose text equals an item already taken is skipped,
 so no held-out request is also a training request (tests/test_suffix.py checks it). The training split
 warms a suffix store (lessonkit.speculative.suffix_store); the held-out split is measured against that store
-with learning off (lessonkit.bench.suffix), so no request is measured against a store that holds its own
+with learning off (lessonkit.bench.bench_suffix), so no request is measured against a store that holds its own
 earlier output.
 """
 from __future__ import annotations

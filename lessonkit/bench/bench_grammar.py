@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from lessonkit.bench.grammar_masks import mask_section, mask_targets
+from lessonkit.bench.bench_grammar_masks import mask_section, mask_targets
 from lessonkit.errors import LessonkitError
 from lessonkit.models.registry import load_model
 from lessonkit.grammar.measure import drafting_ceiling

@@ -88,8 +88,7 @@ def _pair(rows, targets, notes, *, label, target, drafter_fn, hf_kwargs_fn, prom
           auto_names=("tiny-draft k=auto",), speedup_goal=1.3):
     eos = target.config.eos_ids[0] if target.config.eos_ids else None
     plain_run, spec_run = plain_runner(target, max_new), lambda drafter, k: spec_runner(target, drafter, k, max_new)
-    # every contender is built before the first round (an MTP head taps the target's forward: measured to cost
-    # plain decoding nothing, 2026-12-04) and takes its turn in every round
+    # every contender is built before the first round and takes its turn in every round
     drafters = {name: spec_run(drafter, k) for name, drafter, k in drafter_fn()}
     runs = _interleaved({"plain greedy": plain_run, **drafters}, prompts, repeats)
     plain_wall, ref, plain_stats = runs["plain greedy"]

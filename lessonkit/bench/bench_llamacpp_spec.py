@@ -7,7 +7,7 @@ temperature 0 / top-k 1 and one seed:
   llama.cpp   llama-completion (plain), llama-lookup with no drafts (a control: plain decoding in the
               speculating program), llama-lookup (prompt n-grams) and llama-speculative with the target
               itself as draft model (no smaller GGUF of smollm2's vocabulary ships with lessonkit), built by
-              `lessonkit bench llamacpp --build` (lessonkit.bench.llamacpp)
+              `lessonkit bench llamacpp --build` (lessonkit.bench.bench_llamacpp)
   lessonkit   generate (plain), speculative_generate with prompt lookup, with the target itself as drafter,
               and with the distilled smollm2-draft (as `bench spec` measures them)
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import statistics
 import sys
 
-from lessonkit.bench import llamacpp
+from lessonkit.bench import bench_llamacpp
 from lessonkit.bench.common import goal
 from lessonkit.engine import kernel
 from lessonkit.engine.active import describe
@@ -63,8 +63,9 @@ LLAMACPP_TOOLS = {"plain greedy": ("llama-completion", 0), CONTROL: ("llama-look
 
 
 def require_built() -> None:
-    if not llamacpp.is_built():
-        raise LessonkitError(f"llama.cpp is not built in {llamacpp.home()}: run `lessonkit bench llamacpp --build` "
+    if not bench_llamacpp.is_built():
+        raise LessonkitError(f"llama.cpp is not built in {bench_llamacpp.home()}: run "
+                             "`lessonkit bench llamacpp --build` "
                              "once (downloads the llama-cpp-python sdist and compiles llama-completion, "
                              "llama-lookup and llama-speculative; minutes)")
 
@@ -177,7 +178,7 @@ def bench(args) -> dict:
     repeats = 1 if smoke else max(1, getattr(args, "repeats", None) or 3)
     threads = (getattr(args, "threads", None) or [1])[0]
     n_new, n_req = SIZES["smoke" if smoke else "full"]
-    build_info = llamacpp.build() if getattr(args, "build", False) else None
+    build_info = bench_llamacpp.build() if getattr(args, "build", False) else None
     require_built()
     notes = ["smoke sizes (8 new tokens, 2 requests, 1 repeat): not the figures"] if smoke else []
     target = load_model(MODEL)
@@ -190,7 +191,8 @@ def bench(args) -> dict:
                  "the rows above are this CPU")
     return {"bench": "llamacpp-spec", "model": MODEL, "machine": machine_record(), "kernel": describe(),
             "weights": target.weights, "gguf": str(smollm2_gguf_path()),
-            "llamacpp": {"version": llamacpp.VERSION, "dir": str(llamacpp.home()), "built": llamacpp.is_built(),
+            "llamacpp": {"version": bench_llamacpp.VERSION, "dir": str(bench_llamacpp.home()),
+                         "built": bench_llamacpp.is_built(),
                          "build": build_info, "commands": {
                              name: llamacpp_command(tool, str(smollm2_gguf_path()), "REQUEST", n_new, threads, k)
                              for name, (tool, k) in LLAMACPP_TOOLS.items()}},

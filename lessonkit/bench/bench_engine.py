@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from lessonkit.bench.common import decode_rate, goal, median_times, memcpy_bandwidth
-from lessonkit.bench.native import outside_kernel_share
+from lessonkit.bench.bench_native import outside_kernel_share
 from lessonkit.models.convert import export_hf
 from lessonkit.engine.generate import generate
 from lessonkit.models.registry import load_model, resolve_model_dir

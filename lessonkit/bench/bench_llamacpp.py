@@ -6,7 +6,7 @@ the repeats, medians.
 llama.cpp is the one vendored in the llama-cpp-python 0.3.36 sdist, built CPU-only (cmake + ninja,
 GGML_NATIVE) into lessonkit_home()/llamacpp-0.3.36 only when asked (`--build`): never by the README
 commands or the tests. The same build holds llama-completion, llama-lookup and llama-speculative (llama.cpp's
-examples, hence LLAMA_BUILD_EXAMPLES=ON) for `bench llamacpp-spec` (lessonkit.bench.llamacpp_spec).
+examples, hence LLAMA_BUILD_EXAMPLES=ON) for `bench llamacpp-spec` (lessonkit.bench.bench_llamacpp_spec).
 `llama-bench -p 512 -n 128 -r 1 -o json` runs its prefill and decode tests one after the other (each with
 its own warm-up), the same as `-p 512 -n 0` and `-p 0 -n 128`, loading the model once.
 """
