@@ -193,7 +193,7 @@ class Judge:
                     cache.rollback(0)
                     restored = 0
             drafter = self._drafter()
-            if drafter is not None:                 # before any forward: the prefix's forward hands an MTP head its states
+            if drafter is not None:                 # before the prefix's forward, which hands a head its states
                 drafter.reset(list(prompt))
             forwards = 0
             if not restored:                        # chunk 1: the shared prefix
