@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -110,7 +110,6 @@ class ExpertStore:
         self._pinned: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._inflight: dict[tuple[int, int], Future] = {}
-        self.routing_counts: Counter = Counter()
         self.reset_counters()
         self.disk = WARM
         try:
@@ -223,13 +222,12 @@ class ExpertStore:
             del self._cache[victim]
 
     def count_resident_uses(self, keys) -> None:
-        """Count uses of experts the caller already holds (the C forward's dense MLP) as get() would: a use,
-        a hit and the LRU order for each resident one; one that is not resident is read by get()."""
+        """Count uses of experts the caller already holds (the C forward's dense MLP) as get() would: a hit and
+        the LRU order for each resident one; one that is not resident is read by get()."""
         missing = []
         with self._lock:
             for key in keys:
                 if key in self._cache:
-                    self.routing_counts[key] += 1
                     self._cache.move_to_end(key)
                     self.hits += 1
                 else:
@@ -240,7 +238,6 @@ class ExpertStore:
     def get(self, layer: int, expert: int) -> Expert:
         """One expert's weights in compute layout (see `Expert`)."""
         key = (layer, expert)
-        self.routing_counts[key] += 1
         with self._lock:
             t = self._cache.get(key)
             if t is not None:
@@ -292,10 +289,6 @@ class ExpertStore:
         self._pinned = set(keys)
         for l, e in keys:
             self.get(l, e)
-
-    def hot_set(self, n: int) -> list[tuple[int, int]]:
-        """The n most frequently routed experts so far (the learned hot set)."""
-        return [k for k, _ in self.routing_counts.most_common(n)]
 
     def clear(self) -> None:
         with self._lock:

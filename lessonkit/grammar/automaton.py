@@ -400,10 +400,6 @@ class GrammarState:
     def forced_continuation(self, max_bytes: int = 256) -> bytes:
         return self.forced(max_bytes)[0]
 
-    @property
-    def is_dead(self) -> bool:
-        return not self.stacks
-
     def __repr__(self) -> str:
         shown = self.allowed_bytes()[:16]
         return f"GrammarState({len(self.stacks)} stacks, allowed={shown!r}, complete={self.is_complete})"

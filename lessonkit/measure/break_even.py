@@ -95,9 +95,6 @@ def break_even_table(cost: list[float], c: float, ks) -> pd.DataFrame:
                      "cost_per_verify_step": ratio, "a_star": break_even_acceptance(ratio, k)})
     return pd.DataFrame(rows)
 
-def _continuation(engine, prompt: list[int], n: int) -> list[int]:
-    return generate(engine, prompt, n).token_ids
-
 def _misses_along(eng, prompts, rows_of, r: int, n_tokens: int) -> tuple[float, list[int]]:
     """Expert misses per forward of r rows (from an empty expert cache, after each prompt's prefill), the rows
     taken from rows_of(prompt index, position, r); and each prefill's misses."""

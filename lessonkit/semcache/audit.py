@@ -56,13 +56,6 @@ class AuditConfig:
             raise LessonkitError(f"audit limit must be in (0, 1], got {self.limit}")
 
 
-AUDIT_PRESETS = {
-    "off": AuditConfig(rate=0.0, first_n=0),
-    "default": AuditConfig(),
-    "strict": AuditConfig(rate=0.2, first_n=3, limit=0.05),
-}
-
-
 @dataclass
 class Auditor:
     """Decides which hits to audit and keeps pooled counts for the policy-level stop rule."""

@@ -41,7 +41,6 @@ TICKETS = ("the checkout page returns 500 for every customer", "please change th
            "search returns no results for names with accents", "the mobile app crashes when opening settings",
            "export to CSV drops the last row", "a customer asks for a copy of their data",
            "dashboards load slowly on Monday mornings", "the status page is out of date")
-TEAMS = ("web", "payments", "mobile", "search", "data", "support")
 
 SYSTEM = {
     "records": "You convert log records to JSON. Answer with one JSON object with the keys host, service, level, "
