@@ -108,6 +108,8 @@ def category_table(target, drafters: dict, *, per_category: int = 3, max_new: in
         todo.append(("structured", held, drafters | structured))
     rows = []
     for cat, cat_prompts, cat_drafters in todo:
+        for d, _ in cat_drafters.values():      # each category is a session of its own: the utility gate starts
+            d.gate_memory = None                # afresh (its memory would carry the last category's decision)
         fns = {"plain": plain_runner(target, max_new)}           # the depth gates' curve stops at k_max
         fns |= {name: spec_runner(target, d, k, max_new, cost=cost[:k_max + 1])
                 for name, (d, k) in cat_drafters.items()}

@@ -5,7 +5,7 @@ A draft depth is an int k in 0 .. K_MAX, or AUTO:
   "auto"  the utility gate (lessonkit.speculative.gate.UtilityGate, Cascade's test-then-set): short test
           phases run k = 0 and the depth the cost model E(k) / (T(k+1) + k t_draft) ranks first (DepthGate);
           the longer set phase keeps the depth whose measured whole steps gave the most tokens per second,
-          k = 0 where no depth promises 5% over it. This is what "auto" means everywhere
+          k = 0 where no depth promises 10% over it. This is what "auto" means everywhere
           in lessonkit: `--draft-k auto`, `speculative_generate(k="auto")`, `generate_with_grammar(draft_k="auto")`.
   None    (a library argument, never a command-line value) the technique's own default: the depth gate for a
           drafter named by --draft; for the grammar drafter its grammar span, `grammar_depth(max_draft)`

@@ -175,7 +175,7 @@ class UtilityGate:
     set_steps: int = 16
     max_set: int = 128
     measure: bool = True
-    margin: float = 1.05                          # drafting must promise 5% over k = 0 (the tests are short)
+    margin: float = 1.1                           # drafting must promise 10% over k = 0 (the tests are short)
     window: int = 8
     step_s: dict = field(default_factory=dict)    # depth -> seconds of its whole steps, latest last
     plan: list = field(default_factory=list)      # depths still to run in this phase
@@ -217,8 +217,9 @@ class UtilityGate:
         if self.stage == "set":
             self.stage, self.tested = "test", []
             return [0] * self.test_steps
-        if not self.tested:
-            self.tested = [max(range(1, self.k_max + 1), key=lambda k: (self.depth.value(k), -k))]
+        if not self.tested:            # after a set phase at k = 0, the cheapest probe: one draft a step
+            best = max(range(1, self.k_max + 1), key=lambda k: (self.depth.value(k), -k))
+            self.tested = [1 if self.last_set == 0 else best]
             return [self.tested[0]] * self.test_steps
         last = self.tested[-1]
         if len(self.tested) < 3 and last < self.k_max and self.utility(last) > self.margin:
