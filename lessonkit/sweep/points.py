@@ -45,11 +45,14 @@ NOOP_PARAMS = {
 @dataclass(frozen=True)
 class PointKind:
     """params(target) -> declared parameters; run(target, params, out_dir) -> figures; needs_target: the
-    kind names a lesson, bench or model after its colon (noop takes none)."""
+    kind names a lesson, bench or model after its colon (noop takes none); lead: the measured figures a sweep's
+    report draws first, in this order; restated: figures that only restate a parameter (never drawn)."""
     params: Callable[[str | None], dict[str, Param]]
     run: Callable[[str | None, dict, Path], dict]
     needs_target: bool
     default_target: str | None = None
+    lead: tuple[str, ...] = ()
+    restated: tuple[str, ...] = ()
 
 
 # ---- lessons -----------------------------------------------------------------------------------------------
@@ -151,7 +154,9 @@ POINT_KINDS = {
     "lesson": PointKind(lesson_params, run_lesson, needs_target=True),
     "bench": PointKind(bench_params, run_bench, needs_target=True),
     "break-even": PointKind(lambda target: BREAK_EVEN_PARAMS, run_break_even, needs_target=False,
-                            default_target="tiny-moe"),
+                            default_target="tiny-moe",
+                            lead=("speedup", "tokens_per_forward", "acceptance_rate", "bytes_read_per_token"),
+                            restated=("budget_frac", "error_rate")),      # budget_experts / total, 1 - acceptance
     "noop": PointKind(lambda target: NOOP_PARAMS, run_noop, needs_target=False),
 }
 
