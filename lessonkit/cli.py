@@ -180,7 +180,7 @@ COMMANDS = {
                    arg("--slurm", action="store_true", help="workers as Slurm jobs (needs lessonkit[slurm])")),
             arg("--slurm-memory", default="4GB"), arg("--slurm-walltime", default="01:00:00"),
             arg("--slurm-queue", default=None), JSON]),
-        "report": ("each recorded figure against the swept parameters: FOLDER/report.html", c.cmd_sweep_report, [
+        "report": ("the measured figures against the swept parameters (speed-up first; no parameter drawn): FOLDER/report.html", c.cmd_sweep_report, [
             arg("folder", help="a sweep's results folder")]),
         "calibrate": ("measure the engine: overhead per no-op point, local sweep against a serial loop", c.cmd_sweep_calibrate, [
             arg("--noop-points", type=number(1, 100_000, integer=True), default=200),
