@@ -65,6 +65,15 @@ def load_head(target, path: str | Path | None = None) -> tuple[fh.HeadConfig, di
     return cfg, {k: (v if k == "vocab" else v.float()) for k, v in w.items()}, meta
 
 
+def _room(buf: torch.Tensor, rows: int) -> torch.Tensor:
+    """buf, or a copy with room for `rows` rows (doubling, so a long run grows it a few times)."""
+    if rows <= buf.shape[0]:
+        return buf
+    grown = torch.zeros(max(2 * buf.shape[0], rows), *buf.shape[1:])
+    grown[:buf.shape[0]] = buf
+    return grown
+
+
 class _CHead:
     """The head's layer and draft-vocabulary output as a one-layer plan for the engine's C forward."""
 
@@ -193,10 +202,7 @@ class FeatureHeadDrafter:
         T = states.shape[0]
         if start > self.n_states:                       # positions the target skipped (a restored prefix)
             self.missing = max(self.missing, start)
-        if start + T > self.raw.shape[0]:
-            grow = torch.zeros(max(2 * self.raw.shape[0], start + T), *self.raw.shape[1:])
-            grow[:self.raw.shape[0]] = self.raw
-            self.raw = grow
+        self.raw = _room(self.raw, start + T)
         self.raw[start:start + T] = states
         self.n_states = start + T
         self.settled = min(self.settled, start)
@@ -207,10 +213,7 @@ class FeatureHeadDrafter:
         a, b = self.settled, self.n_states
         if a >= b:
             return
-        if b > self.g.shape[0]:
-            grow = torch.zeros(max(2 * self.g.shape[0], b), self.cfg.dim)
-            grow[:self.g.shape[0]] = self.g
-            self.g = grow
+        self.g = _room(self.g, b)
         with torch.no_grad():
             self.g[a:b] = self._state_half(self.raw[a:b])
         self.settled = b

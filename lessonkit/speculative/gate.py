@@ -196,7 +196,7 @@ class UtilityGate:
         """A whole step's seconds at depth k: the median of its last `window` steps (other work on a shared machine
         lengthens some steps, not the median), or the cost model's where none ran."""
         if self.measure and self.step_s.get(k):
-            return statistics.median(self.step_s[k][-self.window:])
+            return statistics.median(self.step_s[k])
         return self.depth.cost[k] + k * self.depth.t_draft
 
     def measured_acceptance(self) -> list[float]:
@@ -247,7 +247,7 @@ class UtilityGate:
         """What the next request of the same drafter starts from: the acceptance counts (halved, so a new kind of
         request outweighs them soon), the step seconds, and the phase with the steps it has left."""
         return {"accepted": [a / 2 for a in self.depth.accepted], "reached": [r / 2 for r in self.depth.reached],
-                "step_s": {k: v[-self.window:] for k, v in self.step_s.items()}, "last_set": self.last_set,
+                "step_s": {k: list(v) for k, v in self.step_s.items()}, "last_set": self.last_set,
                 "span": self.span, "t_draft": self.depth.t_draft, "plan": list(self.plan), "stage": self.stage,
                 "tested": list(self.tested)}
 
@@ -265,5 +265,7 @@ class UtilityGate:
     def observe(self, n_drafted: int, n_accepted: int, verify_s: float, draft_s: float, *, asked: int | None = None,
                 step_s: float | None = None) -> None:
         self.depth.observe(n_drafted, n_accepted, verify_s, draft_s)
-        if step_s is not None:
-            self.step_s.setdefault(n_drafted if asked is None else asked, []).append(step_s)
+        if step_s is not None:                  # the last `window` steps of each depth (all seconds() reads)
+            times = self.step_s.setdefault(n_drafted if asked is None else asked, [])
+            times.append(step_s)
+            del times[:-self.window]
