@@ -246,7 +246,7 @@ COMMANDS = {
     "train-head": ("train a feature head (EAGLE-3 style drafter) on a frozen target", c.cmd_train_head, [
         arg("--model", default="smollm2-135m"),
         arg("--preset", default=None, help="training preset (smollm2-135m, test); default: the model's"),
-        arg("--out", default=None, help="output folder (default data/models/feature-head/<model>/)"),
+        arg("--out", default=None, help="output folder (default data/models/feature-head/<model>/)"), FORCE,
         arg("--numerics", default="int8", choices=("exact", "int8"), help="the numerics of the target pass"),
         arg("--threads", type=THREAD_COUNT, default=1, help="C kernel threads, and torch's (1: deterministic bits)")]),
     "mtp-doctor": ("diagnose an MTP head (acceptance, controls, quantisation)", c.cmd_mtp_doctor, [

@@ -136,3 +136,20 @@ def test_command_table_choices_match_the_code():
     assert sorted(choices(COMMANDS["train"], "--model")) == sorted(JUDGE_PRESETS)
     assert sorted(choices(COMMANDS["corpus"][1]["build"], "--preset")) == sorted(CORPUS_PRESETS)
     assert tuple(choices(COMMANDS["semcache"][1]["run"], "--policy")) == POLICY_NAMES
+
+
+def test_every_command_with_an_out_folder_takes_force():
+    """main() keeps a user's --out unless --force: a command that has --out must have --force too, or it crashes
+    before it starts (train-head did)."""
+    from lessonkit.cli import build_parser
+    ap = build_parser()
+    subs = [a for a in ap._actions if a.__class__.__name__ == "_SubParsersAction"]
+    stack, missing = [(n, p) for s in subs for n, p in s.choices.items()], []
+    while stack:
+        name, p = stack.pop()
+        inner = [a for a in p._actions if a.__class__.__name__ == "_SubParsersAction"]
+        stack += [(f"{name} {n}", q) for s in inner for n, q in s.choices.items()]
+        dests = {a.dest for a in p._actions}
+        if "out" in dests and "force" not in dests and "measure_only" not in dests:
+            missing.append(name)
+    assert missing == []

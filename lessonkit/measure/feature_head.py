@@ -25,7 +25,10 @@ from lessonkit.training.feature_head import PRESETS, train
 from lessonkit.workloads.requests import CATEGORIES, requests
 
 
-def heldout_acceptance(target, drafter, *, per_category: int = 4, max_new: int = 64, k: int = 3,
+CARD_REQUESTS = 12            # held-out requests per category the card measures (24 chat prompts are held out)
+
+
+def heldout_acceptance(target, drafter, *, per_category: int = CARD_REQUESTS, max_new: int = 64, k: int = 3,
                        progress: bool = False) -> dict:
     """category -> {acceptance_by_position [k], tokens_per_verify, draft_tokens}, plus "all"."""
     prompts = requests(target, "heldout", per_category)
@@ -64,7 +67,8 @@ def write_card(folder: Path, info: dict, evaluation: dict, k: int) -> Path:
              f"{info['threads']} thread(s), {info['cpu']}, {info['date']}",
              "- draft-vocabulary coverage of the target's greedy answers (training requests): "
              + ", ".join(f"{c} {v:.1%}" for c, v in info["coverage"].items()), "",
-             f"## Held-out acceptance (greedy, k = {k}, acceptance at position i given 1 .. i - 1 accepted)", "",
+             f"## Held-out acceptance (greedy, k = {k}, {CARD_REQUESTS} HELDOUT requests per category x 64 new tokens, "
+             "acceptance at position i given 1 .. i - 1 accepted)", "",
              "| category | position 1 | 2 | 3 | tokens per verify |", "|---|---|---|---|---|"]
     for cat, e in evaluation.items():
         a = e["acceptance_by_position"] + [float("nan")] * 3

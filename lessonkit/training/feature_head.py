@@ -5,7 +5,8 @@
    target's greedy pick after it, are kept (bfloat16 states). Shards of SHARD requests are written atomically under
    $LESSONKIT_HOME/feature-head/, keyed by the target's fingerprint, the numerics and the data settings: a killed
    pass resumes at the first missing shard.
-2. The draft vocabulary: the `draft_vocab` tokens the target picks most often in that pass (ties by id).
+2. The draft vocabulary: the `draft_vocab` tokens the target picks most often in that pass, every category weighing
+   the same (choose_vocab).
 3. The loop: AdamW over the head's weights (the target's embedding, final norm and output rows are frozen), each
    batch through `ttt_steps` chained steps (head.layer_steps): step 1 from the target's states, step s from the
    head's own step s - 1 outputs. Loss per step: cross-entropy on the target's greedy pick over the draft
@@ -29,6 +30,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from lessonkit.engine import kernel
+from lessonkit.engine.kernel_library import ABI
 from lessonkit.engine.model import rms_norm
 from lessonkit.errors import LessonkitError
 from lessonkit.feature_head import head as fh
@@ -42,11 +44,11 @@ SHARD = 40                    # requests per shard of the target pass
 
 @dataclass(frozen=True)
 class HeadTrainConfig:
-    per_category: int = 150           # TRAIN requests per category
-    max_new_tokens: int = 96
-    text_windows: int = 1000          # teacher-forced windows of the corpus' train split per kind of text
+    per_category: int = 300           # TRAIN requests per category
+    max_new_tokens: int = 128
+    text_windows: int = 600           # teacher-forced windows of the corpus' train split per kind of text
     window: int = 128
-    draft_vocab: int = 2048
+    draft_vocab: int = 3072
     intermediate_size: int | None = None   # the head's MLP (None: the target's)
     epochs: int = 3
     batch_size: int = 8
@@ -114,9 +116,17 @@ def text_windows(target, tc: HeadTrainConfig) -> list[tuple[str, list[int]]]:
 
 
 def pass_dir(target, tc: HeadTrainConfig, taps) -> Path:
-    key = json.dumps({**tc.data_key(), "taps": list(taps), "numerics": kernel.NUMERICS}, sort_keys=True)
+    key = json.dumps({**tc.data_key(), "taps": list(taps), "numerics": kernel.NUMERICS, "abi": ABI,
+                      "rope": _table_digest(target)}, sort_keys=True)
     return (lessonkit_home() / "feature-head" /
             f"{target.name}-{target.fingerprint()[:12]}-{hashlib.sha256(key.encode()).hexdigest()[:10]}")
+
+
+def _table_digest(target) -> str:
+    """The RoPE tables' bytes: the states depend on them as much as on the weights (a change of tables, as in
+    9fef46f, must not reuse shards computed with the old ones)."""
+    m = target.model
+    return hashlib.sha256(m.cos.numpy().tobytes() + m.sin.numpy().tobytes()).hexdigest()[:12]
 
 
 def target_pass(target, tc: HeadTrainConfig, taps, progress: bool = True) -> list[dict]:
@@ -153,11 +163,17 @@ def target_pass(target, tc: HeadTrainConfig, taps, progress: bool = True) -> lis
 
 
 def choose_vocab(seqs: list[dict], n: int, vocab_size: int) -> torch.Tensor:
-    """The n tokens the target picks most often in the pass, most frequent first (ties: lower id)."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for s in seqs:
-        counts += torch.bincount(s["picks"], minlength=vocab_size)
-    return torch.sort(-counts, stable=True).indices[:n].clone()
+    """The n tokens the target picks most often in its answers, each category weighing the same (a token's score:
+    the sum over categories of its share of that category's picks), so the corpus windows, most of the positions,
+    do not crowd out the chat answers' words; highest score first, ties: lower id."""
+    score = torch.zeros(vocab_size, dtype=torch.float64)
+    for cat in sorted({s["category"] for s in seqs}):
+        counts = torch.zeros(vocab_size, dtype=torch.float64)
+        for s in seqs:
+            if s["category"] == cat:
+                counts += torch.bincount(s["picks"][s["prompt_len"] - 1:], minlength=vocab_size).double()
+        score += counts / counts.sum().clamp(min=1)
+    return torch.sort(-score, stable=True).indices[:n].clone()
 
 
 def coverage(seqs: list[dict], vocab: torch.Tensor, answers_only: bool = True) -> dict:

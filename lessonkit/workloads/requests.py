@@ -33,6 +33,11 @@ TRAIN_TOPICS = [
     "gardening", "chess", "coffee", "the human heart", "bicycles", "solar panels", "the Great Wall of China",
     "penguins", "music theory", "public libraries", "email", "bread baking", "the Olympic games", "glaciers",
     "time zones", "batteries", "bird migration", "the piano", "microscopes", "deserts", "tea", "airplanes",
+    "lightning", "the Silk Road", "whales", "the steam engine", "mushrooms", "the periodic table", "earthworms",
+    "the Amazon river", "chocolate", "rockets", "the alphabet", "snow", "bees and flowers", "maps", "the telephone",
+    "the Renaissance", "mountains", "cheese making", "owls", "the speed of light", "soap", "kites", "bridges",
+    "the Sahara", "elephants", "yoga", "the calendar", "magnets", "ants", "lighthouses", "the violin", "salt",
+    "trains", "umbrellas", "glass", "the printing of money", "sharks", "wool", "the compass",
 ]
 HELDOUT_TOPICS = [
     "rainforests", "the pyramids of Egypt", "nuclear fusion", "octopuses", "the metric system", "jazz",
@@ -41,6 +46,7 @@ HELDOUT_TOPICS = [
 TRAIN_ASKS = [
     "Explain {t} in a few sentences.", "What is {t}? Answer briefly.", "Give three facts about {t}.",
     "Write a short paragraph about {t} for a child.", "Why does {t} matter?", "Describe {t} in simple words.",
+    "List two common myths about {t} and correct them.", "Summarise what people should know about {t}.",
 ]
 HELDOUT_ASKS = ["Tell me about {t}.", "How would you explain {t} to a friend?"]
 
@@ -52,7 +58,14 @@ TRAIN_TASKS = [
     "flattens a nested list", "counts the words in a text", "returns the average of a list",
     "finds the index of an item in a list", "capitalises every word in a sentence", "reads a file and returns its lines",
     "returns the even numbers of a list", "computes the greatest common divisor of two numbers",
-    "groups a list of words by their first letter",
+    "groups a list of words by their first letter", "returns the smallest value in a list",
+    "counts how often each character appears in a string", "checks whether a list is sorted",
+    "returns the squares of a list of numbers", "joins a list of strings with commas", "rounds a price to two decimals",
+    "returns the last n items of a list", "checks whether a year is a leap year", "converts a string to title case",
+    "sums the digits of a number", "returns the intersection of two lists", "removes the spaces from a string",
+    "counts the lines of a file", "returns the keys of a dictionary sorted by value", "swaps the keys and values of a dictionary",
+    "returns the longest word in a sentence", "computes the power of a number without using **", "splits a list into chunks of size n",
+    "checks whether a number is even", "returns the product of a list of numbers",
 ]
 HELDOUT_TASKS = ["sorts a list of tuples by their second item", "returns the median of a list",
                  "checks whether two strings are anagrams", "transposes a matrix given as a list of lists"]
@@ -119,6 +132,14 @@ def _rewrite_texts(split: str, rng: random.Random, n: int) -> list[str]:
     return out
 
 
+def _distinct_first(items: list[str], n: int, fill: bool = True) -> list[str]:
+    """n items without repeats while there are enough; beyond that repeats (fill) or fewer (not fill): a repeated
+    prompt gives the same greedy answer, so it adds no training data."""
+    if n <= len(items) or not fill:
+        return items[:n]
+    return (items * (1 + n // len(items)))[:n]
+
+
 def requests(engine, split: str, per_category: int, seed: int = 0) -> dict[str, list[list[int]]]:
     """Token ids of `per_category` requests per category from `split` ("train" or "heldout"), seeded."""
     if split not in ("train", "heldout"):
@@ -130,11 +151,11 @@ def requests(engine, split: str, per_category: int, seed: int = 0) -> dict[str, 
     rng.shuffle(chat)
     code_asks = [f"Write a Python function that {t}." for t in tasks]
     half = per_category // 2
-    code = [_chat(engine, c) for c in (code_asks * (1 + half // max(len(code_asks), 1)))[:half]]
+    code = [_chat(engine, c) for c in _distinct_first(code_asks, half, fill=False)]
     code += [engine.encode(t) for t in _openings("code", split, rng, per_category - len(code), 6)]
     recs = [engine.encode(t) for t in _openings("records", split, rng, half, 2)]
     for line in _openings("records", split, rng, per_category - half, 1, '{"'):
         recs.append(_chat(engine, f"Convert this record to JSON with the keys in the same order: {line.strip()}"))
-    return {"chat": [_chat(engine, c) for c in (chat * (1 + per_category // max(len(chat), 1)))[:per_category]],
+    return {"chat": [_chat(engine, c) for c in _distinct_first(chat, per_category)],
             "code": code, "records": recs,
             "rewrite": [_chat(engine, t) for t in _rewrite_texts(split, rng, per_category)]}
