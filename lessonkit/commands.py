@@ -161,13 +161,16 @@ def cmd_lessons(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from dataclasses import replace
+
     from lessonkit.engine import settings
     from lessonkit.report.runner import run_all
-    if args.numerics:               # the lessons' kernels read it at import (LESSONKIT_NUMERICS, docs/numerics.md)
-        os.environ[settings.ENV["numerics"]] = args.numerics
-    # every lesson runs with this many kernel threads: a papermill parameter (KERNEL_THREADS), not the environment
-    return run_all(build_dir=args.build_dir, smoke=args.smoke, only=args.only,
-                   threads=args.threads or settings.default().threads)
+    # every lesson gets the run's settings as one papermill parameter (SETTINGS), not through the environment:
+    # the LESSONKIT_* variables, with --numerics and --threads over them (docs/numerics.md, docs/engine.md)
+    env = settings.from_env()
+    asked = replace(env, threads=args.threads or env.threads or settings.default().threads,
+                    numerics=args.numerics or env.numerics)
+    return run_all(build_dir=args.build_dir, smoke=args.smoke, only=args.only, settings=asked)
 
 
 def cmd_bench(args) -> int:

@@ -140,24 +140,27 @@ def test_run_passes_papermill_parameters_and_no_environment(tmp_path, monkeypatc
     monkeypatch.setattr(runner, "write_summary", lambda *a, **k: None)
     before = {k: v for k, v in os.environ.items() if k.startswith("LESSONKIT_")}
     monkeypatch.setattr("sys.argv", ["lessonkit"])
-    assert main(["run", "--build-dir", str(tmp_path / "b"), "--smoke", "--only", "00_engine", "--threads", "3"]) == 0
+    assert main(["run", "--build-dir", str(tmp_path / "b"), "--smoke", "--only", "00_engine", "--threads", "3",
+                 "--numerics", "int8"]) == 0
     assert [s[0] for s in seen] == ["00_engine.ipynb"]
     params, env = seen[0][1], seen[0][2]
-    assert params["KERNEL_THREADS"] == 3 and params["SMOKE"] is True and params["INTERACTIVE"] is False
+    assert params["SETTINGS"]["threads"] == 3 and params["SETTINGS"]["numerics"] == "int8"      # one parameter
+    assert params["SMOKE"] is True and params["INTERACTIVE"] is False
+    assert set(params["SETTINGS"]) == {"kernel", "numerics", "threads", "weights", "forward"}
     assert params["BUILD_DIR"] == str((tmp_path / "b").resolve())
     assert env == before and {k: v for k, v in os.environ.items() if k.startswith("LESSONKIT_")} == before
 
 
 def test_lesson_notebooks_declare_and_use_the_run_parameters():
     from lessonkit.report.runner import lesson_notebooks, run_parameters
-    names = set(run_parameters(smoke=True, build_dir=Path("b"), threads=None))
+    names = set(run_parameters(smoke=True, build_dir=Path("b"), settings=None))
     for nb in lesson_notebooks():
         code = ["".join(c["source"]) for c in json.loads(nb.read_text(encoding="utf-8"))["cells"]
                 if c["cell_type"] == "code"]
         for name in names:
             assert f"\n{name} = " in "\n" + code[0], f"{nb.name}: parameters cell lacks {name}"
         text = "\n".join(code)
-        assert "build_dir=BUILD_DIR" in text and "use_threads(KERNEL_THREADS)" in text, nb.name
+        assert "build_dir=BUILD_DIR" in text and "\nadopt(SETTINGS)" in text, nb.name     # engine.active.adopt
         assert "LESSONKIT_THREADS" not in text and "LESSONKIT_BUILD" not in text, nb.name
 
 

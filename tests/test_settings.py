@@ -65,3 +65,37 @@ def test_use_refuses_before_changing_anything():
                 pass
         assert _state() == before
 
+
+
+# ---- the one papermill parameter `lessonkit run` hands each notebook (SETTINGS) ----------------------------
+def test_the_notebook_parameter_is_the_settings_and_refuses_what_is_not():
+    s = settings.RunSettings(numerics="int8", threads=2)
+    assert settings.from_parameter(settings.parameter(s)) == s
+    assert settings.from_parameter(None) == settings.RunSettings()
+    assert settings.from_parameter({"numerics": " INT8 ", "threads": 2}) == s      # a researcher's partial dict
+    for bad, err in (("int8", "expected a mapping"), ({"colour": "red"}, "unknown setting 'colour'"),
+                     ({"threads": 0}, "threads=0"), ({"threads": "2"}, "threads='2'"), ({"threads": True}, "threads=True")):
+        with pytest.raises(LessonkitError, match=err):
+            settings.from_parameter(bad)
+
+
+def test_adopt_takes_the_parameter_for_the_process_and_checks_all_first(monkeypatch):
+    import torch
+    monkeypatch.delenv("LESSONKIT_FORWARD", raising=False)
+    monkeypatch.setattr(active, "_ADOPTED", contextlib.ExitStack())
+    before, torch_before = _state(), torch.get_num_threads()
+    with pytest.raises(ValueError):
+        active.adopt({"forward": "torch", "weights": "q2"})               # refused: nothing taken
+    assert _state() == before
+    try:
+        assert active.adopt(None) == settings.current() and _state() == before
+        s = active.adopt({"forward": "torch", "threads": 2})
+        assert s.forward == "torch" and s.threads == 2 and c_plan.requested_path() == "torch"
+        assert torch.get_num_threads() == 2 and (K._rowkernel is None or K.THREADS == 2)
+        with active.use(forward="c"):                                   # a comparison inside a notebook
+            assert c_plan.requested_path() == "c"
+        assert c_plan.requested_path() == "torch"                       # back to what the notebook adopted
+    finally:
+        active._ADOPTED.close()
+        torch.set_num_threads(torch_before)
+    assert _state() == before

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Mapping
 
 from lessonkit.errors import LessonkitError
@@ -65,6 +65,30 @@ def from_env(environ: Mapping[str, str] | None = None) -> RunSettings:
                              f"({', '.join(KERNEL_CHOICES)})")
     return RunSettings(kernel=_word(environ, "kernel"), numerics=_word(environ, "numerics"),
                        threads=_threads(environ), weights=_word(environ, "weights"), forward=_word(environ, "forward"))
+
+
+def parameter(asked: RunSettings) -> dict:
+    """The settings as the one papermill parameter `lessonkit run` hands each notebook (SETTINGS): a plain dict
+    of the five fields, which a notebook gives `lessonkit.engine.active.adopt`."""
+    return asdict(asked)
+
+
+def from_parameter(value: Mapping | None) -> RunSettings:
+    """A notebook's SETTINGS parameter as RunSettings: a mapping of some of the five fields (a researcher's
+    `papermill -y 'SETTINGS: {numerics: int8, threads: 2}'`), the others "auto" (threads None); None asks nothing.
+    One error naming what is wrong: not a mapping, an unknown field, a thread count that is no positive integer."""
+    if value is None:
+        return RunSettings()
+    if not isinstance(value, Mapping):
+        raise LessonkitError(f"SETTINGS={value!r}: expected a mapping of {', '.join(FIELDS)} (or None)")
+    unknown = sorted(set(value) - set(FIELDS))
+    if unknown:
+        raise LessonkitError(f"SETTINGS: unknown setting {unknown[0]!r}: expected some of {', '.join(FIELDS)}")
+    threads = value.get("threads")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise LessonkitError(f"SETTINGS: threads={threads!r}: expected a positive integer (the kernel's thread count)")
+    words = {k: str(v).strip().lower() or "auto" for k, v in value.items() if k != "threads" and v is not None}
+    return RunSettings(**words, threads=threads)
 
 
 def physical_cores() -> int:

@@ -3,7 +3,7 @@
 Every command's --threads is that count. `use_threads` is the one place torch's thread count is derived from
 it (torch runs the long GEMM forwards and training; the kernel runs the short row-invariant ones), so a
 command never runs the two with different counts it was given. Commands call it at their edge; `lessonkit run`
-hands the count to each notebook as the papermill parameter KERNEL_THREADS, and the notebook calls it.
+hands the count to each notebook inside its SETTINGS parameter, and the notebook's engine.active.adopt calls it.
 Places that pin torch alone for a while (one thread while timing on a shared machine, a trainer's preset
 for reproducible weights) say why where they do it.
 """

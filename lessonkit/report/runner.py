@@ -9,11 +9,15 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
 from lessonkit.files.resources import workbook_path
 from lessonkit.errors import LessonkitError
+
+if TYPE_CHECKING:
+    from lessonkit.engine.settings import RunSettings
 
 NOTEBOOKS = workbook_path("notebooks")
 
@@ -22,22 +26,24 @@ def lesson_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
     return sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
 
 
-def run_parameters(*, smoke: bool, build_dir: Path, threads: int | None = None) -> dict:
+def run_parameters(*, smoke: bool, build_dir: Path, settings: RunSettings | None = None) -> dict:
     """What `lessonkit run` tells a notebook, as papermill parameters (never environment variables): each
     lesson's parameters cell declares them with None defaults (the library's own defaults).
-    BUILD_DIR: where record_results writes results/<lesson>.json; KERNEL_THREADS: the C kernel's threads
-    (and torch's from them, lessonkit.engine.threads.use_threads)."""
+    BUILD_DIR: where record_results writes results/<lesson>.json; SETTINGS: the run's settings, one dict
+    (engine.settings.parameter: kernel path, numerics, threads, weights, forward), which the notebook hands
+    lessonkit.engine.active.adopt (None: the library's)."""
+    from lessonkit.engine.settings import parameter
     return {"SMOKE": smoke, "INTERACTIVE": False, "BUILD_DIR": str(Path(build_dir).resolve()),
-            "KERNEL_THREADS": threads}
+            "SETTINGS": None if settings is None else parameter(settings)}
 
 
-def execute_notebook(nb: Path, out: Path, *, smoke: bool, build_dir: Path, threads: int | None = None,
+def execute_notebook(nb: Path, out: Path, *, smoke: bool, build_dir: Path, settings: RunSettings | None = None,
                      kernel: str = "python3", timeout: int = 1800, extra: dict | None = None,
                      progress: dict | bool = False) -> None:
     """Execute one notebook with papermill. progress: False, or tqdm arguments for a bar over its cells.
     The kernel logs errors only: its start-up warning about local TCP sockets is not a student's concern."""
     import papermill as pm
-    parameters = {**run_parameters(smoke=smoke, build_dir=build_dir, threads=threads), **(extra or {})}
+    parameters = {**run_parameters(smoke=smoke, build_dir=build_dir, settings=settings), **(extra or {})}
     pm.execute_notebook(str(nb), str(out), parameters=parameters, cwd=str(nb.parent), kernel_name=kernel,
                         progress_bar=progress, execution_timeout=timeout,
                         extra_arguments=["--IPKernelApp.log_level=ERROR"])
@@ -81,9 +87,9 @@ def write_summary(build_dir: Path, status: dict[str, dict], *, smoke: bool = Fal
 
 
 def run_all(build_dir: str | Path = "build", smoke: bool = False, only: list[str] | None = None,
-            threads: int | None = None) -> int:
-    """Execute the lessons (those whose name contains one of `only`) into build_dir; threads: the C kernel's
-    threads in each notebook (None: the library default). Returns 1 if any lesson failed."""
+            settings: RunSettings | None = None) -> int:
+    """Execute the lessons (those whose name contains one of `only`) into build_dir; settings: what each notebook
+    runs with (its SETTINGS parameter; None: the library's). Returns 1 if any lesson failed."""
     build_dir = Path(build_dir)
     (build_dir / "notebooks").mkdir(parents=True, exist_ok=True)
     nbs = [p for p in lesson_notebooks() if not only or any(o in p.name for o in only)]
@@ -97,7 +103,7 @@ def run_all(build_dir: str | Path = "build", smoke: bool = False, only: list[str
         out = build_dir / "notebooks" / nb.name
         t0 = time.perf_counter()
         try:
-            execute_notebook(nb, out, smoke=smoke, build_dir=build_dir, threads=threads,
+            execute_notebook(nb, out, smoke=smoke, build_dir=build_dir, settings=settings,
                              progress={"desc": f"  {nb.stem}", "position": 1, "leave": False})
             st = "ok"
         except Exception as e:  # papermill raises PapermillExecutionError with the cell's traceback

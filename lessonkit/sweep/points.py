@@ -1,7 +1,8 @@
 """What a point of a sweep can be: POINT_KINDS, one entry per kind, each with the parameters it declares
 (checked before anything runs) and how one point runs, returning its figures (name -> number or text).
 
-  lesson      a lesson notebook run by papermill with the parameters (its `parameters` cell declares them);
+  lesson      a lesson notebook run by papermill with the parameters (its `parameters` cell declares them) and
+              the run's settings (kernel, numerics, threads, weights, forward: its SETTINGS parameter);
               figures: what its last cell recorded (lessons.results.record_results)
   bench       `lessonkit bench NAME --json` in its own process; figures: the JSON's scalar numbers
   break-even  one measured cell of lesson 1's break-even surface: plain and speculative greedy (the oracle
@@ -24,8 +25,14 @@ from lessonkit.bench import OPTIONS as BENCH_OPTIONS
 from lessonkit.errors import LessonkitError
 from lessonkit.sweep.grid import ANY, Param
 
-# the sweep sets these for a lesson itself: they are no grid parameters
-LESSON_RESERVED = ("BUILD_DIR", "INTERACTIVE")
+# the sweep sets these for a lesson itself: they are no grid parameters (SETTINGS: from LESSON_SETTINGS)
+LESSON_RESERVED = ("BUILD_DIR", "INTERACTIVE", "SETTINGS")
+# a lesson's run settings (engine.settings.RunSettings, handed to it as its one SETTINGS parameter) as parameters
+LESSON_SETTINGS = {
+    "kernel": Param(str, "auto", "C kernel path"), "numerics": Param(str, "auto", "exact or int8"),
+    "threads": Param(int, 1, "C kernel threads"), "weights": Param(str, "auto", "native, f32 or q8_0"),
+    "forward": Param(str, "auto", "c or torch"),
+}
 # the bench options (lessonkit.bench.OPTIONS, the CLI's table) as parameters: one thread count per point
 BENCH_TYPES = {"flag": bool, "text": str, "repeats": int, "thread counts": int, "disk": str, "numerics": str}
 BENCH_PARAMS = {name: Param(BENCH_TYPES[kind], default, why or name)
@@ -66,7 +73,8 @@ def lesson_notebook(target: str) -> Path:
 
 
 def lesson_params(target: str) -> dict[str, Param]:
-    """The names assigned in the notebook's `parameters` cell, typed by their defaults (None: any scalar)."""
+    """The names assigned in the notebook's `parameters` cell, typed by their defaults (None: any scalar), and the
+    run settings (LESSON_SETTINGS)."""
     nb = json.loads(lesson_notebook(target).read_text(encoding="utf-8"))
     cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
     out = {}
@@ -75,15 +83,17 @@ def lesson_params(target: str) -> dict[str, Param]:
             name, default = node.targets[0].id, ast.literal_eval(node.value)
             if name not in LESSON_RESERVED:
                 out[name] = Param(ANY if default is None else type(default), default)
-    return out
+    return {**out, **LESSON_SETTINGS}
 
 
 def run_lesson(target: str, params: dict, out_dir: Path) -> dict:
+    from lessonkit.engine.settings import RunSettings
     from lessonkit.report.runner import execute_notebook
     nb = lesson_notebook(target)
     build = out_dir / "build"
-    execute_notebook(nb, out_dir / nb.name, smoke=bool(params.get("SMOKE", False)), build_dir=build,
-                     threads=params.get("KERNEL_THREADS"), extra=params)
+    asked = RunSettings(**{n: params.get(n, p.default) for n, p in LESSON_SETTINGS.items()})
+    execute_notebook(nb, out_dir / nb.name, smoke=bool(params.get("SMOKE", False)), build_dir=build, settings=asked,
+                     extra={n: v for n, v in params.items() if n not in LESSON_SETTINGS})
     recorded = build / "results" / f"{nb.stem}.json"
     if not recorded.exists():
         raise LessonkitError(f"{nb.name} recorded no figures (no {recorded.name})")
