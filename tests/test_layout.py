@@ -327,6 +327,48 @@ def test_only_engine_settings_reads_the_settings_variables():
     assert [name for _, name in seen] == ["LESSONKIT_KERNEL", "LESSONKIT_THREADS"]     # a write is no read
 
 
+def _environment_writes(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) of every write of a LESSONKIT_* variable: os.environ[NAME] = ..., os.environ.setdefault(NAME),
+    os.putenv(NAME)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) and ast.unparse(node.value) == "os.environ":
+            key = node.slice
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.setdefault", "os.putenv") and node.args:
+            key = node.args[0]
+        else:
+            continue
+        if isinstance(key, ast.Constant) and str(key.value).startswith("LESSONKIT_") or ast.unparse(key).startswith("settings.ENV"):
+            out.append((node.lineno, ast.unparse(key)))
+    return out
+
+
+def test_no_module_hands_a_setting_on_through_the_environment():
+    """A notebook gets the run's settings as one papermill parameter (SETTINGS, engine.active.adopt), a command
+    through its options: nothing in the package writes a LESSONKIT_* variable for a child process to read."""
+    writes = [f"{m}:{line} writes {name}" for m, path in MODULES.items()
+              for line, name in _environment_writes(ast.parse(path.read_text()))]
+    assert not writes, "\n".join(writes)
+    seen = _environment_writes(ast.parse('os.environ["LESSONKIT_NUMERICS"] = "int8"\nos.environ[settings.ENV["kernel"]] = x\n'
+                                         'os.environ.get("LESSONKIT_KERNEL")\nos.environ["HF_HUB_OFFLINE"] = "1"'))
+    assert [line for line, _ in seen] == [1, 2]                          # a read, or another variable, is no write
+
+
+# engine's context managers that change no run setting: a kernel build swapped in (a build, not a setting) and
+# torch's own thread count pinned while timing (torch's, not the kernel's)
+NOT_SETTINGS = {"lessonkit.engine.kernel": {"use_library"}, "lessonkit.engine.threads": {"torch_threads"}}
+
+
+def test_settings_change_for_a_block_through_engine_active_use_only():
+    """One context manager changes the run's settings for a block, lessonkit.engine.active.use; the engine
+    keeps no per-setting one (a kernel.using beside it)."""
+    found = [f"{m}.{n.name}" for m, path in MODULES.items() if m.startswith("lessonkit.engine.")
+             and m != "lessonkit.engine.active" for n in ast.walk(ast.parse(path.read_text()))
+             if isinstance(n, ast.FunctionDef) and "contextmanager" in " ".join(map(ast.unparse, n.decorator_list))
+             and n.name not in NOT_SETTINGS.get(m, ())]
+    assert not found, found
+
+
 READS_A_FILE = ("read_csv(", "read_json(", "read_parquet(", "open(", "json.load(", "np.load(", ".read_text(",
                 ".read_bytes(", "safe_open(", "load_file(")
 

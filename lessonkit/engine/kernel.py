@@ -186,18 +186,6 @@ def swap_backend(name: str, why: str) -> tuple[str, str]:
     return old
 
 
-@contextlib.contextmanager
-def using(name: str):
-    """`active.use(kernel=name)` for lessonkit/lessons/kernel.py, which calls it by this name (engine.active
-    cannot be imported here: it imports this module)."""
-    check_backend(name)
-    old = swap_backend(name, f"chosen for a comparison ({name})")
-    try:
-        yield
-    finally:
-        swap_backend(*old)
-
-
 _LIBRARY_LOCK = threading.Lock()   # set_threads and use_library: a thread count never lands on a library being swapped out
 _asked = settings.STARTING_THREADS  # the count last asked for: what a library swapped in (or back) takes
 
@@ -252,8 +240,8 @@ def asked_threads() -> int:
 
 def _threads_from_env() -> None:
     """LESSONKIT_THREADS=N (engine.settings reads it): a user's override of the count a process starts with;
-    unset, one thread (tests and notebooks share cores). Commands take --threads; notebooks KERNEL_THREADS
-    (engine.threads)."""
+    unset, one thread (tests and notebooks share cores). Commands take --threads; notebooks the threads of
+    their SETTINGS parameter (engine.active.adopt)."""
     n = settings.from_env().threads
     if n is not None:
         set_threads(n)

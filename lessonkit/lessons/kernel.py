@@ -17,6 +17,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from lessonkit.engine import kernel
+from lessonkit.engine.active import use
 from lessonkit.measure.machine import cpu_name
 from lessonkit.lessons.figures import integer_axis, legend_beside
 from lessonkit.measure.kernel import blas_name, cost_paths, forwards_to_compare, load_on
@@ -69,7 +70,7 @@ def cost_curves(models=("tiny-moe", "smollm2-135m"), *, k_max: int = 7,
     blocks and on float32) and on MKL row groups."""
     rows = []
     for name, label, kw in tqdm(cost_paths(models), desc="verify cost", leave=False):
-        with kernel.using(kw.pop("backend")):
+        with use(kernel=kw.pop("backend")):
             eng = load_model(name, **kw)
         c = measure_cost_curve(eng, k_max, repeats=repeats)
         rows += [{"model": name, "path": label, "k": k, "rows": k + 1, "T_ms": t * 1e3, "T/T1": t / c[0]}
