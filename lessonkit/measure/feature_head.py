@@ -16,13 +16,14 @@ from tqdm.auto import tqdm
 from lessonkit.errors import LessonkitError
 from lessonkit.feature_head.drafter import HEADS_DIR, FeatureHeadDrafter
 from lessonkit.files.atomic import atomic_write
-from lessonkit.measure.machine import cpu_name
+from lessonkit.engine.machine import cpu_name
 from lessonkit.models.integrity import write_manifest
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.gate import conditional_per_pos
 from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.training.feature_head import PRESETS, train
-from lessonkit.workloads.requests import CATEGORIES, requests
+from lessonkit.workloads.corpus import prompts_by_kind
+from lessonkit.workloads.requests import requests
 
 
 CARD_REQUESTS = 12            # held-out requests per category the card measures (24 chat prompts are held out)
@@ -31,9 +32,9 @@ CARD_REQUESTS = 12            # held-out requests per category the card measures
 def heldout_acceptance(target, drafter, *, per_category: int = CARD_REQUESTS, max_new: int = 64, k: int = 3,
                        progress: bool = False) -> dict:
     """category -> {acceptance_by_position [k], tokens_per_verify, draft_tokens}, plus "all"."""
-    prompts = requests(target, "heldout", per_category)
+    prompts = heldout_prompts(target, per_category)
     out, everything = {}, []
-    for cat in tqdm(CATEGORIES, desc="held-out acceptance", disable=not progress):
+    for cat in tqdm(prompts, desc="held-out acceptance", disable=not progress):
         stats = [speculative_generate(target, drafter, p, max_new, k=k).stats for p in prompts[cat]]
         everything += stats
         out[cat] = _summary(total_stats(stats))
@@ -41,11 +42,35 @@ def heldout_acceptance(target, drafter, *, per_category: int = CARD_REQUESTS, ma
     return out
 
 
+def heldout_prompts(target, per_category: int) -> dict[str, list[list[int]]]:
+    """The HELDOUT requests by category; for a model of the corpus (its preset continues corpus openings, as
+    tiny-moe's does), openings of the corpus' held-out split by kind of text."""
+    tc = PRESETS.get(target.name)
+    if tc is not None and tc.continuations and not tc.per_category:
+        return prompts_by_kind(target, n=per_category, max_tokens=48, split="heldout")
+    return requests(target, "heldout", per_category)
+
+
 def _summary(t: dict) -> dict:
     return {"acceptance_by_position": [round(a, 3) for a in conditional_per_pos(t["num_accepted_tokens_per_pos"],
                                                                                 t["num_drafts"])],
             "tokens_per_verify": round(1 + t["num_accepted_tokens"] / max(1, t["num_drafts"]), 3),
             "draft_tokens": t["num_draft_tokens"]}
+
+
+def _sources(tc: dict) -> str:
+    """The card's words for what the target pass ran on."""
+    parts = []
+    if tc["per_category"]:
+        parts.append(f"the target's greedy answers to {4 * tc['per_category']} TRAIN requests of "
+                     "lessonkit/workloads/requests.py")
+    if tc.get("continuations"):
+        parts.append(f"its greedy continuations of {tc['continuations']} openings per kind of text of the corpus' "
+                     "train split")
+    if tc.get("text_windows"):
+        parts.append(f"{tc['text_windows']} windows of {tc['window']} tokens per kind of the corpus' train split")
+    where = "the HELDOUT requests" if tc["per_category"] else "openings of the corpus' held-out split"
+    return " and ".join(parts) + f"; evaluation on {where} only"
 
 
 def write_card(folder: Path, info: dict, evaluation: dict, k: int) -> Path:
@@ -58,16 +83,13 @@ def write_card(folder: Path, info: dict, evaluation: dict, k: int) -> Path:
              f"test over {info['train']['ttt_steps']} chained steps on the target's own greedy answers.", "",
              f"- trained for: {info['target']} (weights {info['target_fingerprint'][:12]}), target pass on the "
              f"{info['numerics']} numerics",
-             f"- data: {info['requests']} sequences ({info['positions']:,} positions): the target's greedy answers to "
-             f"{4 * info['train']['per_category']} TRAIN requests of lessonkit/workloads/requests.py and "
-             f"{info['train'].get('text_windows', 0)} windows of {info['train'].get('window', 0)} tokens per kind of the "
-             "corpus' train split; evaluation on the HELDOUT requests only",
+             f"- data: {info['requests']} sequences ({info['positions']:,} positions): {_sources(info['train'])}",
              f"- time: target pass {info['pass_s']:.0f} s in the training process (shards already on disk are read, "
              f"not recomputed), training {info['train_s']:.0f} s ({info['steps']} steps) on "
              f"{info['threads']} thread(s), {info['cpu']}, {info['date']}",
-             "- draft-vocabulary coverage of the target's greedy answers (training requests): "
+             "- draft-vocabulary coverage of the target's greedy picks in the training data: "
              + ", ".join(f"{c} {v:.1%}" for c, v in info["coverage"].items()), "",
-             f"## Held-out acceptance (greedy, k = {k}, {CARD_REQUESTS} HELDOUT requests per category x 64 new tokens, "
+             f"## Held-out acceptance (greedy, k = {k}, {CARD_REQUESTS} held-out prompts per category x 64 new tokens, "
              "acceptance at position i given 1 .. i - 1 accepted)", "",
              "| category | position 1 | 2 | 3 | tokens per verify |", "|---|---|---|---|---|"]
     for cat, e in evaluation.items():

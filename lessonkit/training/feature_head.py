@@ -1,6 +1,7 @@
 """Training a feature head (lessonkit.feature_head) on its frozen target: self-distillation, training-time test.
 
-1. The target pass: the target answers the TRAIN requests of lessonkit.workloads.requests greedily, on the engine
+1. The target pass: the target answers the TRAIN requests of lessonkit.workloads.requests greedily (a model of the
+   corpus, tiny-moe, continues openings of the corpus' train split instead), on the engine
    itself (the numerics the head will draft beside), and every position's states at the taps and the top, and the
    target's greedy pick after it, are kept (bfloat16 states). Shards of SHARD requests are written atomically under
    $LESSONKIT_HOME/feature-head/, keyed by the target's fingerprint, the numerics and the data settings: a killed
@@ -36,8 +37,8 @@ from lessonkit.errors import LessonkitError
 from lessonkit.feature_head import head as fh
 from lessonkit.files.atomic import atomic_write
 from lessonkit.files.resources import lessonkit_home
-from lessonkit.workloads.corpus import EOT, KINDS, load_documents, spread_slots
-from lessonkit.workloads.requests import CATEGORIES, requests
+from lessonkit.workloads.corpus import EOT, KINDS, load_documents, prompts_by_kind, spread_slots
+from lessonkit.workloads.requests import requests
 
 SHARD = 40                    # requests per shard of the target pass
 
@@ -59,15 +60,27 @@ class HeadTrainConfig:
     reg_weight: float = 0.2
     seed: int = 0
     checkpoint_every: int = 50
+    continuations: int = 0            # per kind of text: the target's greedy continuations of train-split openings
+                                      # (a model of the corpus, not of requests: tiny-moe)
 
     def data_key(self) -> dict:
-        """What the target pass depends on (its shards' folder is keyed by it): the requests, then the windows."""
+        """What the target pass depends on (its shards' folder is keyed by it): the requests, the continuations,
+        then the windows."""
         return {"per_category": self.per_category, "max_new_tokens": self.max_new_tokens, "seed": self.seed,
+                **({"continuations": self.continuations} if self.continuations else {}),
                 **({"text_windows": self.text_windows, "window": self.window} if self.text_windows else {})}
+
+    def settings(self) -> dict:
+        """Every field, continuations only where set (so the keys of presets without them stay as they were)."""
+        d = {**asdict(self), "step_weights": list(self.step_weights)}
+        if not self.continuations:
+            d.pop("continuations")
+        return d
 
 
 PRESETS = {
     "smollm2-135m": HeadTrainConfig(),
+    "tiny-moe": HeadTrainConfig(per_category=0, continuations=400, max_new_tokens=96, text_windows=600, draft_vocab=1024),
     "test": HeadTrainConfig(per_category=2, max_new_tokens=6, text_windows=1, window=16, draft_vocab=64, intermediate_size=64, epochs=2,
                             batch_size=2, warmup=2, checkpoint_every=2),
 }
@@ -132,9 +145,12 @@ def _table_digest(target) -> str:
 def target_pass(target, tc: HeadTrainConfig, taps, progress: bool = True) -> list[dict]:
     """Every TRAIN request's greedy answer and states, then the teacher-forced corpus windows, from the shards on
     disk where they exist."""
-    reqs = requests(target, "train", tc.per_category, seed=tc.seed)
+    reqs = requests(target, "train", tc.per_category, seed=tc.seed) if tc.per_category else {}
+    if tc.continuations:
+        reqs |= {f"cont-{kind}": ps for kind, ps in
+                 prompts_by_kind(target, n=tc.continuations, max_tokens=48, seed=tc.seed, split="train").items()}
     todo = [(cat, lambda p=p: greedy_with_states(target, p, tc.max_new_tokens, taps))
-            for cat in CATEGORIES for p in reqs[cat]]
+            for cat, ps in reqs.items() for p in ps]
     todo += [(cat, lambda w=w: text_with_states(target, w, taps)) for cat, w in text_windows(target, tc)]
     folder = pass_dir(target, tc, taps)
     folder.mkdir(parents=True, exist_ok=True)
@@ -312,7 +328,7 @@ def train(target, tc: HeadTrainConfig, out_dir: Path, progress: bool = True, sto
     bar.close()
     final = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in params.items()} | {"vocab": vocab}
     info = {"target": target.name, "target_fingerprint": target.fingerprint(), "numerics": kernel.NUMERICS,
-            "config": cfg0.to_dict(), "train": {**asdict(tc), "step_weights": list(tc.step_weights)},
+            "config": cfg0.to_dict(), "train": tc.settings(),
             "requests": len(seqs), "positions": int(sum(len(s["picks"]) for s in seqs)),
             "coverage": coverage(seqs, vocab), "pass_s": round(t_pass, 1),
             "train_s": round(spent + time.perf_counter() - t1, 1), "steps": step,
@@ -338,8 +354,7 @@ def _resume(ckpt: Path, params: dict, opt) -> tuple[int, list, float]:
 
 
 def _train_key(tc: HeadTrainConfig) -> str:
-    return hashlib.sha256(json.dumps({**asdict(tc), "step_weights": list(tc.step_weights)},
-                                     sort_keys=True).encode()).hexdigest()[:10]
+    return hashlib.sha256(json.dumps(tc.settings(), sort_keys=True).encode()).hexdigest()[:10]
 
 
 def save_head(out_dir: Path, w: dict, info: dict) -> None:
