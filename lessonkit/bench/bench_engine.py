@@ -13,7 +13,7 @@ from lessonkit.models.convert import export_hf
 from lessonkit.engine.generate import generate
 from lessonkit.models.registry import load_model, resolve_model_dir
 from lessonkit.measure.timing import median_time
-from lessonkit.measure.machine import machine_record
+from lessonkit.engine.machine import machine_record
 
 PROMPTS = ['{"ts": "2026-03-01T12:00:00Z", "host": "web-', "def parse_config(path):\n    ",
            "The expert cache keeps the most recently used"]

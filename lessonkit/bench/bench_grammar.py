@@ -11,7 +11,7 @@ from lessonkit.grammar.records import monitoring_grammar
 from lessonkit.grammar.tokens import TokenGrammar
 from lessonkit.measure.grammar import corpus_records, grammar_ab, schema_compile_times
 from lessonkit.workloads.corpus import load_documents
-from lessonkit.measure.machine import machine_record
+from lessonkit.engine.machine import machine_record
 
 
 def bench(args) -> dict:

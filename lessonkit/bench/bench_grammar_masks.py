@@ -24,7 +24,7 @@ from lessonkit.grammar.measure import sample_text
 from lessonkit.grammar.tokens import TokenGrammar, trie_levels, vocabulary_trie
 from lessonkit.measure.grammar import _test_schema_dir
 from lessonkit.models.registry import resolve_model_dir
-from lessonkit.measure.machine import machine_record
+from lessonkit.engine.machine import machine_record
 
 MASK_TARGET_MS, COMPILE_TARGET_MS = 1.0, 2.0
 

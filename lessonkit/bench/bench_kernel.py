@@ -16,7 +16,7 @@ from lessonkit.engine import active, kernel, row_weight
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.gate import measure_cost_curve
 from lessonkit.measure.roofline import roofline
-from lessonkit.measure.machine import machine_record
+from lessonkit.engine.machine import machine_record
 
 ROWS = (1, 2, 4, 8, 16)
 

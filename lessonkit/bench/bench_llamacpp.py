@@ -32,7 +32,7 @@ from lessonkit.engine.threads import pin_torch_threads
 from lessonkit.measure.llamacpp import CMAKE_FLAGS, TOOLS, VERSION, binary, build_record, home, is_built
 from lessonkit.models.gguf_loader import load_smollm2, smollm2_gguf_path, to_transformers
 from lessonkit.models.registry import load_model
-from lessonkit.measure.machine import machine_record
+from lessonkit.engine.machine import machine_record
 
 MODEL = "smollm2-135m"
 ENGINES = ("llamacpp", "lessonkit", "transformers")

@@ -39,7 +39,7 @@ from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import ModelDrafter, NGramDrafter
 from lessonkit.speculative.verify import speculative_generate
 from lessonkit.workloads.grounded import GROUNDED_REQUESTS
-from lessonkit.measure.machine import machine_record
+from lessonkit.engine.machine import machine_record
 
 MODEL = "smollm2-135m"
 SIZES = {"full": (48, None), "smoke": (8, 2)}     # (new tokens per request, requests: None = all)

@@ -8,7 +8,7 @@ from lessonkit.models.registry import load_model
 from lessonkit.measure.mtp import prompts_from_corpus, speed_comparison
 from lessonkit.mtp.evaluate import HELDOUT_SAMPLE, acceptance_by_kind, heldout_sample, pooled_acceptance
 from lessonkit.mtp.head import Shared, load_head
-from lessonkit.measure.machine import machine_record
+from lessonkit.engine.machine import machine_record
 
 def bench(args) -> dict:
     """`lessonkit bench mtp`: plain greedy vs MTP drafting (k = 1..3) on tiny-moe (and smollm2-135m unless smoke)."""

@@ -17,7 +17,7 @@ from lessonkit.bench.common import goal, median_times
 from lessonkit.engine import active, blocks, kernel, row_weight
 from lessonkit.engine.generate import generate
 from lessonkit.models.registry import load_model
-from lessonkit.measure.machine import machine_record
+from lessonkit.engine.machine import machine_record
 
 PROMPT = "The expert cache keeps the most recently used experts in memory, and"
 

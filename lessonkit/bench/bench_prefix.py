@@ -10,7 +10,7 @@ from lessonkit.measure.timing import median_time
 from lessonkit.prefix_cache.cache import PrefixCache
 from lessonkit.prefix_cache.generate import results_identical, score
 from lessonkit.workloads.reviews import make_items, system_prompt_ids
-from lessonkit.measure.machine import machine_record
+from lessonkit.engine.machine import machine_record
 
 def bench(args) -> dict:
     """`lessonkit bench prefix`: prefill vs restore of a 552-token prefix; batch scoring off / cold / warm."""

@@ -6,7 +6,7 @@ from lessonkit.measure.semcache import SMOKE_ITEMS, time_hits, time_judge
 from lessonkit.semcache.policies import AUDIT_OFF, embed_stream, make_policy, run_stream
 from lessonkit.semcache.judge import RuleJudge, ground_truth_judge
 from lessonkit.workloads.monitoring import load_stream
-from lessonkit.measure.machine import machine_record
+from lessonkit.engine.machine import machine_record
 
 def bench(args) -> dict:
     """One-sided+guard vs exact, two-sided 0.8 and one-sided on the same stream, audit off."""

@@ -37,7 +37,7 @@ from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens_per
 from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.workloads.corpus import prompts_by_kind
 from lessonkit.workloads.structured import structured_prompts
-from lessonkit.measure.machine import machine_record
+from lessonkit.engine.machine import machine_record
 
 
 def _interleaved(fns: dict, prompts, repeats) -> dict:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from lessonkit.measure.stack import ablations, available_models, run_config
-from lessonkit.measure.machine import machine_record
+from lessonkit.engine.machine import machine_record
 
 def bench(args) -> dict:
     """`lessonkit bench stack`: the plain engine vs all techniques together on the stream, one run."""

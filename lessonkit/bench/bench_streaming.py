@@ -42,7 +42,7 @@ from lessonkit.files.portable_io import read_at
 from lessonkit.measure.break_even import cost_model_inputs, disk_cost_model, validate_cost_model
 from lessonkit.measure.disk import disk_read_rate
 from lessonkit.models.registry import resolve_model_dir
-from lessonkit.measure.machine import machine_record
+from lessonkit.engine.machine import machine_record
 
 PROMPTS = ["The expert cache keeps the most recently used", "def parse_config(path):\n    "]
 LAYOUTS = ("format 1: packed at every load", "format 2: packed on disk")

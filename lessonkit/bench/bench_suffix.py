@@ -42,7 +42,7 @@ from lessonkit.speculative.gate import measure_cost_curve
 from lessonkit.speculative.suffix import SuffixDrafter
 from lessonkit.speculative.suffix_store import SuffixStore
 from lessonkit.workloads.structured import structured_prompts
-from lessonkit.measure.machine import machine_record
+from lessonkit.engine.machine import machine_record
 
 STORE_SHARES = (0.25, 0.5, 1.0)     # store sizes: these shares of the training split's outputs (0: the empty store)
 BATCH = 4                           # items a request in the batch section

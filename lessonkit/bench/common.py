@@ -1,5 +1,5 @@
 """Shared pieces of every `lessonkit bench`: medians, goals, the readable table (the machine record is
-lessonkit.measure.machine.machine_record)."""
+lessonkit.engine.machine.machine_record)."""
 from __future__ import annotations
 
 import statistics

@@ -4,7 +4,7 @@
 restored after, on an exception too: benchmarks, lessons and tests load the same model twice to compare two
 kernel paths, numerics or forwards side by side in one process. `adopt(SETTINGS)` takes the settings
 `lessonkit run` hands a notebook (engine.settings.parameter) for the rest of the process. `describe()` is what `lessonkit doctor`, every
-`--json`, every bench's machine record and the report say about them (lessonkit.measure.machine.machine_record).
+`--json`, every bench's machine record and the report say about them (lessonkit.engine.machine.machine_record).
 
 This module sits above the ones that act on each setting (engine.kernel, engine.c_plan, engine.packed_layout),
 which read theirs from engine.settings: so the settings module itself imports none of them.

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from lessonkit.engine import kernel
 from lessonkit.engine.active import use
-from lessonkit.measure.machine import cpu_name
+from lessonkit.engine.machine import cpu_name
 from lessonkit.lessons.figures import integer_axis, legend_beside
 from lessonkit.measure.kernel import blas_name, cost_paths, forwards_to_compare, load_on
 from lessonkit.measure.roofline import roofline as measure_roofline

@@ -19,7 +19,7 @@ import jinja2
 
 from lessonkit.files.resources import PACKAGE_DIR, workbook_root
 from lessonkit.lessons.headline import headline_for, main_table, sentence_texts
-from lessonkit.measure.machine import machine_record
+from lessonkit.engine.machine import machine_record
 
 TEMPLATES = PACKAGE_DIR / "report" / "templates"
 VERSIONED = ("lessonkit", "torch", "numpy", "pandas", "matplotlib", "papermill", "nbconvert")
@@ -43,7 +43,7 @@ def _git_commit() -> str | None:
 
 def machine_table() -> dict[str, str]:
     """The run's machine and software, as label -> text (the report's first table), from the one machine
-    record (lessonkit.measure.machine.machine_record)."""
+    record (lessonkit.engine.machine.machine_record)."""
     m = machine_record(refuse_bad_weights=False)
     cores, logical, usable, torch_n = m["cores_in_machine"], m["cpu_count"], m["cpus_usable"], m["torch_threads"]
     info = {"CPU": m["cpu"],

@@ -64,20 +64,22 @@ def scaling(point_s: float, overhead_s: float, start_s: float, n_points: int, wo
 def calibrate(n_noop: int = 200, n_points: int = 8, work: int = 60_000_000, workers: int = 2) -> dict:
     import os
 
-    from lessonkit.measure.machine import cpu_name
+    from lessonkit.engine.machine import machine_record
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None      # others' work on the same cores
     over = [overhead(n_noop, w) for w in sorted({1, workers})]
     sp = speedup(n_points, work, workers)
     o = over[0]["overhead_ms_per_point"] / 1e3                 # one worker: the whole path of one point
     start = over[-1]["cluster_start_s"]
     model = {n: scaling(sp["seconds_per_point"], o, start, 100 * n, n) for n in (2, 4, 8, 16, 32, 64)}
-    return {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "load_before": load,
+    # the machine alone: the sweep engine's own figures load no model engine
+    return {"machine": machine_record(engine=False), "date": time.strftime("%Y-%m-%d"), "load_before": load,
             "overhead": over, "speedup": sp,
             "scaling_100_points_per_worker": model}
 
 
 def describe(r: dict) -> str:
-    lines = [f"{r['cpu']}, {r['cores']} logical CPUs, load average {r['load_before']} before, {r['date']}"]
+    m = r["machine"]
+    lines = [f"{m['cpu']}, {m['cpu_count']} logical CPUs, load average {r['load_before']} before, {r['date']}"]
     lines += [f"overhead: {o['overhead_ms_per_point']:.1f} ms per no-op point on {o['workers']} worker(s) ({o['points']} "
               f"points in {o['sweep_s']:.2f} s; the cluster started in {o['cluster_start_s']:.2f} s)" for o in r["overhead"]]
     s = r["speedup"]

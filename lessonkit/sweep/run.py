@@ -8,7 +8,6 @@ is recorded as failed with its error and stops nothing else."""
 from __future__ import annotations
 
 import os
-import platform
 import socket
 import sys
 import time
@@ -46,13 +45,6 @@ def sweep_from(point: str, grid_args: list[str], set_args: list[str], grid_file:
                  repeats if repeats is not None else data.get("repeats", 1))
 
 
-def _kernel_path(kind: str) -> str:
-    if kind == "noop":
-        return "none (no engine)"
-    from lessonkit.engine import kernel
-    return kernel.BACKEND
-
-
 def _worker_name() -> str:
     try:
         from distributed import get_worker
@@ -63,7 +55,7 @@ def _worker_name() -> str:
 
 def run_point(kind: str, target: str | None, point: Point, folder: str, run: str) -> dict:
     """On a worker: run one point (unless its row says it is complete) and write its row atomically."""
-    from lessonkit.measure.machine import cpu_name
+    from lessonkit.engine.machine import machine_record
     folder_p = Path(folder)
     row = store.read_row(folder_p, point.id)
     if row is not None and row["status"] == "ok":
@@ -75,11 +67,12 @@ def run_point(kind: str, target: str | None, point: Point, folder: str, run: str
         figures, status, error = POINT_KINDS[kind].run(target, dict(point.params), out_dir), "ok", None
     except Exception as e:  # a failing point is a row with its error; the others go on
         figures, status, error = {}, "failed", f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    machine = machine_record(engine=kind != "noop", refuse_bad_weights=False)     # a no-op point loads no engine
     row = {"id": point.id, "repeat": point.repeat, "status": status, "params": point.params, "figures": figures,
            "seconds": round(time.perf_counter() - t0, 4), "error": error, "host": socket.gethostname(),
-           "cpu": cpu_name(), "kernel": _kernel_path(kind), "worker": _worker_name(), "run": run,
+           "cpu": machine["cpu"], "kernel": machine.get("kernel", "none (no engine)"), "worker": _worker_name(), "run": run,
            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "kind": kind, "target": target,
-           "python": platform.python_version()}
+           "python": machine["python"], "machine": machine}
     store.write_row(folder_p, row)
     return row
 

@@ -28,8 +28,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import os
-import platform
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -41,6 +39,7 @@ from tqdm.auto import tqdm
 from lessonkit.files.atomic import atomic_write
 from lessonkit.engine.checkpoint import FORMAT_VERSION, _atomic_save, _check_shapes, _layer_tensors, _Tensors
 from lessonkit.engine.config import ModelConfig
+from lessonkit.engine.machine import machine_record
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.threads import pin_torch_threads
 from lessonkit.models.borrowed import BORROW_FILE
@@ -172,8 +171,7 @@ def train_cut(cfg: CutConfig, progress: bool = True) -> tuple:
     log["tokens_seen"] = cfg.steps * cfg.batch_size * log["seq_len"]
     log["heldout_agreement_with_" + cfg.target] = cut_agreement(model, head_ids, held)
     log["head_coverage"] = _coverage(data, row_of)
-    log["machine"] = {"platform": platform.platform(), "python": platform.python_version(),
-                      "torch": torch.__version__, "threads": cfg.threads, "cpu_count": os.cpu_count()}
+    log["machine"] = {**machine_record(refuse_bad_weights=False), "threads": cfg.threads}    # the one record
     return model, head_ids, log
 
 

@@ -18,7 +18,6 @@ gives the same adapter on the same machine and library versions.
 from __future__ import annotations
 
 import json
-import platform
 import random
 import time
 from dataclasses import asdict, dataclass, replace
@@ -30,6 +29,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from lessonkit.files.atomic import atomic_write
+from lessonkit.engine.machine import machine_record
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.threads import pin_torch_threads
 from lessonkit.models.integrity import write_manifest
@@ -176,7 +176,7 @@ def train_adapter(cfg: JudgeTrainConfig, progress: bool = True, resume: Path | N
            "full_answer_examples": sum(full), "input_tokens": sum(h.shape[0] for h in hidden),
            "prefix_tokens": len(prefix_ids), "steps": n_steps, "losses": losses, "cache_s": round(t_cache, 1),
            "cycle_s": times, "train_time_s": round(t_cache + sum(times), 1), "disjointness": disjoint,
-           "threads": cfg.threads, "machine": f"{platform.platform()} (torch {torch.__version__})"}
+           "threads": cfg.threads, "machine": machine_record(refuse_bad_weights=False)}
     if resume is not None:
         log["resumed_after_cycles"] = done
     return model, log
@@ -280,6 +280,11 @@ def _data_options(cfg: JudgeTrainConfig) -> str:
     return "\n- Data options: " + "; ".join(opts) + "." if opts else ""
 
 
+def _machine_words(machine: dict | str) -> str:
+    """The training log's machine (engine.machine.machine_record; a judge trained before it: the words already)."""
+    return machine if isinstance(machine, str) else f"{machine['platform']} (torch {machine['torch']})"
+
+
 def write_card(out: Path, cfg: JudgeTrainConfig, log: dict, ev: dict, ndjson: dict | None = None) -> Path:
     """card.md (data, time, accuracy per family / perturbation) and manifest.json of a trained judge."""
     a = ev["agreement"]
@@ -303,7 +308,7 @@ Reproduce: `lessonkit train judge --model {cfg.model}` (seed {cfg.seed}, {cfg.th
   lr {cfg.lr} with warm-up and linear decay, per cycle), batch {cfg.batch}.
 
 ## Time
-{log['train_time_s'] / 60:.1f} min on {log['machine']}, {cfg.threads} thread(s), shared 2-core machine
+{log['train_time_s'] / 60:.1f} min on {_machine_words(log['machine'])}, {cfg.threads} thread(s), shared 2-core machine
 (frozen layers once: {log['cache_s']:.0f} s; cycles: {', '.join(f'{t:.0f} s' for t in log.get('cycle_s', []))}). Evaluation on the engine: {ev['eval_s']:.0f} s.
 
 ## Agreement with the intended labels of the shipped stream ({a['overall']['all']['n']} items)

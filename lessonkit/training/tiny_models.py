@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -39,6 +37,7 @@ from lessonkit.files.atomic import atomic_write
 from lessonkit.errors import LessonkitError
 from lessonkit.files.resources import workbook_path, workbook_root
 from lessonkit.engine.threads import pin_torch_threads
+from lessonkit.engine.machine import machine_record
 from lessonkit.models.convert import convert_hf_checkpoint, export_hf
 from lessonkit.models.integrity import write_manifest
 from lessonkit.models.registry import load_model
@@ -376,8 +375,7 @@ def _final_log(log, cfg, model, windows, held, tokenizer, corpus_dir) -> None:
     if held is not None:
         log["heldout_agreement_with_" + cfg.distill_from] = student_agreement(model, held)
         log["teacher_params"] = parameter_counts(teacher_model(load_model(cfg.distill_from)))
-    log["machine"] = {"platform": platform.platform(), "python": platform.python_version(),
-                      "torch": torch.__version__, "threads": cfg.threads, "cpu_count": os.cpu_count()}
+    log["machine"] = {**machine_record(refuse_bad_weights=False), "threads": cfg.threads}    # the one record
 
 
 # ----------------------------------------------------------------------------- shipping

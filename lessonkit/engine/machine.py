@@ -1,5 +1,7 @@
 """The machine the figures come from: the CPU's name as the OS reports it (benchmarks and lessons print it
-beside every time they measure)."""
+beside every time they measure), and the one machine record every bench, the report, a training log and a
+sweep's rows carry. In the engine room, beside the settings it describes, so that training (below measure) keeps
+the same record."""
 from __future__ import annotations
 
 import platform
@@ -31,28 +33,32 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_record(*, refuse_bad_weights: bool = True) -> dict:
+def machine_record(*, refuse_bad_weights: bool = True, engine: bool = True) -> dict:
     """The one machine record: the CPU and its cores, versions, and the settings in force with why each was
-    chosen (lessonkit.engine.active.describe). Every bench's "machine" (lessonkit.bench.common) and the report's
-    first table (lessonkit.report.html) are this record. A LESSONKIT_WEIGHTS the engine refuses raises unless
-    refuse_bad_weights is False (the report, which says so: the run said it first)."""
+    chosen (lessonkit.engine.active.describe). Every bench's "machine" (lessonkit.bench.common), the report's
+    first table (lessonkit.report.html), every training log and every sweep row are this record. A
+    LESSONKIT_WEIGHTS the engine refuses raises unless refuse_bad_weights is False (the report, which says so:
+    the run said it first). engine=False: the machine alone, without torch and the settings (a sweep's no-op
+    points and its calibration measure the sweep engine, which loads neither)."""
     import os
 
     import psutil
+
+    from lessonkit.engine.settings import physical_cores
+    host = {"cpu": cpu_name(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
+            "physical_cores": physical_cores(), "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(), "cores_in_machine": psutil.cpu_count(logical=False),
+            "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
+    if not engine:
+        return host
     import torch
 
     from lessonkit.engine.active import describe
-    from lessonkit.engine.settings import physical_cores
     from lessonkit.errors import LessonkitError
     d = describe()
     if d["weights"] is None and refuse_bad_weights:
         raise LessonkitError(d["weights_why"])
-    return {"cpu": cpu_name(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpu_count": os.cpu_count(), "physical_cores": physical_cores(), "torch_threads": torch.get_num_threads(),
+    return {**host, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "kernel": d["backend"], "isa": d["isa"], "numerics": d["numerics"], "vnni": d["vnni"],
-            "kernel_threads": d["threads"], "weights": d["weights"],
-            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cores_in_machine": psutil.cpu_count(logical=False),
-            "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "kernel_why": d["why"], "numerics_why": d["numerics_why"], "weights_why": d["weights_why"],
-            "forward": d["forward"]}
+            "kernel_threads": d["threads"], "weights": d["weights"], "kernel_why": d["why"],
+            "numerics_why": d["numerics_why"], "weights_why": d["weights_why"], "forward": d["forward"]}
