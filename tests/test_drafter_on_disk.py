@@ -16,7 +16,8 @@ RATE = 500.0          # a cold disk's read rate in MB/s, as disk_read_rate would
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A private copy of tiny-moe (no other process warms or empties its expert file's pages), the draft model,
-    two prompts to measure, one apart, and the cost model's inputs on the two."""
+    two prompts to measure, one apart for the drafter's acceptance and c, and the cost model's inputs on two
+    others (a prediction from the timed prompts' own reads would be in sample: InSample)."""
     src = resolve_model_dir("tiny-moe")[1]
     dst = tmp_path_factory.mktemp("tiny-moe-drafter")
     for f in src.iterdir():
@@ -25,7 +26,8 @@ def setup(tmp_path_factory):
     target = load_model("tiny-moe")
     prompts = [target.encode("def add(a, b):\n    return a + b\n\ndef"), target.encode("the cat sat on the mat and")]
     apart = [target.encode("import os\nimport sys\n\nclass")]
-    inputs = cost_model_inputs(dst, prompts, budget_experts=(2,), rows=(1, 2, 3), max_new_tokens=8, repeats=1)
+    measured = [target.encode("The expert cache keeps the most recently used"), target.encode("for i in range(10):")]
+    inputs = cost_model_inputs(dst, measured, budget_experts=(2,), rows=(1, 2, 3), max_new_tokens=8, repeats=1)
     return dst, load_model("tiny-draft"), prompts, apart, inputs
 
 

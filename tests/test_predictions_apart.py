@@ -12,17 +12,13 @@ import pytest
 from lessonkit.measure.apart import Apart, InSample, check_apart, expected_tokens, predict_speedup
 
 ROOT = Path(__file__).resolve().parents[1]
-# the modules whose predicted_* figures must come from predict_speedup
+# the modules whose predicted_* figures must come from predict_speedup (or predict_times / predict_ratio)
 PREDICTING = ["lessonkit/lessons/grammar.py", "lessonkit/lessons/speculative.py", "lessonkit/measure/mtp.py",
-              "lessonkit/measure/numerics_paths.py", "lessonkit/measure/speculative.py", "lessonkit/measure/prefix_cache.py"]
-# predictions not yet routed through the helper, each with why (issue 59 item 5's backlog, not hidden)
-BACKLOG = {
-    "lessonkit/measure/break_even.py": "lesson 1 measures the disk model's validation cells on other prompts than its "
-                                       "inputs, but validate_cost_model does not check it (bench streaming passes one "
-                                       "set of prompts to both); drafter_on_disk takes a and c apart, its reads not",
-    "lessonkit/measure/stack_prediction.py": "E, c and the depths come from calibration items apart, but the decode "
-                                             "share is the plain row's own (the ratio's baseline), not through the helper",
-}
+              "lessonkit/measure/numerics_paths.py", "lessonkit/measure/speculative.py", "lessonkit/measure/prefix_cache.py",
+              "lessonkit/measure/break_even.py", "lessonkit/measure/stack_prediction.py"]
+# predictions not yet routed through the helper, each with why (issue 59 item 5's backlog, not hidden): none left
+BACKLOG: dict[str, str] = {}
+HELPERS = {"predict_speedup", "predict_ratio", "predict_times"}
 
 
 def _apart(prompts=((1, 2, 3),), **kw) -> Apart:
@@ -63,7 +59,7 @@ def _writes_predicted(fn: ast.AST) -> bool:
 
 
 def _calls(fn: ast.AST, name: str) -> bool:
-    names = {name, "predict_ratio"} if name == "predict_speedup" else {name}
+    names = HELPERS if name == "predict_speedup" else {name}
     return any(isinstance(n, ast.Call) and (getattr(n.func, "id", None) in names or getattr(n.func, "attr", None) in names)
                for n in ast.walk(fn))
 
@@ -112,3 +108,72 @@ def test_timed_prompts_are_not_the_apart_ones_in_the_lesson_sources():
         fns = {f.name: f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
         name = "on_this_machine" if "spec" in path else "on_this_run"
         assert _calls(fns[name], "check_apart"), f"{path}:{name} never checks its apart statistics"
+
+
+# ---- the backlog routed (issue 59 item 5): lesson 1's disk cost model and drafter on disk, lesson 6's rows ----
+def _inputs(prompts) -> dict:
+    """Cost-model inputs as `cost_model_inputs` returns them (made up, tiny-moe's budgets), measured on `prompts`."""
+    reads = {(b, r, s): 4.0 / r if b == 2 else 0.0 for b in (2, 32) for r in (1, 2, 3) for s in ("accepted", "rejected")}
+    return {"T_s": {1: 0.004, 2: 0.0045, 3: 0.005}, "prefill_s": 0.02, "step_overhead_s": 0.0, "reads_per_forward": reads,
+            "prefill_reads": {2: 30.0, 32: 0.0}, "budgets": [2, 32], "total_experts": 32, "read_bytes": 2**20,
+            "page_cache_read_s": 1e-4, "new_tokens": 4, "prompts": [list(p) for p in prompts]}
+
+
+def test_the_disk_cost_model_is_checked_on_other_prompts_than_its_inputs():
+    """validate_cost_model takes the inputs themselves (not a table made from them) and refuses, before any run, a
+    cell timed on a prompt the inputs were measured on; inputs that do not say their prompts are refused too."""
+    from lessonkit.measure.break_even import validate_cost_model
+    from lessonkit.models.registry import resolve_model_dir
+    model_dir = resolve_model_dir("tiny-moe")[1]
+    timed = [[1, 2, 3, 4]]
+    with pytest.raises(InSample):
+        validate_cost_model(model_dir, timed, _inputs(timed), [(2, 1.0, 2)], disk="warm")
+    no_provenance = {k: v for k, v in _inputs([[9, 9]]).items() if k != "prompts"}
+    with pytest.raises(InSample):
+        validate_cost_model(model_dir, timed, no_provenance, [(2, 1.0, 2)], disk="warm")
+
+
+def test_a_drafter_on_disk_is_timed_apart_from_its_reads_and_its_acceptance():
+    """drafter_on_disk refuses a timed prompt among the cost model's input prompts (its reads, T(r)) and among the
+    prompts its acceptance and c were measured on, before any run."""
+    from lessonkit.measure.break_even import drafter_on_disk
+    from lessonkit.models.registry import load_model, resolve_model_dir
+    model_dir, draft = resolve_model_dir("tiny-moe")[1], load_model("tiny-draft")
+    timed, other = [[5, 6, 7, 8]], [[9, 10, 11]]
+    for inputs_on, apart_on in ((timed, other), (other, timed)):
+        with pytest.raises(InSample):
+            drafter_on_disk(model_dir, draft, timed, apart_on, _inputs(inputs_on), budget_experts=2, ks=(1,),
+                            disk="warm")
+
+
+def test_lesson_6s_drafter_row_reads_no_timed_row(monkeypatch):
+    """The model-drafter row's prediction takes no timed run (the plain row was its decode share's source) and
+    reads the decode share from plain decoding of the calibration items; with no calibration item the first stream
+    item would stand in, so nothing is predicted."""
+    import inspect
+    from types import SimpleNamespace as NS
+
+    from lessonkit.measure import stack_prediction as sp
+    assert "plain" not in inspect.signature(sp.drafter_row_prediction).parameters
+    apart = {"steps": 4, "emitted": 8.0, "draft_tokens": 8, "draft_s": 0.0, "k_hist": {1: 4}, "context": 3,
+             "decode_share": 0.5}
+    engine = NS(encode=lambda text: [ord(ch) for ch in text])
+    monkeypatch.setattr(sp, "measure_cost_curve", lambda *a, **k: [1.0, 1.0])
+    item = lambda t: NS(text=t)
+    for calibration, want in (([item("cal")], 1 / (0.5 + 0.5 / 2.0)), ([], float("nan"))):
+        wl = NS(prefix="p:", items=[item("a"), item("b")], calibration=calibration)
+        monkeypatch.setattr(sp, "drafting_apart", lambda eng, w, d, **k: {
+            **apart, "prompts": [sp._prompt(eng, w, it) for it in (w.calibration or w.items[:1])]})
+        got = sp.drafter_row_prediction(engine, wl, "ngram", max_new_tokens=4)
+        assert got["decode_share"] == 0.5 and got["predicted_speedup"] == pytest.approx(want, nan_ok=True)
+
+
+def test_lesson_6s_combined_rows_are_breakdowns():
+    """The combined rows are composed from timed single rows of the same run: a breakdown, so no name calls them
+    predicted (the function, the notebook's recorded figures, the headline)."""
+    from lessonkit.lessons.stack import HEADLINE
+    from lessonkit.measure import stack_prediction as sp
+    assert hasattr(sp, "combined_breakdown") and not hasattr(sp, "combined_prediction")
+    code = _code("06_stack.ipynb")
+    assert "combined_breakdown(" in code and "_predicted_product" not in code and "_predicted_savings" not in code
+    assert not any("predicted_product" in s.text or "predicted_savings" in s.text for s in HEADLINE.sentences)

@@ -50,19 +50,19 @@ def test_the_drafter_row_carries_its_prediction(drafter):
     assert head["tiny_moe_judge_drafter_predicted_speedup"] == round(float(row["predicted_speedup"]), 3)
 
 
-def test_combined_rows_predicted_from_the_single_rows():
+def test_combined_rows_broken_down_into_the_single_rows():
     """Plain 10 s; prefix cache 8 s (1.25x), grammar drafting 5 s (2x); together: the product 2.5x, or the savings
     2 s + 5 s on disjoint parts, 10 / 3 s; a third technique saving past the plain time predicts nothing."""
     import pandas as pd
 
-    from lessonkit.measure.stack_prediction import combined_prediction
+    from lessonkit.measure.stack_prediction import combined_breakdown
     rows = [("plain engine", "none", 10.0), ("prefix cache", "prefix", 8.0), ("grammar drafting", "grammar", 5.0),
             ("lossless together", "prefix+grammar", 4.0)]
     df = pd.DataFrame([{"model": "m", "row": r, "techniques": t, "wall_s": w, "speedup": 10.0 / w, "judge_calls": 4}
                        for r, t, w in rows])
-    got = combined_prediction(df).iloc[0]
+    got = combined_breakdown(df).iloc[0]
     assert got["row"] == "lossless together" and got["measured"] == 2.5
     assert got["product_of_single_rows"] == pytest.approx(2.5) and got["disjoint_savings"] == pytest.approx(10 / 3)
     df.loc[df.row == "grammar drafting", ["wall_s", "speedup"]] = [1.0, 10.0]     # saves 9 s, with the prefix's 2 s: 11 s
-    got = combined_prediction(df).iloc[0]
+    got = combined_breakdown(df).iloc[0]
     assert math.isnan(got["disjoint_savings"]) and got["savings_text"].startswith("nothing: the savings (11.0 s)")

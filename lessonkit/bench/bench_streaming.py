@@ -39,12 +39,14 @@ from lessonkit.engine.expert_store import ExpertStore
 from lessonkit.engine.generate import generate
 from lessonkit.files.disk import COLD, Disk, after_read, parse_disk
 from lessonkit.files.portable_io import read_at
-from lessonkit.measure.break_even import cost_model_inputs, disk_cost_model, validate_cost_model
+from lessonkit.measure.break_even import cost_model_inputs, validate_cost_model
 from lessonkit.measure.disk import disk_read_rate
 from lessonkit.models.registry import resolve_model_dir
 from lessonkit.engine.machine import machine_record
 
 PROMPTS = ["The expert cache keeps the most recently used", "def parse_config(path):\n    "]
+# the disk cost model's inputs are measured on these, its cells timed on PROMPTS: predicted out of sample
+APART_PROMPTS = ["A mixture of experts routes each token to", "import os\nimport sys\n\nclass"]
 LAYOUTS = ("format 1: packed at every load", "format 2: packed on disk")
 
 
@@ -156,17 +158,16 @@ def streaming(engines: dict, prompts: list[list[int]], n_new: int, repeats: int)
     return med, tokens, packs
 
 
-def speculation_on_disk(model_dir: Path, prompts: list[list[int]], budget: int, disk: Disk, read_mb_s: float,
-                        smoke: bool) -> list[dict]:
+def speculation_on_disk(model_dir: Path, prompts: list[list[int]], apart: list[list[int]], budget: int, disk: Disk,
+                        read_mb_s: float, smoke: bool) -> list[dict]:
     """Speculation (oracle drafter) over plain greedy at `budget` experts, misses read from `disk`: per
-    (acceptance, depth) cell the speed-up lesson 1's cost model predicts from the measured rate, and the measured
-    one (each run from an empty expert cache)."""
+    (acceptance, depth) cell the speed-up lesson 1's cost model predicts from the measured rate and its inputs
+    measured on the `apart` prompts, and the one measured on `prompts` (each run from an empty expert cache)."""
     cells = [(budget, 1.0, 2)] if smoke else [(budget, 1.0, 4), (budget, 0.7, 2), (budget, 0.0, 2)]
     n_new = 8 if smoke else 32
-    inputs = cost_model_inputs(model_dir, prompts, budget_experts=(budget,), rows=(1, 3) if smoke else (1, 3, 5),
+    inputs = cost_model_inputs(model_dir, apart, budget_experts=(budget,), rows=(1, 3) if smoke else (1, 3, 5),
                                max_new_tokens=n_new, repeats=3 if smoke else 7)
-    model = disk_cost_model(inputs, disk=disk, read_mb_s=read_mb_s, ks=sorted({k for *_, k in cells}))
-    check = validate_cost_model(model_dir, prompts, model, cells, disk=disk, max_new_tokens=n_new,
+    check = validate_cost_model(model_dir, prompts, inputs, cells, disk=disk, read_mb_s=read_mb_s,
                                 repeats=1 if smoke else 3)
     return [{"budget_experts": r.budget_experts, "acceptance": r.acceptance, "k": r.k,
              "predicted_speedup": round(r.predicted_speedup, 3), "measured_speedup": round(r.measured_speedup, 3),
@@ -195,6 +196,7 @@ def bench(args) -> dict:
         engines = {lay: _engine(new_dir, f, budget, disk) for lay, f in files.items()}
         native = engines[LAYOUTS[1]].weights == "native"
         prompts = [engines[LAYOUTS[1]].encode(p) for p in (PROMPTS[:1] if smoke else PROMPTS)]
+        apart = [engines[LAYOUTS[1]].encode(p) for p in (APART_PROMPTS[:1] if smoke else APART_PROMPTS)]
         stores = {lay: _store(f, c, native, disk) for lay, f in files.items()}
         alone = miss_alone(stores, repeats)
         med, tokens, packs = streaming(engines, prompts, n_new, repeats)
@@ -202,7 +204,7 @@ def bench(args) -> dict:
         for st in [*stores.values(), *(eng.store for eng in engines.values())]:
             st.close()                    # before the folder goes (Windows keeps open files)
         disk_rec = _disk_record(disk, files[LAYOUTS[1]], repeats)
-        spec = speculation_on_disk(new_dir, prompts, budget, disk, disk_rec["read_mb_s"], smoke)
+        spec = speculation_on_disk(new_dir, prompts, apart, budget, disk, disk_rec["read_mb_s"], smoke)
     same = tokens[LAYOUTS[0]] == tokens[LAYOUTS[1]]
     rows = [{"name": lay, "miss_ms": round(alone[lay]["miss_ms"], 3), "read_ms": round(alone[lay]["read_ms"], 3),
              "place_ms": round(alone[lay]["place_ms"], 3), "stream_ms_per_miss": round(med[lay]["ms_per_miss"], 3),

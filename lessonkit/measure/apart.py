@@ -83,6 +83,14 @@ def predict_speedup(apart: Apart, k: int, timed_prompts, *, iid: bool = False, f
             "predicted_speedup": e / (ratio + k * float(apart.c)), "apart": apart.source}
 
 
+def predict_times(apart: Apart, timed_prompts, slow_s: float, fast_s: float) -> dict:
+    """A speed-up predicted as slow_s / fast_s, two times a model predicts from `apart`'s statistics (lesson 1's
+    disk cost model: the prefill and each step with its expert reads; lesson 6's decode share with the drafter's
+    decode speed-up). Raises InSample when a timed prompt is among the prompts `apart` was measured on."""
+    check_apart(apart, timed_prompts)
+    return {"predicted_speedup": slow_s / fast_s if fast_s > 0 else float("nan"), "apart": apart.source}
+
+
 def predict_ratio(slow_s: float, fast_s: float, *, inputs: dict, timed) -> dict:
     """A speed-up predicted as a ratio of two predicted times, slow_s / fast_s, for predictions that are not
     lesson 1's formula (lesson 4's batch: n (prefill + item) against restore + n item). inputs: {quantity: the run

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.generate import generate
 from lessonkit.files.disk import MB, Disk, parse_disk
+from lessonkit.measure.apart import Apart, InSample, check_apart, predict_times
 from lessonkit.measure.disk import warm_up
 from lessonkit.speculative.drafters import ModelDrafter, OracleDrafter
 from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens, expected_tokens_per_pos,
@@ -120,7 +121,8 @@ def cost_model_inputs(model_dir, prompts: list[list[int]], *, budget_experts=(2,
     resident; `cost` if given), the prefill, and per budget the prefill's expert misses and R(r, B): misses per
     forward of r rows from an empty expert cache along each prompt's greedy continuation (the rows an accepted
     draft brings) and along random tokens after the first row (the rows a rejected draft brings: they route
-    more widely); the page-cache read time and the bytes of one expert read. No disk is simulated: seconds."""
+    more widely); the page-cache read time, the bytes of one expert read, and the prompts (a prediction from these
+    inputs refuses a timed run on one of them). No disk is simulated: seconds."""
     warm_up(Path(model_dir) / "experts.safetensors")      # page-cache reads: a cold run before may have emptied it
     full = Engine(model_dir, name="budget-all", dtype=dtype)
     total = full.config.n_layers * full.config.n_experts
@@ -155,7 +157,8 @@ def cost_model_inputs(model_dir, prompts: list[list[int]], *, budget_experts=(2,
             "step_overhead_s": max(0.0, step_s - cost[0]),
             "reads_per_forward": reads, "prefill_reads": prefill_reads, "budgets": [nb or total for nb in budget_experts],
             "total_experts": total, "read_bytes": nbytes / misses if misses else full.expert_bytes,
-            "page_cache_read_s": io_s / misses if misses else 0.0, "new_tokens": max_new_tokens}
+            "page_cache_read_s": io_s / misses if misses else 0.0, "new_tokens": max_new_tokens,
+            "prompts": [list(p) for p in prompts]}
 
 def _break_even_disk(ratio_of, k: int) -> float | None:
     """a* where E(a, k) = ratio_of(a) (the verify step's cost in plain steps may depend on a: rejected rows
@@ -242,22 +245,35 @@ def measured_cell(model: str, *, budget_experts: int, acceptance: float, k: int,
     return _measured_cell(model_dir, chosen, budget_experts or None, round(1 - acceptance, 6), k, max_new_tokens,
                           parse_disk(disk), dtype, oracle_engine, total)
 
-def validate_cost_model(model_dir, prompts: list[list[int]], model_df: pd.DataFrame, cells, *, disk: Disk | str,
-                        max_new_tokens: int = 48, dtype=torch.float32, repeats: int = 1) -> pd.DataFrame:
-    """Measure a few cells of the surface for real, every expert miss read from `disk` (cold: from the disk
-    itself), and put each next to the cost model's prediction. cells: (budget experts or None, acceptance, k);
-    repeats: rounds of each cell (the fastest counts)."""
-    disk = parse_disk(disk)
+def inputs_apart(inputs: dict, *, also=(), source: str = "the disk cost model's inputs (cost_model_inputs)",
+                 **stats) -> Apart:
+    """The cost model's inputs as statistics measured apart: the prompts they were measured on (with `also`, the
+    prompts of other statistics beside them), so a prediction refuses a timed run on one of them."""
+    if "prompts" not in inputs:
+        raise InSample("the cost model's inputs do not say which prompts they were measured on (cost_model_inputs "
+                       "records them): a prediction from them cannot be shown to be out of sample")
+    return Apart(prompts=tuple(tuple(p) for p in [*inputs["prompts"], *also]), source=source, **stats)
+
+def validate_cost_model(model_dir, prompts: list[list[int]], inputs: dict, cells, *, disk: Disk | str,
+                        read_mb_s: float | None = None, dtype=torch.float32, repeats: int = 1) -> pd.DataFrame:
+    """Measure a few cells of the surface for real on `prompts`, every expert miss read from `disk` (cold: from the
+    disk itself, at its measured rate read_mb_s), and put each next to the speed-up the cost model predicts from
+    `inputs` (`cost_model_inputs`, whose new tokens the runs use). The prompts must be others than the inputs'
+    (InSample before any run otherwise). cells: (budget experts or None, acceptance, k); repeats: rounds of each
+    cell (the fastest counts)."""
+    disk, apart = parse_disk(disk), inputs_apart(inputs)
+    check_apart(apart, prompts)
+    t_read, n = read_seconds(inputs, disk, read_mb_s), inputs["new_tokens"]
     oracle_engine = Engine(model_dir, name="oracle", dtype=dtype)
     total = oracle_engine.config.n_layers * oracle_engine.config.n_experts
     rows = []
     for nb, a, k in tqdm(cells, desc="cells measured for real", leave=False):
-        m = _measured_cell(model_dir, prompts, nb, round(1 - a, 6), k, max_new_tokens, disk, dtype,
-                           oracle_engine, total, repeats)
-        pred = model_df[(model_df.budget_experts == (nb or total)) & (model_df.k == k)
-                        & (np.isclose(model_df.acceptance, a))]
+        m = _measured_cell(model_dir, prompts, nb, round(1 - a, 6), k, n, disk, dtype, oracle_engine, total, repeats)
+        pre, plain_step, verify_step = _step_seconds(inputs, nb or total, t_read)
+        pred = predict_times(apart, prompts, pre + (n - 1) * plain_step,
+                             pre + (n - 1) / expected_tokens(a, k) * verify_step(a, k))
         rows.append({"disk": str(disk), "budget_experts": nb or total, "acceptance": a, "k": k,
-                     "measured_acceptance_rate": m["acceptance_rate"], "predicted_speedup": float(pred.speedup.iloc[0]),
+                     "measured_acceptance_rate": m["acceptance_rate"], "predicted_speedup": pred["predicted_speedup"],
                      "measured_speedup": m["speedup"]})
     df = pd.DataFrame(rows)
     df["error"] = df.predicted_speedup / df.measured_speedup - 1
@@ -270,8 +286,10 @@ def drafter_on_disk(model_dir, draft_engine, prompts: list[list[int]], apart_pro
     k: its acceptance a_1..a_k and seconds per draft token measured apart (on `apart_prompts`, every expert
     resident); the speed-up the cost model predicts from `inputs` (`cost_model_inputs`, whose new tokens the runs
     use) with k c added to each verify step, c = a draft token's seconds over a plain step's at the budget;
-    and the speed-up measured on `prompts` with budget_experts resident, every miss read from `disk`."""
+    and the speed-up measured on `prompts` with budget_experts resident, every miss read from `disk`. The timed
+    prompts must be others than the inputs' and the apart ones (InSample before any run otherwise)."""
     disk = parse_disk(disk)
+    check_apart(inputs_apart(inputs, also=apart_prompts), prompts)
     n, b = inputs["new_tokens"], budget_experts
     pre, plain_step, verify_step = _step_seconds(inputs, b, read_seconds(inputs, disk, read_mb_s))
     full = Engine(model_dir, name="budget-all", dtype=dtype)
@@ -280,15 +298,18 @@ def drafter_on_disk(model_dir, draft_engine, prompts: list[list[int]], apart_pro
     rows = []
     for k in ks:
         apart = total_stats([speculative_generate(full, drafter_of(full), p, n, k=k).stats for p in apart_prompts])
-        a, e = apart["acceptance_rate"], expected_tokens_per_pos(
-            conditional_per_pos(apart["num_accepted_tokens_per_pos"], apart["num_drafts"]), k)
-        c = apart["draft_s"] / apart["num_draft_tokens"] / plain_step
+        a, per_pos = apart["acceptance_rate"], conditional_per_pos(apart["num_accepted_tokens_per_pos"],
+                                                                   apart["num_drafts"])
+        e, c = expected_tokens_per_pos(per_pos, k), apart["draft_s"] / apart["num_draft_tokens"] / plain_step
         ratio = verify_step(a, k) / plain_step + k * c       # a verify step's cost in plain steps, drafts included
+        stats = inputs_apart(inputs, also=apart_prompts, acceptance=tuple(per_pos), c=c,
+                             source="the cost model's inputs and the drafter alone on other prompts")
+        pred = predict_times(stats, prompts, pre + (n - 1) * plain_step, pre + (n - 1) / e * ratio * plain_step)
         plain, spec, same, rounds = _timed_pair(eng, prompts, drafter_of, k, n, repeats)
         plain_tok_s = (plain["wall_s"] - plain["ttft_s"]) / max(plain["new_tokens"] - plain["runs"], 1)
         rows.append({"drafter": draft_engine.name, "budget_experts": b, "k": k, "disk": str(disk),
                      "acceptance_apart": a, "E_apart": e, "c": c, "cost_per_verify_step": ratio,
-                     "predicted_speedup": (pre + (n - 1) * plain_step) / (pre + (n - 1) / e * ratio * plain_step),
+                     "predicted_speedup": pred["predicted_speedup"],
                      "measured_acceptance": spec["acceptance_rate"],
                      "measured_tokens_per_verify": (spec["new_tokens"] - spec["runs"]) / max(spec["num_drafts"], 1),
                      "measured_c": spec["draft_s"] / max(spec["num_draft_tokens"], 1) / plain_tok_s,

@@ -168,8 +168,8 @@ def ablation(engine, cfg: StackConfig | str = "default", *, rows=None, embedding
         for r in rows:
             if "semcache" in ROWS[r]:
                 runs[r].wall_s += embed_s
-        pred = (drafter_row_prediction(engine, wl, model_drafter, runs["plain engine"], max_new_tokens=cfg.max_new_tokens,
-                                       k=cfg.k) if "model drafter" in rows and model_drafter else None)
+        pred = (drafter_row_prediction(engine, wl, model_drafter, max_new_tokens=cfg.max_new_tokens, k=cfg.k)
+                if "model drafter" in rows and model_drafter else None)
     df = ablation_table(engine.name, runs, rows, model_drafter, choice)
     if pred is not None:             # lesson 1's formula, from quantities measured apart (measure.stack_prediction)
         at = df.row == "model drafter"

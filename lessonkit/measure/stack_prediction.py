@@ -1,5 +1,5 @@
 """Lesson 6's rows predicted: the model-drafter row with lesson 1's formula, from quantities measured apart from
-the stream; each combined row from the single-technique rows it combines (`combined_prediction`).
+the stream; each combined row broken down into the single-technique rows it combines (`combined_breakdown`).
 
 Lesson 1: a verify step emits E tokens and costs T(d+1)/T(1) + c d plain steps, so the decode phase speeds up by
 
@@ -13,35 +13,50 @@ decoded by the model drafter alone at the stack's depth gate:
     c   draft seconds per draft token over T(1);
 
 and T(r) is this engine's verify cost curve after a context as long as a calibration prompt
-(`speculative.gate.measure_cost_curve`). Only decode speeds up: the row's predicted time is the plain row's
-prefill (its wall time less its decode forwards x T(1)) plus its decode time over S.
+(`speculative.gate.measure_cost_curve`). Only decode speeds up: with s the decode share of plain decoding on the
+same calibration items (its wall time less its first token's, over its wall time), the row is predicted to take
+(1 - s) + s / S of the plain row's time. Nothing of the timed rows enters (`measure.apart.predict_times` refuses a
+stream item among the calibration items).
+
+The combined rows are not predictions: they are composed from the single-technique rows of the same timed run,
+so `combined_breakdown` labels them breakdowns.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
+from lessonkit.engine.generate import generate
+from lessonkit.measure.apart import Apart, InSample, predict_times
 from lessonkit.speculative.gate import measure_cost_curve
 from lessonkit.speculative.verify import speculative_generate
 from lessonkit.drafter_registry import make_drafter
-from lessonkit.stack import GATE_K_MAX, StackRun
+from lessonkit.stack import GATE_K_MAX
 from lessonkit.workloads.triage import ITEM_TEMPLATE, STOP_STRINGS, Workload
+
+
+def _prompt(engine, workload: Workload, item) -> list[int]:
+    return engine.encode(workload.prefix) + engine.encode(ITEM_TEMPLATE.format(text=item.text))
 
 
 def drafting_apart(engine, workload: Workload, model_drafter: str, *, max_new_tokens: int, k="auto") -> dict:
     """The model drafter alone on the calibration items: verify steps, tokens they emitted, drafts per step
-    (histogram), draft seconds, and the longest prompt (the context the cost curve is measured after)."""
+    (histogram), draft seconds, and the longest prompt (the context the cost curve is measured after); and plain
+    decoding of the same items: its decode share (wall time less the first token's, over the wall time)."""
     items = workload.calibration or workload.items[:1]
-    prefix = engine.encode(workload.prefix)
-    out = {"steps": 0, "emitted": 0, "draft_tokens": 0, "draft_s": 0.0, "k_hist": {}, "context": 0}
+    prompts = [_prompt(engine, workload, it) for it in items]
+    out = {"steps": 0, "emitted": 0, "draft_tokens": 0, "draft_s": 0.0, "k_hist": {}, "context": 0,
+           "prompts": prompts}
     drafter = make_drafter(model_drafter, engine)          # one drafter, reset for each prompt
     try:
-        results = [speculative_generate(engine, drafter, prefix + engine.encode(ITEM_TEMPLATE.format(text=it.text)),
-                                        max_new_tokens, k=k, k_max=GATE_K_MAX, stop_strings=STOP_STRINGS)
-                   for it in items]
+        results = [speculative_generate(engine, drafter, p, max_new_tokens, k=k, k_max=GATE_K_MAX,
+                                        stop_strings=STOP_STRINGS) for p in prompts]
     finally:
         if hasattr(drafter, "close"):
             drafter.close()
+    plain = [generate(engine, p, max_new_tokens, stop_strings=STOP_STRINGS).stats for p in prompts]
+    wall = sum(st["wall_s"] for st in plain)
+    out["decode_share"] = sum(st["wall_s"] - st["ttft_s"] for st in plain) / wall if wall > 0 else 0.0
     for res in results:
         st = res.stats
         steps = st["forwards"] - 1                          # the prefill forward emitted the first token
@@ -68,23 +83,29 @@ def predicted_decode_speedup(apart: dict, cost: list[float]) -> dict:
     return {"E": e, "c": c, "verify_cost": verify, "step_cost": verify + drafting, "S": e / (verify + drafting)}
 
 
-def drafter_row_prediction(engine, workload: Workload, model_drafter: str, plain: StackRun, *,
-                           max_new_tokens: int, k="auto") -> dict:
-    """The model-drafter row's speed-up over the plain row predicted by lesson 1's formula (module docstring)."""
+def drafter_row_prediction(engine, workload: Workload, model_drafter: str, *, max_new_tokens: int, k="auto") -> dict:
+    """The model-drafter row's speed-up over the plain row predicted by lesson 1's formula (module docstring), from
+    the calibration items alone; NaN where there are none (the first stream item would stand in: in sample). It
+    reads nothing of the timed rows it is compared with."""
     apart = drafting_apart(engine, workload, model_drafter, max_new_tokens=max_new_tokens, k=k)
     cost = measure_cost_curve(engine, GATE_K_MAX, context_len=apart["context"])
     parts = predicted_decode_speedup(apart, cost)
-    decode_forwards = max(plain.forwards - 2 * plain.judge_calls, 0)   # each call: the prefix, then the item
-    decode_s = min(decode_forwards * cost[0], plain.wall_s)
-    predicted_s = plain.wall_s - decode_s + decode_s / parts["S"]       # NaN where S is
-    return {**parts, "decode_share": decode_s / plain.wall_s if plain.wall_s else 0.0,
-            "predicted_speedup": plain.wall_s / predicted_s if predicted_s > 0 else float("nan"),
-            "calibration_items": len(workload.calibration or workload.items[:1])}
+    share = apart["decode_share"]
+    stats = Apart(prompts=tuple(map(tuple, apart["prompts"])), cost=tuple(cost), c=parts["c"],
+                  tokens_per_verify=parts["E"], source="the model drafter and plain decoding on the calibration items")
+    try:
+        pred = predict_times(stats, [_prompt(engine, workload, it) for it in workload.items], 1.0,
+                             (1 - share) + share / parts["S"])                 # NaN where S is
+    except InSample:
+        pred = {"predicted_speedup": float("nan")}
+    return {**parts, "decode_share": share, "predicted_speedup": pred["predicted_speedup"],
+            "calibration_items": len(workload.calibration)}
 
 
-def combined_prediction(df) -> pd.DataFrame:
-    """Predict each combined row (lossless together; all together) from the single-technique rows it combines,
-    two ways, next to the measurement.
+def combined_breakdown(df) -> pd.DataFrame:
+    """Each combined row (lossless together; all together) composed from the single-technique rows it combines,
+    two ways, next to the measurement. A breakdown, not a prediction: the single rows and the plain row are timed
+    rows of the same run.
 
     multiply: the product of the single rows' speed-ups (each technique scales the whole time);
     disjoint savings: the engine techniques save Delta_i = plain - row_i seconds on different parts of the
