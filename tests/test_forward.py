@@ -142,9 +142,9 @@ def test_thread_counts_give_the_same_bits(model):
 def test_avx2_and_portable_paths_give_the_same_bits():
     with active.use(kernel="portable"):
         portable = load_model("smollm2-135m")
-    assert portable.model.c_forward is not None and not portable.model.c_forward.avx2
+    assert portable.model.c_forward is not None and not portable.model.c_forward.path
     avx2 = load_model("smollm2-135m")
-    assert avx2.model.c_forward.avx2
+    assert avx2.model.c_forward.path
     ids = PROMPT[:20]
     assert torch.equal(run(portable, chunked(ids, [7, 1])), run(avx2, chunked(ids, [7, 1])))
 
@@ -215,7 +215,7 @@ def test_a_bad_weight_kind_is_refused_by_name():
     out = torch.empty(1, int(fwd.dims[6]))
     with pytest.raises(ValueError, match="rowkernel.forward"):
         K._rowkernel.forward(plan.data_ptr(), fwd.dims.data_ptr(), fwd.eps, fwd.clip, x.data_ptr(), 0, 1, 0,
-                             cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1], out.data_ptr(), 0, fwd.avx2)
+                             cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1], out.data_ptr(), 0, fwd.path)
 
 
 def test_lessonkit_kernel_chooses_a_path_or_refuses_by_name(monkeypatch):

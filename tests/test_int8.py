@@ -13,7 +13,7 @@ from lessonkit.engine import active
 from lessonkit.engine import blocks as qb
 
 needs_c = pytest.mark.skipif(K._rowkernel is None or K.BACKEND == "mkl", reason="C kernel not built or not active")
-ISA = K.PATH_CODES.index
+ISA = K.ISA_NAMES.index
 PATHS = [("portable", ISA("portable"))]
 if K._rowkernel is not None and K._rowkernel.has_avx2():
     PATHS.append(("avx2", ISA("avx2")))
@@ -38,7 +38,7 @@ def random_blocks(n: int, k: int, kind: str, seed: int) -> torch.Tensor:
 
 
 def product(w: qb.NativeWeight, x: torch.Tensor, path: int) -> torch.Tensor:
-    """x @ W.T on the int8 numerics and ISA `path` (K.PATH_CODES index, plus PATH_NO_VNNI)."""
+    """x @ W.T on the int8 numerics and ISA `path` (K.ISA_NAMES index, plus PATH_NO_VNNI)."""
     x = x.contiguous()
     y = torch.empty(x.shape[0], w.n)
     K._rowkernel.qmatmul(x.data_ptr(), x.shape[0], w.k, x.stride(0), w.data.data_ptr(), w.code, w.n,

@@ -59,9 +59,9 @@ def tsan_check(tmp_path_factory) -> Path:
     return exe
 
 
-def run_stress(exe: Path, avx2: str, threads: str, rounds: int) -> None:
+def run_stress(exe: Path, path: str, threads: str, rounds: int) -> None:
     env = dict(os.environ, TSAN_OPTIONS="halt_on_error=0 exitcode=66 second_deadlock_stack=1")
-    cmd = [str(exe), "-", avx2, threads, "stress", str(rounds)]
+    cmd = [str(exe), "-", path, threads, "stress", str(rounds)]
     if shutil.which("setarch"):       # no address randomisation: newer kernels' wider ASLR breaks older TSAN runtimes
         cmd = [shutil.which("setarch"), os.uname().machine, "-R"] + cmd
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT)
@@ -79,9 +79,9 @@ def avx2_here() -> bool:
     return K._rowkernel is not None and bool(K._rowkernel.has_avx2())
 
 
-@pytest.mark.parametrize("avx2,threads,rounds", [("1", "8", 20), ("0", "3", 10)],
+@pytest.mark.parametrize("path,threads,rounds", [("1", "8", 20), ("0", "3", 10)],
                          ids=["avx2-from-8", "portable-from-3"])
-def test_thread_pool_is_race_free_and_thread_count_invariant(tsan_check, avx2, threads, rounds):
-    if avx2 == "1" and not avx2_here():
+def test_thread_pool_is_race_free_and_thread_count_invariant(tsan_check, path, threads, rounds):
+    if path == "1" and not avx2_here():
         pytest.skip("this CPU has no AVX2 + FMA + F16C (the portable run covers the pool)")
-    run_stress(tsan_check, avx2, threads, rounds)
+    run_stress(tsan_check, path, threads, rounds)

@@ -71,7 +71,7 @@ def test_the_same_packed_bytes_and_tables(engines):
         wt[f"layers.{l}.gate_up"], wt[f"layers.{l}.down"] = mlp.gate_up_t, mlp.down_t
     assert set(free.wt) <= set(wt) and len(free.wt) == 4 * eng.config.n_layers + 1
     for name, w in free.wt.items():
-        assert (w.k, w.n, w.code, w.avx2) == (wt[name].k, wt[name].n, wt[name].code, wt[name].avx2), name
+        assert (w.k, w.n, w.code, w.path) == (wt[name].k, wt[name].n, wt[name].code, wt[name].path), name
         assert w.data.tobytes() == wt[name].data.numpy().tobytes(), name
     assert np.array_equal(free.vectors["cos"], eng.model.cos.numpy())
     assert np.array_equal(free.vectors["sin"], eng.model.sin.numpy())

@@ -347,8 +347,10 @@ def test_python_side_equals_rowkernel_h():
     for name in ("RK_OK", "RK_BAD_SIZES", "RK_NO_AVX2", "RK_NO_MEMORY", "RK_BAD_KIND", "RK_BAD_THREADS",
                  "RK_FETCH_FAILED"):
         assert getattr(KL, name) == h[name], name
-    assert [h["PATH_PORTABLE"], h["PATH_AVX2"], h["PATH_AVX512"]] == [K.PATH_CODES.index(n) for n in
+    assert [h["PATH_PORTABLE"], h["PATH_AVX2"], h["PATH_AVX512"]] == [K.ISA_NAMES.index(n) for n in
                                                                        ("portable", "avx2", "avx512")]
+    assert (KL.PATH_PORTABLE, KL.PATH_AVX2, KL.PATH_AVX512, KL.PATH_ISA) == (h["PATH_PORTABLE"], h["PATH_AVX2"],
+                                                                          h["PATH_AVX512"], h["PATH_ISA"])
     assert (K.PATH_INT8, K.PATH_NO_VNNI) == (h["PATH_INT8"], h["PATH_NO_VNNI"])
     assert set(KL.KernelLibrary.SIGNATURES) == set(re.findall(r"RK_API int32_t (rk_\w+)\(",
                                                              (ROOT / "csrc" / "rowkernel.h").read_text()))

@@ -139,7 +139,7 @@ def reference(driver, tmp_path_factory):
     return hashes([str(driver("x86_64-linux-gnu.2.17")), str(lib), "0", "1"])
 
 
-def avx2_paths() -> list[str]:
+def path_words() -> list[str]:
     import lessonkit.engine.kernel as K
     paths = ["0", "1"] if K._rowkernel is not None and K._rowkernel.has_avx2() else ["0"]
     return paths + (["2", "10"] if K._rowkernel is not None and K._rowkernel.has_avx512() else [])   # 10: no VNNI
@@ -147,11 +147,11 @@ def avx2_paths() -> list[str]:
 
 def test_x86_64_paths_and_thread_counts_give_the_same_bits(driver, reference, tmp_path):
     exe, lib = str(driver("x86_64-linux-gnu.2.17")), str(copied("rowkernel-linux-x86_64.so", tmp_path))
-    for avx2 in avx2_paths():
+    for path in path_words():
         for threads in ("1", "3"):
-            got = hashes([exe, lib, avx2, threads])
+            got = hashes([exe, lib, path, threads])
             assert got["threads"] == threads
-            assert {k: got[k] for k in EXACT} == {k: reference[k] for k in EXACT}, (avx2, threads)
+            assert {k: got[k] for k in EXACT} == {k: reference[k] for k in EXACT}, (path, threads)
     assert reference["fma"] == reference["fma_soft"]           # the FMA instruction and the software fma agree
 
 
@@ -189,17 +189,17 @@ def test_windows_x86_64_under_wine_gives_the_linux_bits(driver, reference, tmp_p
     operations only: its exp is csrc/forward.c's exp_lk, its sqrt and division are correctly rounded; the C
     library's expf, which Windows' MinGW / UCRT computes otherwise than glibc in last bits, is called nowhere)."""
     cmd, env = windows_x86_64(driver, tmp_path)
-    for avx2, threads in (("1", "3"), ("0", "1")):
-        got = hashes(cmd + [avx2, threads], env=env)
+    for path, threads in (("1", "3"), ("0", "1")):
+        got = hashes(cmd + [path, threads], env=env)
         assert got["threads"] == threads
-        assert {k: got[k] for k in EXACT} == {k: reference[k] for k in EXACT}, (avx2, threads)
+        assert {k: got[k] for k in EXACT} == {k: reference[k] for k in EXACT}, (path, threads)
 
 
 # ---- the thread pool: switched between 1, 2, 3 and 8 threads between calls, two callers at once ---------
 def test_thread_pool_under_switching_thread_counts_x86_64(driver, tmp_path):
     exe, lib = str(driver("x86_64-linux-gnu.2.17")), str(copied("rowkernel-linux-x86_64.so", tmp_path))
-    for avx2 in avx2_paths():
-        stress([exe, lib, avx2, "3"], rounds=100)
+    for path in path_words():
+        stress([exe, lib, path, "3"], rounds=100)
 
 
 def test_thread_pool_under_switching_thread_counts_aarch64_qemu(driver, tmp_path):
@@ -214,7 +214,7 @@ def test_thread_pool_under_switching_thread_counts_aarch64_qemu(driver, tmp_path
 def test_thread_pool_under_switching_thread_counts_windows_wine(driver, tmp_path):
     """Win32 threads, SRW locks and condition variables (portable.h)"""
     cmd, env = windows_x86_64(driver, tmp_path)
-    stress(cmd + [avx2_paths()[-1], "8"], rounds=60, env=env)
+    stress(cmd + [path_words()[-1], "8"], rounds=60, env=env)
 
 
 # ---- binaries that cannot run here: format, CPU, exported entry points -------------------------------

@@ -137,7 +137,7 @@ def strip_row_weight(strips: torch.Tensor, k: int, n: int) -> RowWeight:
     if kernel.BACKEND == "mkl" or strips.dtype != torch.float32:
         return RowWeight(unpack_strips(strips, k, n))
     rw = RowWeight.__new__(RowWeight)          # RowWeight.__init__ would pack W.T; these strips are packed
-    rw.k, rw.n, rw.dtype, rw.data, rw.avx2 = k, n, torch.float32, strips, kernel.path_code()
+    rw.k, rw.n, rw.dtype, rw.data, rw.path = k, n, torch.float32, strips, kernel.path_word()
     return rw
 
 
@@ -145,7 +145,7 @@ class NativeWeight:
     """A Q4_1 / Q8_0 matrix W [N, K] prepared for row-invariant products x [M, K] @ W.T on the C kernel,
     with the interface of `row_weight.RowWeight` (k inputs, n outputs, rows(x), x @ w)."""
 
-    __slots__ = ("k", "n", "kind", "data", "avx2", "code")
+    __slots__ = ("k", "n", "kind", "data", "path", "code")
     packed = True
     dtype = torch.uint8                    # not float32: code that needs float weights asks for them
 
@@ -167,8 +167,8 @@ class NativeWeight:
         """The strip-blocks the kernel multiplies (packed_layout.for_numerics): as packed (exact numerics), or their
         bytes permuted into the int8 numerics' layout (a new tensor of the same size: the packed one may be a
         read-only file map)."""
-        out = torch.empty_like(packed) if kernel.numerics_of(self.avx2) == "int8" else None
-        self.code, _ = packed_layout.for_numerics(packed.numpy(), self.kind, self.k, self.n, self.avx2,
+        out = torch.empty_like(packed) if kernel.numerics_of(self.path) == "int8" else None
+        self.code, _ = packed_layout.for_numerics(packed.numpy(), self.kind, self.k, self.n, self.path,
                                                   None if out is None else out.numpy())
         return packed if out is None else out
 
@@ -180,7 +180,7 @@ class NativeWeight:
             raise LessonkitError(f"native {kind} weight: strip-blocks {tuple(packed.shape)} {packed.dtype} do not "
                                  f"hold a [{n}, {k}] matrix ({packed_bytes(n, k, kind)} bytes)")
         self.k, self.n, self.kind, self.data = k, n, kind, packed
-        self.avx2 = kernel.path_code()
+        self.path = kernel.path_word()
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.k:
@@ -191,7 +191,7 @@ class NativeWeight:
             x = x.contiguous()
         y = torch.empty(x.shape[0], self.n, dtype=torch.float32)
         kernel._rowkernel.qmatmul(x.data_ptr(), x.shape[0], self.k, x.stride(0), self.data.data_ptr(),
-                                  self.code, self.n, y.data_ptr(), self.n, self.avx2)
+                                  self.code, self.n, y.data_ptr(), self.n, self.path)
         return y
 
     def __rmatmul__(self, x: torch.Tensor) -> torch.Tensor:
@@ -202,7 +202,7 @@ class NativeWeight:
         s = -(-self.n // STRIP)
         out = torch.empty(s * self.k * STRIP, dtype=torch.float32)
         kernel._rowkernel.dequantise(self.data.data_ptr(), self.code, self.k, self.n, out.data_ptr(),
-                                     self.avx2)
+                                     self.path)
         return out.view(s, self.k, STRIP).permute(1, 0, 2).reshape(self.k, -1)[:, :self.n]
 
     @property

@@ -84,7 +84,7 @@ def plan_for(model) -> tuple["CForward | None", str]:
         fwd = CForward(model)
         reason = fwd.unpacked
         if reason is None:
-            return fwd, f"one C call per forward ({kernel.PATH_CODES[fwd.avx2 & 3]}, {kernel.numerics_of(fwd.avx2)} numerics)"
+            return fwd, f"one C call per forward ({kernel.isa_of(fwd.path)}, {kernel.numerics_of(fwd.path)} numerics)"
     if req == "c":
         raise LessonkitError(f"LESSONKIT_FORWARD=c, but this model cannot take the C forward: {reason}")
     return None, f"PyTorch forward: {reason}"
@@ -111,7 +111,7 @@ class CForward:
         self.plan = torch.tensor(self._plan_words(model), dtype=torch.int64)
         self.dims = torch.tensor(c_plan.dims_words(c, wt["lm_head"].n, self.cos.shape[0], model.store._pool is not None),
                                  dtype=torch.int64)
-        self.avx2 = int(wt["lm_head"].avx2)
+        self.path = int(wt["lm_head"].path)
         self.eps = float(c.norm_eps)
         self.clip = float(c.clip_qkv) if c.clip_qkv is not None else 0.0
         self._lock = threading.Lock()    # one forward at a time: the expert tables and _held are per call
@@ -150,7 +150,7 @@ class CForward:
         if got is None:
             self.unpacked = self.unpacked or f"{name} is not packed for the C kernel"
             return 0, KIND["f32"]
-        if int(w.avx2) != int(self.model.wt["lm_head"].avx2):
+        if int(w.path) != int(self.model.wt["lm_head"].path):
             self.unpacked = self.unpacked or f"{name} was prepared for another kernel path"
         self.keep.append(got[2])
         return got[0], got[1]
@@ -238,7 +238,7 @@ class CForward:
         with self._lock:
             kernel._rowkernel.draft_greedy(
                 self.plan.data_ptr(), self.dims.data_ptr(), self.eps, self.clip, x.data_ptr(), fed.data_ptr(), M,
-                start, cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1], logits.data_ptr(), self.avx2, k,
+                start, cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1], logits.data_ptr(), self.path, k,
                 0 if ids is None else ids.data_ptr(), 0, out.data_ptr())
         return (out if ids is None else ids[out]).tolist()
 
@@ -272,7 +272,7 @@ class CForward:
                     plan.data_ptr(), dims.data_ptr(), self.eps, self.clip, x.data_ptr(),
                     tokens.data_ptr() if lo == 0 else 0, T, start, cache.k.data_ptr() + step,
                     cache.v.data_ptr() + step, cache.k.shape[1], (logits if last else sink).data_ptr(),
-                    first if last else T - 1, self.avx2, 0, 0, 0)
+                    first if last else T - 1, self.path, 0, 0, 0)
                 if rc:
                     raise LessonkitError(f"C forward segment {lo}..{hi} failed with code {rc}")
                 if not last:
@@ -310,7 +310,7 @@ class CForward:
             rc = kernel._rowkernel.forward(
                 self.plan.data_ptr(), self.dims.data_ptr(), self.eps, self.clip, x.data_ptr(),
                 tokens.data_ptr() if lookup else 0, T, start,
-                cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1], logits.data_ptr(), first, self.avx2,
+                cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1], logits.data_ptr(), first, self.path,
                 picks.data_ptr() if picks is not None else 0, unique.data_ptr() if unique is not None else 0,
                 ctypes.cast(self._fetch, ctypes.c_void_p).value if self._fetch is not None else 0)
         finally:

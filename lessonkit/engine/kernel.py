@@ -36,7 +36,8 @@ import platform
 import threading
 
 from lessonkit.engine import settings
-from lessonkit.engine.kernel_library import ABI, KernelLibrary, load_library
+from lessonkit.engine.kernel_library import (ABI, ISA_NAMES, PATH_INT8, PATH_ISA, PATH_NO_VNNI,  # noqa: F401
+                                             KernelLibrary, load_library)
 from lessonkit.engine.settings import KERNEL_CHOICES
 from lessonkit.errors import LessonkitError
 
@@ -94,9 +95,7 @@ def isa(backend_name: str | None = None) -> str:
 
 
 BACKEND, WHY = _choose()
-PATH_CODES = ("portable", "avx2", "avx512")
 NUMERICS_CHOICES = ("exact", "int8")
-PATH_INT8, PATH_NO_VNNI = 4, 8      # csrc/intdot.c: bits of the path word above the ISA's two
 
 
 def _choose_numerics() -> tuple[str, str]:
@@ -120,12 +119,17 @@ DEFAULT_NUMERICS = "exact"
 NUMERICS, NUMERICS_WHY = _choose_numerics()
 
 
-def path_code(backend_name: str | None = None, numerics: str | None = None) -> int:
-    """The C entry points' path word: the ISA (an index of PATH_CODES; mkl: 0, it calls no C product), plus
-    PATH_INT8 when native-block products take the int8 numerics."""
+def path_word(backend_name: str | None = None, numerics: str | None = None) -> int:
+    """The C entry points' path word (csrc/rowkernel.h): the ISA (enum rk_isa, ISA_NAMES' index of the backend;
+    mkl: PATH_PORTABLE, it calls no C product), plus PATH_INT8 when native-block products take the int8 numerics."""
     name = backend_name or BACKEND
-    code = PATH_CODES.index(name) if name in PATH_CODES else 0
-    return code | (PATH_INT8 if (numerics or NUMERICS) == "int8" and name != "mkl" else 0)
+    isa_code = ISA_NAMES.index(name) if name in ISA_NAMES else 0
+    return isa_code | (PATH_INT8 if (numerics or NUMERICS) == "int8" and name != "mkl" else 0)
+
+
+def isa_of(path: int) -> str:
+    """The ISA a path word runs, by name (ISA_NAMES: portable, avx2, avx512)."""
+    return ISA_NAMES[int(path) & PATH_ISA]
 
 
 def check_numerics(name: str) -> None:

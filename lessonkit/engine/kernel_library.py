@@ -34,8 +34,11 @@ def host_binary_name(system: str = sys.platform) -> str:
     return f"rowkernel-host{ext}"
 
 
-# C error codes (csrc/rowkernel.c, enum after RK_ABI)
-RK_OK, RK_BAD_SIZES, RK_NO_AVX2, RK_NO_MEMORY, RK_BAD_KIND, RK_BAD_THREADS, RK_FETCH_FAILED = range(7)
+# csrc/rowkernel.h's names, mirrored (tests/test_packed_format.py compares every one with the header)
+RK_OK, RK_BAD_SIZES, RK_NO_AVX2, RK_NO_MEMORY, RK_BAD_KIND, RK_BAD_THREADS, RK_FETCH_FAILED = range(7)  # error codes
+PATH_PORTABLE, PATH_AVX2, PATH_AVX512 = 0, 1, 2         # enum rk_isa: the path word's ISA (path & PATH_ISA)
+PATH_ISA, PATH_INT8, PATH_NO_VNNI = 3, 4, 8             # the path word's bits
+ISA_NAMES = ("portable", "avx2", "avx512")              # enum rk_isa's values by name (kernel.BACKEND's words)
 FETCH = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64))
 _ADDR, _I64, _I32 = ctypes.c_size_t, ctypes.c_int64, ctypes.c_int32
 
@@ -101,20 +104,20 @@ class KernelLibrary:
     def has_vnni(self) -> bool:     # AVX-512 VNNI (vpdpbusd) on top of that: the int8 numerics' fastest dot
         return bool(self.lib.rk_has_vnni())
 
-    def matmul(self, x, m, k, ldx, w, n, y, ldy, use_avx2) -> None:
+    def matmul(self, x, m, k, ldx, w, n, y, ldy, path) -> None:
         """y[m, :n] = x[m, :k] @ W (W packed in float strips at address w)"""
-        self._check("matmul", self.lib.rk_matmul(x, m, k, ldx, w, n, y, ldy, int(use_avx2)))
+        self._check("matmul", self.lib.rk_matmul(x, m, k, ldx, w, n, y, ldy, int(path)))
 
-    def qmatmul(self, x, m, k, ldx, w, kind, n, y, ldy, use_avx2) -> None:
+    def qmatmul(self, x, m, k, ldx, w, kind, n, y, ldy, path) -> None:
         """the same on native strip-blocks, kind 0 = Q4_1, 1 = Q8_0 (2, 3: the int8 numerics' layout of each)"""
-        rc = self.lib.rk_qmatmul(x, m, k, ldx, w, kind, n, y, ldy, int(use_avx2))
+        rc = self.lib.rk_qmatmul(x, m, k, ldx, w, kind, n, y, ldy, int(path))
         if rc == RK_BAD_KIND:
             raise ValueError(f"rowkernel.qmatmul: unknown block kind {kind} (0: Q4_1, 1: Q8_0, 2 / 3: int8 layout)")
         self._check("qmatmul", rc)
 
-    def dequantise(self, w, kind, k, n, out, use_avx2) -> None:
+    def dequantise(self, w, kind, k, n, out, path) -> None:
         """native strips -> float32 strips"""
-        rc = self.lib.rk_dequantise(w, kind, k, n, out, int(use_avx2))
+        rc = self.lib.rk_dequantise(w, kind, k, n, out, int(path))
         self._check("dequantise", RK_BAD_SIZES if rc == RK_BAD_KIND else rc, "bad arguments")
 
     def repack_int(self, src, kind, k, n, dst) -> None:
@@ -129,23 +132,23 @@ class KernelLibrary:
             raise ValueError(f"rowkernel.set_threads: {n} threads (1 to {self.max_threads})")
         return in_use.value
 
-    def forward(self, plan, dims, eps, clip, x, tokens, m, start, k_cache, v_cache, alloc, logits, first, use_avx2,
+    def forward(self, plan, dims, eps, clip, x, tokens, m, start, k_cache, v_cache, alloc, logits, first, path,
                 routing=0, unique=0, fetch=0) -> int:
         """a whole forward of m rows at positions start.. (csrc/forward.c documents the plan); returns
         RK_FETCH_FAILED when the caller's fetch reported an error (the caller holds it), else raises or 0"""
         rc = self.lib.rk_forward(plan, dims, eps, clip, x, tokens, m, start, k_cache, v_cache, alloc, logits, first,
-                                 int(use_avx2), routing, unique, fetch)
+                                 int(path), routing, unique, fetch)
         if rc == RK_FETCH_FAILED:
             return rc
         self._check("forward", RK_BAD_SIZES if rc == RK_BAD_KIND else rc,
                     "bad sizes (or a weight kind other than float32, Q4_1, Q8_0)")
         return rc
 
-    def draft_greedy(self, plan, dims, eps, clip, x, tokens, m, start, k_cache, v_cache, alloc, logits, use_avx2, k,
+    def draft_greedy(self, plan, dims, eps, clip, x, tokens, m, start, k_cache, v_cache, alloc, logits, path, k,
                      ids, chain, out) -> None:
         """a greedy draft turn of k tokens in one call (csrc/forward.c rk_draft_greedy): argmax rows into out [k]"""
         self._check("draft_greedy", self.lib.rk_draft_greedy(plan, dims, eps, clip, x, tokens, m, start, k_cache,
-                                                             v_cache, alloc, logits, int(use_avx2), k, ids, chain, out),
+                                                             v_cache, alloc, logits, int(path), k, ids, chain, out),
                     "bad sizes (or a weight kind other than float32, Q4_1, Q8_0)")
 
     PROFILE_GROUPS = ("elementwise", "attention products", "attention", "mlp / experts", "output layer",

@@ -36,14 +36,14 @@ class NotServed(LessonkitError):
 class PackedWeight:
     """A Q4_1 / Q8_0 matrix W [n, k] in strip-blocks for the kernel, in numpy (blocks.NativeWeight's fields)."""
 
-    __slots__ = ("k", "n", "kind", "code", "data", "avx2")
+    __slots__ = ("k", "n", "kind", "code", "data", "path")
 
     def __init__(self, packed: np.ndarray, k: int, n: int, kind: str):
         if packed.size != pl.packed_bytes(n, k, kind):
             raise LessonkitError(f"native {kind} weight: {packed.size} bytes of strip-blocks do not hold a [{n}, {k}] "
                                  f"matrix ({pl.packed_bytes(n, k, kind)} bytes)")
-        self.k, self.n, self.kind, self.avx2 = k, n, kind, kernel.path_code()
-        self.code, self.data = pl.for_numerics(packed, kind, k, n, self.avx2)
+        self.k, self.n, self.kind, self.path = k, n, kind, kernel.path_word()
+        self.code, self.data = pl.for_numerics(packed, kind, k, n, self.path)
 
 
 def why_not(c: ModelConfig, weights: str | None = None) -> str | None:
@@ -175,7 +175,7 @@ class LeanEngine(TextCodec):
                                                lambda n: (self.wt[n].data.ctypes.data, self.wt[n].code), embed),
                              dtype=np.int64)
         self.dims = np.array(c_plan.dims_words(c, head.n, self.alloc_len), dtype=np.int64)
-        self.path = head.avx2
+        self.path = head.path
         self.tokenizer = load_tokenizer(self.model_dir)
         tpl = self.model_dir / "chat_template.jinja"
         self.chat_template = tpl.read_text(encoding="utf-8") if tpl.exists() else None

@@ -35,14 +35,14 @@ class RowWeight:
     its one-row product bit for bit; longer inputs are a prefill's business: the C backends stay
     row-invariant for any M, the MKL backend uses one GEMM padded to a multiple of ROW_PAD rows."""
 
-    __slots__ = ("k", "n", "dtype", "data", "avx2")
+    __slots__ = ("k", "n", "dtype", "data", "path")
 
     def __init__(self, w_t: torch.Tensor):
         if w_t.dim() != 2:
             raise ValueError(f"RowWeight needs a 2-D weight, got shape {tuple(w_t.shape)}")
         self.k, self.n = w_t.shape
         self.dtype = w_t.dtype
-        self.avx2 = kernel.path_code()                # the path is fixed when the weight is prepared
+        self.path = kernel.path_word()                # the path is fixed when the weight is prepared
         if kernel.BACKEND == "mkl" or w_t.dtype != torch.float32:
             self.data = w_t.contiguous()
         else:
@@ -95,7 +95,7 @@ def _kernel_rows(x: torch.Tensor, rw: RowWeight) -> torch.Tensor:
         x = x.contiguous()
     m = x.shape[0]
     y = torch.empty(m, rw.n, dtype=torch.float32)
-    kernel._rowkernel.matmul(x.data_ptr(), m, rw.k, x.stride(0), rw.data.data_ptr(), rw.n, y.data_ptr(), rw.n, rw.avx2)
+    kernel._rowkernel.matmul(x.data_ptr(), m, rw.k, x.stride(0), rw.data.data_ptr(), rw.n, y.data_ptr(), rw.n, rw.path)
     return y
 
 

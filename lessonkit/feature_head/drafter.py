@@ -92,7 +92,7 @@ class _CHead:
                                   0, 0, 0, -1, 0], dtype=torch.int64)
         self.dims = torch.tensor([1, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate_size,
                                   cfg.draft_vocab, cos.shape[0], 1, 1, 0, 0, 0], dtype=torch.int64)
-        self.path = int(lm.avx2)
+        self.path = int(lm.path)
         self.eps = float(cfg.norm_eps)
         self.logits = torch.empty(1, cfg.draft_vocab, dtype=torch.float32)
 

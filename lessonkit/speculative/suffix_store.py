@@ -54,7 +54,7 @@ def default_folder() -> Path:
 def target_numerics(engine) -> str:
     """The numerics the target's forward computes with: its C forward's, else the kernel's current choice."""
     fwd = getattr(getattr(engine, "model", None), "c_forward", None)
-    return kernel.numerics_of(fwd.avx2) if fwd is not None else kernel.NUMERICS
+    return kernel.numerics_of(fwd.path) if fwd is not None else kernel.NUMERICS
 
 
 def store_key(engine) -> dict:
