@@ -147,12 +147,13 @@ def test_the_moved_appendices_live_in_lesson_1b():
     assert "sampling_tv(" not in lesson and "run_sweep(" not in lesson and "01b_speculative_more.ipynb" in lesson
 
 
-def test_lesson_1b_executes(tmp_path):
-    """01b is no lesson of the main job (the runner takes NN_*.ipynb): it runs here, SMOKE, as the exercises do."""
-    from lessonkit.report.runner import execute_notebook
-    nb = ROOT / "notebooks" / "01b_speculative_more.ipynb"
-    out = tmp_path / nb.name
-    execute_notebook(nb, out, smoke=True, build_dir=tmp_path / "build")
-    executed = json.loads(out.read_text())
-    errors = [o for c in executed["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    assert not errors
+def test_lesson_1b_is_a_lesson_of_the_main_job():
+    """01b runs headlessly in the main job (`lessonkit run`, SMOKE in tests/smoke_build.py) like every lesson, with
+    its headline; a sweep's `lesson:01` still names lesson 1 alone."""
+    from lessonkit.lessons.headline import headline_for
+    from lessonkit.report.runner import lesson_notebooks
+    from lessonkit.sweep.points import lesson_notebook
+    stems = [p.stem for p in lesson_notebooks()]
+    assert "01b_speculative_more" in stems and stems.index("01b_speculative_more") == stems.index("01_speculative") + 1
+    assert headline_for("01b_speculative_more") is not None
+    assert lesson_notebook("01").stem == "01_speculative" and lesson_notebook("01b").stem == "01b_speculative_more"

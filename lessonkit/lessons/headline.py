@@ -20,6 +20,7 @@ from dataclasses import dataclass
 LESSON_MODULES = {
     "00_engine": "lessonkit.lessons.engine",
     "01_speculative": "lessonkit.lessons.speculative",
+    "01b_speculative_more": "lessonkit.lessons.speculative_more",
     "02_mtp": "lessonkit.lessons.mtp",
     "03_grammar": "lessonkit.lessons.grammar",
     "04_prefix_cache": "lessonkit.lessons.prefix_cache",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,8 @@ NOTEBOOKS = workbook_path("notebooks")
 
 
 def lesson_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
-    return sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
+    """The lessons of the main job: NN_name.ipynb, and a lesson's sequel NNx_name.ipynb (01b after 01)."""
+    return sorted(p for p in folder.glob("[0-9][0-9]*_*.ipynb") if re.fullmatch(r"\d\d[a-z]?_\w+", p.stem))
 
 
 def run_parameters(*, smoke: bool, build_dir: Path, settings: RunSettings | None = None) -> dict:

@@ -64,8 +64,12 @@ class PointKind:
 
 # ---- lessons -----------------------------------------------------------------------------------------------
 def lesson_notebook(target: str) -> Path:
+    """The lesson whose name contains `target`; where several do, the one it names up to an underscore ("01" is
+    01_speculative, not 01b_speculative_more)."""
     from lessonkit.report.runner import lesson_notebooks
     found = [p for p in lesson_notebooks() if target in p.stem]
+    if len(found) > 1:
+        found = [p for p in found if p.stem == target or p.stem.startswith(target + "_")] or found
     if len(found) != 1:
         names = ", ".join(p.stem for p in lesson_notebooks())
         raise LessonkitError(f"lesson {target!r} names {'no' if not found else 'more than one'} lesson ({names})")
