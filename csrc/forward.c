@@ -33,7 +33,9 @@ fills the layer's table entry (and may read the expert from disk): one Python ca
 dense models. OLMoE's q/k RMSNorm (over the whole q and k projections) and Mixtral-style clipping of q, k, v
 are applied before RoPE, as in the PyTorch forward.
 
-Layout. plan (int64): 8 globals then 15 per layer:
+Layout. A call takes two structs (rowkernel.h): struct rk_model (plan, dims, eps, clip, the path word, fetch)
+and struct rk_batch (tokens or x, m rows at start.., first, logits, routing, unique, the KV cache).
+plan (int64): 8 globals then 15 per layer (rowkernel.h names each slot: PLAN_*, LAYER_*, EXPERT_*):
   final_norm [D], lm_head (packed [D, V]), lm_head kind, cos [R, hd], sin [R, hd],
   the embedding: address, kind (-1: float32 rows [NV, D]; 0 / 1: a tied output layer's packed Q4_1 / Q8_0
   strip-blocks, row t = column t, dequantised as the loader does: d * q (+ m), two roundings), NV rows;
@@ -43,7 +45,7 @@ Layout. plan (int64): 8 globals then 15 per layer:
              the layer's expert table (MoE only): int64 [E, 4] of gate_up address, kind, down address, kind.
   A kind is -1 (float32 strips), 0 (Q4_1 strip-blocks), 1 (Q8_0 strip-blocks), or 2 / 3 (the same in the int8
   numerics' layout, csrc/intdot.c: products take integer block dots).
-dims (int64): L, D, H, G, hd, I, V, R (rows of the rope tables), E, A, norm_topk, qk_norm, prefetch (1: before
+dims (int64, DIM_*): L, D, H, G, hd, I, V, R (rows of the rope tables), E, A, norm_topk, qk_norm, prefetch (1: before
   a MoE layer fetches its experts, it calls fetch(layer + 1, e, NULL) for the experts the next layer's router
   would pick for this layer's input, the PyTorch forward's one-layer-ahead guess).
 The KV cache: k and v [L, alloc, G, hd] float32, rows start .. start + M - 1 of every layer written here.
@@ -277,15 +279,10 @@ static void swiglu_rows(float *gu, int64_t m, int64_t I, enum rk_isa isa)
     swiglu_portable(gu, m, I);
 }
 
-/* fetch(layer, expert, entry): fills entry[4] = gate_up address, its kind, down address, its kind (the Python
-   side's expert store reads the expert from disk if it must); 0 on success. Called once per expert a layer
-   uses, in expert order, when the layer's table holds no address for it. */
-typedef int64_t (*fetch_fn)(int64_t, int64_t, int64_t *);
-
 /* the router and the experts of one MoE layer on xn [M, D]: out [M, D] = sum over the row's top-A experts of
    weight * expert(xn); experts taken in ascending id, each once for all the rows that chose it (batch-union) */
 static int moe_layer(const shape_t *c, int64_t l, const int64_t *p, const float *xn, int64_t M, float *out,
-                     float *work, int64_t *topi, int64_t *unique, fetch_fn fetch)
+                     float *work, int64_t *topi, int64_t *unique, rk_fetch_fn fetch)
 {
     const int64_t D = c->D, I = c->I, E = c->E, A = c->A;
     float *probs = work, *topw = probs + M * E, *xe = topw + M * A, *ge = xe + M * D, *slots = ge + M * 2 * I;
@@ -386,15 +383,15 @@ static void clip_rows(float *v, int64_t n, float clip)
     for (int64_t i = 0; i < n; i++) v[i] = v[i] < -clip ? -clip : v[i] > clip ? clip : v[i];
 }
 
-/* plan_a, dims_a: see the top of this file; routing_a: int64 [L, M, A] of the experts each row chose (MoE) and
-   int64 [L] of the experts each layer used (both may be 0); fetch_a: a fetch_fn, or 0 when every table is full */
-RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, float clip, uintptr_t x_a,
-                             uintptr_t tokens_a, int64_t M,
-                             int64_t start, uintptr_t kc_a, uintptr_t vc_a, int64_t alloc, uintptr_t logits_a,
-                             int64_t first, int32_t path, uintptr_t routing_a, uintptr_t unique_a,
-                             uintptr_t fetch_a)
+/* model: the plan, dims, eps, clip, path word and fetch (rowkernel.h struct rk_model; the plan and dims: the top
+   of this file); batch: the rows, their positions, the logits wanted, the routing and the KV cache (struct
+   rk_batch; routing and unique may be NULL, fetch too when every table is full) */
+RK_EXPORT int32_t rk_forward(const struct rk_model *model, const struct rk_batch *batch)
 {
-    const int64_t *plan = (const int64_t *)plan_a, *dims = (const int64_t *)dims_a;
+    const int64_t *plan = model->plan, *dims = model->dims, *tokens = batch->tokens;
+    const int64_t M = batch->m, start = batch->start, alloc = batch->alloc, first = batch->first;
+    const int32_t path = model->path;
+    const float eps = model->eps, clip = model->clip;
     shape_t c = {dims[DIM_LAYERS], dims[DIM_D], dims[DIM_HEADS], dims[DIM_KV_HEADS], dims[DIM_HEAD_DIM], dims[DIM_INTER],
                  dims[DIM_VOCAB], dims[DIM_ROPE_ROWS], dims[DIM_EXPERTS], dims[DIM_TOP_K], dims[DIM_NORM_TOPK],
                  dims[DIM_QK_NORM], dims[DIM_PREFETCH], eps, clip, {PATH_PORTABLE, 0, 0}};
@@ -402,7 +399,7 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
     if (L < 1 || D < 1 || H < 1 || G < 1 || H % G || hd < 2 || hd % 2 || I < 1 || V < 1 || M < 1 || start < 0 ||
         start + M > alloc || start + M > c.R || first < 0 || first >= M || E < 1 || A < 1 || A > E)
         return RK_BAD_SIZES;
-    if (tokens_a && plan[PLAN_EMBED_KIND] != KIND_F32 && (!block_kind(plan[PLAN_EMBED_KIND]) || D % QK))
+    if (tokens && plan[PLAN_EMBED_KIND] != KIND_F32 && (!block_kind(plan[PLAN_EMBED_KIND]) || D % QK))
         return RK_BAD_KIND;
     for (int64_t l = -1; l < L; l++) {               /* every weight's kind, and K a multiple of 32 for blocks */
         const int64_t *p = plan + PLAN_GLOBALS + PLAN_LAYER * l;
@@ -417,9 +414,8 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
     if (decoded != RK_OK)
         return decoded;
     const int64_t nq = H * hd, nkv = G * hd, nqkv = nq + 2 * nkv, S = start + M;
-    float *x = (float *)x_a, *logits = (float *)logits_a;
-    float *kc = (float *)kc_a, *vc = (float *)vc_a;
-    int64_t *routing = (int64_t *)routing_a, *unique = (int64_t *)unique_a;
+    float *x = batch->x, *logits = batch->logits, *kc = batch->k_cache, *vc = batch->v_cache;
+    int64_t *routing = batch->routing, *unique = batch->unique;
     const float *cos = (const float *)(uintptr_t)plan[PLAN_COS], *sin = (const float *)(uintptr_t)plan[PLAN_SIN];
     /* scratch: xn [M, D], qkv [M, nqkv], att [M, nq], mix [M, D], gu [M, 2I], scores [MAXT, S];
        an MoE layer's work: probs [M, E], topw [M, A], xe [M, D], ge [M, 2I], slots [M A, D], ahead [M, E];
@@ -432,8 +428,8 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
     float *xn = buf, *qkv = xn + M * D, *att = qkv + M * nqkv, *mix = att + M * nq, *gu = mix + M * D;
     float *scores = gu + M * 2 * I, *work = scores + (int64_t)MAXT * S;
     int rc = RK_OK;
-    if (tokens_a)
-        for (int64_t r = 0; r < M && rc == RK_OK; r++) rc = embed_row(plan, ((const int64_t *)tokens_a)[r], D, x + r * D);
+    if (tokens)
+        for (int64_t r = 0; r < M && rc == RK_OK; r++) rc = embed_row(plan, tokens[r], D, x + r * D);
     attention_t a = {0};
     a.qkv = qkv, a.ldqkv = nqkv, a.start = start, a.H = H, a.G = G, a.hd = hd, a.nkv = nkv, a.out = att;
     a.scores = scores, a.slen = S, a.scale = 1.0f / sqrtf((float)hd), a.pairs = M * H, a.isa = c.path.isa;
@@ -474,7 +470,7 @@ RK_EXPORT int32_t rk_forward(uintptr_t plan_a, uintptr_t dims_a, float eps, floa
             if (unique) unique[l] = 1;
         } else {
             int64_t used = 0;
-            STEP(moe_layer(&c, l, p, xn, M, mix, work, topi, &used, (fetch_fn)fetch_a));
+            STEP(moe_layer(&c, l, p, xn, M, mix, work, topi, &used, model->fetch));
             if (routing) memcpy(routing + l * M * A, topi, (size_t)(M * A) * sizeof(int64_t));
             if (unique) unique[l] = used;
         }
@@ -506,25 +502,27 @@ maxima) goes to out[i]; the next row's input is, with chain == 0, the embedding 
 out[i] itself), and with a chain (int64 [4]: etab, w, w's kind, gnorm; the feature head's input projection split
 in two) x = etab[out[i]] + w (RMSNorm(a) * gnorm), where a is the last forward's output row (the head's state,
 csrc/forward.c's residual stream out) and etab [V, D] float32 the token half precomputed per draft-vocabulary row.
-Every forward is rk_forward's, so the rows' keys and values land in the caller's cache as rk_forward writes them.
-x must hold max(M, 1) rows; logits one row of V. */
-RK_EXPORT int32_t rk_draft_greedy(uintptr_t plan_a, uintptr_t dims_a, float eps, float clip, uintptr_t x_a,
-                                  uintptr_t tokens_a, int64_t M, int64_t start, uintptr_t kc_a, uintptr_t vc_a,
-                                  int64_t alloc, uintptr_t logits_a, int32_t path, int64_t k, uintptr_t ids_a,
-                                  uintptr_t chain_a, uintptr_t out_a)
+Every forward is rk_forward's on the same model (struct rk_model), so the rows' keys and values land in the
+batch's cache as rk_forward writes them. The batch (struct rk_batch) is the first forward's: tokens or x, m,
+start, logits and the cache; its first, routing and unique are not read (the turn keeps the last row's logits, a
+draft model is dense). x must hold max(m, 1) rows; logits one row of V. */
+RK_EXPORT int32_t rk_draft_greedy(const struct rk_model *model, const struct rk_batch *batch, int64_t k,
+                                  uintptr_t ids_a, uintptr_t chain_a, uintptr_t out_a)
 {
-    const int64_t *dims = (const int64_t *)dims_a, *ids = (const int64_t *)ids_a, *chain = (const int64_t *)chain_a;
-    const int64_t D = dims[DIM_D], V = dims[DIM_VOCAB];
+    const int64_t *ids = (const int64_t *)ids_a, *chain = (const int64_t *)chain_a;
+    const int64_t D = model->dims[DIM_D], V = model->dims[DIM_VOCAB], M = batch->m;
     if (k < 1 || M < 1 || D < 1 || V < 1)
         return RK_BAD_SIZES;
-    float *x = (float *)x_a, *logits = (float *)logits_a;
+    float *x = batch->x, *logits = batch->logits;
     int64_t *out = (int64_t *)out_a;
     float *xn = chain ? (float *)malloc((size_t)(2 * D) * sizeof(float)) : NULL;
     if (chain && !xn)
         return RK_NO_MEMORY;
     int64_t token = 0;
-    int32_t rc = rk_forward(plan_a, dims_a, eps, clip, x_a, tokens_a, M, start, kc_a, vc_a, alloc, logits_a, M - 1,
-                            path, 0, 0, 0);
+    struct rk_batch step = *batch;                   /* the catch-up rows, then one row per draft */
+    step.first = M - 1, step.routing = NULL, step.unique = NULL;
+    int32_t rc = rk_forward(model, &step);
+    step.m = 1, step.first = 0;
     for (int64_t i = 0; rc == RK_OK; i++) {
         int64_t best = 0;
         for (int64_t j = 1; j < V; j++)
@@ -532,20 +530,20 @@ RK_EXPORT int32_t rk_draft_greedy(uintptr_t plan_a, uintptr_t dims_a, float eps,
         out[i] = best;
         if (i + 1 == k)
             break;
-        const int64_t pos = start + M + i;
+        step.start = batch->start + M + i;
         if (chain) {
             const float *a = x + (i == 0 ? M - 1 : 0) * D, *etab = (const float *)(uintptr_t)chain[0] + best * D;
-            rms_rows(a, (const float *)(uintptr_t)chain[3], xn, 1, D, eps);
+            rms_rows(a, (const float *)(uintptr_t)chain[3], xn, 1, D, model->eps);
             rc = rk_qmatmul((uintptr_t)xn, 1, D, D, (uintptr_t)chain[1], (int32_t)chain[2], D, (uintptr_t)(xn + D), D,
-                            path);
+                            model->path);
             for (int64_t j = 0; j < D && rc == RK_OK; j++) x[j] = etab[j] + xn[D + j];
-            if (rc == RK_OK)
-                rc = rk_forward(plan_a, dims_a, eps, clip, x_a, 0, 1, pos, kc_a, vc_a, alloc, logits_a, 0, path, 0, 0, 0);
+            step.tokens = NULL;
         } else {
             token = ids ? ids[best] : best;
-            rc = rk_forward(plan_a, dims_a, eps, clip, x_a, (uintptr_t)&token, 1, pos, kc_a, vc_a, alloc, logits_a, 0,
-                            path, 0, 0, 0);
+            step.tokens = &token;
         }
+        if (rc == RK_OK)
+            rc = rk_forward(model, &step);
     }
     free(xn);
     return rc;

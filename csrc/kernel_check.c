@@ -36,8 +36,9 @@ has returned for 15 s (a deadlocked pool: a call that waits for a worker that wi
 tests/test_kernel_tsan.py links this file with the kernel's units (csrc/build_kernels.py UNITS) under
 ThreadSanitizer (-DKERNEL_CHECK_LINKED: no library to load, LIBRARY is ignored).
 
-The ABI is the project's: the entry points are typed from rowkernel.h's prototypes, rk_forward's plan and dims
-filled by its named slots, the blocks built with format.h's structs, so a change there is a change here.
+The ABI is the project's: the entry points are typed from rowkernel.h's prototypes, rk_forward's inputs are its
+struct rk_model and struct rk_batch with the plan and dims filled by its named slots, the blocks built with
+format.h's structs, so a change there is a change here.
 
 Plain C11 (and __typeof__), no Python; build: zig cc -O2 -ffp-contract=off -o kernel_check kernel_check.c (add
 -ldl on old glibc; the headers sit beside it). -ffp-contract=off (and the pragma below) keeps the rope tables' double arithmetic the same on every
@@ -419,18 +420,35 @@ typedef struct {
     int64_t routing[FL * FT * FA], chunk_routing[FL * FT * FA];
 } run_t;
 
+/* the model as rk_forward takes it (rowkernel.h struct rk_model): full expert tables, no fetch */
+static struct rk_model forward_model(const model_t *m, int path)
+{
+    struct rk_model fm = {0};
+    fm.plan = m->plan, fm.dims = m->dims, fm.fetch = NULL, fm.eps = FEPS, fm.clip = m->clip, fm.path = path;
+    return fm;
+}
+
+/* a batch of M rows at position start over r's KV caches (rowkernel.h struct rk_batch): logits of every row into
+   r->logits from row start on, no tokens (x holds the rows), no routing */
+static struct rk_batch forward_batch(run_t *r, int64_t M, int64_t start)
+{
+    struct rk_batch b = {0};
+    b.x = r->x, b.m = M, b.start = start, b.first = 0, b.logits = r->logits + start * FV;
+    b.k_cache = r->k, b.v_cache = r->v, b.alloc = FR;
+    return b;
+}
+
 /* the tokens in chunks of chunk[0], chunk[1], ... rows (summing to FT); 0 on success */
 static int32_t run_chunks(const model_t *m, run_t *r, const int *chunk, int path)
 {
     memset(r, 0, sizeof *r);
+    const struct rk_model fm = forward_model(m, path);
     for (int64_t start = 0, c = 0; start < FT; start += chunk[c++]) {
         const int64_t M = chunk[c];
-        /* the forward looks the embedding rows up itself (tokens given) */
-        const int32_t rc = rk.forward((uintptr_t)m->plan, (uintptr_t)m->dims, FEPS, m->clip, (uintptr_t)r->x,
-                                      (uintptr_t)(FTOKENS + start), M,
-                                      start, (uintptr_t)r->k, (uintptr_t)r->v, FR,
-                                      (uintptr_t)(r->logits + start * FV), 0, path,
-                                      m->moe ? (uintptr_t)r->chunk_routing : 0, 0, 0);
+        struct rk_batch b = forward_batch(r, M, start);
+        b.tokens = FTOKENS + start;                      /* the forward looks the embedding rows up itself */
+        b.routing = m->moe ? r->chunk_routing : NULL;
+        const int32_t rc = rk.forward(&fm, &b);
         if (rc) return rc;
         memcpy(r->xs + start * FD, r->x, (size_t)(M * FD) * 4);
         for (int64_t l = 0; m->moe && l < FL; l++)          /* [L, M, A] of this call -> [L, FT, A] */
@@ -473,9 +491,10 @@ static void test_forward(int path, int moe, const char *prefix)
     /* one prefill asking for its last row only (first = M - 1) */
     memset(r, 0, sizeof *r);
     for (int64_t t = 0; t < FT; t++) memcpy(r->x + t * FD, m->embed + FTOKENS[t] * FD, FD * 4);
-    check_rc("rk_forward", rk.forward((uintptr_t)m->plan, (uintptr_t)m->dims, FEPS, m->clip, (uintptr_t)r->x, 0, FT, 0,
-                                      (uintptr_t)r->k, (uintptr_t)r->v, FR, (uintptr_t)r->logits, FT - 1, path, 0, 0,
-                                      0));
+    const struct rk_model fm = forward_model(m, path);
+    struct rk_batch b = forward_batch(r, FT, 0);
+    b.first = FT - 1;
+    check_rc("rk_forward", rk.forward(&fm, &b));
     hash_t h = {0xcbf29ce484222325ull};
     hash_floats(&h, r->logits, FV);
     printf("%s_last_only %016llx\n", prefix, (unsigned long long)h.h);

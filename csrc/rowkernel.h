@@ -1,25 +1,36 @@
 /* rowkernel.h: the kernel library's interface in one place: its ABI number, error codes, the path word, the
-named slots of rk_forward's plan and dims, and every entry point's prototype.
+forward's two inputs (struct rk_model, struct rk_batch), the named slots of the model's plan and dims, and every
+entry point's prototype.
 
 Why. lessonkit/engine/kernel_library.py calls these entry points with ctypes (addresses as uintptr_t, sizes as
-int64_t, an int32 code back) and lessonkit/engine/c_forward.py fills the plan by position; a slot moved on one
-side only would be read as another weight. Naming the slots here, and checking the Python side's numbers
-against this file (tests/test_packed_format.py), keeps the two sides one table. csrc/format.h holds the packed
-weights' format; this file holds the calls.
+int64_t, an int32 code back) and lessonkit/engine/c_forward.py fills the plan; a slot or a field moved on one side
+only would be read as another weight. Naming them here, and checking the Python side against this file
+(tests/test_packed_format.py: every enum's numbers, and the structs' offsetof / sizeof from a compiled program),
+keeps the two sides one table. csrc/format.h holds the packed weights' format; this file holds the calls.
 
-Layout of rk_forward's inputs (csrc/forward.c documents what each holds): plan is PLAN_GLOBALS int64, then
-PLAN_LAYER per layer; dims is DIMS int64; a MoE layer's expert table is E entries of EXPERT_ENTRY int64.
+The forward's inputs, named once (as llama.h's llama_batch): rk_forward(model, batch) and
+rk_draft_greedy(model, batch, ...) take
+  struct rk_model  what stays the same from call to call: the plan of weight addresses, the dims, eps, the q/k/v
+                   clip, the path word, a mixture's expert fetch;
+  struct rk_batch  what one call reads and writes: the rows (tokens or embeddings), their count and first
+                   position, which rows want logits and where they go, the experts each row chose, and the KV
+                   cache the rows' keys and values are written into and attended over. The cache sits in the
+                   batch, not the model: a model serves several caches (a drafter's, the target's, a feature
+                   head's tap segments point into one cache at another layer), and a call names the one it writes.
+Layout of the model's plan (csrc/forward.c documents what each holds): PLAN_GLOBALS int64, then PLAN_LAYER per
+layer; dims is DIMS int64; a MoE layer's expert table is E entries of EXPERT_ENTRY int64.
 Paths: the path word's low two bits are the ISA (enum rk_isa: PATH_PORTABLE, PATH_AVX2, PATH_AVX512; each
 entry point decodes it once, and 3 runs as AVX2), PATH_INT8 marks
 weights prepared for the int8 numerics (csrc/intdot.c; the int layouts' kinds decide the product), and
 PATH_NO_VNNI keeps an AVX-512 int8 product off vpdpbusd (tests compare the two). Bump RK_ABI when an entry
-point's arguments or a slot change meaning: kernel_library.py refuses a binary with another number. */
+point's arguments, a struct's field or a slot change meaning: kernel_library.py refuses a binary with another
+number. */
 #ifndef LK_ROWKERNEL_H
 #define LK_ROWKERNEL_H
 
 #include <stdint.h>
 
-#define RK_ABI 9
+#define RK_ABI 10
 
 enum {
     RK_OK = 0,
@@ -34,21 +45,48 @@ enum {
 enum rk_isa { PATH_PORTABLE = 0, PATH_AVX2 = 1, PATH_AVX512 = 2 };    /* the path word's ISA: path & PATH_ISA */
 enum { PATH_ISA = 3, PATH_INT8 = 4, PATH_NO_VNNI = 8 };                /* the path word's bits */
 
-enum {                          /* rk_forward's plan: the globals */
+enum {                          /* struct rk_model's plan: the globals */
     PLAN_FINAL_NORM = 0, PLAN_HEAD = 1, PLAN_HEAD_KIND = 2, PLAN_COS = 3, PLAN_SIN = 4,
     PLAN_EMBED = 5, PLAN_EMBED_KIND = 6, PLAN_EMBED_ROWS = 7, PLAN_GLOBALS = 8
 };
-enum {                          /* rk_forward's plan: each layer's slots, after the globals */
+enum {                          /* struct rk_model's plan: each layer's slots, after the globals */
     LAYER_ATTN_NORM = 0, LAYER_WQKV = 1, LAYER_WQKV_KIND = 2, LAYER_WO = 3, LAYER_WO_KIND = 4, LAYER_MLP_NORM = 5,
     LAYER_GATE_UP = 6, LAYER_GATE_UP_KIND = 7, LAYER_DOWN = 8, LAYER_DOWN_KIND = 9, LAYER_Q_NORM = 10,
     LAYER_K_NORM = 11, LAYER_ROUTER = 12, LAYER_ROUTER_KIND = 13, LAYER_EXPERTS = 14, PLAN_LAYER = 15
 };
-enum {                          /* rk_forward's dims */
+enum {                          /* struct rk_model's dims */
     DIM_LAYERS = 0, DIM_D = 1, DIM_HEADS = 2, DIM_KV_HEADS = 3, DIM_HEAD_DIM = 4, DIM_INTER = 5, DIM_VOCAB = 6,
     DIM_ROPE_ROWS = 7, DIM_EXPERTS = 8, DIM_TOP_K = 9, DIM_NORM_TOPK = 10, DIM_QK_NORM = 11, DIM_PREFETCH = 12,
     DIMS = 13
 };
 enum { EXPERT_GATE_UP = 0, EXPERT_GATE_UP_KIND = 1, EXPERT_DOWN = 2, EXPERT_DOWN_KIND = 3, EXPERT_ENTRY = 4 };
+
+/* fetch(layer, expert, entry): fills entry[EXPERT_ENTRY] (gate_up address, its kind, down address, its kind;
+   the Python side's expert store reads the expert from disk if it must), 0 on success; entry NULL: a prefetch
+   hint for the next layer (DIM_PREFETCH). Called once per expert a layer uses, in expert order. */
+typedef int64_t (*rk_fetch_fn)(int64_t layer, int64_t expert, int64_t *entry);
+
+struct rk_model {                 /* the same from call to call; pointers first: no padding inside */
+    const int64_t *plan;          /* PLAN_GLOBALS + PLAN_LAYER * L int64: weight addresses and kinds */
+    const int64_t *dims;          /* DIMS int64: the model's sizes */
+    rk_fetch_fn fetch;            /* a MoE's expert fetch; NULL when every expert table is full (and dense) */
+    float eps;                    /* RMSNorm's epsilon */
+    float clip;                   /* q, k, v clipped to [-clip, clip] before RoPE; 0: none */
+    int32_t path;                 /* the path word: enum rk_isa | PATH_INT8 | PATH_NO_VNNI */
+};
+
+struct rk_batch {                 /* one call's rows, what they write and what comes back */
+    const int64_t *tokens;        /* [m] token ids looked up in the plan's embedding, or NULL: x holds the rows */
+    float *x;                     /* [m, D]: the rows in (unless tokens), the residual stream out */
+    int64_t m;                    /* rows */
+    int64_t start;                /* the first row's position; rows sit at start .. start + m - 1 */
+    int64_t first;                /* logits for rows first .. m - 1 (m - 1: the last row only) */
+    float *logits;                /* [m - first, V] */
+    int64_t *routing;             /* [L, m, A] the experts each row chose (MoE), or NULL */
+    int64_t *unique;              /* [L] the experts each layer used, or NULL */
+    float *k_cache, *v_cache;     /* [L, alloc, G, hd] each: rows start .. start + m - 1 written, 0 .. read */
+    int64_t alloc;                /* positions the cache holds */
+};
 
 #ifndef RK_API
 #define RK_API
@@ -69,12 +107,8 @@ RK_API int32_t rk_set_threads(int32_t n, int32_t *in_use);
 RK_API int32_t rk_fma_many(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t out, int64_t n, int32_t how);
 RK_API int32_t rk_exp_many(uintptr_t x, uintptr_t out, int64_t n);
 RK_API int32_t rk_profile(int32_t on, uintptr_t out);
-RK_API int32_t rk_forward(uintptr_t plan, uintptr_t dims, float eps, float clip, uintptr_t x, uintptr_t tokens,
-                          int64_t m, int64_t start, uintptr_t k_cache, uintptr_t v_cache, int64_t alloc,
-                          uintptr_t logits, int64_t first, int32_t path, uintptr_t routing, uintptr_t unique,
-                          uintptr_t fetch);
-RK_API int32_t rk_draft_greedy(uintptr_t plan, uintptr_t dims, float eps, float clip, uintptr_t x, uintptr_t tokens,
-                               int64_t m, int64_t start, uintptr_t k_cache, uintptr_t v_cache, int64_t alloc,
-                               uintptr_t logits, int32_t path, int64_t k, uintptr_t ids, uintptr_t chain, uintptr_t out);
+RK_API int32_t rk_forward(const struct rk_model *model, const struct rk_batch *batch);
+RK_API int32_t rk_draft_greedy(const struct rk_model *model, const struct rk_batch *batch, int64_t k, uintptr_t ids,
+                               uintptr_t chain, uintptr_t out);
 
 #endif

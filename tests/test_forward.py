@@ -12,6 +12,7 @@ import torch
 import lessonkit.engine.kernel as K
 from lessonkit.engine import active
 from lessonkit.engine import c_forward
+from lessonkit.engine import kernel_library as KL
 from lessonkit.errors import LessonkitError
 from lessonkit.models.registry import load_model
 
@@ -209,13 +210,15 @@ def test_a_bad_weight_kind_is_refused_by_name():
     eng = load_model("tiny-draft")
     fwd = eng.model.c_forward
     plan = fwd.plan.clone()
-    plan[2] = 7                                    # the output layer's kind
+    plan[KL.PLAN_HEAD_KIND] = 7                    # the output layer's kind
     x = torch.zeros(1, eng.config.dim)
     cache = eng.new_cache(8)
-    out = torch.empty(1, int(fwd.dims[6]))
+    out = torch.empty(1, int(fwd.dims[KL.DIM_VOCAB]))
+    model = KL.RkModel(plan=plan.data_ptr(), dims=fwd.dims.data_ptr(), eps=fwd.eps, clip=fwd.clip, path=fwd.path)
+    batch = KL.RkBatch(x=x.data_ptr(), m=1, logits=out.data_ptr(), k_cache=cache.k.data_ptr(),
+                       v_cache=cache.v.data_ptr(), alloc=cache.k.shape[1])
     with pytest.raises(ValueError, match="rowkernel.forward"):
-        K._rowkernel.forward(plan.data_ptr(), fwd.dims.data_ptr(), fwd.eps, fwd.clip, x.data_ptr(), 0, 1, 0,
-                             cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1], out.data_ptr(), 0, fwd.path)
+        K._rowkernel.forward(model, batch)
 
 
 def test_lessonkit_kernel_chooses_a_path_or_refuses_by_name(monkeypatch):

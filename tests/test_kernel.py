@@ -197,9 +197,10 @@ def test_kernel_errors_are_the_exceptions_of_the_extension_module():
         rk.dequantise(w.data_ptr(), 0, 31, 16, y.data_ptr(), False)
     with pytest.raises(ValueError, match=r"rowkernel\.set_threads: 0 threads \(1 to 64\)"):
         rk.set_threads(0)
-    dims = torch.zeros(13, dtype=torch.int64)                                           # D = V = 0
+    dims = torch.zeros(kernel_library.DIMS, dtype=torch.int64)                          # D = V = 0
     with pytest.raises(ValueError, match=r"rowkernel\.draft_greedy: bad sizes"):
-        rk.draft_greedy(0, dims.data_ptr(), 1e-5, 0.0, 0, 0, 1, 0, 0, 0, 16, 0, 0, 2, 0, 0, 0)
+        model, batch = kernel_library.RkModel(dims=dims.data_ptr(), eps=1e-5), kernel_library.RkBatch(m=1, alloc=16)
+        rk.draft_greedy(model, batch, 2, 0, 0, 0)
     if not rk.has_avx2():
         with pytest.raises(RuntimeError, match="no AVX2"):
             rk.matmul(x.data_ptr(), 2, 8, 8, w.data_ptr(), 16, y.data_ptr(), 16, True)

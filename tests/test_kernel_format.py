@@ -2,11 +2,13 @@
 
 The bytes inside a strip-block are named once, in csrc/format.h's structs (block_q41, block_q80 and the int
 layouts' twins); lessonkit/engine/packed_layout.py mirrors their offsets in BLOCK_LAYOUT. A C program compiled
-here prints offsetof() and sizeof() of every field, and the two must agree. The sources are then read for what
-the names replace: a literal byte offset inside a block (`blk + 32`, `blk[64 + ...]`), the path word's ISA
-compared with a number, a `.c` file included by another."""
+here prints offsetof() and sizeof() of every field, and the two must agree; the same for rk_forward's two inputs,
+rowkernel.h's struct rk_model and struct rk_batch, against kernel_library's ctypes mirrors (RkModel, RkBatch). The
+sources are then read for what the names replace: a literal byte offset inside a block (`blk + 32`,
+`blk[64 + ...]`), the path word's ISA compared with a number, a `.c` file included by another."""
 from __future__ import annotations
 
+import ctypes
 import re
 import shutil
 import subprocess
@@ -42,24 +44,31 @@ def c_sources() -> dict[str, str]:
     return out
 
 
-def test_block_layout_equals_format_h_structs(tmp_path):
-    """BLOCK_LAYOUT's offsets and sizes are what a C compiler makes of format.h's structs."""
+def printed(tmp_path: Path, header: str, lines: list[str]) -> list[str]:
+    """The lines a C program prints that includes csrc/`header` and runs the printf `lines` (skips the test
+    without a C compiler)."""
     cc = c_compiler()
     if cc is None:
         pytest.skip("no C compiler (cc, gcc, clang or ziglang)")
+    src = tmp_path / "print.c"
+    src.write_text(f'#include <stdio.h>\n#include <stddef.h>\n#include "{header}"\nint main(void) {{\n'
+                   + "".join(lines) + "    return 0;\n}\n")
+    exe = tmp_path / "print"
+    subprocess.run(cc + ["-std=c11", "-Wall", "-Werror", f"-I{CSRC}", str(src), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+    return [line for line in out if line]
+
+
+def test_block_layout_equals_format_h_structs(tmp_path):
+    """BLOCK_LAYOUT's offsets and sizes are what a C compiler makes of format.h's structs."""
     lines = []
     for struct, fields in qb.BLOCK_LAYOUT.items():
         for field in fields:
             what = f"sizeof({struct})" if field == "size" else f"offsetof({struct}, {field})"
             lines.append(f'    printf("{struct} {field} %d\\n", (int)({what}));\n')
-    src = tmp_path / "offsets.c"
-    src.write_text('#include <stdio.h>\n#include <stddef.h>\n#include "format.h"\nint main(void) {\n'
-                   + "".join(lines) + "    return 0;\n}\n")
-    exe = tmp_path / "offsets"
-    subprocess.run(cc + ["-std=c11", "-Wall", "-Werror", f"-I{CSRC}", str(src), "-o", str(exe)], check=True)
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+    out = printed(tmp_path, "format.h", lines)
     got: dict[str, dict[str, int]] = {}
-    for line in filter(None, out):
+    for line in out:
         struct, field, value = line.split()
         got.setdefault(struct, {})[field] = int(value)
     assert got == qb.BLOCK_LAYOUT
@@ -103,3 +112,30 @@ def test_the_kernel_is_units_that_include_no_c_file():
     assert [(n, i) for n, inc in includes.items() for i in inc if i.endswith(".c")] == []
     assert sorted(build_kernels.UNITS) == sorted(n for n in includes if n.endswith(".c") and n != "kernel_check.c")
     assert set(build_kernels.SOURCES) == {n for n in includes if n != "kernel_check.c"}
+
+
+def test_forward_structs_equal_rowkernel_h(tmp_path):
+    """kernel_library's ctypes mirrors of struct rk_model and struct rk_batch (rk_forward's two inputs) have the
+    field names, offsets and sizes a C compiler gives rowkernel.h's structs, and the same total size."""
+    from lessonkit.engine import kernel_library as KL
+    mirrors = {"rk_model": KL.RkModel, "rk_batch": KL.RkBatch}
+    lines = []
+    for struct, mirror in mirrors.items():
+        lines.append(f'    printf("{struct} size %d %d\\n", 0, (int)sizeof(struct {struct}));\n')
+        for name, _ in mirror._fields_:
+            lines.append(f'    printf("{struct} {name} %d %d\\n", (int)offsetof(struct {struct}, {name}), '
+                         f'(int)sizeof(((struct {struct} *)0)->{name}));\n')
+    out = printed(tmp_path, "rowkernel.h", lines)
+    got = {tuple(line.split()[:2]): tuple(map(int, line.split()[2:])) for line in out}
+    want = {}
+    for struct, mirror in mirrors.items():
+        want[(struct, "size")] = (0, ctypes.sizeof(mirror))
+        for name, ctype in mirror._fields_:
+            want[(struct, name)] = (getattr(mirror, name).offset, ctypes.sizeof(ctype))
+    assert got == want
+    header = (CSRC / "rowkernel.h").read_text(encoding="utf-8")
+    for struct, mirror in mirrors.items():          # every field of the header's struct is mirrored, in order
+        body = re.search(r"struct %s \{(.*?)\n\};" % struct, header, re.S).group(1)
+        body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+        names = [n for decl in body.split(";") for n in re.findall(r"\**(\w+)\s*(?:,|$)", decl.strip())]
+        assert names == [n for n, _ in mirror._fields_], struct

@@ -25,7 +25,8 @@ import threading
 import torch
 
 from lessonkit.engine import blocks as qb
-from lessonkit.engine import c_plan, kernel, kernel_library, row_weight
+from lessonkit.engine import c_plan, kernel, row_weight
+from lessonkit.engine import kernel_library as rk
 from lessonkit.engine.c_plan import requested_path
 from lessonkit.errors import LessonkitError
 
@@ -107,7 +108,8 @@ class CForward:
             if w[name].dtype != torch.float32 or not w[name].is_contiguous():
                 w[name] = w[name].float().contiguous()
         self.cos, self.sin = model.cos.contiguous(), model.sin.contiguous()
-        self.tables = [torch.zeros(c.n_experts, 4, dtype=torch.int64) for _ in range(c.n_layers)] if c.is_moe else []
+        self.tables = ([torch.zeros(c.n_experts, rk.EXPERT_ENTRY, dtype=torch.int64) for _ in range(c.n_layers)]
+                       if c.is_moe else [])
         self.plan = torch.tensor(self._plan_words(model), dtype=torch.int64)
         self.dims = torch.tensor(c_plan.dims_words(c, wt["lm_head"].n, self.cos.shape[0], model.store._pool is not None),
                                  dtype=torch.int64)
@@ -117,7 +119,23 @@ class CForward:
         self._lock = threading.Lock()    # one forward at a time: the expert tables and _held are per call
         self._held: list = []            # experts fetched during the running forward (their tensors stay alive)
         self._error: BaseException | None = None
-        self._fetch = kernel_library.FETCH(self._fetch_expert) if c.is_moe else None
+        self._fetch = rk.FETCH(self._fetch_expert) if c.is_moe else None
+        self.inputs = self._model(self.plan, self.dims)      # struct rk_model: the same for every call
+
+    def _model(self, plan: torch.Tensor, dims: torch.Tensor) -> rk.RkModel:
+        """struct rk_model over `plan` and `dims` (the caller keeps them alive) with this model's eps, clip, path
+        word and expert fetch."""
+        fetch = ctypes.cast(self._fetch, ctypes.c_void_p).value if self._fetch is not None else 0
+        return rk.RkModel(plan=plan.data_ptr(), dims=dims.data_ptr(), fetch=fetch, eps=self.eps, clip=self.clip,
+                          path=self.path)
+
+    @staticmethod
+    def _batch(cache, layer: int = 0, **rows) -> rk.RkBatch:
+        """struct rk_batch of `rows` (tokens, x, m, start, first, logits, routing, unique: addresses as ints) over
+        `cache` from layer `layer` on (a tap segment's first layer)."""
+        step = 4 * layer * cache.k.shape[1] * cache.k.shape[2] * cache.k.shape[3]     # bytes to the layer's rows
+        return rk.RkBatch(k_cache=cache.k.data_ptr() + step, v_cache=cache.v.data_ptr() + step,
+                          alloc=cache.k.shape[1], **rows)
 
     def _plan_words(self, model) -> list[int]:
         """The plan (c_plan.plan_words) of the model's weights; a dense model's MLP is expert 0 of each layer."""
@@ -167,7 +185,8 @@ class CForward:
             if gu is None or down is None:
                 raise LessonkitError(f"expert {expert} of layer {layer} is not packed for the C kernel")
             self._held.append(ex)
-            entry[0], entry[1], entry[2], entry[3] = gu[0], gu[1], down[0], down[1]
+            entry[rk.EXPERT_GATE_UP], entry[rk.EXPERT_GATE_UP_KIND] = gu[0], gu[1]
+            entry[rk.EXPERT_DOWN], entry[rk.EXPERT_DOWN_KIND] = down[0], down[1]
             return 0
         except BaseException as exc:             # noqa: BLE001 - re-raised by run() once C has returned
             self._error = exc
@@ -188,9 +207,10 @@ class CForward:
             x = torch.empty(T, c.dim, dtype=torch.float32)
         self._check_cache(cache)
         first = T - 1 if last_only else 0
-        logits = torch.empty(T - first, int(self.dims[6]), dtype=torch.float32)
+        logits = torch.empty(T - first, int(self.dims[rk.DIM_VOCAB]), dtype=torch.float32)
         unique = torch.zeros(c.n_layers, dtype=torch.int64) if c.is_moe else None
-        picks = torch.empty(c.n_layers, T, int(self.dims[9]), dtype=torch.int64) if routing and c.is_moe else None
+        picks = (torch.empty(c.n_layers, T, int(self.dims[rk.DIM_TOP_K]), dtype=torch.int64)
+                 if routing and c.is_moe else None)
         with self._lock:
             return self._run(tokens, x, lookup, cache, start, T, first, logits, unique, picks)
 
@@ -220,7 +240,7 @@ class CForward:
         reason = self.why_no_draft()
         if reason:
             raise LessonkitError(f"no draft turn in C: {reason}")
-        c, M, V = self.config, len(tokens), int(self.dims[6])
+        c, M, V = self.config, len(tokens), int(self.dims[rk.DIM_VOCAB])
         self._check_cache(cache)
         end = start + M + k - 1
         if M < 1 or k < 1 or start < 0 or end > min(cache.k.shape[1], self.cos.shape[0]):
@@ -236,10 +256,10 @@ class CForward:
         x, logits = torch.empty(M, c.dim, dtype=torch.float32), torch.empty(1, V, dtype=torch.float32)
         self.model.store.count_resident_uses([(l, 0) for l in range(c.n_layers)] * k)
         with self._lock:
-            kernel._rowkernel.draft_greedy(
-                self.plan.data_ptr(), self.dims.data_ptr(), self.eps, self.clip, x.data_ptr(), fed.data_ptr(), M,
-                start, cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1], logits.data_ptr(), self.path, k,
-                0 if ids is None else ids.data_ptr(), 0, out.data_ptr())
+            batch = self._batch(cache, tokens=fed.data_ptr(), x=x.data_ptr(), m=M, start=start,
+                                logits=logits.data_ptr())
+            kernel._rowkernel.draft_greedy(self.inputs, batch, k, 0 if ids is None else ids.data_ptr(), 0,
+                                           out.data_ptr())
         return (out if ids is None else ids[out]).tolist()
 
     def run_taps(self, tokens: torch.Tensor, cache, start: int, last_only: bool, taps: tuple[int, ...]):
@@ -259,20 +279,18 @@ class CForward:
         tokens = tokens.contiguous()
         x = torch.empty(T, c.dim, dtype=torch.float32)
         first = T - 1 if last_only else 0
-        logits = torch.empty(T - first, int(self.dims[6]), dtype=torch.float32)
+        logits = torch.empty(T - first, int(self.dims[rk.DIM_VOCAB]), dtype=torch.float32)
         bounds = [0, *taps, c.n_layers]
         out = []
         with self._lock:
             for i in range(len(bounds) - 1):
                 lo, hi = bounds[i], bounds[i + 1]
                 last = hi == c.n_layers
-                plan, dims, sink = self._segment(lo, hi, last)
-                step = 4 * lo * cache.k.shape[1] * c.n_kv_heads * c.head_dim      # bytes to layer lo's rows
-                rc = kernel._rowkernel.forward(
-                    plan.data_ptr(), dims.data_ptr(), self.eps, self.clip, x.data_ptr(),
-                    tokens.data_ptr() if lo == 0 else 0, T, start, cache.k.data_ptr() + step,
-                    cache.v.data_ptr() + step, cache.k.shape[1], (logits if last else sink).data_ptr(),
-                    first if last else T - 1, self.path, 0, 0, 0)
+                model, sink = self._segment(lo, hi, last)
+                batch = self._batch(cache, lo, tokens=tokens.data_ptr() if lo == 0 else 0, x=x.data_ptr(), m=T,
+                                    start=start, first=first if last else T - 1,
+                                    logits=(logits if last else sink).data_ptr())
+                rc = kernel._rowkernel.forward(model, batch)
                 if rc:
                     raise LessonkitError(f"C forward segment {lo}..{hi} failed with code {rc}")
                 if not last:
@@ -280,42 +298,41 @@ class CForward:
         return x, logits, out
 
     def _segment(self, lo: int, hi: int, last: bool):
-        """(plan, dims, scratch logits) of layers lo .. hi - 1; a segment before the last ends in a 16-row float
-        output layer of zeros (the C forward always ends in an output layer) whose rows nobody reads."""
+        """(struct rk_model, scratch logits) of layers lo .. hi - 1; a segment before the last ends in a 16-row
+        float output layer of zeros (the C forward always ends in an output layer) whose rows nobody reads."""
         key = (lo, hi)
         memo = self.__dict__.setdefault("_segments", {})
         if key not in memo:
-            G = c_plan.PLAN_GLOBALS                        # then equal layers
-            P = (self.plan.numel() - G) // self.config.n_layers
+            G, P = rk.PLAN_GLOBALS, rk.PLAN_LAYER          # the globals, then equal layers
             head = self.plan[:G].clone()
             sink = torch.empty(1, 16, dtype=torch.float32)
             if not last:
                 ones = torch.ones(self.config.dim, dtype=torch.float32)
                 zeros = torch.zeros(self.config.dim * 16, dtype=torch.float32)   # packed [D, 16] float strips
                 self.keep += [ones, zeros]
-                head[0], head[1], head[2] = ones.data_ptr(), zeros.data_ptr(), KIND["f32"]
+                head[rk.PLAN_FINAL_NORM], head[rk.PLAN_HEAD], head[rk.PLAN_HEAD_KIND] = (ones.data_ptr(),
+                                                                                     zeros.data_ptr(), KIND["f32"])
             plan = torch.cat([head, self.plan[G + P * lo:G + P * hi]])
             dims = self.dims.clone()
-            dims[0] = hi - lo
+            dims[rk.DIM_LAYERS] = hi - lo
             if not last:
-                dims[6] = 16
-            memo[key] = (plan, dims, sink)
-        return memo[key]
+                dims[rk.DIM_VOCAB] = 16
+            memo[key] = (plan, dims, self._model(plan, dims), sink)     # the tensors stay alive with their model
+        return memo[key][2:]
 
     def _run(self, tokens, x, lookup, cache, start, T, first, logits, unique, picks):
         for t in self.tables:
             t.zero_()
         self._held, self._error = [], None
         try:
-            rc = kernel._rowkernel.forward(
-                self.plan.data_ptr(), self.dims.data_ptr(), self.eps, self.clip, x.data_ptr(),
-                tokens.data_ptr() if lookup else 0, T, start,
-                cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1], logits.data_ptr(), first, self.path,
-                picks.data_ptr() if picks is not None else 0, unique.data_ptr() if unique is not None else 0,
-                ctypes.cast(self._fetch, ctypes.c_void_p).value if self._fetch is not None else 0)
+            batch = self._batch(cache, tokens=tokens.data_ptr() if lookup else 0, x=x.data_ptr(), m=T, start=start,
+                                first=first, logits=logits.data_ptr(),
+                                routing=picks.data_ptr() if picks is not None else 0,
+                                unique=unique.data_ptr() if unique is not None else 0)
+            rc = kernel._rowkernel.forward(self.inputs, batch)
         finally:
             self._held = []
-        if rc == kernel_library.RK_FETCH_FAILED:
+        if rc == rk.RK_FETCH_FAILED:
             err, self._error = self._error, None
             raise err
         return x, logits, unique, picks

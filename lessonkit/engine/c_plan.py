@@ -1,8 +1,8 @@
 """What the C forward (csrc/forward.c) is handed, as plain numbers and numpy arrays: no torch.
 
-The plan is the list of addresses of a model's weights in the order csrc/forward.c reads them (PLAN_GLOBALS words,
-then the same words for each layer); the dims are the model's sizes; the RoPE tables are the rotations of every
-position. The torch engine (engine/c_forward.py) and the torch-free generate (engine/lean.py) build them here, so
+The plan is the list of addresses of a model's weights, each word at the slot csrc/rowkernel.h names (PLAN_GLOBALS
+words, then PLAN_LAYER words for each layer; engine/kernel_library.py mirrors the names); the dims are the model's
+sizes, each at its DIM_ slot; the RoPE tables are the rotations of every position. The torch engine (engine/c_forward.py) and the torch-free generate (engine/lean.py) build them here, so
 the two hand the kernel the same plan and the same tables. Which forward runs (LESSONKIT_FORWARD,
 `active.use(forward=...)`) is read here too: both engines honour it.
 """
@@ -13,10 +13,10 @@ from typing import Callable
 import numpy as np
 
 from lessonkit.engine import settings
+from lessonkit.engine import kernel_library as rk
 from lessonkit.engine.config import ModelConfig
 from lessonkit.errors import LessonkitError
 
-PLAN_GLOBALS = 8           # csrc/rowkernel.h: words before the first layer's
 KEY_BUCKET = 64            # positions are allocated (and, on the PyTorch forward, attended) in buckets of 64
 
 FORWARD_CHOICES = ("c", "torch")
@@ -54,19 +54,39 @@ def plan_words(c: ModelConfig, vec: Callable[[str], int], weight: Callable[[str]
     weight(name) is (address, kind) of a product's packed weight ("lm_head", "layers.L.wqkv", ".wo", ".gate_up",
     ".down", ".router"); embedding is (address, kind, rows) of the table tokens are looked up in; tables are a
     mixture of experts' per-layer expert tables (the C forward fills them through its fetch callback)."""
-    plan = [vec("norm"), *weight("lm_head"), vec("cos"), vec("sin"), *embedding]
+    plan = [0] * rk.PLAN_GLOBALS
+    plan[rk.PLAN_FINAL_NORM], plan[rk.PLAN_COS], plan[rk.PLAN_SIN] = vec("norm"), vec("cos"), vec("sin")
+    plan[rk.PLAN_HEAD], plan[rk.PLAN_HEAD_KIND] = weight("lm_head")
+    plan[rk.PLAN_EMBED], plan[rk.PLAN_EMBED_KIND], plan[rk.PLAN_EMBED_ROWS] = embedding
     for l in range(c.n_layers):
-        p = f"layers.{l}."
-        plan += [vec(p + "attn_norm"), *weight(p + "wqkv"), *weight(p + "wo"), vec(p + "mlp_norm")]
-        plan += [0, -1, 0, -1] if c.is_moe else [*weight(p + "gate_up"), *weight(p + "down")]
-        plan += [vec(p + "q_norm"), vec(p + "k_norm")] if c.qk_norm else [0, 0]
-        plan += [*weight(p + "router"), tables[l]] if c.is_moe else [0, -1, 0]
+        plan += _layer_words(c, f"layers.{l}.", vec, weight, tables[l] if c.is_moe else 0)
     return plan
+
+
+def _layer_words(c: ModelConfig, p: str, vec, weight, table: int) -> list[int]:
+    """One layer's PLAN_LAYER words: a dense layer's MLP, or a mixture's router and expert table (the other's
+    products 0 with kind -1); q/k norms only where the model has them."""
+    words = [0] * rk.PLAN_LAYER
+    words[rk.LAYER_ATTN_NORM], words[rk.LAYER_MLP_NORM] = vec(p + "attn_norm"), vec(p + "mlp_norm")
+    words[rk.LAYER_WQKV], words[rk.LAYER_WQKV_KIND] = weight(p + "wqkv")
+    words[rk.LAYER_WO], words[rk.LAYER_WO_KIND] = weight(p + "wo")
+    words[rk.LAYER_GATE_UP], words[rk.LAYER_GATE_UP_KIND] = (0, -1) if c.is_moe else weight(p + "gate_up")
+    words[rk.LAYER_DOWN], words[rk.LAYER_DOWN_KIND] = (0, -1) if c.is_moe else weight(p + "down")
+    if c.qk_norm:
+        words[rk.LAYER_Q_NORM], words[rk.LAYER_K_NORM] = vec(p + "q_norm"), vec(p + "k_norm")
+    words[rk.LAYER_ROUTER], words[rk.LAYER_ROUTER_KIND] = weight(p + "router") if c.is_moe else (0, -1)
+    words[rk.LAYER_EXPERTS] = table
+    return words
 
 
 def dims_words(c: ModelConfig, out_rows: int, n_pos: int, prefetch: bool = False) -> list[int]:
     """The dims: the model's sizes, the output layer's rows, the RoPE tables' positions and whether the expert
-    store prefetches (csrc/forward.c names each)."""
-    return [c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.intermediate_size, out_rows, n_pos,
-            c.n_experts if c.is_moe else 1, c.top_k if c.is_moe else 1, int(bool(c.norm_topk_prob)),
-            int(bool(c.qk_norm)), int(prefetch)]
+    store prefetches (csrc/forward.c says what each is)."""
+    dims = [0] * rk.DIMS
+    dims[rk.DIM_LAYERS], dims[rk.DIM_D], dims[rk.DIM_INTER] = c.n_layers, c.dim, c.intermediate_size
+    dims[rk.DIM_HEADS], dims[rk.DIM_KV_HEADS], dims[rk.DIM_HEAD_DIM] = c.n_heads, c.n_kv_heads, c.head_dim
+    dims[rk.DIM_VOCAB], dims[rk.DIM_ROPE_ROWS] = out_rows, n_pos
+    dims[rk.DIM_EXPERTS], dims[rk.DIM_TOP_K] = (c.n_experts, c.top_k) if c.is_moe else (1, 1)
+    dims[rk.DIM_NORM_TOPK], dims[rk.DIM_QK_NORM] = int(bool(c.norm_topk_prob)), int(bool(c.qk_norm))
+    dims[rk.DIM_PREFETCH] = int(prefetch)
+    return dims

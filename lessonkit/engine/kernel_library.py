@@ -1,6 +1,11 @@
 """The C kernel library (csrc/rowkernel.c) as Python: which binary loads for this OS and CPU, and its entry points
 with Python arguments (addresses and sizes as ints), C error codes turned into exceptions. lessonkit/engine/kernel.py
-chooses the path and prepares the weights; this module only finds and binds the library."""
+chooses the path and prepares the weights; this module only finds and binds the library.
+
+It is also csrc/rowkernel.h's one Python mirror: the ABI number, the error codes, the path word's bits, the named
+slots of the forward's plan and dims (by the header's own names), and the forward's two inputs, struct rk_model and
+struct rk_batch, as one ctypes.Structure each (RkModel, RkBatch). tests/test_packed_format.py compares every name's
+number with the header, tests/test_kernel_format.py every field's offset and size with a compiled program."""
 from __future__ import annotations
 
 import ctypes
@@ -10,7 +15,7 @@ from pathlib import Path
 
 from lessonkit.files.resources import PACKAGE_DIR
 
-ABI = 9                                 # csrc/rowkernel.c's rk_abi() this module calls
+ABI = 10                                # csrc/rowkernel.c's rk_abi() this module calls
 KERNELS = PACKAGE_DIR / "engine" / "kernels"      # the shipped binaries (csrc/build_kernels.py)
 _SYSTEMS = {"linux": ("linux", ".so"), "win32": ("windows", ".dll"), "darwin": ("macos", ".dylib")}
 _MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}
@@ -39,8 +44,32 @@ RK_OK, RK_BAD_SIZES, RK_NO_AVX2, RK_NO_MEMORY, RK_BAD_KIND, RK_BAD_THREADS, RK_F
 PATH_PORTABLE, PATH_AVX2, PATH_AVX512 = 0, 1, 2         # enum rk_isa: the path word's ISA (path & PATH_ISA)
 PATH_ISA, PATH_INT8, PATH_NO_VNNI = 3, 4, 8             # the path word's bits
 ISA_NAMES = ("portable", "avx2", "avx512")              # enum rk_isa's values by name (kernel.BACKEND's words)
-FETCH = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64))
+# struct rk_model's plan: the globals, then each layer's slots (PLAN_LAYER words a layer); its dims; a MoE
+# layer's expert table entry
+(PLAN_FINAL_NORM, PLAN_HEAD, PLAN_HEAD_KIND, PLAN_COS, PLAN_SIN, PLAN_EMBED, PLAN_EMBED_KIND, PLAN_EMBED_ROWS,
+ PLAN_GLOBALS) = range(9)
+(LAYER_ATTN_NORM, LAYER_WQKV, LAYER_WQKV_KIND, LAYER_WO, LAYER_WO_KIND, LAYER_MLP_NORM, LAYER_GATE_UP,
+ LAYER_GATE_UP_KIND, LAYER_DOWN, LAYER_DOWN_KIND, LAYER_Q_NORM, LAYER_K_NORM, LAYER_ROUTER, LAYER_ROUTER_KIND,
+ LAYER_EXPERTS, PLAN_LAYER) = range(16)
+(DIM_LAYERS, DIM_D, DIM_HEADS, DIM_KV_HEADS, DIM_HEAD_DIM, DIM_INTER, DIM_VOCAB, DIM_ROPE_ROWS, DIM_EXPERTS,
+ DIM_TOP_K, DIM_NORM_TOPK, DIM_QK_NORM, DIM_PREFETCH, DIMS) = range(14)
+EXPERT_GATE_UP, EXPERT_GATE_UP_KIND, EXPERT_DOWN, EXPERT_DOWN_KIND, EXPERT_ENTRY = range(5)
+
+FETCH = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64))  # rk_fetch_fn
 _ADDR, _I64, _I32 = ctypes.c_size_t, ctypes.c_int64, ctypes.c_int32
+
+
+class RkModel(ctypes.Structure):
+    """struct rk_model: what rk_forward reads the same from call to call (addresses as ints, 0 for NULL)."""
+    _fields_ = [("plan", _ADDR), ("dims", _ADDR), ("fetch", _ADDR), ("eps", ctypes.c_float),
+                ("clip", ctypes.c_float), ("path", _I32)]
+
+
+class RkBatch(ctypes.Structure):
+    """struct rk_batch: one call's rows (tokens or x), their positions, the logits wanted and where they go, the
+    experts each row chose, and the KV cache the rows write and attend over (addresses as ints, 0 for NULL)."""
+    _fields_ = [("tokens", _ADDR), ("x", _ADDR), ("m", _I64), ("start", _I64), ("first", _I64), ("logits", _ADDR),
+                ("routing", _ADDR), ("unique", _ADDR), ("k_cache", _ADDR), ("v_cache", _ADDR), ("alloc", _I64)]
 
 
 class KernelLibrary:
@@ -56,10 +85,8 @@ class KernelLibrary:
         "rk_repack_int": [_ADDR, _I32, _I64, _I64, _ADDR], "rk_has_vnni": [],
         "rk_set_threads": [_I32, ctypes.POINTER(_I32)],
         "rk_fma_many": [_ADDR, _ADDR, _ADDR, _ADDR, _I64, _I32],
-        "rk_forward": [_ADDR, _ADDR, ctypes.c_float, ctypes.c_float, _ADDR, _ADDR, _I64, _I64, _ADDR, _ADDR, _I64,
-                       _ADDR, _I64, _I32, _ADDR, _ADDR, _ADDR],
-        "rk_draft_greedy": [_ADDR, _ADDR, ctypes.c_float, ctypes.c_float, _ADDR, _ADDR, _I64, _I64, _ADDR, _ADDR, _I64,
-                            _ADDR, _I32, _I64, _ADDR, _ADDR, _ADDR],
+        "rk_forward": [ctypes.POINTER(RkModel), ctypes.POINTER(RkBatch)],
+        "rk_draft_greedy": [ctypes.POINTER(RkModel), ctypes.POINTER(RkBatch), _I64, _ADDR, _ADDR, _ADDR],
         "rk_exp_many": [_ADDR, _ADDR, _I64],
         "rk_profile": [_I32, _ADDR],
     }
@@ -132,23 +159,20 @@ class KernelLibrary:
             raise ValueError(f"rowkernel.set_threads: {n} threads (1 to {self.max_threads})")
         return in_use.value
 
-    def forward(self, plan, dims, eps, clip, x, tokens, m, start, k_cache, v_cache, alloc, logits, first, path,
-                routing=0, unique=0, fetch=0) -> int:
-        """a whole forward of m rows at positions start.. (csrc/forward.c documents the plan); returns
-        RK_FETCH_FAILED when the caller's fetch reported an error (the caller holds it), else raises or 0"""
-        rc = self.lib.rk_forward(plan, dims, eps, clip, x, tokens, m, start, k_cache, v_cache, alloc, logits, first,
-                                 int(path), routing, unique, fetch)
+    def forward(self, model: RkModel, batch: RkBatch) -> int:
+        """a whole forward of batch.m rows at positions batch.start.. (csrc/forward.c documents the plan); returns
+        RK_FETCH_FAILED when the model's fetch reported an error (the caller holds it), else raises or 0"""
+        rc = self.lib.rk_forward(ctypes.byref(model), ctypes.byref(batch))
         if rc == RK_FETCH_FAILED:
             return rc
         self._check("forward", RK_BAD_SIZES if rc == RK_BAD_KIND else rc,
                     "bad sizes (or a weight kind other than float32, Q4_1, Q8_0)")
         return rc
 
-    def draft_greedy(self, plan, dims, eps, clip, x, tokens, m, start, k_cache, v_cache, alloc, logits, path, k,
-                     ids, chain, out) -> None:
+    def draft_greedy(self, model: RkModel, batch: RkBatch, k, ids, chain, out) -> None:
         """a greedy draft turn of k tokens in one call (csrc/forward.c rk_draft_greedy): argmax rows into out [k]"""
-        self._check("draft_greedy", self.lib.rk_draft_greedy(plan, dims, eps, clip, x, tokens, m, start, k_cache,
-                                                             v_cache, alloc, logits, int(path), k, ids, chain, out),
+        self._check("draft_greedy", self.lib.rk_draft_greedy(ctypes.byref(model), ctypes.byref(batch), k, ids, chain,
+                                                             out),
                     "bad sizes (or a weight kind other than float32, Q4_1, Q8_0)")
 
     PROFILE_GROUPS = ("elementwise", "attention products", "attention", "mlp / experts", "output layer",

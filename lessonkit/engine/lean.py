@@ -22,6 +22,7 @@ import numpy as np
 from safetensors import safe_open
 
 from lessonkit.engine import c_plan, kernel
+from lessonkit.engine import kernel_library as rk
 from lessonkit.engine import packed_layout as pl
 from lessonkit.engine.config import ModelConfig
 from lessonkit.engine.kv_cache import KVCache
@@ -176,6 +177,9 @@ class LeanEngine(TextCodec):
                              dtype=np.int64)
         self.dims = np.array(c_plan.dims_words(c, head.n, self.alloc_len), dtype=np.int64)
         self.path = head.path
+        self.inputs = rk.RkModel(plan=self.plan.ctypes.data, dims=self.dims.ctypes.data, fetch=0,
+                                 eps=float(c.norm_eps), clip=float(c.clip_qkv) if c.clip_qkv is not None else 0.0,
+                                 path=self.path)                  # struct rk_model: the same for every call
         self.tokenizer = load_tokenizer(self.model_dir)
         tpl = self.model_dir / "chat_template.jinja"
         self.chat_template = tpl.read_text(encoding="utf-8") if tpl.exists() else None
@@ -198,12 +202,11 @@ class LeanEngine(TextCodec):
             raise LessonkitError(f"token id {int(tokens.max())} outside the vocabulary of {c.vocab_size}")
         first = T - 1 if last_only else 0
         x = np.empty((T, c.dim), dtype=np.float32)
-        logits = np.empty((T - first, int(self.dims[6])), dtype=np.float32)
+        logits = np.empty((T - first, int(self.dims[rk.DIM_VOCAB])), dtype=np.float32)
         self.store.hits += c.n_layers
-        kernel._rowkernel.forward(self.plan.ctypes.data, self.dims.ctypes.data, float(c.norm_eps),
-                                  float(c.clip_qkv) if c.clip_qkv is not None else 0.0, x.ctypes.data,
-                                  tokens.ctypes.data, T, start, cache.k.ctypes.data, cache.v.ctypes.data,
-                                  cache.k.shape[1], logits.ctypes.data, first, self.path)
+        kernel._rowkernel.forward(self.inputs, rk.RkBatch(
+            tokens=tokens.ctypes.data, x=x.ctypes.data, m=T, start=start, first=first, logits=logits.ctypes.data,
+            k_cache=cache.k.ctypes.data, v_cache=cache.v.ctypes.data, alloc=cache.k.shape[1]))
         cache.length = start + T
         self.last_forward = {"rows": T, "unique_experts": c.n_layers, "wall_s": time.perf_counter() - t0, "io_s": 0.0}
         return logits

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from safetensors import safe_open
 
-from lessonkit.engine import c_forward, kernel
+from lessonkit.engine import c_forward, c_plan, kernel
+from lessonkit.engine import kernel_library as rk
 from lessonkit.engine import blocks as qb
 from lessonkit.engine.kv_cache import KVCache
 from lessonkit.engine.model import rms_norm
@@ -74,6 +76,18 @@ def _room(buf: torch.Tensor, rows: int) -> torch.Tensor:
     return grown
 
 
+def _one_layer(cfg: fh.HeadConfig) -> SimpleNamespace:
+    """The head's sizes as the dense one-layer model c_plan.plan_words and dims_words read."""
+    return SimpleNamespace(n_layers=1, dim=cfg.dim, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
+                           head_dim=cfg.head_dim, intermediate_size=cfg.intermediate_size, is_moe=False,
+                           norm_topk_prob=False, qk_norm=False)
+
+
+def _batch(cache: KVCache, **rows) -> rk.RkBatch:
+    """struct rk_batch of `rows` (x, m, start, first, logits: addresses as ints) over the head's KV cache."""
+    return rk.RkBatch(k_cache=cache.k.data_ptr(), v_cache=cache.v.data_ptr(), alloc=cache.k.shape[1], **rows)
+
+
 class _CHead:
     """The head's layer and draft-vocabulary output as a one-layer plan for the engine's C forward."""
 
@@ -86,14 +100,18 @@ class _CHead:
         cos, sin = target.model.cos.contiguous(), target.model.sin.contiguous()
         self.keep += [cos, sin]
         f, a, m = self.norms
-        self.plan = torch.tensor([f.data_ptr(), lm.data.data_ptr(), lm.code, cos.data_ptr(), sin.data_ptr(), 0, -1, 0,
-                                  a.data_ptr(), wqkv.data.data_ptr(), wqkv.code, wo.data.data_ptr(), wo.code,
-                                  m.data_ptr(), gu.data.data_ptr(), gu.code, down.data.data_ptr(), down.code,
-                                  0, 0, 0, -1, 0], dtype=torch.int64)
-        self.dims = torch.tensor([1, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate_size,
-                                  cfg.draft_vocab, cos.shape[0], 1, 1, 0, 0, 0], dtype=torch.int64)
+        vectors = {"norm": f, "cos": cos, "sin": sin, "layers.0.attn_norm": a, "layers.0.mlp_norm": m}
+        weights = {"lm_head": lm, "layers.0.wqkv": wqkv, "layers.0.wo": wo, "layers.0.gate_up": gu,
+                   "layers.0.down": down}
+        one = _one_layer(cfg)                                    # a dense one-layer model, no embedding
+        self.plan = torch.tensor(c_plan.plan_words(one, lambda n: vectors[n].data_ptr(),
+                                                   lambda n: (weights[n].data.data_ptr(), weights[n].code),
+                                                   (0, c_forward.KIND["f32"], 0)), dtype=torch.int64)
+        self.dims = torch.tensor(c_plan.dims_words(one, cfg.draft_vocab, cos.shape[0]), dtype=torch.int64)
         self.path = int(lm.path)
         self.eps = float(cfg.norm_eps)
+        self.inputs = rk.RkModel(plan=self.plan.data_ptr(), dims=self.dims.data_ptr(), fetch=0, eps=self.eps,
+                                 clip=0.0, path=self.path)        # struct rk_model: the same for every call
         self.logits = torch.empty(1, cfg.draft_vocab, dtype=torch.float32)
 
     def chain(self, e_table: torch.Tensor, w_g: torch.Tensor, gnorm: torch.Tensor) -> None:
@@ -108,20 +126,17 @@ class _CHead:
         k draft-vocabulary rows (csrc/forward.c rk_draft_greedy) and leaves their keys and values in cache."""
         x = x.contiguous().clone()
         out = torch.empty(k, dtype=torch.int64)
-        kernel._rowkernel.draft_greedy(self.plan.data_ptr(), self.dims.data_ptr(), self.eps, 0.0, x.data_ptr(), 0,
-                                       x.shape[0], start, cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1],
-                                       self.logits.data_ptr(), self.path, k, 0, self.chain_args.data_ptr(),
-                                       out.data_ptr())
+        batch = _batch(cache, x=x.data_ptr(), m=x.shape[0], start=start, logits=self.logits.data_ptr())
+        kernel._rowkernel.draft_greedy(self.inputs, batch, k, 0, self.chain_args.data_ptr(), out.data_ptr())
         return out.tolist()
 
     def rows(self, x: torch.Tensor, cache: KVCache, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """x [M, D] at head positions start.. -> (outputs a [M, D], draft logits of the last row [1, V])."""
         x = x.contiguous().clone()
         M = x.shape[0]
-        logits = torch.empty(1, int(self.dims[6]), dtype=torch.float32)
-        rc = kernel._rowkernel.forward(self.plan.data_ptr(), self.dims.data_ptr(), self.eps, 0.0, x.data_ptr(), 0, M,
-                                       start, cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1],
-                                       logits.data_ptr(), M - 1, self.path, 0, 0, 0)
+        logits = torch.empty(1, int(self.dims[rk.DIM_VOCAB]), dtype=torch.float32)
+        rc = kernel._rowkernel.forward(self.inputs, _batch(cache, x=x.data_ptr(), m=M, start=start, first=M - 1,
+                                                           logits=logits.data_ptr()))
         if rc:
             raise LessonkitError(f"the feature head's C forward failed with code {rc}")
         return x, logits
