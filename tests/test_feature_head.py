@@ -67,6 +67,26 @@ def test_tapped_forward_is_the_plain_forward(numerics, threads):
         kernel.set_threads(old)
 
 
+@pytest.mark.parametrize("numerics", NUMERICS)
+@pytest.mark.parametrize("budget_mb", [None, 4.0], ids=["resident", "disk"])
+def test_tapped_moe_forward_is_the_plain_forward(numerics, budget_mb):
+    """A mixture of experts split at its taps: each segment fetches its own layers' experts (the fetch is told
+    the segment's first layer), so logits, cache and the experts each layer used are the plain forward's."""
+    with active.use(numerics=numerics):
+        moe = load_model("tiny-moe", expert_budget_mb=budget_mb, weights="q8_0" if numerics == "int8" else None)
+        if moe.model.c_forward is None:
+            pytest.skip("no C forward for tiny-moe here")
+        ids = prompts_by_kind(moe, n=1, max_tokens=24)["code"][0]
+        c1, c2 = moe.new_cache(40), moe.new_cache(40)
+        l1, h1 = moe.forward(ids, c1, return_hidden=True)
+        used = moe.model.last_forward["unique_experts"]
+        l2, h2, tapped = moe.forward(ids, c2, taps=(1, 2))
+        assert torch.equal(l1, l2) and torch.equal(h1, h2) and moe.model.last_forward["unique_experts"] == used
+        assert torch.equal(c1.k[:, :len(ids)], c2.k[:, :len(ids)]) and torch.equal(c1.v[:, :len(ids)], c2.v[:, :len(ids)])
+        assert len(tapped) == 2 and not torch.equal(tapped[0], tapped[1])
+        assert torch.equal(moe.forward([7, 8, 9], c1), moe.forward([7, 8, 9], c2, taps=(1, 2))[0])
+
+
 @pytest.mark.budget(150, "trains two small heads (one per numerics) and decodes 4 categories x 3 depths x 2 steps")
 @pytest.mark.parametrize("numerics", NUMERICS)
 @pytest.mark.parametrize("threads", [1, 2])

@@ -120,6 +120,7 @@ class CForward:
         self._held: list = []            # experts fetched during the running forward (their tensors stay alive)
         self._error: BaseException | None = None
         self._fetch = rk.FETCH(self._fetch_expert) if c.is_moe else None
+        self._layer0 = 0                 # the first layer of the running call (a tap segment's)
         self.inputs = self._model(self.plan, self.dims)      # struct rk_model: the same for every call
 
     def _model(self, plan: torch.Tensor, dims: torch.Tensor) -> rk.RkModel:
@@ -176,6 +177,7 @@ class CForward:
     def _fetch_expert(self, layer: int, expert: int, entry) -> int:
         """The C forward's callback: the expert store's expert (from disk if it must), its addresses into entry;
         with no entry (a NULL pointer), a prefetch hint for the next layer."""
+        layer += self._layer0                     # a tap segment's C call counts its layers from 0
         try:
             if not entry:
                 self.model.store.prefetch(layer, [expert])
@@ -262,40 +264,57 @@ class CForward:
                                            out.data_ptr())
         return (out if ids is None else ids[out]).tolist()
 
-    def run_taps(self, tokens: torch.Tensor, cache, start: int, last_only: bool, taps: tuple[int, ...]):
-        """run() for a dense model, also returning the residual stream after each layer count in `taps`
-        (0 < tap < L, ascending): the forward split into len(taps) + 1 C calls over consecutive layer ranges, each
-        writing its own layers' keys and values. Every layer computes its rows exactly as in one call (the
-        residual stream crosses between calls as the same float32 rows), so logits and cache are the same bits
-        (tests/test_feature_head.py). Returns (x out [T, D], logits, [stream after each tap [T, D]])."""
+    def run_taps(self, tokens: torch.Tensor, x: torch.Tensor | None, cache, start: int, last_only: bool,
+                 taps: tuple[int, ...]):
+        """run(), also returning the residual stream after each layer count in `taps` (0 < tap < L, ascending): the
+        forward split into len(taps) + 1 C calls over consecutive layer ranges, each writing its own layers' keys
+        and values (a mixture of experts: each fetching its own layers' experts, the fetch told the segment's first
+        layer). Every layer computes its rows exactly as in one call (the residual stream crosses between calls as
+        the same float32 rows), so logits and cache are the same bits (tests/test_feature_head.py); only the
+        one-layer-ahead prefetch hint stops at a segment's end. x: the embeddings where the lookup is in Python.
+        Returns (x out [T, D], logits, [stream after each tap [T, D]], experts each layer used [L] or None)."""
         c = self.config
-        if c.is_moe:
-            raise LessonkitError("feature taps need a dense model (a MoE layer's experts are fetched by layer index)")
-        if not self.embed_in_c:
-            raise LessonkitError("feature taps need the embedding looked up in C")
         if list(taps) != sorted(set(taps)) or not all(0 < t < c.n_layers for t in taps):
             raise LessonkitError(f"feature taps {taps}: expected ascending layer counts in 1 .. {c.n_layers - 1}")
         T = tokens.numel()
         tokens = tokens.contiguous()
-        x = torch.empty(T, c.dim, dtype=torch.float32)
+        lookup = x is None
+        if lookup and not self.embed_in_c:
+            raise LessonkitError("this model's embedding is looked up in Python: pass x")
+        x = torch.empty(T, c.dim, dtype=torch.float32) if lookup else x
         first = T - 1 if last_only else 0
         logits = torch.empty(T - first, int(self.dims[rk.DIM_VOCAB]), dtype=torch.float32)
+        unique = torch.zeros(c.n_layers, dtype=torch.int64) if c.is_moe else None
         bounds = [0, *taps, c.n_layers]
         out = []
         with self._lock:
-            for i in range(len(bounds) - 1):
-                lo, hi = bounds[i], bounds[i + 1]
+            for lo, hi in zip(bounds, bounds[1:]):
                 last = hi == c.n_layers
                 model, sink = self._segment(lo, hi, last)
-                batch = self._batch(cache, lo, tokens=tokens.data_ptr() if lo == 0 else 0, x=x.data_ptr(), m=T,
-                                    start=start, first=first if last else T - 1,
-                                    logits=(logits if last else sink).data_ptr())
-                rc = kernel._rowkernel.forward(model, batch)
-                if rc:
-                    raise LessonkitError(f"C forward segment {lo}..{hi} failed with code {rc}")
+                batch = self._batch(cache, lo, tokens=tokens.data_ptr() if lo == 0 and lookup else 0,
+                                    x=x.data_ptr(), m=T, start=start, first=first if last else T - 1,
+                                    logits=(logits if last else sink).data_ptr(),
+                                    unique=unique.data_ptr() + 8 * lo if unique is not None else 0)
+                self._call(model, batch, lo, f"C forward segment {lo}..{hi}")
                 if not last:
                     out.append(x.clone())
-        return x, logits, out
+        return x, logits, out, unique
+
+    def _call(self, model, batch, layer0: int = 0, what: str = "C forward") -> None:
+        """One rk_forward: the expert tables emptied, the fetch told the first layer's index; an error the fetch
+        raised is raised again here, any other code is one LessonkitError."""
+        for t in self.tables:
+            t.zero_()
+        self._held, self._error, self._layer0 = [], None, layer0
+        try:
+            rc = kernel._rowkernel.forward(model, batch)
+        finally:
+            self._held, self._layer0 = [], 0
+        if rc == rk.RK_FETCH_FAILED:
+            err, self._error = self._error, None
+            raise err
+        if rc:
+            raise LessonkitError(f"{what} failed with code {rc}")
 
     def _segment(self, lo: int, hi: int, last: bool):
         """(struct rk_model, scratch logits) of layers lo .. hi - 1; a segment before the last ends in a 16-row
@@ -321,18 +340,9 @@ class CForward:
         return memo[key][2:]
 
     def _run(self, tokens, x, lookup, cache, start, T, first, logits, unique, picks):
-        for t in self.tables:
-            t.zero_()
-        self._held, self._error = [], None
-        try:
-            batch = self._batch(cache, tokens=tokens.data_ptr() if lookup else 0, x=x.data_ptr(), m=T, start=start,
-                                first=first, logits=logits.data_ptr(),
-                                routing=picks.data_ptr() if picks is not None else 0,
-                                unique=unique.data_ptr() if unique is not None else 0)
-            rc = kernel._rowkernel.forward(self.inputs, batch)
-        finally:
-            self._held = []
-        if rc == rk.RK_FETCH_FAILED:
-            err, self._error = self._error, None
-            raise err
+        batch = self._batch(cache, tokens=tokens.data_ptr() if lookup else 0, x=x.data_ptr(), m=T, start=start,
+                            first=first, logits=logits.data_ptr(),
+                            routing=picks.data_ptr() if picks is not None else 0,
+                            unique=unique.data_ptr() if unique is not None else 0)
+        self._call(self.inputs, batch)
         return x, logits, unique, picks

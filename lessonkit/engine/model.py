@@ -346,10 +346,8 @@ class Transformer:
         x = None if self.c_forward.embed_in_c else self.w["embed"][tokens].to(torch.float32).contiguous()
         tapped = None
         if taps:
-            if x is not None:
-                raise LessonkitError("feature taps need the embedding looked up in C")
-            x, rows, tapped = self.c_forward.run_taps(tokens, cache, start, last_only, tuple(taps))
-            unique = picks = None
+            x, rows, tapped, unique = self.c_forward.run_taps(tokens, x, cache, start, last_only, tuple(taps))
+            picks = None
         else:
             x, rows, unique, picks = self.c_forward.run(tokens, x, cache, start, last_only,
                                                         routing=self.routing_log is not None)

@@ -82,7 +82,7 @@ def write_card(folder: Path, info: dict, evaluation: dict, k: int) -> Path:
              f"{cfg['draft_vocab']} output rows of its most frequent greedy picks (FR-Spec). Trained with training-time "
              f"test over {info['train']['ttt_steps']} chained steps on the target's own greedy answers.", "",
              f"- trained for: {info['target']} (weights {info['target_fingerprint'][:12]}), target pass on the "
-             f"{info['numerics']} numerics",
+             f"{info['numerics']} numerics" + (f" ({info['train']['weights']} blocks)" if info['train'].get('weights') else ""),
              f"- data: {info['requests']} sequences ({info['positions']:,} positions): {_sources(info['train'])}",
              f"- time: target pass {info['pass_s']:.0f} s in the training process (shards already on disk are read, "
              f"not recomputed), training {info['train_s']:.0f} s ({info['steps']} steps) on "
@@ -106,10 +106,10 @@ def train_and_describe(model: str, preset: str | None, out: str | None, numerics
     """`lessonkit train-head`: train with the model's preset, measure held-out acceptance, write the card."""
     if preset is not None and preset not in PRESETS:
         raise LessonkitError(f"unknown preset {preset!r}: known {', '.join(PRESETS)}")
-    target = load_model(model)
-    tc = PRESETS.get(preset or target.name)
+    tc = PRESETS.get(preset or model)
     if tc is None:
-        raise LessonkitError(f"no feature-head preset for {target.name}: pass --preset ({', '.join(PRESETS)})")
+        raise LessonkitError(f"no feature-head preset for {model}: pass --preset ({', '.join(PRESETS)})")
+    target = load_model(model, weights=tc.weights)
     folder = Path(out) if out else HEADS_DIR / target.name
     info = train(target, tc, folder)
     info |= {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "threads": torch.get_num_threads()}

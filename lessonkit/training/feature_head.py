@@ -62,25 +62,29 @@ class HeadTrainConfig:
     checkpoint_every: int = 50
     continuations: int = 0            # per kind of text: the target's greedy continuations of train-split openings
                                       # (a model of the corpus, not of requests: tiny-moe)
+    weights: str | None = None        # the target's weights for the pass (load_model's weights=), as the benches load it
 
     def data_key(self) -> dict:
         """What the target pass depends on (its shards' folder is keyed by it): the requests, the continuations,
         then the windows."""
         return {"per_category": self.per_category, "max_new_tokens": self.max_new_tokens, "seed": self.seed,
                 **({"continuations": self.continuations} if self.continuations else {}),
+                **({"weights": self.weights} if self.weights else {}),
                 **({"text_windows": self.text_windows, "window": self.window} if self.text_windows else {})}
 
     def settings(self) -> dict:
         """Every field, continuations only where set (so the keys of presets without them stay as they were)."""
         d = {**asdict(self), "step_weights": list(self.step_weights)}
-        if not self.continuations:
-            d.pop("continuations")
+        for name in ("continuations", "weights"):
+            if not d[name]:
+                d.pop(name)
         return d
 
 
 PRESETS = {
     "smollm2-135m": HeadTrainConfig(),
-    "tiny-moe": HeadTrainConfig(per_category=0, continuations=400, max_new_tokens=96, text_windows=600, draft_vocab=1024),
+    "tiny-moe": HeadTrainConfig(per_category=0, continuations=400, max_new_tokens=96, text_windows=600, draft_vocab=1024,
+                                weights="q8_0"),
     "test": HeadTrainConfig(per_category=2, max_new_tokens=6, text_windows=1, window=16, draft_vocab=64, intermediate_size=64, epochs=2,
                             batch_size=2, warmup=2, checkpoint_every=2),
 }
