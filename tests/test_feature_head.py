@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lessonkit.engine import active, kernel
+from lessonkit.engine.engine import Engine
 from lessonkit.engine.generate import generate
 from lessonkit.errors import LessonkitError
 from lessonkit.feature_head.drafter import FeatureHeadDrafter, load_head
@@ -133,9 +134,11 @@ def test_a_foreign_or_damaged_head_is_refused_by_name(heads, tmp_path):
     with safe_open(str(path), "pt") as f:
         meta = f.metadata()
     other = tmp_path / "other.safetensors"
-    save_file(w, str(other), metadata={**meta, "target": "tiny-moe"})
-    with pytest.raises(LessonkitError, match="other.safetensors.*not for smollm2-135m"):
+    save_file(w, str(other), metadata={**meta, "target": "tiny-moe", "target_fingerprint": "1" * 64})
+    with pytest.raises(LessonkitError, match="other.safetensors.*'tiny-moe'.*not for smollm2-135m"):
         load_head(target, other)
+    renamed = Engine(target.model_dir, name="budget-all")       # the same files under another name: the files decide
+    assert load_head(renamed, path)[0] == load_head(target, path)[0]
     fp = tmp_path / "fp.safetensors"
     save_file(w, str(fp), metadata={**meta, "target_fingerprint": "0" * 64})
     with pytest.raises(LessonkitError, match="fp.safetensors"):

@@ -281,8 +281,9 @@ def validate_cost_model(model_dir, prompts: list[list[int]], inputs: dict, cells
 
 def drafter_on_disk(model_dir, draft_engine, prompts: list[list[int]], apart_prompts: list[list[int]], inputs: dict, *,
                     budget_experts: int, ks=(2,), disk: Disk | str, read_mb_s: float | None = None,
-                    repeats: int = 1, dtype=torch.float32) -> pd.DataFrame:
-    """A real drafter (the draft model `draft_engine`: its drafts cost c > 0) on the cost model's disk. Per depth
+                    repeats: int = 1, dtype=torch.float32, drafter_of=None) -> pd.DataFrame:
+    """A real drafter (the draft model `draft_engine`, or `drafter_of(target engine)` such as a feature head: its
+    drafts cost c > 0) on the cost model's disk. Per depth
     k: its acceptance a_1..a_k and seconds per draft token measured apart (on `apart_prompts`, every expert
     resident); the speed-up the cost model predicts from `inputs` (`cost_model_inputs`, whose new tokens the runs
     use) with k c added to each verify step, c = a draft token's seconds over a plain step's at the budget;
@@ -294,7 +295,9 @@ def drafter_on_disk(model_dir, draft_engine, prompts: list[list[int]], apart_pro
     pre, plain_step, verify_step = _step_seconds(inputs, b, read_seconds(inputs, disk, read_mb_s))
     full = Engine(model_dir, name="budget-all", dtype=dtype)
     eng = _budget_engine(model_dir, b, full.expert_bytes, dtype, disk)
-    drafter_of = lambda _: ModelDrafter(draft_engine, name=draft_engine.name)
+    if drafter_of is None:
+        drafter_of = lambda _: ModelDrafter(draft_engine, name=draft_engine.name)
+    name = draft_engine.name if draft_engine is not None else drafter_of(full).name
     rows = []
     for k in ks:
         apart = total_stats([speculative_generate(full, drafter_of(full), p, n, k=k).stats for p in apart_prompts])
@@ -307,7 +310,7 @@ def drafter_on_disk(model_dir, draft_engine, prompts: list[list[int]], apart_pro
         pred = predict_times(stats, prompts, pre + (n - 1) * plain_step, pre + (n - 1) / e * ratio * plain_step)
         plain, spec, same, rounds = _timed_pair(eng, prompts, drafter_of, k, n, repeats)
         plain_tok_s = (plain["wall_s"] - plain["ttft_s"]) / max(plain["new_tokens"] - plain["runs"], 1)
-        rows.append({"drafter": draft_engine.name, "budget_experts": b, "k": k, "disk": str(disk),
+        rows.append({"drafter": name, "budget_experts": b, "k": k, "disk": str(disk),
                      "acceptance_apart": a, "E_apart": e, "c": c, "cost_per_verify_step": ratio,
                      "predicted_speedup": pred["predicted_speedup"],
                      "measured_acceptance": spec["acceptance_rate"],

@@ -31,7 +31,6 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from lessonkit.engine import kernel
-from lessonkit.engine.kernel_library import ABI
 from lessonkit.engine.model import rms_norm
 from lessonkit.errors import LessonkitError
 from lessonkit.feature_head import head as fh
@@ -133,7 +132,7 @@ def text_windows(target, tc: HeadTrainConfig) -> list[tuple[str, list[int]]]:
 
 
 def pass_dir(target, tc: HeadTrainConfig, taps) -> Path:
-    key = json.dumps({**tc.data_key(), "taps": list(taps), "numerics": kernel.NUMERICS, "abi": ABI,
+    key = json.dumps({**tc.data_key(), "taps": list(taps), "numerics": kernel.NUMERICS,
                       "rope": _table_digest(target)}, sort_keys=True)
     return (lessonkit_home() / "feature-head" /
             f"{target.name}-{target.fingerprint()[:12]}-{hashlib.sha256(key.encode()).hexdigest()[:10]}")
@@ -158,28 +157,28 @@ def target_pass(target, tc: HeadTrainConfig, taps, progress: bool = True) -> lis
     todo += [(cat, lambda w=w: text_with_states(target, w, taps)) for cat, w in text_windows(target, tc)]
     folder = pass_dir(target, tc, taps)
     folder.mkdir(parents=True, exist_ok=True)
-    out = []
+    paths = [folder / f"shard-{s // SHARD:04d}.pt" for s in range(0, len(todo), SHARD)]
     bar = tqdm(total=len(todo), desc=f"{target.name} on the training requests and text", disable=not progress)
-    for s in range(0, len(todo), SHARD):
-        path = folder / f"shard-{s // SHARD:04d}.pt"
+    for s, path in zip(range(0, len(todo), SHARD), paths):
         if path.exists():
-            try:
-                shard = torch.load(path, weights_only=True)
-            except Exception as e:
-                raise LessonkitError(f"{path}: unreadable shard of the target pass ({e}); delete it to recompute") from None
-        else:
-            shard = []
-            for cat, run in todo[s:s + SHARD]:
-                shard.append({**run(), "category": cat})
-                bar.update(1)
-            atomic_write(path, lambda tmp: torch.save(shard, tmp))
-            bar.update(0)
-            out += shard
+            bar.update(len(todo[s:s + SHARD]))
             continue
-        bar.update(len(shard))
-        out += shard
+        shard = []
+        for cat, run in todo[s:s + SHARD]:
+            shard.append({**run(), "category": cat})
+            bar.update(1)
+        atomic_write(path, lambda tmp: torch.save(shard, tmp))
+        del shard          # nothing computed stays: small tensors kept between the forwards' large temporaries
+                           # fragmented glibc's heap (about 20 MB a window; a 3,000-sequence pass was killed at 22 GB)
     bar.close()
-    return out
+    return [seq for path in paths for seq in _shard(path)]      # computed or not, every shard read back the same way
+
+
+def _shard(path: Path) -> list[dict]:
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as e:
+        raise LessonkitError(f"{path}: unreadable shard of the target pass ({e}); delete it to recompute") from None
 
 
 def choose_vocab(seqs: list[dict], n: int, vocab_size: int) -> torch.Tensor:
