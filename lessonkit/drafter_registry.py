@@ -72,15 +72,21 @@ def _suffix_drafter(target, arg, **kw):
 def _auto_drafter(target, arg, **kw):
     """'auto': the target's shipped drafters, cheapest first (speculative.first_of): the suffix drafter's match of
     >= 2 tokens (the request and the store of earlier outputs), else the feature head where one ships for the
-    target, else its draft model; the depth gate (k=auto) switches drafting off where it does not pay."""
+    target (its draft model where AUTO_LEARNED names one); the depth gate (k=auto) switches drafting off where it does
+    not pay."""
     free = _suffix_drafter(target, arg)
+    why = AUTO_LEARNED.get(target.name, "head")
     try:
-        learned, why = FeatureHeadDrafter(target), "head"
+        learned = _model_drafter(target, why) if why != "head" else FeatureHeadDrafter(target)
     except LessonkitError:
-        learned, why = (_model_drafter(target, "tiny-draft"), "tiny-draft") if target.name == "tiny-moe" else (None, "")
+        learned, why = None, ""
     parts = [(free, 2)] + ([(learned, 1)] if learned is not None else [])
     return FirstOf(parts, name=f"auto (suffix match >= 2 tokens{', else ' + why if why else ''})")
 
+
+# the learned drafter `auto` falls back on, where it is not the target's feature head: tiny-moe's head accepts no
+# more than tiny-draft (0.9 and more of drafts on its corpus) at about the same c in RAM (docs/speculative.md)
+AUTO_LEARNED = {"tiny-moe": "tiny-draft"}
 
 # name -> factory(target, arg: str | None, **kw) -> Drafter
 DRAFTERS = {

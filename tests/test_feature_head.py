@@ -114,6 +114,30 @@ def test_head_drafts_are_lossless(heads, numerics, threads):
         kernel.set_threads(old)
 
 
+@pytest.mark.parametrize("numerics", NUMERICS)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("budget_mb", [None, 4.0], ids=["resident", "disk"])
+def test_the_shipped_moe_head_is_lossless(numerics, threads, budget_mb):
+    """tiny-moe's shipped head (taps through the MoE forward, experts fetched per segment): == plain greedy on both
+    numerics, threads 1 and 2, in RAM and under an expert budget; its drafts are mostly right, so the runs verify
+    deep drafts too."""
+    old = kernel.set_threads(threads)
+    try:
+        with active.use(numerics=numerics):
+            moe = load_model("tiny-moe", expert_budget_mb=budget_mb, weights="q8_0" if numerics == "int8" else None)
+            d = FeatureHeadDrafter(moe)
+            accepted = 0
+            for ps in prompts_by_kind(moe, n=1, max_tokens=24).values():
+                ref = generate(moe, ps[0], 24).token_ids
+                for k in (2, 5, "auto"):
+                    r = speculative_generate(moe, d, ps[0], 24, k=k)
+                    assert r.token_ids == ref, f"k={k}: {r.token_ids} != {ref}"
+                    accepted += r.stats["num_accepted_tokens"]
+            assert accepted > 0
+    finally:
+        kernel.set_threads(old)
+
+
 def test_head_c_step_agrees_with_the_torch_step(heads):
     """The C step (Q8_0 blocks, the engine's C forward) and the PyTorch step (float weights) are two computations
     of one head. They are not bit-equal (Q8_0 rounds each weight to 1/254 of its block's largest), so the check is
