@@ -22,29 +22,29 @@ def pc_no_overhead(plain, saved, q, overhead):       # forgets the cache's own t
     return plain / (q * (plain - sum(saved)))
 
 
-def pc_returns_seconds(plain, saved, q, overhead):   # the predicted time, not the speed-up
+def pc_returns_seconds(plain, saved, q, overhead):   # the composed time, not the speed-up
     return q * (plain - sum(saved)) + overhead
 
 
 @pytest.mark.parametrize("wrong, says", [(pc_multiply, "multiplies"), (pc_all_calls, "fraction of the engine calls"),
                                          (pc_no_overhead, "own time"), (pc_returns_seconds, "not the speed-up")])
 def test_wrong_answers_fail_with_a_reason(wrong, says):
-    ok, out = run(check.predict_combined, wrong)
+    ok, out = run(check.compose_combined, wrong)
     assert not ok and says in out and out.count("\n") == 1
 
 
 def test_the_solution_passes():
-    ok, out = run(check.predict_combined, solution_functions(NB)["predict_combined"])
+    ok, out = run(check.compose_combined, solution_functions(NB)["compose_combined"])
     assert ok and "passed" in out
 
 
 def test_the_stub_is_not_implemented():
-    ok, out = run(check.predict_combined, exercise_functions(NB)["predict_combined"])
+    ok, out = run(check.compose_combined, exercise_functions(NB)["compose_combined"])
     assert not ok and "not implemented yet" in out
 
 
 def test_a_raising_function_is_reported_not_raised():
     def boom(*a):
         raise ZeroDivisionError("oops")
-    ok, out = run(check.predict_combined, boom)
+    ok, out = run(check.compose_combined, boom)
     assert not ok and "ZeroDivisionError" in out

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # the modules whose predicted_* figures must come from predict_speedup (or predict_times / predict_ratio)
 PREDICTING = ["lessonkit/lessons/grammar.py", "lessonkit/lessons/speculative.py", "lessonkit/measure/mtp.py",
               "lessonkit/measure/numerics_paths.py", "lessonkit/measure/speculative.py", "lessonkit/measure/prefix_cache.py",
-              "lessonkit/measure/break_even.py", "lessonkit/measure/stack_prediction.py"]
+              "lessonkit/measure/break_even.py", "lessonkit/measure/stack_prediction.py",
+              "lessonkit/bench/bench_spec.py"]
 # predictions not yet routed through the helper, each with why (issue 59 item 5's backlog, not hidden): none left
 BACKLOG: dict[str, str] = {}
 HELPERS = {"predict_speedup", "predict_ratio", "predict_times"}
@@ -177,3 +178,53 @@ def test_lesson_6s_combined_rows_are_breakdowns():
     code = _code("06_stack.ipynb")
     assert "combined_breakdown(" in code and "_predicted_product" not in code and "_predicted_savings" not in code
     assert not any("predicted_product" in s.text or "predicted_savings" in s.text for s in HEADLINE.sentences)
+
+
+# ---- issue 59 item 5's leftovers: the benches and lesson 6's exercise ----
+def test_bench_spec_predicts_from_runs_on_other_prompts(monkeypatch):
+    """bench spec's 15% goal compares the measured speed-up with a prediction from runs on other prompts (the
+    apart helpers), not with gate.predicted_speedup of the same run; a timed prompt among the apart prompts is
+    refused before the apart runs."""
+    from lessonkit.bench import bench_spec as bs
+    assert not hasattr(bs, "predicted_speedup")
+    ran = []
+    monkeypatch.setattr(bs, "measure_apart", lambda target, drafter, prompts, **kw: ran.append(prompts) or Apart(
+        prompts=tuple(map(tuple, prompts)), source="other prompts", cost=tuple(kw["cost"]), acceptance=(0.8, 0.6),
+        c=0.05))
+    cost = [1.0, 1.2, 1.4]
+    timed, other = [[1, 2, 3]], [[4, 5, 6]]
+    with pytest.raises(InSample):
+        bs.stats_apart(None, None, 2, timed, timed + other, max_new=4, cost=cost)
+    assert not ran
+    got = predict_speedup(bs.stats_apart(None, None, 2, timed, other, max_new=4, cost=cost), 2, timed)
+    assert ran == [other]
+    assert got["predicted_speedup"] == pytest.approx(expected_tokens([0.8, 0.6], 2) / (1.4 + 2 * 0.05))
+
+
+def test_bench_suffix_labels_its_same_run_figure_a_breakdown():
+    """bench suffix's decode-phase speed-up from the run's own steps and cost curve is a breakdown column."""
+    from lessonkit.bench import bench_suffix as bsx
+    stats = [{"wall_s": 1.0, "ttft_s": 0.1, "k_hist": {0: 2, 2: 3}, "num_draft_tokens": 6, "draft_s": 0.01,
+              "verify_s": 0.8, "new_tokens": 12, "num_accepted_tokens": 4}]
+    prof = bsx._profile(stats, [1.0, 1.1, 1.2])
+    assert "predicted_speedup" not in prof
+    assert prof["breakdown_speedup"] == pytest.approx(11 / (2 * 1.0 + 3 * 1.2), 1e-3)
+    row = {"section": "s", "contender": "c", "speedup": 1.0, "speedup_min": 1.0, "speedup_max": 1.0,
+           "decode_speedup": 1.0, "decode_speedup_min": 1.0, "decode_speedup_max": 1.0, "identical_to_plain": True,
+           **prof}
+    md = bsx.table_markdown([row])
+    assert "| breakdown |" in md and "predicted" not in md
+    tree = ast.parse((ROOT / "lessonkit/bench/bench_suffix.py").read_text(encoding="utf-8"))
+    assert not [f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and _writes_predicted(f)]
+
+
+def test_lesson_6s_exercise_composes_rather_than_predicts():
+    """The lesson-6 exercise composes the same run's single rows: its check, exercise and solution say so."""
+    from lessonkit.exercises import stack_checks
+    assert hasattr(stack_checks, "compose_combined") and not hasattr(stack_checks, "predict_combined")
+    for kind in ("exercises", "solutions"):
+        text = (ROOT / "notebooks" / kind / "06_stack.ipynb").read_text(encoding="utf-8")
+        assert "compose_combined" in text and "predict_combined" not in text, kind
+        cells = json.loads(text)["cells"]
+        prose = " ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        assert "predict the whole stack" not in prose and "your prediction" not in prose, kind

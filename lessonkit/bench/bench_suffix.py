@@ -20,8 +20,9 @@ speed-ups are medians of the per-round ratios to plain greedy, with their spread
 
 Each row is also a profile of where the time goes: tokens per verify, the share of steps with no draft,
 acceptance, the mean draft depth and the verify cost T(k+1)/T(1) at that depth, the shares of the wall time spent
-in prefill (time to first token), drafting and verify forwards (the rest: the loop's own work), and the speed-up
-the cost curve predicts from the steps' depths. `depth_bound` per section: the decode-phase speed-up that no depth
+in prefill (time to first token), drafting and verify forwards (the rest: the loop's own work), and the breakdown:
+the decode-phase speed-up the verify cost curve gives for the run's own steps at their depths (a breakdown of the
+same run, not a prediction made apart from it). `depth_bound` per section: the decode-phase speed-up that no depth
 rule over the suffix drafter's continuations could pass (an oracle replay of the plain outputs). `curve` lists the
 store's size against its gain; `table_markdown` is the rows as tables.
 """
@@ -104,8 +105,9 @@ def _contenders(target, store, max_new: int, cost, shares=STORE_SHARES) -> tuple
 
 def _profile(stats, cost) -> dict:
     """Where a contender's time went (shares of its wall time; the rest is the loop's own work) and its steps:
-    tokens per verify, steps with no draft, acceptance, draft depth and its verify cost, and the speed-up the
-    verify cost curve predicts from the steps' depths (plain: one 1-row forward a token; loop overheads left out)."""
+    tokens per verify, steps with no draft, acceptance, draft depth and its verify cost, and the breakdown: the
+    decode-phase speed-up the verify cost curve gives for this run's own steps at their depths (plain: one 1-row
+    forward a token; loop overheads left out). It explains the run from its parts; it predicts nothing."""
     wall = sum(s["wall_s"] for s in stats) or 1.0
     prof = {"prefill_share": round(sum(s["ttft_s"] for s in stats) / wall, 3)}
     if stats[0].get("k_hist") is None:
@@ -124,7 +126,7 @@ def _profile(stats, cost) -> dict:
             "mean_draft_depth": round(depth, 2),
             "verify_cost": round(cost[min(round(depth), len(cost) - 1)] / cost[0], 2),
             "draft_ms_per_step": round(1000 * sum(s["draft_s"] for s in stats) / max(steps, 1), 4),
-            "predicted_speedup": round(plain_s / spec_s, 3) if spec_s else None}
+            "breakdown_speedup": round(plain_s / spec_s, 3) if spec_s else None}
 
 
 def _ratios(plain, walls) -> dict:
@@ -201,7 +203,7 @@ def _fmt(r: dict, key: str, spec: str = ".2f", unit: str = "") -> str:
 def table_markdown(rows: list[dict]) -> str:
     """One markdown table per section: speed-ups with their spread, then the profile."""
     head = ("| {s} | speed-up | decode phase | tokens / verify | no draft | acceptance | draft depth | T(k+1)/T(1) "
-            "| prefill | drafting | predicted | identical |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+            "| prefill | drafting | breakdown | identical |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     parts = []
     for section in dict.fromkeys(r["section"] for r in rows):
         lines = [head.format(s=section)]
@@ -211,7 +213,7 @@ def table_markdown(rows: list[dict]) -> str:
                 f"| {r['decode_speedup']:.2f}x ({r['decode_speedup_min']:.2f} .. {r['decode_speedup_max']:.2f}) "
                 f"| {_fmt(r, 'tokens_per_verify')} | {_fmt(r, 'no_draft_share', '.1%')} | {_fmt(r, 'acceptance_rate')} "
                 f"| {_fmt(r, 'mean_draft_depth')} | {_fmt(r, 'verify_cost')} | {_fmt(r, 'prefill_share', '.0%')} "
-                f"| {_fmt(r, 'draft_share', '.1%')} | {_fmt(r, 'predicted_speedup', '.2f', 'x')} "
+                f"| {_fmt(r, 'draft_share', '.1%')} | {_fmt(r, 'breakdown_speedup', '.2f', 'x')} "
                 f"| {'yes' if r['identical_to_plain'] else 'NO'} |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)

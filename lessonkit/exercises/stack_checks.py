@@ -4,7 +4,7 @@ Each check prints one plain line and returns True or False; the conventions they
 messages, stubs, exceptions) are in lessonkit/exercises/__init__.py.
 
     from lessonkit.exercises import stack_checks as check
-    check.predict_combined(my_predict_combined)
+    check.compose_combined(my_compose_combined)
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _judge_combined(args, got):
     try:
         got = float(got)
     except (TypeError, ValueError):
-        return "return one number: the predicted speed-up over the plain engine"
+        return "return one number: the composed speed-up over the plain engine"
     want = _ref_combined(*args)
     if math.isclose(got, want, rel_tol=1e-6):
         return None
@@ -55,15 +55,17 @@ def _judge_combined(args, got):
     return f"got {got:.4g}, which is not the speed-up these savings, calls kept and overhead give"
 
 
-def predict_combined(fn) -> bool:
+def compose_combined(fn) -> bool:
     """fn(plain_s, saved_s: list of seconds each engine technique saves alone, calls_kept: the fraction of
-    engine calls the semantic cache leaves, cache_overhead_s) -> predicted all-together speed-up."""
-    return run_cases("predict_combined", fn, _combined_cases(), _judge_combined)
+    engine calls the semantic cache leaves, cache_overhead_s) -> the all-together speed-up these single rows compose
+    (a breakdown of the run they come from, not a prediction made apart from it)."""
+    return run_cases("compose_combined", fn, _combined_cases(), _judge_combined)
 
 
 def on_this_machine(fn, smoke: bool = False) -> None:
-    """Run a small ablation (the smoke preset; tiny-moe's judge, or the smoke engine) and print fn's
-    prediction from its single rows next to the measured all-together speed-up (a stub: the measurement only)."""
+    """Run a small ablation (the smoke preset; tiny-moe's judge, or the smoke engine) and print what fn composes
+    from its single rows next to the measured all-together speed-up (a stub: the measurement only). Both come from
+    the same run: the composition is a breakdown of it."""
     from lessonkit.measure import stack as measure
     from lessonkit.stack import PRESETS
     engine = measure.load_engine("smoke" if smoke else measure.available_models()[0])
@@ -76,7 +78,7 @@ def on_this_machine(fn, smoke: bool = False) -> None:
     measured = float(r.loc["all together", "speedup"])
     try:
         got = float(fn(plain, saved, q, overhead))
-        print(f"{engine.name}: your prediction {got:.2f}x, measured {measured:.2f}x "
+        print(f"{engine.name}: composed from the single rows {got:.2f}x, measured {measured:.2f}x "
               f"(engine calls kept {q:.0%}, savings {', '.join(f'{s:.2f} s' for s in saved)})")
     except NotImplementedError:
-        print(f"{engine.name}: measured {measured:.2f}x; write predict_combined to compare")
+        print(f"{engine.name}: measured {measured:.2f}x; write compose_combined to compare")
