@@ -121,3 +121,95 @@ def test_contenders_interleave_and_ratios():
     assert met["decode, 1 thread: native / lessonkit float32"]
     assert not met["prefill, 1 thread(s): native / lessonkit float32"]        # 130 / 180 < 0.8
     assert not met["prefill, 1 thread(s): native / llama.cpp Q4_1"]           # 130 / 90 < 1.5
+
+
+# ---- llama.cpp's fastest format of the same model: Q4_0 (issue 61 item 7) ---------------------------------
+def test_q4_0_is_made_by_llama_quantize_once_atomically(monkeypatch, tmp_path):
+    monkeypatch.setenv("LESSONKIT_HOME", str(tmp_path))
+    q4 = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    q4.write_bytes(b"q4_1")
+    ran = []
+
+    def fake_run(cmd, **k):
+        ran.append(cmd)
+        assert not (bench_llamacpp.home() / "SmolLM2-135M-Instruct.Q4_0.gguf").exists()   # written aside first
+        open(cmd[3], "wb").write(b"q4_0")
+        return subprocess.CompletedProcess(cmd, 0)
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    _fake_quantize_binary()
+    out = bench_llamacpp.q4_0_gguf(q4)
+    assert out == bench_llamacpp.home() / "SmolLM2-135M-Instruct.Q4_0.gguf" and out.read_bytes() == b"q4_0"
+    assert ran == [[str(bench_llamacpp.binary("llama-quantize")), "--allow-requantize", str(q4),
+                    str(out.with_suffix(".partial")), "Q4_0"]]
+    assert bench_llamacpp.q4_0_gguf(q4) == out and len(ran) == 1                # reused when present
+    assert not list(bench_llamacpp.home().glob("*.partial"))
+
+
+def _fake_quantize_binary():
+    tool = bench_llamacpp.binary("llama-quantize")
+    tool.parent.mkdir(parents=True)
+    tool.write_bytes(b"")
+
+
+def _built(monkeypatch, tmp_path, quantize_rc: int):
+    """A build that is there, an F32 file already made, and llama-quantize exiting with quantize_rc."""
+    monkeypatch.setenv("LESSONKIT_HOME", str(tmp_path))
+    monkeypatch.setattr(bench_llamacpp, "is_built", lambda: True)
+    monkeypatch.setattr(bench_llamacpp, "f32_gguf", lambda q4: tmp_path / "m.F32.gguf")
+    _fake_quantize_binary()
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **k: subprocess.CompletedProcess(cmd, quantize_rc))
+    return tmp_path / "m.Q4_1.gguf"
+
+
+@pytest.mark.parametrize("rc", [1, None])
+def test_q4_0_that_cannot_be_made_is_one_line_and_q4_1_still_runs(monkeypatch, tmp_path, capsys, rc):
+    q4 = _built(monkeypatch, tmp_path, rc or 0)
+    if rc is None:                                     # llama-quantize absent from the build
+        monkeypatch.setattr(bench_llamacpp, "binary", lambda name: tmp_path / "no" / name)
+    notes = []
+    fns = bench_llamacpp._llamacpp_contenders(q4, notes)
+    assert [w for _, w, _ in fns] == ["Q4_1 + Q8_0 (as shipped)", "F32 (llama-quantize)"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Q4_0" in err and "Traceback" not in err
+    assert len(notes) == 1 and "Q4_0" in notes[0] and not (bench_llamacpp.home() / "m.Q4_0.partial").exists()
+
+
+def test_q4_0_row_when_made(monkeypatch, tmp_path, capsys):
+    q4 = _built(monkeypatch, tmp_path, 0)
+    (bench_llamacpp.home() / "m.Q4_0.gguf").write_bytes(b"made before")
+    notes = []
+    fns = bench_llamacpp._llamacpp_contenders(q4, notes)
+    assert [w for _, w, _ in fns] == ["Q4_1 + Q8_0 (as shipped)", "Q4_0 (llama-quantize)", "F32 (llama-quantize)"]
+    assert notes == [] and capsys.readouterr().err == ""
+
+
+def _fake_contenders(engines, n_prefill, notes=None):
+    def rate(decode, prefill):
+        return lambda n, g, p: {"decode_tok_s": decode * n, "prefill_tok_s": prefill * n}
+    return {("llama.cpp", "Q4_1 + Q8_0 (as shipped)", "q4.gguf"): rate(160.0, 250.0),
+            ("llama.cpp", "Q4_0 (llama-quantize)", "q4_0.gguf"): rate(240.0, 900.0),
+            ("lessonkit", "native", "dir"): rate(320.0, 700.0)}
+
+
+def test_ratios_and_targets_against_q4_0():
+    rows = bench_llamacpp.measure(_fake_contenders(None, 32), [1, 2], repeats=1, n_gen=8, n_prompt=32)
+    ratios, targets = bench_llamacpp.ratios_and_targets(rows, [1, 2])
+    two = next(r for r in ratios if r["threads"] == 2 and r["figure"] == "prefill_tok_s")
+    assert two["native / llama.cpp Q4_0"] == pytest.approx(700 / 900)
+    assert two["native / llama.cpp Q4_1"] == pytest.approx(700 / 250)
+    goals = {t["name"]: t for t in targets}
+    for n in (1, 2):
+        assert goals[f"decode, {n} thread(s): native / llama.cpp Q4_0"]["met"]          # 320 / 240 >= 1.0
+        pre = goals[f"prefill, {n} thread(s): native / llama.cpp Q4_0"]                  # 700 / 900 < 1.0
+        assert not pre["met"] and pre["target"] == ">= 1.0" and pre["value"] == round(700 / 900, 3)
+
+
+def test_json_carries_the_q4_0_rows(monkeypatch, capsys):
+    monkeypatch.setattr(bench_llamacpp, "contenders", _fake_contenders)
+    assert main(["bench", "llamacpp", "--smoke", "--threads", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    q4_0 = [r for r in out["rows"] if r["weights"] == "Q4_0 (llama-quantize)"]
+    assert len(q4_0) == 1 and q4_0[0]["decode_tok_s"] == 240.0 and q4_0[0]["weights_path"] == "q4_0.gguf"
+    assert all("native / llama.cpp Q4_0" in r for r in out["ratios"])
+    assert "decode, 1 thread(s): native / llama.cpp Q4_0" in {t["name"] for t in out["targets"]}
+    assert any("native / llama.cpp Q4_0 1.33x" in n for n in out["notes"])
