@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -388,3 +389,13 @@ def test_no_notebook_reads_a_file_itself(nb):
                 call = ast.unparse(node.func) + "("
                 reads += [call for r in READS_A_FILE if call.endswith(r) or call == r]
     assert not reads, reads
+
+
+def test_the_path_word_is_not_called_avx2_in_python():
+    """rowkernel.h names the path word's ISA `enum rk_isa` (issue 61 item 3): Python says `path` / `isa`, never
+    `avx2` / `use_avx2` for it, so the old name cannot come back (the AVX2 ISA itself, PATH_AVX2, is fine)."""
+    old = re.compile(r"\buse_avx2\b|\.avx2\b")
+    found = [f"{p.relative_to(ROOT)}:{i}" for p in [*MODULES.values(), *sorted((ROOT / "tests").glob("*.py"))]
+             if p.name != "test_layout.py"
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if old.search(line)]
+    assert found == []

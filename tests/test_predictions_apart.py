@@ -183,7 +183,7 @@ def test_lesson_6s_combined_rows_are_breakdowns():
 # ---- issue 59 item 5's leftovers: the benches and lesson 6's exercise ----
 def test_bench_spec_predicts_from_runs_on_other_prompts(monkeypatch):
     """bench spec's 15% goal compares the measured speed-up with a prediction from runs on other prompts (the
-    apart helpers), not with gate.predicted_speedup of the same run; a timed prompt among the apart prompts is
+    apart helpers), not with gate.breakdown_speedup of the same run; a timed prompt among the apart prompts is
     refused before the apart runs."""
     from lessonkit.bench import bench_spec as bs
     assert not hasattr(bs, "predicted_speedup")

@@ -28,7 +28,7 @@ from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import ModelDrafter, c_step_why_not
 from lessonkit.measure.apart import Apart, predict_speedup
 from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve
-from lessonkit.speculative.gate import predicted_speedup as breakdown_speedup
+from lessonkit.speculative.gate import breakdown_speedup
 from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.drafter_registry import make_drafter
 from lessonkit.workloads.corpus import prompts_by_kind

@@ -11,7 +11,7 @@ from lessonkit.engine.generate import generate, probs_from_logits
 from lessonkit.models.registry import load_model
 from lessonkit.measure.apart import Apart
 from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve
-from lessonkit.speculative.gate import predicted_speedup as breakdown_speedup
+from lessonkit.speculative.gate import breakdown_speedup
 from lessonkit.speculative.verify import speculative_generate, total_stats, verify_sampling
 
 

@@ -57,9 +57,10 @@ def conditional_per_pos(per_pos: list[int], num_drafts: int) -> list[float]:
     return out
 
 
-def predicted_speedup(plain: dict, spec: dict, k: int, cost: list[float]) -> float:
-    """Speed-up predicted from measured parts: the plain run's prefill and per-token time, E(k) from the
-    per-position acceptance, the cost curve T(k+1)/T(1) and the draft time per token.
+def breakdown_speedup(plain: dict, spec: dict, k: int, cost: list[float]) -> float:
+    """A run's speed-up rebuilt from its own measured parts (a breakdown, not a prediction: the parts come from the
+    runs it explains): the plain run's prefill and per-token time, E(k) from the per-position acceptance, the cost
+    curve T(k+1)/T(1) and the draft time per token.
       plain = ttft + (N - runs) * t_tok;   spec = ttft + (N - runs) / E(k) * (t_tok * T(k+1)/T(1) + k * t_draft)"""
     n_dec = plain["new_tokens"] - plain["runs"]               # tokens after the first of each run
     t_tok = (plain["wall_s"] - plain["ttft_s"]) / max(n_dec, 1)
