@@ -174,7 +174,9 @@ def test_a_killed_worker_loses_nothing(tmp_path):
 
 
 def test_stop_and_resume(dask_cluster, tmp_path):
-    out, n, work = tmp_path / "r", 12, 300_000
+    # points of about 0.3 s each: with 30 ms points the whole sweep could finish between the second row and the
+    # signal when the suite loads both cores (seen once: exit 0, not 130)
+    out, n, work = tmp_path / "r", 12, 3_000_000
     cmd = [sys.executable, "-m", "lessonkit", "sweep", "run", "noop", "--grid",
            "value=" + ",".join(map(str, range(n))), "--set", f"work={work}", "--scheduler", dask_cluster.address,
            "--results", str(out)]
