@@ -31,7 +31,7 @@ LESSONS = ["04_prefix_cache", "01_speculative", "02_mtp", "03_grammar", "06_stac
 # the cost c, a choice made from timings (best K, break-even cells), a prediction or its error against a timing,
 # an expert hit rate (the prefetch thread races the decoder). Any other float is left out.
 TIMED = re.compile(r"speed|(^|[_ ])s$|(^|[_ ])ms([_ ]|$)|ratio|_over_|^c$|break_even|best_k|tok/s|per_s|wall|"
-                   r"seconds|time|leviathan|refined|measured|predict|validation|error|hit rate|hit_rate|"
+                   r"seconds|time|leviathan|refined|measured|predict|breakdown|validation|error|hit rate|hit_rate|"
                    r"disk|"          # lesson 1's disk: a cold read's rate, measured ("a cold disk, 940 MB/s measured")
                    r"(^|/)forwards$|expert_bytes|"   # the capstone's depth gate picks k from measured costs,
                    r"techniques")    # and its drafting choice (no drafts, grammar only, a drafter) from timings
