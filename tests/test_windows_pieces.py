@@ -33,6 +33,7 @@ LESSONS = ["04_prefix_cache", "01_speculative", "02_mtp", "03_grammar", "06_stac
 TIMED = re.compile(r"speed|(^|[_ ])s$|(^|[_ ])ms([_ ]|$)|ratio|_over_|^c$|break_even|best_k|tok/s|per_s|wall|"
                    r"seconds|time|leviathan|refined|measured|predict|breakdown|validation|error|hit rate|hit_rate|"
                    r"disk|"          # lesson 1's disk: a cold read's rate, measured ("a cold disk, 940 MB/s measured")
+                   r"^(win|loss)_(drafter|category|k)$|"   # lesson 1's winner and loser: picked by measured speed
                    r"(^|/)forwards$|expert_bytes|"   # the capstone's depth gate picks k from measured costs,
                    r"techniques")    # and its drafting choice (no drafts, grammar only, a drafter) from timings
 EXACT_FLOAT = re.compile(r"accept|fraction|frac$|tokens_per_forward|tokens/forward|^tv_|^pos\d|rank|loss|bytes")
