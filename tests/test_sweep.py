@@ -174,13 +174,14 @@ def test_a_killed_worker_loses_nothing(tmp_path):
 
 
 def test_stop_and_resume(dask_cluster, tmp_path):
-    # points of about 0.3 s each: with 30 ms points the whole sweep could finish between the second row and the
-    # signal when the suite loads both cores (seen once: exit 0, not 130)
-    out, n, work = tmp_path / "r", 12, 3_000_000
+    out, n, work = tmp_path / "r", 12, 300_000
     cmd = [sys.executable, "-m", "lessonkit", "sweep", "run", "noop", "--grid",
            "value=" + ",".join(map(str, range(n))), "--set", f"work={work}", "--scheduler", dask_cluster.address,
            "--results", str(out)]
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # the child gets SIGINT's default back: something earlier in the suite's process (a library) can leave SIGINT
+    # ignored, and an ignored signal stays ignored across exec, so the sweep would never see the Ctrl-C
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if os.name == "posix" else None)
     deadline = time.time() + 60
     while (not (out / "points").exists() or _rows_written(out) < 2) and time.time() < deadline:
         time.sleep(0.05)
