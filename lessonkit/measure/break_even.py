@@ -297,10 +297,11 @@ def drafter_on_disk(model_dir, draft_engine, prompts: list[list[int]], apart_pro
     eng = _budget_engine(model_dir, b, full.expert_bytes, dtype, disk)
     if drafter_of is None:
         drafter_of = lambda _: ModelDrafter(draft_engine, name=draft_engine.name)
-    name = draft_engine.name if draft_engine is not None else drafter_of(full).name
     rows = []
     for k in ks:
-        apart = total_stats([speculative_generate(full, drafter_of(full), p, n, k=k).stats for p in apart_prompts])
+        drafters = [drafter_of(full) for _ in apart_prompts]           # a fresh drafter per prompt
+        apart = total_stats([speculative_generate(full, d, p, n, k=k).stats for d, p in zip(drafters, apart_prompts)])
+        name = drafters[0].name if drafters else draft_engine.name
         a, per_pos = apart["acceptance_rate"], conditional_per_pos(apart["num_accepted_tokens_per_pos"],
                                                                    apart["num_drafts"])
         e, c = expected_tokens_per_pos(per_pos, k), apart["draft_s"] / apart["num_draft_tokens"] / plain_step
