@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from lessonkit.engine import active, kernel
@@ -154,27 +155,27 @@ def test_head_c_step_agrees_with_the_torch_step(heads):
 def test_a_foreign_or_damaged_head_is_refused_by_name(heads, tmp_path):
     target, path = heads["int8"]
     w = load_file(str(path))
-    from safetensors import safe_open
     with safe_open(str(path), "pt") as f:
         meta = f.metadata()
     other = tmp_path / "other.safetensors"
     save_file(w, str(other), metadata={**meta, "target": "tiny-moe", "target_fingerprint": "1" * 64})
     with pytest.raises(LessonkitError, match="other.safetensors.*'tiny-moe'.*not for smollm2-135m"):
         load_head(target, other)
-    renamed = Engine(target.model_dir, name="budget-all")       # the same files under another name: the files decide
+    with active.use(numerics="int8"):                           # the numerics it was trained on
+        renamed = Engine(target.model_dir, name="budget-all")   # the same files under another name: the files decide
     assert load_head(renamed, path)[0] == load_head(target, path)[0]
     fp = tmp_path / "fp.safetensors"
     save_file(w, str(fp), metadata={**meta, "target_fingerprint": "0" * 64})
-    with pytest.raises(LessonkitError, match="fp.safetensors"):
+    with pytest.raises(LessonkitError, match="fp.safetensors: .*weights 000000000000.*not for smollm2-135m"):
         load_head(target, fp)
     cfg = json.loads(meta["config"])
     shape = tmp_path / "shape.safetensors"
     save_file(w, str(shape), metadata={**meta, "config": json.dumps({**cfg, "dim": 64})})
-    with pytest.raises(LessonkitError, match="was not made for smollm2-135m"):
+    with pytest.raises(LessonkitError, match="shape.safetensors: .*was not made for smollm2-135m"):
         load_head(target, shape)
     vocab = tmp_path / "vocab.safetensors"
     save_file({**w, "vocab": w["vocab"] + 10 ** 6}, str(vocab), metadata=meta)
-    with pytest.raises(LessonkitError, match="vocab.safetensors: its draft vocabulary"):
+    with pytest.raises(LessonkitError, match=r"vocab.safetensors: its draft vocabulary \(ids 100\d+ \.\. 10\d+.*49152"):
         load_head(target, vocab)
     torn = tmp_path / "torn.safetensors"
     torn.write_bytes(path.read_bytes()[:1000])
@@ -182,6 +183,70 @@ def test_a_foreign_or_damaged_head_is_refused_by_name(heads, tmp_path):
         load_head(target, torn)
     with pytest.raises(LessonkitError, match="no feature head"):
         load_head(target, tmp_path / "missing.safetensors")
+
+
+def test_a_head_for_another_vocabulary_is_refused_by_name(heads, tmp_path):
+    """The target's vocabulary size in the head's config, its draft vocabulary (ids, distinct, in range) and its
+    tensors' shapes: each refused with the file and the value named."""
+    target, path = heads["int8"]
+    w = load_file(str(path))
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    cfg = json.loads(meta["config"])
+    cases = [("v.safetensors", w, {**cfg, "vocab_size": 1000}, r"v.safetensors: .*V = \(576, 9, 3, 64, 1000\)"),
+             ("neg.safetensors", {**w, "vocab": torch.cat([w["vocab"][:-1], torch.tensor([-5])])}, cfg,
+              r"neg.safetensors: .*ids -5 \.\."),
+             ("dup.safetensors", {**w, "vocab": torch.zeros_like(w["vocab"])}, cfg, r"dup.safetensors: .*1 distinct of"),
+             ("rows.safetensors", {**w, "vocab": w["vocab"][:-1]}, cfg, r"rows.safetensors: .*vocab \(\d+,\) \(config"),
+             ("w.safetensors", {**w, "w_in": w["w_in"][:, :576].contiguous()}, cfg, r"w.safetensors: .*w_in \(576, 576\) \(config: \(576, 1152\)")]
+    for name, tensors, c, msg in cases:
+        save_file(tensors, str(tmp_path / name), metadata={**meta, "config": json.dumps(c)})
+        with pytest.raises(LessonkitError, match=msg):
+            load_head(target, tmp_path / name)
+
+
+def test_a_head_is_refused_on_numerics_it_was_neither_trained_nor_checked_on(heads, tmp_path):
+    """A head trained on int8 drafts on int8 only, until its held-out acceptance has been measured on exact
+    (check_head records "exact" in numerics_checked of the train_log.json beside it); a log of another head is
+    not this head's record."""
+    from lessonkit.measure.feature_head import check_head
+    (target, path), exact = heads["int8"], heads["exact"][0]
+    folder = tmp_path / "h"
+    folder.mkdir()
+    for f in ("head.safetensors", "train_log.json"):
+        (folder / f).write_bytes((path.parent / f).read_bytes())
+    load_head(target, folder / "head.safetensors")
+    with pytest.raises(LessonkitError, match=r"h/head.safetensors: .*trained on the int8 numerics and checked on "
+                                             r"int8, not on the exact numerics smollm2-135m computes with"):
+        load_head(exact, folder / "head.safetensors")
+    assert load_head(exact, folder / "head.safetensors", any_numerics=True)[0] == load_head(target, path)[0]
+    log = json.loads((folder / "train_log.json").read_text())
+    (folder / "train_log.json").write_text(json.dumps({**log, "numerics_checked": ["int8", "exact"],
+                                                       "target_fingerprint": "0" * 64}))
+    with pytest.raises(LessonkitError, match="checked on int8, not on the exact"):
+        load_head(exact, folder / "head.safetensors")          # another head's log: not this head's record
+    (folder / "train_log.json").write_text(json.dumps(log))
+    (folder / "card.md").write_text("# card\n")
+    got = check_head("smollm2-135m", "exact", folder, per_category=1, progress=False)
+    assert got["acceptance"]["all"]["draft_tokens"] > 0 and got["weights"] == exact.weights
+    assert json.loads((folder / "train_log.json").read_text())["numerics_checked"] == ["int8", "exact"]
+    assert "## Checked on other numerics" in (folder / "card.md").read_text()
+    assert load_head(exact, folder / "head.safetensors")[0] == load_head(target, path)[0]
+
+
+def test_the_shipped_heads_are_checked_on_both_numerics():
+    """The shipped heads were trained on int8 and measured on exact too (their cards' second table): both load on
+    either numerics, and their weights are the ones the manifest names."""
+    from lessonkit.feature_head.drafter import HEADS_DIR, numerics_checked
+    from lessonkit.models.integrity import read_manifest
+    from lessonkit.files.safe_files import sha256_file
+    for name in ("smollm2-135m", "tiny-moe"):
+        path = HEADS_DIR / name / "head.safetensors"
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata()
+        assert meta["numerics"] == "int8" and sorted(numerics_checked(path, meta)) == ["exact", "int8"]
+        assert "**exact numerics**" in (HEADS_DIR / name / "card.md").read_text()
+        assert read_manifest(HEADS_DIR / name)["head.safetensors"] == sha256_file(path)
 
 
 @pytest.mark.budget(90, "three short training runs of the test preset")

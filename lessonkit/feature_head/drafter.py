@@ -30,6 +30,7 @@ from lessonkit.errors import LessonkitError
 from lessonkit.feature_head import head as fh
 from lessonkit.files.resources import workbook_path
 from lessonkit.speculative.drafters import Draft
+from lessonkit.speculative.suffix_store import target_numerics
 
 FORMAT = "lessonkit-feature-head-v1"
 HEADS_DIR = workbook_path("data", "models", "feature-head")
@@ -39,9 +40,11 @@ def head_path(target) -> Path:
     return HEADS_DIR / target.name / "head.safetensors"
 
 
-def load_head(target, path: str | Path | None = None) -> tuple[fh.HeadConfig, dict, dict]:
-    """(config, float32 weights, metadata) of a head file, refused with one line when it is not a feature head
-    or was made for another target (its name and weights' fingerprint) or vocabulary."""
+def load_head(target, path: str | Path | None = None, *, any_numerics: bool = False) -> tuple[fh.HeadConfig, dict, dict]:
+    """(config, float32 weights, metadata) of a head file, refused with one line naming the file when it is not a
+    feature head, was made for another target (its name and weights' fingerprint) or vocabulary, or was neither
+    trained nor checked on the numerics the target computes with (`numerics_checked`; any_numerics: load it there
+    anyway, to measure it: lessonkit.measure.feature_head.check_head)."""
     path = Path(path) if path is not None else head_path(target)
     if not path.exists():
         raise LessonkitError(f"{path}: no feature head for {target.name} (train one with "
@@ -59,12 +62,39 @@ def load_head(target, path: str | Path | None = None) -> tuple[fh.HeadConfig, di
                              f"(weights {str(meta.get('target_fingerprint'))[:12]}), not for {target.name} "
                              f"(weights {target.fingerprint()[:12]})")
     cfg = fh.HeadConfig.from_dict(json.loads(meta["config"]))
-    fh.check_fits(cfg, target)
-    vocab = w.get("vocab")
-    if vocab is None or vocab.numel() != cfg.draft_vocab or int(vocab.max()) >= target.config.vocab_size:
-        raise LessonkitError(f"{path}: its draft vocabulary does not index {target.name}'s {target.config.vocab_size} "
-                             "tokens")
+    try:
+        fh.check_fits(cfg, target)
+        fh.check_weights(cfg, w, target.config.vocab_size)
+    except LessonkitError as e:
+        raise LessonkitError(f"{path}: {e}") from None
+    if not any_numerics:
+        _check_numerics(path, meta, target)
     return cfg, {k: (v if k == "vocab" else v.float()) for k, v in w.items()}, meta
+
+
+def numerics_checked(path: Path, meta: dict) -> list[str]:
+    """The numerics a head was trained on (its metadata) and those its held-out acceptance was measured on since
+    (`numerics_checked` of the train_log.json beside it, when that log is this head's: same target and config)."""
+    log = Path(path).parent / "train_log.json"
+    try:
+        info = json.loads(log.read_text(encoding="utf-8")) if log.exists() else {}
+        ours = (info.get("target_fingerprint") == meta.get("target_fingerprint")
+                and info.get("numerics") == meta.get("numerics")
+                and json.dumps(info.get("config"), sort_keys=True) == json.dumps(json.loads(meta["config"]), sort_keys=True))
+    except (OSError, ValueError, AttributeError) as e:
+        raise LessonkitError(f"{log}: unreadable head log ({e})") from None
+    extra = [n for n in info.get("numerics_checked", []) if isinstance(n, str)] if ours else []
+    return list(dict.fromkeys([str(meta.get("numerics"))] + extra))
+
+
+def _check_numerics(path: Path, meta: dict, target) -> None:
+    """A head drafts beside the numerics it was trained or checked on only: on others its output would still be
+    exact (the target verifies), but its acceptance was never measured there."""
+    asked, checked = target_numerics(target), numerics_checked(path, meta)
+    if asked not in checked:
+        raise LessonkitError(f"{path}: a feature head trained on the {meta.get('numerics')} numerics and checked on "
+                             f"{', '.join(checked)}, not on the {asked} numerics {target.name} computes with "
+                             "(measure it there with lessonkit.measure.feature_head.check_head, or train one there)")
 
 
 def _room(buf: torch.Tensor, rows: int) -> torch.Tensor:
@@ -172,9 +202,9 @@ class FeatureHeadDrafter:
 
     name = "head"
 
-    def __init__(self, target, path: str | Path | None = None, *, step: str = "auto"):
+    def __init__(self, target, path: str | Path | None = None, *, step: str = "auto", any_numerics: bool = False):
         self.target = target
-        self.cfg, w, self.meta = load_head(target, path)
+        self.cfg, w, self.meta = load_head(target, path, any_numerics=any_numerics)
         self.w, self.vocab = w, w["vocab"]
         m = target.model
         norm = m.float_weight("norm").float()

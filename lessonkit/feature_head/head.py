@@ -65,12 +65,9 @@ def config_for(target, *, draft_vocab: int, intermediate_size: int | None = None
 def init_params(cfg: HeadConfig, vocab: torch.Tensor, seed: int = 0) -> dict:
     """Fresh trainable weights (a seeded normal init, small output projections) and the draft vocabulary."""
     g = torch.Generator().manual_seed(seed)
-    D, I, nq, nkv = cfg.dim, cfg.intermediate_size, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     lin = lambda o, i, s=1.0: torch.randn(o, i, generator=g) * (s / i ** 0.5)
-    w = {f"fuse_norm.{i}": torch.ones(D) for i in range(cfg.n_states)}
-    w |= {"fuse": lin(D, cfg.n_states * D), "enorm": torch.ones(D), "gnorm": torch.ones(D), "w_in": lin(D, 2 * D),
-          "attn_norm": torch.ones(D), "wq": lin(nq, D), "wk": lin(nkv, D), "wv": lin(nkv, D), "wo": lin(D, nq, 0.5),
-          "mlp_norm": torch.ones(D), "w_gate": lin(I, D), "w_up": lin(I, D), "w_down": lin(D, I, 0.5)}
+    w = {k: torch.ones(shape) if len(shape) == 1 else lin(*shape, 0.5 if k in ("wo", "w_down") else 1.0)
+         for k, shape in weight_shapes(cfg).items() if k != "vocab"}        # drawn in weight_shapes' order
     if vocab.numel() != cfg.draft_vocab:
         raise LessonkitError(f"draft vocabulary of {vocab.numel()} ids, config says {cfg.draft_vocab}")
     return {**w, "vocab": vocab.to(torch.long)}
@@ -85,6 +82,32 @@ def check_fits(cfg: HeadConfig, target) -> None:
         raise LessonkitError(f"feature head (D, H, G, hd, V = {got}, taps {cfg.taps}) was not made for "
                              f"{target.name} (D, H, G, hd, V = {want}, {c.n_layers} layers)")
 
+
+def weight_shapes(cfg: HeadConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor of a head file of this config (init_params' tensors)."""
+    D, I, nq, nkv = cfg.dim, cfg.intermediate_size, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    return {**{f"fuse_norm.{i}": (D,) for i in range(cfg.n_states)}, "fuse": (D, cfg.n_states * D), "enorm": (D,),
+            "gnorm": (D,), "w_in": (D, 2 * D), "attn_norm": (D,), "wq": (nq, D), "wk": (nkv, D), "wv": (nkv, D),
+            "wo": (D, nq), "mlp_norm": (D,), "w_gate": (I, D), "w_up": (I, D), "w_down": (D, I),
+            "vocab": (cfg.draft_vocab,)}
+
+
+def check_weights(cfg: HeadConfig, w: dict, vocab_size: int) -> None:
+    """One clear error when a head's tensors are not its config's shapes, or its draft vocabulary (distinct
+    token ids) does not index the target's vocabulary of vocab_size tokens."""
+    want = weight_shapes(cfg)
+    got = {k: tuple(v.shape) for k, v in w.items()}
+    if got != want:
+        bad = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+        raise LessonkitError("tensors not of its config's shapes: " + ", ".join(
+            f"{k} {got.get(k, 'missing')} (config: {want.get(k, 'none')})" for k in bad[:3]))
+    v = w["vocab"]
+    if v.is_floating_point() or v.is_complex() or v.dtype == torch.bool:
+        raise LessonkitError(f"its draft vocabulary is {v.dtype}, not token ids")
+    lo, hi = int(v.min()), int(v.max())
+    if lo < 0 or hi >= vocab_size or len(set(v.tolist())) != v.numel():
+        raise LessonkitError(f"its draft vocabulary (ids {lo} .. {hi}, {len(set(v.tolist()))} distinct of "
+                             f"{v.numel()}) does not index the target's {vocab_size} tokens")
 
 # ----------------------------------------------------------------------------- the forward (float, torch)
 def fuse(w: dict, cfg: HeadConfig, states: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from lessonkit.engine import active
 from lessonkit.errors import LessonkitError
 from lessonkit.feature_head.drafter import HEADS_DIR, FeatureHeadDrafter
 from lessonkit.files.atomic import atomic_write
@@ -27,6 +28,7 @@ from lessonkit.workloads.requests import requests
 
 
 CARD_REQUESTS = 12            # held-out requests per category the card measures (24 chat prompts are held out)
+CHECKS_TITLE = "## Checked on other numerics"
 
 
 def heldout_acceptance(target, drafter, *, per_category: int = CARD_REQUESTS, max_new: int = 64, k: int = 3,
@@ -73,6 +75,57 @@ def _sources(tc: dict) -> str:
     return " and ".join(parts) + f"; evaluation on {where} only"
 
 
+def _table(evaluation: dict) -> list[str]:
+    """The card's acceptance table: a row per category, acceptance at positions 1-3 and tokens per verify."""
+    lines = ["| category | position 1 | 2 | 3 | tokens per verify |", "|---|---|---|---|---|"]
+    for cat, e in evaluation.items():
+        a = e["acceptance_by_position"] + [float("nan")] * 3
+        lines.append(f"| {cat} | {a[0]:.2f} | {a[1]:.2f} | {a[2]:.2f} | {e['tokens_per_verify']:.2f} |")
+    return lines
+
+
+def _checks_lines(info: dict) -> list[str]:
+    """The card's section on the numerics the head was checked on after training (info["checks"]), if any."""
+    checks = info.get("checks") or {}
+    lines = ["", CHECKS_TITLE, "", f"The head drafts only beside the numerics it was trained or checked on "
+             f"(numerics_checked in train_log.json: {', '.join(info.get('numerics_checked', []))}; any other is "
+             "refused, docs/feature_head.md). Checked = its held-out acceptance measured there as above:"] if checks else []
+    for nm, c in checks.items():
+        lines += ["", f"**{nm} numerics** ({c['weights']} weights; greedy, k = {c['k']}, {c['per_category']} held-out "
+                  f"prompts per category x {c['max_new']} new tokens; {c['threads']} thread(s), {c['cpu']}, "
+                  f"{c['date']}, {c['seconds']:.0f} s)", ""] + _table(c["acceptance"])
+        lines += ["", f"Reproduce: `python -c \"from lessonkit.measure.feature_head import check_head; "
+                  f"check_head('{info['target']}', '{nm}', per_category={c['per_category']})\"`."]
+    return lines
+
+
+def check_head(model: str, numerics: str, folder: str | Path | None = None, *,
+               per_category: int = CARD_REQUESTS, progress: bool = True) -> dict:
+    """Check a trained head on other numerics: its held-out acceptance (as the card's, on `model` with its default
+    weights) measured on `numerics`, recorded in the train_log.json beside it (numerics_checked, so the head
+    loads there from now on, and the numbers under checks), in its card and its manifest. The measurement back."""
+    with active.use(numerics=numerics):
+        target = load_model(model)
+        folder = Path(folder) if folder is not None else HEADS_DIR / target.name
+        drafter = FeatureHeadDrafter(target, folder / "head.safetensors", any_numerics=True)
+        t0 = time.perf_counter()
+        evaluation = heldout_acceptance(target, drafter, per_category=per_category, progress=progress)
+        spent = time.perf_counter() - t0
+    info = json.loads((folder / "train_log.json").read_text(encoding="utf-8"))
+    info["numerics_checked"] = list(dict.fromkeys([info["numerics"], *info.get("numerics_checked", []), numerics]))
+    info.setdefault("checks", {})[numerics] = {
+        "weights": target.weights, "k": 3, "per_category": per_category, "max_new": 64, "acceptance": evaluation,
+        "threads": torch.get_num_threads(), "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
+        "seconds": round(spent, 1)}
+    atomic_write(folder / "train_log.json", json.dumps(info, indent=1).encode())
+    card = folder / "card.md"
+    if card.exists():                            # its checks section replaced (a head fresh from train() has none)
+        kept = card.read_text(encoding="utf-8").split("\n" + CHECKS_TITLE)[0].rstrip("\n")
+        atomic_write(card, ("\n".join([kept] + _checks_lines(info)) + "\n").encode())
+    write_manifest(folder, ["head.safetensors", "train_log.json", "card.md"])
+    return info["checks"][numerics]
+
+
 def write_card(folder: Path, info: dict, evaluation: dict, k: int) -> Path:
     cfg = info["config"]
     lines = [f"# Feature head for {info['target']}", "",
@@ -90,13 +143,9 @@ def write_card(folder: Path, info: dict, evaluation: dict, k: int) -> Path:
              "- draft-vocabulary coverage of the target's greedy picks in the training data: "
              + ", ".join(f"{c} {v:.1%}" for c, v in info["coverage"].items()), "",
              f"## Held-out acceptance (greedy, k = {k}, {CARD_REQUESTS} held-out prompts per category x 64 new tokens, "
-             "acceptance at position i given 1 .. i - 1 accepted)", "",
-             "| category | position 1 | 2 | 3 | tokens per verify |", "|---|---|---|---|---|"]
-    for cat, e in evaluation.items():
-        a = e["acceptance_by_position"] + [float("nan")] * 3
-        lines.append(f"| {cat} | {a[0]:.2f} | {a[1]:.2f} | {a[2]:.2f} | {e['tokens_per_verify']:.2f} |")
+             "acceptance at position i given 1 .. i - 1 accepted)", ""] + _table(evaluation)
     lines += ["", f"Reproduce: `lessonkit train-head --model {info['target']} --numerics {info['numerics']} "
-              "--threads 1` (deterministic at one thread for a given torch version)."]
+              "--threads 1` (deterministic at one thread for a given torch version)."] + _checks_lines(info)
     path = folder / "card.md"
     atomic_write(path, ("\n".join(lines) + "\n").encode())
     return path
