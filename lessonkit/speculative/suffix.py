@@ -23,6 +23,13 @@ frontier node one step down (creating the child or counting one more occurrence)
 rebuild. A context's longest match is the deepest frontier node that has children (the request: an earlier
 occurrence that went on) or the deepest node the context's suffix reaches in the store's trie.
 
+A new request keeps what it shares with the last one (`reset`): where the new prompt starts with a prefix of the
+previous request's text (prompt and output) longer than the rest of that text, the request's trie is cut back to
+that prefix (`truncate`: the substrings that end after it lose their count; nodes at 0 go) and only the new tokens
+are fed. What is left is the trie the prefix alone builds, down to the order of every node's children (which breaks
+ties between equal counts), so every draft is the one a fresh trie gives. Behind the capstone judge's shared prompt
+(537 tokens) a reset went from ~7 ms (plus garbage collections of its ~11,500 new nodes: ~19 ms on average) to 0.3 ms.
+
 Proposing, from the match node (`greedy_path`): take the child with the largest count, again and again: the
 most frequent continuation. Each step's estimated acceptance is count(child) / count(all children), and
 their product p_i estimates the chance that the first i drafts are all accepted; the score sum(p_i) is the
@@ -105,18 +112,43 @@ class SuffixTrie:
             frontier = self.extend(frontier, t)
 
     def remove(self, tokens: list[int]) -> None:
-        """Undo `add(tokens)`: one occurrence less on every path; nodes that reach 0 go (with the chain below
-        them, which this sequence alone held: a child never counts more than its parent)."""
-        for i in range(len(tokens)):
-            node, path = self.root, tokens[i:i + self.depth]
+        """Undo `add(tokens)`: one occurrence less on every path."""
+        self.truncate(tokens, 0)
+
+    def truncate(self, text: list[int], keep: int) -> list[Node]:
+        """The trie holds `text` (added as one sequence); undo the extends of text[keep:], leaving the trie that
+        text[:keep] alone builds (the same nodes, counts and order of children), and return text[:keep]'s frontier.
+        Only the substrings that end at keep or later lose an occurrence: O((len(text) - keep + depth) * depth).
+        A node that reaches 0 goes with the chain below it, which this occurrence alone held (a child never counts
+        more than its parent)."""
+        frontier = [self.root] + [None] * min(self.depth, keep)
+        for i in range(max(0, keep - self.depth), len(text)):
+            node, path = self.root, text[i:i + self.depth]
             for j, t in enumerate(path):
                 nxt = node.children[t]
-                nxt.count -= 1
-                if nxt.count == 0:
+                if i + j < keep:                # a substring of the kept text: stays
+                    if i + j == keep - 1:
+                        frontier[keep - i] = nxt
+                elif nxt.count == 1:            # made after keep: goes, with the chain below it
                     del node.children[t]
+                    if not node.children:
+                        node.children = None
                     self.nodes -= len(path) - j
                     break
+                else:
+                    nxt.count -= 1
                 node = nxt
+        return frontier
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens a and b start with in common."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def follow(match: list[Node], token: int, max_match: int) -> list[Node]:
@@ -215,17 +247,35 @@ class SuffixDrafter:
         self.acceptance = {(src, u): [PRIOR[u] * PRIOR_OFFERED, PRIOR_OFFERED] for src in ("request", "store")
                            for u in (False, True)}
         self._pending = None        # the last cost-aware proposal: (context length, [(token, source, unanimous)])
+        self.seen: list[int] = []   # the text the request's trie holds
         self.reset([])
 
     def reset(self, prompt_ids: list[int]) -> None:
-        self.trie = SuffixTrie(self.depth)                      # the request's own trie
-        self.frontier = [self.trie.root]
-        self.store_match = [self.store.trie.root] if self.store is not None else None
-        self.seen: list[int] = []
+        """A new request. Its trie (the request's own) keeps what the previous request's text shares with the new
+        prompt (`_kept`) and feeds the rest; the store's match is found again (the store may have learnt since)."""
+        prompt = list(prompt_ids)
+        keep = self._kept(prompt)
+        if keep:
+            self.frontier = self.trie.truncate(self.seen, keep)
+        else:
+            self.trie = SuffixTrie(self.depth)
+            self.frontier = [self.trie.root]
+        self.seen = prompt[:keep]
+        self.store_match = None
+        if self.store is not None:      # the kept text's longest suffix in the store: its last max_match tokens decide
+            self.store_match = [self.store.trie.root]
+            for t in prompt[max(0, keep - self.max_match):keep]:
+                self.store_match = follow(self.store_match, t, self.max_match)
         self._pending = None
         self._context = None        # the context of the last update, not yet indexed
-        self.prompt_len = len(prompt_ids)
-        self._feed(list(prompt_ids))
+        self.prompt_len = len(prompt)
+        self._feed(prompt[keep:])
+
+    def _kept(self, prompt: list[int]) -> int:
+        """How many of the previous text's tokens the new request's trie keeps: the prefix it shares with the new
+        prompt, where that is longer than the rest of the previous text (which must be undone); else 0 (built anew)."""
+        keep = common_prefix(self.seen, prompt)
+        return keep if keep > len(self.seen) - keep else 0
 
     def _feed(self, tokens: list[int]) -> None:
         trie, frontier, match, mm = self.trie, self.frontier, self.store_match, self.max_match
