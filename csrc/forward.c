@@ -53,6 +53,11 @@ x [M, D]: the embeddings in (or looked up here from tokens [M] when tokens is no
   (what the PyTorch forward returns as its hidden state).
 logits [M - first, V]: the output layer for rows first .. M - 1 (first = M - 1: the last row only).
 
+Paths. Attention has a portable copy (attention_body) and, for heads of 32 or 64 values, AVX2 and AVX-512
+copies that compute the same floats with more of them in flight: scores for 8 keys at once (the lane tree by
+shuffles), exp on 8 lanes, the output held in registers across the keys. Tests compare every path's logits
+with the portable path's, bit for bit.
+
 Threads. Products split their strips over the pool (pool.c); attention splits its (row, head) pairs; each
 value is still computed by one thread in one order. The elementwise stages run on the calling thread. */
 #include "kernel_impl.h"
@@ -199,6 +204,135 @@ static void attention_portable(void *ctx, int part, int parts, int thread)
 }
 
 #if HAVE_X86
+/* AVX2, heads of NV x 8 values: attention_body's floats, computed with more of them in flight. The scores take
+   8 keys at a time: 8 accumulators of 8 lanes (each lane's terms in order, a multiply then an add, as
+   dot_lanes), then the lane tree for all 8 keys at once (a transpose by shuffles: step 1 adds l and l + 4, step 2
+   (l0 + l4) + (l2 + l6) and (l1 + l5) + (l3 + l7), step 3 their sum; IEEE addition is commutative, so operand
+   order within an add changes no bit). The weighted sum of values keeps the NV vectors of o in registers across
+   the keys (the same chain per element, in key order) instead of loading and storing o for every key. */
+RK_TARGET("avx2") static inline __m256 lane_tree_x8(const __m256 a[8])
+{
+    __m256 m[4], y[2];
+    for (int p = 0; p < 4; p++)       /* [key 2p: l_i + l_i+4, i < 4 | key 2p + 1: the same] */
+        m[p] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x31));
+    for (int p = 0; p < 2; p++)       /* [key 4p: u, w, key 4p + 2: u, w | keys 4p + 1, 4p + 3] */
+        y[p] = _mm256_add_ps(_mm256_shuffle_ps(m[2 * p], m[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(m[2 * p], m[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 z = _mm256_add_ps(_mm256_shuffle_ps(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(z, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));   /* keys 0, 2, 4, 6 | 1, 3, 5, 7 */
+}
+
+/* exp_lk on 8 lanes: the same operations in the same order (no fused multiply-add; the clamp and the edges by
+   compare and blend: NaN fails every ordered compare, as in the C) */
+RK_TARGET("avx2") static inline __m256 exp_lk_x8(__m256 x)
+{
+    const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.3f), shift = _mm256_set1_ps(12582912.0f);
+    const __m256 below = _mm256_cmp_ps(x, lo, _CMP_LT_OQ), above = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
+    const __m256 xc = _mm256_blendv_ps(_mm256_blendv_ps(x, hi, above), lo, below);
+    const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)), shift),
+                                   shift);
+    __m256 r = _mm256_sub_ps(xc, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+    const __m256 z = _mm256_mul_ps(r, r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, z), r), _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 e = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+    e = _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), above);
+    e = _mm256_blendv_ps(e, _mm256_setzero_ps(), below);
+    return _mm256_blendv_ps(e, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+/* softmax's numerators in place: mx = the largest score (a running maximum per lane, then across lanes: the
+   same value as attention_body's scan; NaN never wins a compare in either; a zero's sign cannot change
+   exp(s - mx)), then exp(s - mx) */
+RK_TARGET("avx2") static inline void softmax_numerators_x8(float *sc, int64_t S)
+{
+    int64_t j = 0;
+    float mx = -INFINITY;
+    if (S >= 8) {
+        __m256 m = _mm256_set1_ps(-INFINITY);
+        for (; j + 8 <= S; j += 8) {
+            const __m256 v = _mm256_loadu_ps(sc + j);
+            m = _mm256_blendv_ps(m, v, _mm256_cmp_ps(v, m, _CMP_GT_OQ));
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, m);
+        for (int l = 0; l < 8; l++) mx = lanes[l] > mx ? lanes[l] : mx;
+    }
+    for (; j < S; j++) mx = sc[j] > mx ? sc[j] : mx;
+    const __m256 mv = _mm256_set1_ps(mx);
+    for (j = 0; j + 8 <= S; j += 8) _mm256_storeu_ps(sc + j, exp_lk_x8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mv)));
+    for (; j < S; j++) sc[j] = exp_lk(sc[j] - mx);
+}
+
+/* the weighted sum of values, o = o + e_j * v_j over the keys in order, then o / sum: NV vectors of 8 (AVX2) or
+   NV / 2 of 16 (AVX-512) held in registers; every element's chain is attention_body's */
+#define VALUES_AVX2(NV)                                                                                    \
+    const __m256 sum = _mm256_set1_ps(total);                                                               \
+    __m256 o[NV];                                                                                           \
+    UNROLL for (int c = 0; c < NV; c++) o[c] = _mm256_setzero_ps();                                         \
+    for (j = 0; j < S; j++) {                                                                               \
+        const __m256 e = _mm256_set1_ps(sc[j]);                                                             \
+        const float *vr = vg + j * a->nkv;                                                                  \
+        UNROLL for (int c = 0; c < NV; c++)                                                                 \
+            o[c] = _mm256_add_ps(o[c], _mm256_mul_ps(e, _mm256_loadu_ps(vr + 8 * c)));                      \
+    }                                                                                                       \
+    UNROLL for (int c = 0; c < NV; c++) _mm256_storeu_ps(out + 8 * c, _mm256_div_ps(o[c], sum));
+#define VALUES_AVX512(NV)                                                                                  \
+    const __m512 sum = _mm512_set1_ps(total);                                                               \
+    __m512 o[NV / 2];                                                                                       \
+    UNROLL for (int c = 0; c < NV / 2; c++) o[c] = _mm512_setzero_ps();                                     \
+    for (j = 0; j < S; j++) {                                                                               \
+        const __m512 e = _mm512_set1_ps(sc[j]);                                                             \
+        const float *vr = vg + j * a->nkv;                                                                  \
+        UNROLL for (int c = 0; c < NV / 2; c++)                                                             \
+            o[c] = _mm512_add_ps(o[c], _mm512_mul_ps(e, _mm512_loadu_ps(vr + 16 * c)));                     \
+    }                                                                                                       \
+    UNROLL for (int c = 0; c < NV / 2; c++) _mm512_storeu_ps(out + 16 * c, _mm512_div_ps(o[c], sum));
+
+/* heads of NV x 8 values on ISA (AVX2 or AVX512: the values' vector width; the scores take 8-wide vectors) */
+#define DEFINE_ATTENTION(ISA, TARGET, NV)                                                                  \
+RK_TARGET(TARGET) static void attention_##ISA##_##NV(void *ctx, int part, int parts, int thread)          \
+{                                                                                                           \
+    const attention_t *a = (const attention_t *)ctx;                                                       \
+    const int64_t p0 = a->pairs * part / parts, p1 = a->pairs * (part + 1) / parts, rep = a->H / a->G;     \
+    const __m256 scale = _mm256_set1_ps(a->scale);                                                          \
+    float *sc = a->scores + (int64_t)thread * a->slen;                                                      \
+    for (int64_t pr = p0; pr < p1; pr++) {                                                                  \
+        const int64_t r = pr / a->H, h = pr % a->H, g = h / rep, S = a->start + r + 1;                     \
+        const float *q = a->qkv + r * a->ldqkv + h * a->hd, *kg = a->k + g * a->hd, *vg = a->v + g * a->hd; \
+        __m256 qv[NV];                                                                                      \
+        UNROLL for (int c = 0; c < NV; c++) qv[c] = _mm256_loadu_ps(q + 8 * c);                             \
+        int64_t j = 0;                                                                                      \
+        for (; j + 8 <= S; j += 8) {                                                                        \
+            __m256 acc[8];                                                                                  \
+            UNROLL for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();                                \
+            UNROLL for (int c = 0; c < NV; c++)                                                             \
+                UNROLL for (int t = 0; t < 8; t++)                                                          \
+                    acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(qv[c],                                     \
+                                 _mm256_loadu_ps(kg + (j + t) * a->nkv + 8 * c)));                          \
+            _mm256_storeu_ps(sc + j, _mm256_mul_ps(lane_tree_x8(acc), scale));                              \
+        }                                                                                                   \
+        for (; j < S; j++) sc[j] = dot_lanes(q, kg + j * a->nkv, a->hd) * a->scale;                         \
+        softmax_numerators_x8(sc, S);                                                                       \
+        const float total = sum_lanes(sc, S);                                                               \
+        float *out = a->out + r * a->H * a->hd + h * a->hd;                                                \
+        VALUES_##ISA(NV)                                                                                    \
+    }                                                                                                       \
+}
+DEFINE_ATTENTION(AVX2, "avx2", 4)
+DEFINE_ATTENTION(AVX2, "avx2", 8)
+DEFINE_ATTENTION(AVX512, "avx512f,avx2", 4)
+DEFINE_ATTENTION(AVX512, "avx512f,avx2", 8)
+
 RK_TARGET("avx2") static void attention_avx2(void *ctx, int part, int parts, int thread)
 {
     attention_body((const attention_t *)ctx, part, parts, thread);
@@ -210,7 +344,10 @@ static void run_attention(attention_t *a)
 {
     void (*part)(void *, int, int, int) = attention_portable;
 #if HAVE_X86
-    if (a->isa != PATH_PORTABLE) part = attention_avx2;
+    if (a->isa == PATH_AVX2)        /* heads of 32 or 64 values (the models here): the register-held copies */
+        part = a->hd == 32 ? attention_AVX2_4 : a->hd == 64 ? attention_AVX2_8 : attention_avx2;
+    if (a->isa == PATH_AVX512)
+        part = a->hd == 32 ? attention_AVX512_4 : a->hd == 64 ? attention_AVX512_8 : attention_avx2;
 #endif
     pool_run(part, a, a->pairs, 0, NULL);
 }

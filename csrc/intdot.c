@@ -37,15 +37,75 @@ Paths:
                the 8 pairs of a block's column <= 30,480 fit int16; Q8_0 takes |w| unsigned and x * sign(w), a
                pair <= 2 * 128 * 127 = 32,512 fits, widened to int32 at once), then vpmaddwd by ones.
   portable:    plain C, the reference the others are tested against bit for bit.
+The activations' rounding (quantise_rows) takes 8 lanes at a time on AVX2 and AVX-512 (quantise_block_avx2):
+the same float operations, the ties and the clamp by compare and blend.
 PATH_NO_VNNI makes an AVX-512 product take the BW instructions (tests compare the two on VNNI CPUs). */
 
 #include "kernel_impl.h"   /* qx_t, kind_t, path_t, half_to_float, fma_portable; block_q41i, block_q80i: format.h */
 
-/* rows x [m, k] -> q [m, k] int8, d, s and the code sums [m, k / 32]: the rounding above */
+#if HAVE_X86
+/* one block of 32 inputs on AVX2: the same operations as the loop below, 8 lanes at a time. amax: a running
+   maximum per lane, then across lanes (|x| >= 0 and NaN never wins a compare, so any order gives the same
+   value); the rounding by compare and blend; the codes packed to bytes in input order; the sum in int32
+   (exact in any order). Returns the code sum, writes *db. */
+AVX2H static int32_t quantise_block_avx2(const float *xb, int8_t *qb, float *db_out)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], amax8 = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(xb + 8 * i);
+        amax8 = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), amax8);     /* a > amax ? a : amax */
+    }
+    float lanes[8], amax = 0.0f;
+    _mm256_storeu_ps(lanes, amax8);
+    for (int l = 0; l < 8; l++) amax = lanes[l] > amax ? lanes[l] : amax;
+    const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+    const __m256 idv = _mm256_set1_ps(id), top = _mm256_set1_ps(127.0f), bottom = _mm256_set1_ps(-127.0f);
+    const __m256 half = _mm256_set1_ps(0.5f), mhalf = _mm256_set1_ps(-0.5f);
+    __m256i qi[4], sum = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) {
+        __m256 x = _mm256_mul_ps(v[i], idv);
+        x = _mm256_blendv_ps(x, _mm256_setzero_ps(), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+        x = _mm256_blendv_ps(x, top, _mm256_cmp_ps(x, top, _CMP_GT_OQ));
+        x = _mm256_blendv_ps(x, bottom, _mm256_cmp_ps(x, bottom, _CMP_LT_OQ));
+        const __m256i t = _mm256_cvttps_epi32(x);
+        const __m256 frac = _mm256_sub_ps(x, _mm256_cvtepi32_ps(t));
+        const __m256i up = _mm256_castps_si256(_mm256_cmp_ps(frac, half, _CMP_GE_OQ));     /* -1 where true */
+        const __m256i down = _mm256_castps_si256(_mm256_cmp_ps(frac, mhalf, _CMP_LE_OQ));
+        qi[i] = _mm256_add_epi32(_mm256_sub_epi32(t, up), down);
+        qi[i] = _mm256_max_epi32(_mm256_min_epi32(qi[i], _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+        sum = _mm256_add_epi32(sum, qi[i]);
+    }
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    _mm256_storeu_si256((__m256i *)qb, _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    int32_t part[8], total = 0;
+    _mm256_storeu_si256((__m256i *)part, sum);
+    for (int l = 0; l < 8; l++) total += part[l];
+    *db_out = db;
+    return total;
+}
+#endif
+
+/* rows x [m, k] -> q [m, k] int8, d, s and the code sums [m, k / 32]: the rounding above (AVX2 or AVX-512:
+   quantise_block_avx2, the same bits) */
 void quantise_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int8_t *q, float *d, float *s,
-                   int32_t *sums)
+                   int32_t *sums, enum rk_isa isa)
 {
     const int64_t nb = k / QK;
+#if HAVE_X86
+    if (isa != PATH_PORTABLE) {
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t b = 0; b < nb; b++) {
+                float db;
+                const int32_t sum = quantise_block_avx2(x + r * ldx + b * QK, q + r * k + b * QK, &db);
+                d[r * nb + b] = db;
+                s[r * nb + b] = db * (float)sum;
+                sums[r * nb + b] = sum;
+            }
+        return;
+    }
+#endif
+    (void)isa;
     for (int64_t r = 0; r < m; r++)
         for (int64_t b = 0; b < nb; b++) {
             const float *xb = x + r * ldx + b * QK;

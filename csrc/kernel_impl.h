@@ -157,7 +157,8 @@ typedef struct {
     const int32_t *sums;     /* [m, k / 32] code sums (the VNNI Q8_0 dot's correction) */
 } qx_t;
 
-void quantise_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int8_t *q, float *d, float *s, int32_t *sums);
+void quantise_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int8_t *q, float *d, float *s, int32_t *sums,
+                   enum rk_isa isa);
 void repack_int(const uint8_t *src, int kind, int64_t k, int64_t ns, uint8_t *dst);
 void int_product(const qx_t *qx, int64_t m, int64_t k, const uint8_t *w, int kind, const kind_t *kt, float *y,
                  int64_t ldy, int64_t n, const path_t *path);

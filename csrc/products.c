@@ -569,7 +569,7 @@ int run_product(product_t *p)
     float *d = (float *)(buf + qbytes), *s = d + p->m * nb;
     int32_t *sums = (int32_t *)(s + p->m * nb);
     qx_t qx = {(const int8_t *)buf, d, s, sums};
-    quantise_rows(p->x, p->ldx, p->m, p->k, (int8_t *)buf, d, s, sums);
+    quantise_rows(p->x, p->ldx, p->m, p->k, (int8_t *)buf, d, s, sums, p->path.isa);
     p->qx = &qx;
     const int rc = run_product_on(p);
     free(buf);

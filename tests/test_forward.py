@@ -140,14 +140,20 @@ def test_thread_counts_give_the_same_bits(model):
 
 @needs_c
 @pytest.mark.skipif(len(PATHS) < 2, reason="one kernel path on this CPU")
-def test_avx2_and_portable_paths_give_the_same_bits():
+@pytest.mark.parametrize("name", ["smollm2-135m", "tiny-moe"])     # heads of 64 and 32 values
+def test_every_simd_path_gives_the_portable_bits(name):
+    """Attention's AVX2 and AVX-512 copies take the keys 8 at a time (csrc/forward.c): 40 positions cover whole
+    blocks of 8, a tail, and rows whose key count is a multiple of 8."""
     with active.use(kernel="portable"):
-        portable = load_model("smollm2-135m")
+        portable = load_model(name)
     assert portable.model.c_forward is not None and not portable.model.c_forward.path
-    avx2 = load_model("smollm2-135m")
-    assert avx2.model.c_forward.path
-    ids = PROMPT[:20]
-    assert torch.equal(run(portable, chunked(ids, [7, 1])), run(avx2, chunked(ids, [7, 1])))
+    ids = chunked(vocab_ids(portable, PROMPT)[:40], [7, 25, 8, 1])
+    want = run(portable, ids)
+    for path in [p for p in PATHS if p != "portable"]:
+        with active.use(kernel=path):
+            simd = load_model(name)
+            assert simd.model.c_forward.path
+            assert torch.equal(run(simd, ids), want), path
 
 
 @needs_c

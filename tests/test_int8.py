@@ -83,6 +83,22 @@ def test_every_isa_path_gives_the_portable_bits(weight, name, path):
 
 @needs_c
 @pytest.mark.parametrize("name,path", PATHS, ids=[p[0] for p in PATHS])
+def test_the_rounding_edges_give_the_portable_bits(weight, name, path):
+    """The activations' rounding at its edges (csrc/intdot.c: quantise_rows; the SIMD paths quantise 8 lanes at
+    a time): ties (x / d = k + 1/2 exactly, with d = 1), the clamp, a NaN, an infinity, subnormals, a zero block.
+    Compared as bits, so NaN outputs compare too."""
+    x = torch.randn(6, weight.k, generator=torch.Generator().manual_seed(5))
+    ties = torch.tensor([127.0, 2.5, -3.5, 0.5, -0.5, 126.5, -126.5, 1.5] * 4)    # amax 127: d = 1, id = 1
+    x[0, :32], x[1, 32:64] = ties, -ties
+    x[2, 64:96] = ties * 2.0 ** -130                     # subnormal: d and id overflow or underflow
+    x[3, 5], x[4, 100] = float("nan"), float("inf")
+    x[5, :] = 0.0
+    got, want = product(weight, x, path), product(weight, x, ISA("portable"))
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), name
+
+
+@needs_c
+@pytest.mark.parametrize("name,path", PATHS, ids=[p[0] for p in PATHS])
 def test_rows_do_not_depend_on_the_width_or_the_rows_beside_them(weight, name, path):
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(16, weight.k, generator=gen) * 3
