@@ -28,7 +28,8 @@ previous request's text (prompt and output) longer than the rest of that text, t
 that prefix (`truncate`: the substrings that end after it lose their count; nodes at 0 go) and only the new tokens
 are fed. What is left is the trie the prefix alone builds, down to the order of every node's children (which breaks
 ties between equal counts), so every draft is the one a fresh trie gives. Behind the capstone judge's shared prompt
-(537 tokens) a reset went from ~7 ms (plus garbage collections of its ~11,500 new nodes: ~19 ms on average) to 0.3 ms.
+(537 tokens) a reset went from 7-12 ms (19-31 ms on average with the garbage collections its ~11,500 new nodes set
+off) to 0.3-0.4 ms (docs/speculative.md, "The capstone's judge").
 
 Proposing, from the match node (`greedy_path`): take the child with the largest count, again and again: the
 most frequent continuation. Each step's estimated acceptance is count(child) / count(all children), and
