@@ -127,14 +127,7 @@ FWD_INLINE float exp_lk(float x)
     return x != x ? x : x < -87.3f ? 0.0f : x > 88.3f ? INFINITY : e;
 }
 
-RK_EXPORT int32_t rk_exp_many(uintptr_t x, uintptr_t out, int64_t n)
-{
-    const float *px = (const float *)x;
-    float *po = (float *)out;
-    if (n < 0) return RK_BAD_SIZES;
-    for (int64_t i = 0; i < n; i++) po[i] = exp_lk(px[i]);
-    return RK_OK;
-}
+
 
 static void rms_rows(const float *x, const float *w, float *out, int64_t m, int64_t d, float eps)
 {
@@ -174,12 +167,20 @@ typedef struct {
     enum rk_isa isa;
 } attention_t;
 
+/* the row of pair pr: rows taken from both ends in turn (0, M - 1, 1, M - 2, ...), so that the pool's
+   contiguous chunks of pairs hold about the same number of keys (row r attends to start + r + 1 of them) */
+FWD_INLINE int64_t pair_row(const attention_t *a, int64_t pr)
+{
+    const int64_t i = pr / a->H, m = a->pairs / a->H;
+    return i % 2 ? m - 1 - i / 2 : i / 2;
+}
+
 FWD_INLINE void attention_body(const attention_t *a, int part, int parts, int thread)
 {
     const int64_t p0 = a->pairs * part / parts, p1 = a->pairs * (part + 1) / parts, rep = a->H / a->G;
     float *sc = a->scores + (int64_t)thread * a->slen;
     for (int64_t pr = p0; pr < p1; pr++) {
-        const int64_t r = pr / a->H, h = pr % a->H, g = h / rep, S = a->start + r + 1;
+        const int64_t r = pair_row(a, pr), h = pr % a->H, g = h / rep, S = a->start + r + 1;
         const float *q = a->qkv + r * a->ldqkv + h * a->hd;
         float mx = -INFINITY;
         for (int64_t j = 0; j < S; j++) {
@@ -307,7 +308,7 @@ RK_TARGET(TARGET) static void attention_##ISA##_##NV(void *ctx, int part, int pa
     const __m256 scale = _mm256_set1_ps(a->scale);                                                          \
     float *sc = a->scores + (int64_t)thread * a->slen;                                                      \
     for (int64_t pr = p0; pr < p1; pr++) {                                                                  \
-        const int64_t r = pr / a->H, h = pr % a->H, g = h / rep, S = a->start + r + 1;                     \
+        const int64_t r = pair_row(a, pr), h = pr % a->H, g = h / rep, S = a->start + r + 1;               \
         const float *q = a->qkv + r * a->ldqkv + h * a->hd, *kg = a->k + g * a->hd, *vg = a->v + g * a->hd; \
         __m256 qv[NV];                                                                                      \
         UNROLL for (int c = 0; c < NV; c++) qv[c] = _mm256_loadu_ps(q + 8 * c);                             \
@@ -333,11 +334,35 @@ DEFINE_ATTENTION(AVX2, "avx2", 8)
 DEFINE_ATTENTION(AVX512, "avx512f,avx2", 4)
 DEFINE_ATTENTION(AVX512, "avx512f,avx2", 8)
 
+RK_TARGET("avx2") static int64_t exp_many_avx2(const float *x, float *out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, exp_lk_x8(_mm256_loadu_ps(x + i)));
+    return i;
+}
+
 RK_TARGET("avx2") static void attention_avx2(void *ctx, int part, int parts, int thread)
 {
     attention_body((const attention_t *)ctx, part, parts, thread);
 }
 #endif
+
+/* exp_lk over n floats on the path's ISA (AVX2 and AVX-512: exp_lk_x8, 8 at a time; tests compare the bits) */
+RK_EXPORT int32_t rk_exp_many(uintptr_t x, uintptr_t out, int64_t n, int32_t path)
+{
+    const float *px = (const float *)x;
+    float *po = (float *)out;
+    path_t how;
+    const int32_t rc = decode_path(path & PATH_ISA, &how);
+    if (rc != RK_OK) return rc;
+    if (n < 0) return RK_BAD_SIZES;
+    int64_t i = 0;
+#if HAVE_X86
+    if (how.isa != PATH_PORTABLE) i = exp_many_avx2(px, po, n);
+#endif
+    for (; i < n; i++) po[i] = exp_lk(px[i]);
+    return RK_OK;
+}
 
 /* the attention pairs on the pool when it is free, else alone (as a product) */
 static void run_attention(attention_t *a)
@@ -404,7 +429,21 @@ FWD_INLINE void swiglu_body(float *gu, int64_t m, int64_t I)
 
 static void swiglu_portable(float *gu, int64_t m, int64_t I) { swiglu_body(gu, m, I); }
 #if HAVE_X86
-RK_TARGET("avx2") static void swiglu_avx2(float *gu, int64_t m, int64_t I) { swiglu_body(gu, m, I); }
+/* swiglu_body on 8 lanes (exp_lk_x8: the same floats); the tail of a row as swiglu_body */
+RK_TARGET("avx2") static void swiglu_avx2(float *gu, int64_t m, int64_t I)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    for (int64_t r = 0; r < m; r++) {
+        float *g = gu + r * 2 * I;
+        int64_t i = 0;
+        for (; i + 8 <= I; i += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + i);
+            const __m256 e = exp_lk_x8(_mm256_xor_ps(gv, sign));
+            _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(g + I + i)));
+        }
+        for (; i < I; i++) g[i] = g[i] / (1.0f + exp_lk(-g[i])) * g[I + i];
+    }
+}
 #endif
 
 static void swiglu_rows(float *gu, int64_t m, int64_t I, enum rk_isa isa)

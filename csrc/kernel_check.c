@@ -504,7 +504,7 @@ static void test_forward(int path, int moe, const char *prefix)
 }
 
 /* [-100, 100] in 2^20 steps, the edges of exp_lk's range, specials, and 2^16 random bit patterns */
-static void test_exp_many(void)
+static void test_exp_many(int path)
 {
     const int64_t steps = 1 << 20, nrand = 1 << 16;
     static const float EDGES[] = {0.0f, -0.0f, 1.0f, -1.0f, 88.3f, -87.3f, 88.72283f, -103.97f, 1e-30f, -1e-30f,
@@ -517,7 +517,7 @@ static void test_exp_many(void)
     const uint32_t specials[3] = {0x7f800000u, 0xff800000u, 0x7fc00000u};    /* inf, -inf, nan */
     for (int s = 0; s < 3; s++) memcpy(&x[i++], &specials[s], 4);
     for (int64_t s = 0; s < nrand; s++) { const uint32_t u = (uint32_t)next_u64(); memcpy(&x[i++], &u, 4); }
-    check_rc("rk_exp_many", rk.exp_many((uintptr_t)x, (uintptr_t)o, n));
+    check_rc("rk_exp_many", rk.exp_many((uintptr_t)x, (uintptr_t)o, n, path));
     hash_t h = {0xcbf29ce484222325ull};
     hash_floats(&h, o, (size_t)n);
     printf("exp_many %016llx\n", (unsigned long long)h.h);
@@ -737,7 +737,7 @@ int main(int argc, char **argv)
     test_forward(path, 0, "forward_int8");
     test_forward(path, 1, "forward_moe_int8");
     int_layout = 0;
-    test_exp_many();
+    test_exp_many(path);
     test_fma();
     fflush(stdout);
     return 0;

@@ -30,7 +30,7 @@ number. */
 
 #include <stdint.h>
 
-#define RK_ABI 10
+#define RK_ABI 11
 
 enum {
     RK_OK = 0,
@@ -105,7 +105,7 @@ RK_API int32_t rk_dequantise(uintptr_t w, int32_t kind, int64_t k, int64_t n, ui
 RK_API int32_t rk_repack_int(uintptr_t src, int32_t kind, int64_t k, int64_t n, uintptr_t dst);
 RK_API int32_t rk_set_threads(int32_t n, int32_t *in_use);
 RK_API int32_t rk_fma_many(uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t out, int64_t n, int32_t how);
-RK_API int32_t rk_exp_many(uintptr_t x, uintptr_t out, int64_t n);
+RK_API int32_t rk_exp_many(uintptr_t x, uintptr_t out, int64_t n, int32_t path);
 RK_API int32_t rk_profile(int32_t on, uintptr_t out);
 RK_API int32_t rk_forward(const struct rk_model *model, const struct rk_batch *batch);
 RK_API int32_t rk_draft_greedy(const struct rk_model *model, const struct rk_batch *batch, int64_t k, uintptr_t ids,

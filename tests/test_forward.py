@@ -65,6 +65,21 @@ def test_exp_is_within_two_ulp_and_handles_the_edges():
 
 
 @needs_c
+@pytest.mark.parametrize("path", [p for p in PATHS if p != "portable"])
+def test_every_simd_exp_gives_the_portable_bits(path):
+    """The SIMD copies of exp (8 lanes: softmax and SwiGLU) against the portable one, bit for bit: a sweep over
+    its range, the clamps and specials, and random bit patterns; 8 + 3 floats so a tail runs the scalar copy."""
+    x = torch.cat([torch.linspace(-100.0, 100.0, 100_003), torch.tensor([-87.3, 88.3, -87.31, 88.31, -0.0, 0.0,
+                   math.inf, -math.inf, math.nan, 1e-45, -1e-45]),
+                   torch.randint(-2**31, 2**31, (65_536,), dtype=torch.int64, generator=torch.Generator().manual_seed(7))
+                   .to(torch.int32).view(torch.float32)])
+    want, got = torch.empty_like(x), torch.empty_like(x)
+    K._rowkernel.exp_many(x.data_ptr(), want.data_ptr(), x.numel(), K.ISA_NAMES.index("portable"))
+    K._rowkernel.exp_many(x.data_ptr(), got.data_ptr(), x.numel(), K.ISA_NAMES.index(path))
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), path
+
+
+@needs_c
 def test_every_model_takes_the_c_forward(model):
     assert model.model.c_forward is not None, model.model.forward_why
 

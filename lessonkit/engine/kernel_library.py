@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lessonkit.files.resources import PACKAGE_DIR
 
-ABI = 10                                # csrc/rowkernel.c's rk_abi() this module calls
+ABI = 11                                # csrc/rowkernel.c's rk_abi() this module calls
 KERNELS = PACKAGE_DIR / "engine" / "kernels"      # the shipped binaries (csrc/build_kernels.py)
 _SYSTEMS = {"linux": ("linux", ".so"), "win32": ("windows", ".dll"), "darwin": ("macos", ".dylib")}
 _MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}
@@ -87,7 +87,7 @@ class KernelLibrary:
         "rk_fma_many": [_ADDR, _ADDR, _ADDR, _ADDR, _I64, _I32],
         "rk_forward": [ctypes.POINTER(RkModel), ctypes.POINTER(RkBatch)],
         "rk_draft_greedy": [ctypes.POINTER(RkModel), ctypes.POINTER(RkBatch), _I64, _ADDR, _ADDR, _ADDR],
-        "rk_exp_many": [_ADDR, _ADDR, _I64],
+        "rk_exp_many": [_ADDR, _ADDR, _I64, _I32],
         "rk_profile": [_I32, _ADDR],
     }
 
@@ -184,9 +184,9 @@ class KernelLibrary:
         self._check("profile", self.lib.rk_profile(int(on), ctypes.addressof(out)))
         return dict(zip(self.PROFILE_GROUPS, out))
 
-    def exp_many(self, x, out, n) -> None:
-        """out[i] = the forward's exp(x[i]) (csrc/forward.c exp_lk)"""
-        self._check("exp_many", self.lib.rk_exp_many(x, out, n))
+    def exp_many(self, x, out, n, path: int = 0) -> None:
+        """out[i] = the forward's exp(x[i]) (csrc/forward.c exp_lk) on the path word's ISA"""
+        self._check("exp_many", self.lib.rk_exp_many(x, out, n, path))
 
     def fma_many(self, a, b, c, out, n, how) -> None:
         """out[i] = fma(a[i], b[i], c[i]); how 1: the portable path's fma on this CPU, 0: the software fma"""
