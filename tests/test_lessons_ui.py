@@ -254,7 +254,7 @@ def test_lesson_5_panel_shows_hits_losses_and_the_audit(shown):
     assert {"hits", "losses", "audits", "audit upper bound", "stopped serving at"} <= set(table.index)
     assert table.loc["audit upper bound", "unit"] == "% loss rate (95%)"
 
-@pytest.mark.parametrize("nb", sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("nb", sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb")), ids=lambda p: p.stem)
 def test_every_lesson_has_a_panel_and_its_logic_lives_in_lessonkit(nb):
     """README: every notebook has controls; a panel is one call into lessonkit/lessons/, not code in a cell."""
     panels = [s for s in _cells(nb, "code") if s.startswith("if INTERACTIVE")]

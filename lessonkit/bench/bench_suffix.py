@@ -29,51 +29,23 @@ store's size against its gain; `table_markdown` is the rows as tables.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
 from lessonkit.bench.common import goal
-from lessonkit.bench.spec_table import SUFFIX_K, plain_runner, spec_runner, warm_suffix_store
 from lessonkit.engine import kernel
 from lessonkit.errors import LessonkitError
+from lessonkit.measure.speculative import plain_runner, spec_runner, speedup_ratios, take_turns
+from lessonkit.measure.suffix import STORE_SHARES, SUFFIX_K, step_profile, store_contenders, warm_suffix_store
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import NGramDrafter
 from lessonkit.speculative.gate import measure_cost_curve
 from lessonkit.speculative.suffix import SuffixDrafter
-from lessonkit.speculative.suffix_store import SuffixStore
 from lessonkit.workloads.structured import structured_prompts
 from lessonkit.engine.machine import machine_record
 
-STORE_SHARES = (0.25, 0.5, 1.0)     # store sizes: these shares of the training split's outputs (0: the empty store)
 BATCH = 4                           # items a request in the batch section
 COST_AWARE = "suffix, full store, cost-aware depth"
-
-
-def _rounds(fns: dict, prompts, repeats: int) -> dict:
-    """Each contender over all prompts, `repeats` rounds, taking turns within a round (after one warm-up
-    prompt each): name -> (per-round seconds, per-round decode seconds (wall less the prefills' time to
-    first token), outputs, stats) of the last round."""
-    for fn in fns.values():
-        fn(prompts[0])
-    walls, decode, last = {name: [] for name in fns}, {name: [] for name in fns}, {}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            last[name] = [fn(p) for p in prompts]
-            walls[name].append(time.perf_counter() - t0)
-            decode[name].append(walls[name][-1] - sum(r[1]["ttft_s"] for r in last[name]))
-    return {name: (walls[name], decode[name], [r[0] for r in last[name]], [r[1] for r in last[name]]) for name in fns}
-
-
-def _sized(full: SuffixStore, share: float) -> SuffixStore:
-    """A store holding the first `share` of the full store's outputs (by tokens), not saved anywhere."""
-    limit, store = int(full.n_tokens * share), SuffixStore(None, full.key, max_tokens=full.max_tokens)
-    for out in full.outputs:
-        if store.n_tokens + len(out) > limit:
-            break
-        store.add(out)
-    return store
 
 
 def verify_costs(target, repeats: int = 30) -> list[float]:
@@ -86,19 +58,11 @@ def verify_costs(target, repeats: int = 30) -> list[float]:
 def _contenders(target, store, max_new: int, cost, shares=STORE_SHARES) -> tuple[dict, dict]:
     """name -> runner, and name -> the store of each suffix row (the curve's points; the empty store's when
     shares has more than one size)."""
-    plain, spec = plain_runner(target, max_new), lambda drafter, k: spec_runner(target, drafter, k, max_new)
-    empty = SuffixStore(None, store.key)
-    fns = {"plain greedy": plain, "prompt lookup (ngram, k=4)": spec(NGramDrafter(), 4)}
-    stores = {}
-    if len(shares) > 1:
-        fns["suffix, empty store"] = spec(SuffixDrafter(None, learn=False), SUFFIX_K)
-        stores["suffix, empty store"] = empty
-    for share in shares:
-        s = _sized(store, share)
-        name = f"suffix, store {s.n_tokens} tokens ({share:.0%} of the training split)"
-        stores[name] = s
-        fns[name] = spec(SuffixDrafter(s, learn=False), SUFFIX_K)
-    fns[COST_AWARE] = spec(SuffixDrafter(store, learn=False, cost=cost), SUFFIX_K)
+    fns = {"plain greedy": plain_runner(target, max_new),
+           "prompt lookup (ngram, k=4)": spec_runner(target, NGramDrafter(), 4, max_new)}
+    suffix, stores = store_contenders(target, store, max_new, shares, empty=len(shares) > 1)
+    fns |= suffix
+    fns[COST_AWARE] = spec_runner(target, SuffixDrafter(store, learn=False, cost=cost), SUFFIX_K, max_new)
     stores[COST_AWARE] = store
     return fns, stores
 
@@ -112,32 +76,21 @@ def _profile(stats, cost) -> dict:
     prof = {"prefill_share": round(sum(s["ttft_s"] for s in stats) / wall, 3)}
     if stats[0].get("k_hist") is None:
         return prof
-    steps = sum(sum(s["k_hist"].values()) for s in stats)
-    drafting = steps - sum(s["k_hist"].get(0, 0) for s in stats)
-    drafted = sum(s["num_draft_tokens"] for s in stats)
-    depth = drafted / max(drafting, 1)
+    steps = step_profile(stats)
+    n_steps = sum(sum(s["k_hist"].values()) for s in stats)
     spec_s = sum(n * cost[min(k, len(cost) - 1)] for s in stats for k, n in s["k_hist"].items())
     plain_s = sum(s["new_tokens"] - 1 for s in stats) * cost[0]
     return {**prof, "draft_share": round(sum(s["draft_s"] for s in stats) / wall, 4),
-            "verify_share": round(sum(s["verify_s"] for s in stats) / wall, 3),
-            "tokens_per_verify": round(sum(s["new_tokens"] - 1 for s in stats) / max(steps, 1), 3),
-            "no_draft_share": round(1 - drafting / max(steps, 1), 3),
-            "acceptance_rate": round(sum(s["num_accepted_tokens"] for s in stats) / max(drafted, 1), 3),
-            "mean_draft_depth": round(depth, 2),
-            "verify_cost": round(cost[min(round(depth), len(cost) - 1)] / cost[0], 2),
-            "draft_ms_per_step": round(1000 * sum(s["draft_s"] for s in stats) / max(steps, 1), 4),
+            "verify_share": round(sum(s["verify_s"] for s in stats) / wall, 3), **steps,
+            "verify_cost": round(cost[min(round(steps["mean_draft_depth"]), len(cost) - 1)] / cost[0], 2),
+            "draft_ms_per_step": round(1000 * sum(s["draft_s"] for s in stats) / max(n_steps, 1), 4),
             "breakdown_speedup": round(plain_s / spec_s, 3) if spec_s else None}
-
-
-def _ratios(plain, walls) -> dict:
-    r = [p / w for p, w in zip(plain, walls)]
-    return {"median": round(statistics.median(r), 3), "min": round(min(r), 3), "max": round(max(r), 3)}
 
 
 def _row(label: str, name: str, run, plain, cost, store=None) -> dict:
     walls, decode, outs, stats = run
     plain_walls, plain_decode, ref = plain
-    whole, dec = _ratios(plain_walls, walls), _ratios(plain_decode, decode)
+    whole, dec = speedup_ratios(plain_walls, walls), speedup_ratios(plain_decode, decode)
     row = {"section": label, "name": f"{label}: {name}", "contender": name, "speedup": whole["median"],
            "speedup_min": whole["min"], "speedup_max": whole["max"], "decode_speedup": dec["median"],
            "decode_speedup_min": dec["min"], "decode_speedup_max": dec["max"],
@@ -155,7 +108,7 @@ def _section(label: str, target, sizes: dict, repeats: int, out: dict, shares=ST
     store, warm_s = warm_suffix_store(target, train, sizes["max_new"])
     cost = verify_costs(target)
     fns, stores = _contenders(target, store, sizes["max_new"], cost, shares)
-    runs = _rounds(fns, held, repeats)
+    runs = take_turns(fns, held, repeats)
     out["notes"].append(
         f"{label}: store warmed on {len(train)} training requests ({store.n_tokens} tokens, {store.trie.nodes} trie "
         f"nodes) in {warm_s:.1f} s; measured on {len(held)} held-out requests of {per} item(s), {sizes['max_new']} "

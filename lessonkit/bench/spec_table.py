@@ -7,25 +7,20 @@ the verify cost T(k+1)/T(1) of the chosen depth, the speed-up (median of rounds,
 output equals plain greedy's.
 
 The structured category also measures the suffix drafter with a store warmed on the workload's training split
-(`warm_suffix_store`: a fresh temporary folder, so every benchmark starts from an empty store) and measured with
-learning off, so no held-out request meets a store that holds its own earlier output.
+(`measure.suffix.warm_suffix_store`: a fresh temporary folder, so every benchmark starts from an empty store) and
+measured with learning off, so no held-out request meets a store that holds its own earlier output.
 """
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 
-from lessonkit.engine.generate import generate
-from lessonkit.errors import LessonkitError
+from lessonkit.measure.speculative import plain_runner, spec_runner
+from lessonkit.measure.suffix import SUFFIX_K, warm_suffix_store  # noqa: F401  (bench spec's, from here)
 from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve
-from lessonkit.speculative.suffix import SuffixDrafter
-from lessonkit.speculative.suffix_store import SuffixStore
-from lessonkit.speculative.verify import speculative_generate, total_stats
+from lessonkit.speculative.verify import total_stats
 from lessonkit.workloads.requests import CATEGORIES, requests
 from lessonkit.workloads.structured import structured_prompts
-
-SUFFIX_K = 8                # the most drafts a suffix step may verify; the drafter's own rule picks fewer
 
 
 def rounds(fns: dict, prompts: list, n: int) -> dict:
@@ -41,33 +36,6 @@ def rounds(fns: dict, prompts: list, n: int) -> dict:
             last[name] = [fn(p) for p in prompts]
             walls[name].append(time.perf_counter() - t0)
     return {name: (walls[name], [r[0] for r in last[name]], [r[1] for r in last[name]]) for name in fns}
-
-
-def plain_runner(target, max_new: int):
-    """prompt -> (plain greedy's tokens, stats)."""
-    return lambda p: (lambda r: (r.token_ids, r.stats))(generate(target, p, max_new))
-
-
-def spec_runner(target, drafter, k, max_new: int, **kw):
-    """prompt -> (speculative decoding's tokens, stats) with `drafter` at depth k."""
-    return lambda p: (lambda r: (r.token_ids, r.stats))(speculative_generate(target, drafter, p, max_new, k=k, **kw))
-
-
-def warm_suffix_store(target, train: list, max_new: int, k: int = SUFFIX_K) -> tuple[SuffixStore, float]:
-    """A suffix store warmed on `train` (the suffix drafter learning from the target's verified outputs), in a
-    fresh temporary folder (checked empty: a benchmark starts from an empty store), saved and loaded back as a
-    restarted process would; (store, seconds). Measure with it through SuffixDrafter(store, learn=False)."""
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="suffix-bench-") as folder:
-        store = SuffixStore.for_target(target, folder, max_tokens=1 << 20)
-        if len(store):
-            raise LessonkitError(f"the benchmark's fresh store folder {folder} is not empty")
-        drafter = SuffixDrafter(store)
-        for p in train:
-            speculative_generate(target, drafter, p, max_new, k=k)
-        store.save()
-        store = SuffixStore.for_target(target, folder, max_tokens=1 << 20)
-    return store, time.perf_counter() - t0
 
 
 def _category_rows(cat: str, runs: dict, drafters, cost) -> list[dict]:

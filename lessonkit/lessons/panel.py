@@ -39,3 +39,9 @@ def show_panel(controls: dict, table, *, title: str = "") -> None:
     head = [w.HTML(f"<b>{title}</b>")] if title else []
     display(w.VBox([*head, w.HBox(list(controls.values()), layout=w.Layout(flex_flow="row wrap")), out]))
     show()
+
+
+def tables_html(*tables: pd.DataFrame):
+    """Several tables as one displayable block, one under the other (a panel whose answer is more than one table)."""
+    from IPython.display import HTML
+    return HTML("".join(t.to_html() for t in tables))

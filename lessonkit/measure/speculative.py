@@ -1,7 +1,10 @@
 """Speculative decoding measured: one verify step traced row by row, drafters timed against plain greedy on the same
-prompts (outputs compared), the lesson's models, and the total-variation distance of sampled speculation from
-the target's own sampling. Lesson 1 draws these."""
+prompts (outputs compared; contenders taking turns within rounds, `take_turns`), the lesson's models, and the
+total-variation distance of sampled speculation from the target's own sampling. Lesson 1 draws these."""
 from __future__ import annotations
+
+import statistics
+import time
 
 import pandas as pd
 import torch
@@ -113,6 +116,39 @@ def measure_apart(target, drafter, prompts: list[list[int]], *, k: int = 4, max_
     c = spec["draft_s"] / spec["num_draft_tokens"] / t_tok if spec["num_draft_tokens"] else 0.0
     return Apart(prompts=tuple(tuple(p) for p in prompts), source=source, cost=tuple(cost), c=c,
                  acceptance=tuple(conditional_per_pos(spec["num_accepted_tokens_per_pos"], spec["num_drafts"])))
+
+def plain_runner(target, max_new: int):
+    """prompt -> (plain greedy's tokens, stats)."""
+    return lambda p: (lambda r: (r.token_ids, r.stats))(generate(target, p, max_new))
+
+
+def spec_runner(target, drafter, k, max_new: int, **kw):
+    """prompt -> (speculative decoding's tokens, stats) with `drafter` at depth k."""
+    return lambda p: (lambda r: (r.token_ids, r.stats))(speculative_generate(target, drafter, p, max_new, k=k, **kw))
+
+
+def take_turns(fns: dict, prompts, repeats: int) -> dict:
+    """Each contender (prompt -> (tokens, stats), e.g. plain_runner) over all prompts, `repeats` rounds, taking
+    turns within a round (after one warm-up prompt each), so load drift on a shared machine hits all alike:
+    name -> (per-round seconds, per-round decode seconds (wall less the prefills' time to first token), outputs,
+    stats) of the last round."""
+    for fn in fns.values():
+        fn(prompts[0])
+    walls, decode, last = {name: [] for name in fns}, {name: [] for name in fns}, {}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            last[name] = [fn(p) for p in prompts]
+            walls[name].append(time.perf_counter() - t0)
+            decode[name].append(walls[name][-1] - sum(r[1]["ttft_s"] for r in last[name]))
+    return {name: (walls[name], decode[name], [r[0] for r in last[name]], [r[1] for r in last[name]]) for name in fns}
+
+
+def speedup_ratios(plain: list[float], walls: list[float]) -> dict:
+    """The per-round speed-ups over plain (plain's seconds over the contender's, round by round): median, min, max."""
+    r = [p / w for p, w in zip(plain, walls)]
+    return {"median": round(statistics.median(r), 3), "min": round(min(r), 3), "max": round(max(r), 3)}
+
 
 def lesson_models(model: str = "tiny-moe", draft: str = "tiny-draft", *, expert_budget_mb=None):
     """(target, draft engine, a note naming them)."""
