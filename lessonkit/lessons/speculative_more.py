@@ -77,7 +77,7 @@ def suffix_table(df: pd.DataFrame) -> pd.DataFrame:
 def suffix_words(df: pd.DataFrame, info: dict) -> str:
     """What the curve measured, in a sentence from its numbers."""
     empty, full = df.iloc[0], df.iloc[-1]
-    return (f"{info['model']} on {len(info['heldout'])} held-out structured requests ({info['repeats']} round(s), "
+    return (f"{info['model']} on {len(info['heldout'])} held-out structured request(s) ({info['repeats']} round(s), "
             f"store warmed on {info['train']} training requests in {info['warm_s']:.1f} s): tokens per verify "
             f"{empty.tokens_per_verify:.2f} with an empty store (the request alone), {full.tokens_per_verify:.2f} with "
             f"{full.store_tokens:,} tokens of earlier outputs; steps with no draft {empty.no_draft_share:.0%} -> "
@@ -102,7 +102,7 @@ def plot_store_curve(df: pd.DataFrame, info: dict):
         ax.set_xlabel("store size (tokens of earlier verified outputs)")
         ax.grid(alpha=0.3)
     empty, full = df.iloc[0], df.iloc[-1]
-    fig.suptitle(f"{info['model']}, {len(info['heldout'])} held-out structured requests, {info['repeats']} round(s), "
+    fig.suptitle(f"{info['model']}, {len(info['heldout'])} held-out structured request(s), {info['repeats']} round(s), "
                  f"from an empty store to {full.store_tokens:,} tokens of earlier outputs:\ntokens per verify "
                  f"{empty.tokens_per_verify:.2f} -> {full.tokens_per_verify:.2f}, speed-up {empty.speedup:.2f}x -> "
                  f"{full.speedup:.2f}x; outputs {'identical to' if df.identical_to_plain.all() else 'DIFFERENT from'} "
@@ -172,7 +172,7 @@ HEADLINE = Headline(
         Sentence("Lesson 1's disk cells as a sweep on {disk_words}: {sweep_points} cells, {sweep_measured} measured "
                  "now, {sweep_kept} kept from an earlier run, {sweep_failed} failed; the fastest measured "
                  "{sweep_best_speedup:.2f}x (acceptance {sweep_best_acceptance:.2f}, k = {sweep_best_k})."),
-        Sentence("The suffix drafter on {suffix_requests} held-out structured requests ({suffix_model}): "
+        Sentence("The suffix drafter on {suffix_requests} held-out structured request(s) ({suffix_model}): "
                  "{suffix_tpv_empty:.2f} tokens per verify with an empty store, {suffix_tpv_full:.2f} with "
                  "{suffix_store_tokens} tokens of earlier outputs; {suffix_speedup_empty:.2f}x and "
                  "{suffix_speedup_full:.2f}x plain greedy; outputs {suffix_identical:identical to|DIFFERENT from} "
