@@ -73,3 +73,29 @@ def test_the_loop_carries_the_gate_across_requests(target):
     assert d.gate_memory["last_set"] == 0
     again = speculative_generate(eng, d, list(range(12, 32)), 12, k="auto", cost=cost, learn_cost=False)
     assert again.stats["k_hist"] == {0: again.stats["forwards"] - 1}
+
+
+def test_it_climbs_past_a_shallow_depth_that_does_not_pay():
+    """A drafter with a large fixed cost a call (a draft model catching up, a head's first layer): one draft a step
+    does not pay, four (and eight) do. The cost model, charging the same cost per draft token at every depth, ranks depth 1 first;
+    the test phase must still reach the depth that pays (Cascade's hill climb), where it only tested depth 1 before."""
+    gate = UtilityGate(DepthGate([1.0 + 1.0 * j for j in range(9)], k_max=8))
+    assert max(range(1, gate.k_max + 1), key=gate.depth.value) == 1      # the depth it tests first
+    ks = _run(gate, 200, accept=lambda k: k, step_s=lambda k: 2.2 + 0.1 * k if k else 1.0)
+    assert gate.utility(1) < gate.margin < gate.utility(4)
+    assert sum(k >= 4 for k in ks[-100:]) >= 80, ks
+
+
+def test_a_phase_first_step_is_not_timed():
+    """The first step of a phase at a new depth carries the drafter's catch-up (a draft model prefills what it did not
+    see while drafting was off): its seconds are not that depth's, so neither the step times nor the draft cost keep them."""
+    gate = UtilityGate(DepthGate([1.0] * 5, k_max=4))
+    seen = []
+    for i in range(40):
+        k = gate.choose()
+        first = gate.catch_up
+        seen.append((k, first))
+        gate.observe(k, k, verify_s=1.0, draft_s=100.0 if first else 0.1 * k, asked=k, step_s=100.0 if first else 1.0)
+    assert any(first for _, first in seen), "a phase at a new depth began"
+    assert all(s < 100.0 for times in gate.step_s.values() for s in times)
+    assert gate.depth.t_draft < 1.0

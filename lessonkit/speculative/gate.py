@@ -148,7 +148,7 @@ class DepthGate:
             k = min(k + 1, self.k_max)        # probe one deeper now and then
         return k
 
-    def observe(self, n_drafted: int, n_accepted: int, verify_s: float, draft_s: float) -> None:
+    def observe(self, n_drafted: int, n_accepted: int, verify_s: float, draft_s: float | None) -> None:
         for i in range(min(n_accepted + 1, n_drafted)):
             self.reached[i] += 1
         for i in range(n_accepted):
@@ -156,7 +156,7 @@ class DepthGate:
         r = n_drafted                          # forward had n_drafted + 1 rows -> cost index n_drafted
         if self.learn_cost:
             self.cost[r] = (1 - self.ema) * self.cost[r] + self.ema * verify_s
-        if n_drafted:
+        if n_drafted and draft_s is not None:    # None: the step's draft time is not its depth's (a catch-up)
             self.t_draft = (1 - self.ema) * self.t_draft + self.ema * draft_s / n_drafted if self.t_draft else draft_s / n_drafted
 
 
@@ -164,8 +164,9 @@ class DepthGate:
 class UtilityGate:
     """Cascade's test-then-set over whole steps, per request.
 
-    test: k = 0 for `test_steps` steps, then the depth the cost model ranks first among k >= 1 for as many, and
-          while the deepest tested depth beats k = 0, twice that depth (at most three depths a phase);
+    test: k = 0 for `test_steps` steps, then the depth the cost model ranks first among k >= 1 for as many, then
+          twice that depth, and twice again while the deepest tested depth pays or beats the one before it (a hill
+          climb; at most three depths a phase); a phase's first step at a new depth is not timed (_deeper, choose);
     set:  of the tested depths the one of highest utility u(k) = E(k) s(0) / s(k), where it is above `margin`, else
           k = 0, with E(k) from this run's acceptance counts and s(k) the measured seconds of a whole step at depth
           k (drafting, verify, bookkeeping), for `set_steps` steps, doubled while the choice repeats (Cascade's locality), at most
@@ -185,6 +186,8 @@ class UtilityGate:
     last_set: int | None = None
     span: int = 0
     steps: int = 0
+    last_k: int = 0                               # the depth of the step before
+    catch_up: bool = False                        # this step is a phase's first at a new depth (not timed)
 
     @property
     def k_max(self) -> int:
@@ -212,18 +215,26 @@ class UtilityGate:
         """Expected tokens per step at depth k over the step's cost in steps at k = 0: above 1, drafting pays."""
         return expected_tokens_per_pos(self.measured_acceptance(), k) * self.seconds(0) / self.seconds(k)
 
+    def _deeper(self, last: int) -> bool:
+        """Test twice the depth after `last`: where `last` paid, where it was the first depth tested, or where it measured
+        better than the depth tested before it (a hill climb: the cost model ranks the depths from a draft cost per token
+        that it takes to be the same at every depth, and a drafter's fixed cost per call makes deeper drafts cheaper per
+        token than it says)."""
+        if self.utility(last) > self.margin or len(self.tested) == 1:
+            return True
+        return self.utility(last) > self.utility(self.tested[-2])
+
     def _next_plan(self) -> list[int]:
         if not self.k_max:
             return [0] * self.max_set
         if self.stage == "set":
             self.stage, self.tested = "test", []
             return [0] * self.test_steps
-        if not self.tested:            # after a set phase at k = 0, the cheapest probe: one draft a step
-            best = max(range(1, self.k_max + 1), key=lambda k: (self.depth.value(k), -k))
-            self.tested = [1 if self.last_set == 0 else best]
+        if not self.tested:            # the depth the cost model ranks first, also after a set phase at k = 0
+            self.tested = [max(range(1, self.k_max + 1), key=lambda k: (self.depth.value(k), -k))]
             return [self.tested[0]] * self.test_steps
         last = self.tested[-1]
-        if len(self.tested) < 3 and last < self.k_max and self.utility(last) > self.margin:
+        if len(self.tested) < 3 and last < self.k_max and self._deeper(last):
             self.tested.append(min(2 * last, self.k_max))
             return [self.tested[-1]] * self.test_steps
         k = max(self.tested, key=lambda j: (self.utility(j), -j))
@@ -236,6 +247,10 @@ class UtilityGate:
         self.steps += 1
         if not self.plan:
             self.plan = self._next_plan()
+            # a phase's first step catches up what the drafter did not see while it was off (a draft model prefills
+            # the tokens of the steps before): its seconds are not the depth's, so they are not kept
+            self.catch_up = bool(self.plan[0]) and self.plan[0] != self.last_k
+        self.last_k = self.plan[0]
         return self.plan.pop(0)
 
     def summary(self) -> dict:
@@ -265,8 +280,9 @@ class UtilityGate:
 
     def observe(self, n_drafted: int, n_accepted: int, verify_s: float, draft_s: float, *, asked: int | None = None,
                 step_s: float | None = None) -> None:
-        self.depth.observe(n_drafted, n_accepted, verify_s, draft_s)
-        if step_s is not None:                  # the last `window` steps of each depth (all seconds() reads)
+        catch_up, self.catch_up = self.catch_up, False
+        self.depth.observe(n_drafted, n_accepted, verify_s, None if catch_up else draft_s)
+        if step_s is not None and not catch_up:   # the last `window` steps of each depth (all seconds() reads)
             times = self.step_s.setdefault(n_drafted if asked is None else asked, [])
             times.append(step_s)
             del times[:-self.window]

@@ -36,7 +36,7 @@ from lessonkit.engine.generate import (GenerationResult, SamplingParams, StopChe
                                        finish_stats, probs_from_logits, request_cache, sample_token)
 from lessonkit.engine.model import ROWWISE_MAX
 from lessonkit.speculative.depth import AUTO, K_MAX, parse_draft_depth
-from lessonkit.speculative.drafters import Draft, Drafter
+from lessonkit.speculative.drafters import Drafter
 from lessonkit.speculative.gate import DepthGate, UtilityGate, cost_curve
 from lessonkit.speculative.states import forward_for
 
@@ -164,8 +164,10 @@ def _prepare_drafter(drafter, target, params: SamplingParams, prompt: list[int],
 
 def _propose(drafter, context: list[int], kk: int) -> tuple[list[int], torch.Tensor | None, float]:
     """Up to kk draft tokens, their draft distribution q (None: one-hot) and the seconds it took."""
+    if kk <= 0:                                       # a step the gate runs without drafting costs nothing here
+        return [], None, 0.0
     td = time.perf_counter()
-    draft = drafter.propose(list(context), kk) if kk > 0 else Draft([])
+    draft = drafter.propose(list(context), kk)
     d = [int(t) for t in draft.tokens[:kk]]
     dq = draft.probs[:len(d)] if (draft.probs is not None and d) else None
     return d, dq, time.perf_counter() - td
@@ -180,7 +182,7 @@ def _verify(target, drafter, cache, context: list[int], d: list[int], dq, params
     rows = forward_for(drafter, target, [context[-1]] + d, cache)
     tv = time.perf_counter() - tv
     if params.greedy:
-        n, nxt = verify_greedy(rows, d)
+        n, nxt = verify_greedy(rows, d) if d else (0, int(rows[-1].argmax()))
     else:
         n, nxt = verify_sampling(probs_from_logits(rows, params.temperature, params.top_p), d, dq, gen)
     cache.rollback(pos + 1 + n)
