@@ -3,6 +3,9 @@
 Sections, each side by side in one process (lessonkit.workloads.structured; the store warmed on its training split):
   smollm2-135m              one item a request (a record, a small table, a ticket: answers of 20-45 tokens);
   smollm2-135m, batches     BATCH items a request (longer answers behind a prompt of about the same length);
+  smollm2-135m, behind a prefix cache   the first section's requests, store and contenders with a persistent prefix
+                            cache in front of every arm (plain greedy too): each family's system turn and worked
+                            example restored from disk, only the request's item prefilled, as a batch scorer runs them;
   tiny-moe                  one item a request, in plain text (it has no chat template).
 Contenders in each: plain greedy (the baseline); prompt lookup (ngram, k=4), the other drafter that costs
 nothing; the suffix drafter with an empty store (the request alone) and with a store holding 25%, 50% and 100%
@@ -29,6 +32,7 @@ store's size against its gain; `table_markdown` is the rows as tables.
 from __future__ import annotations
 
 import statistics
+import tempfile
 
 import torch
 
@@ -36,7 +40,8 @@ from lessonkit.bench.common import goal
 from lessonkit.engine import kernel
 from lessonkit.errors import LessonkitError
 from lessonkit.measure.speculative import plain_runner, spec_runner, speedup_ratios, take_turns
-from lessonkit.measure.suffix import STORE_SHARES, SUFFIX_K, step_profile, store_contenders, warm_suffix_store
+from lessonkit.measure.suffix import (STORE_SHARES, SUFFIX_K, SharedPrefix, step_profile, store_contenders,
+                                     warm_suffix_store)
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import NGramDrafter
 from lessonkit.speculative.gate import measure_cost_curve
@@ -101,7 +106,9 @@ def _row(label: str, name: str, run, plain, cost, store=None) -> dict:
     return row
 
 
-def _section(label: str, target, sizes: dict, repeats: int, out: dict, shares=STORE_SHARES) -> None:
+def _section(label: str, target, sizes: dict, repeats: int, out: dict, shares=STORE_SHARES) -> dict:
+    """One section's rows, curve, depth bound and goals into `out`; returns what a section behind the prefix cache
+    reuses (the requests, the warm store, the cost curve, plain greedy's outputs)."""
     per = sizes.get("per_request", 1)
     held = structured_prompts(target, "heldout", sizes["heldout"], per_request=per)
     train = structured_prompts(target, "train", sizes["train"], per_request=per)
@@ -121,10 +128,40 @@ def _section(label: str, target, sizes: dict, repeats: int, out: dict, shares=ST
     out["curve"] += [{"section": label, "store_tokens": r["store_tokens"], "contender": r["contender"],
                       **{k: r[k] for k in ("speedup", "decode_speedup", "tokens_per_verify", "no_draft_share")}}
                      for r in rows if "store_tokens" in r and r["contender"] != COST_AWARE]
+    _goals(label, rows, out)
+    return {"held": held, "train": train, "store": store, "cost": cost, "plain_outputs": plain[2]}
+
+
+def _goals(label: str, rows: list[dict], out: dict) -> None:
     best = max((r for r in rows if r["contender"].startswith("suffix")), key=lambda r: r["speedup"])
     for what, key in (("speed-up", "speedup"), ("decode-phase speed-up", "decode_speedup")):
         out["targets"].append(goal(f"{label}: suffix drafter ({best['contender']}) {what} over plain greedy on "
                                    "held-out structured requests", best[key], ">= 2.0", best[key] >= 2.0))
+
+
+def _prefix_section(label: str, target, made: dict, max_new: int, repeats: int, out: dict) -> None:
+    """The same held-out requests with a persistent prefix cache in front of every arm (measure.suffix.SharedPrefix,
+    in a fresh temporary folder): each family's system turn and worked example restored from disk, so plain greedy
+    and the drafters prefill only the request's own item, as a batch scorer runs them. Plain greedy behind the cache
+    is the baseline; the note says whether its outputs equal those of plain greedy without it."""
+    store, cost, held = made["store"], made["cost"], made["held"]
+    with tempfile.TemporaryDirectory(prefix="prefix-bench-") as folder:
+        shared = SharedPrefix(target, held + made["train"], folder)
+        fns = {"plain greedy": shared.runner(max_new),
+               "prompt lookup (ngram, k=4)": shared.runner(max_new, NGramDrafter(), 4),
+               "suffix, full store": shared.runner(max_new, SuffixDrafter(store, learn=False)),
+               COST_AWARE: shared.runner(max_new, SuffixDrafter(store, learn=False, cost=cost))}
+        runs = take_turns(fns, held, repeats)
+    plain = runs["plain greedy"][:3]
+    rows = [_row(label, name, run, plain, cost, store if name.startswith("suffix") else None)
+            for name, run in runs.items()]
+    out["rows"] += rows
+    n = [shared.lengths[tuple(p)] for p in held]
+    out["notes"].append(
+        f"{label}: shared prefixes of {min(n)} .. {max(n)} tokens restored from the prefix cache before every run "
+        f"(prompts of {min(map(len, held))} .. {max(map(len, held))} tokens); plain greedy's outputs behind the cache "
+        f"{'equal' if plain[2] == made['plain_outputs'] else 'DIFFER from'} its outputs without it")
+    _goals(label, rows, out)
 
 
 def depth_bound(store, prompts, outputs, cost, k: int = SUFFIX_K) -> float:
@@ -179,7 +216,8 @@ def bench(args) -> dict:
     batch = ({"heldout": 1, "train": 1, "max_new": 24} if smoke else {"heldout": 2, "train": 9, "max_new": 192})
     out = {"rows": [], "targets": [], "notes": [], "curve": [], "depth_bound": {}}
     sm = load_model(getattr(args, "model", None) or "smollm2-135m")
-    _section(sm.name, sm, sizes, repeats, out)
+    made = _section(sm.name, sm, sizes, repeats, out)
+    _prefix_section(f"{sm.name}, behind a prefix cache", sm, made, sizes["max_new"], repeats, out)
     _section(f"{sm.name}, batches of {BATCH}", sm, {**batch, "per_request": BATCH}, repeats, out, shares=(1.0,))
     try:
         moe = load_model("tiny-moe", weights="q8_0" if kernel.NUMERICS == "int8" else None)

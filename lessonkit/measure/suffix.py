@@ -13,8 +13,10 @@ import time
 
 import pandas as pd
 
+from lessonkit.engine.generate import generate, request_cache
 from lessonkit.errors import LessonkitError
 from lessonkit.measure.speculative import plain_runner, spec_runner, speedup_ratios, take_turns
+from lessonkit.prefix_cache.cache import PrefixCache
 from lessonkit.speculative.suffix import SuffixDrafter
 from lessonkit.speculative.suffix_store import SuffixStore
 from lessonkit.speculative.verify import speculative_generate
@@ -66,6 +68,61 @@ def store_contenders(target, store: SuffixStore, max_new: int, shares=STORE_SHAR
         name = f"suffix, store {s.n_tokens} tokens ({share:.0%} of the training split)"
         fns[name], stores[name] = spec_runner(target, SuffixDrafter(s, learn=False), SUFFIX_K, max_new), s
     return fns, stores
+
+
+def shared_prefix_lengths(prompts: list[list[int]]) -> list[int]:
+    """Per prompt, the longest prefix it shares with another of `prompts` (a structured family's system turn and
+    worked example), at most its length less one: the last prompt token is prefilled, to give the first logits."""
+    out = []
+    for i, p in enumerate(prompts):
+        n = 0
+        for j, q in enumerate(prompts):
+            if i != j:
+                m = next((a for a, (x, y) in enumerate(zip(p, q)) if x != y), min(len(p), len(q)))
+                n = max(n, m)
+        out.append(min(n, len(p) - 1))
+    return out
+
+
+class SharedPrefix:
+    """A persistent prefix cache (lessonkit.prefix_cache) in front of structured requests, as a batch scorer runs them:
+    each request's shared prefix (its family's system turn and worked example: shared_prefix_lengths over `prompts`)
+    is prefilled once and saved into `folder`, then restored from disk before every run, so plain greedy and the
+    drafters alike prefill only the request's own item. `runner` times the restore as part of the run's prefill."""
+
+    def __init__(self, target, prompts: list[list[int]], folder):
+        self.target, self.folder = target, folder
+        self.cache = PrefixCache(folder, target)
+        self.lengths = {tuple(p): n for p, n in zip(prompts, shared_prefix_lengths(prompts))}
+        saved = set()
+        for p in prompts:
+            n = self.lengths[tuple(p)]
+            if n and tuple(p[:n]) not in saved:
+                saved.add(tuple(p[:n]))
+                kv = target.new_cache(n)
+                target.forward(list(p[:n]), kv, last_only=True)
+                self.cache.save(p[:n], kv)
+
+    def restore(self, prompt: list[int], max_new: int):
+        """(a KV cache holding the prompt's shared prefix, read from the prefix cache, and the seconds it took)."""
+        t0 = time.perf_counter()
+        n = self.lengths[tuple(prompt)]
+        kv = request_cache(self.target, len(prompt), max_new)
+        got = self.cache.lookup_and_restore(prompt[:n], kv, max_tokens=n) if n else 0
+        if got != n:
+            raise LessonkitError(f"the prefix cache in {self.folder} restored {got} of the prompt's {n} shared tokens")
+        return kv, time.perf_counter() - t0
+
+    def runner(self, max_new: int, drafter=None, k: int = SUFFIX_K):
+        """prompt -> (tokens, stats) behind the prefix cache: plain greedy (drafter None) or speculative decoding;
+        the restore's seconds count in the run's wall time and its time to first token."""
+        def run(p):
+            kv, s = self.restore(p, max_new)
+            r = generate(self.target, p, max_new, cache=kv) if drafter is None else \
+                speculative_generate(self.target, drafter, p, max_new, k=k, cache=kv)
+            return r.token_ids, {**r.stats, "ttft_s": r.stats["ttft_s"] + s, "wall_s": r.stats["wall_s"] + s,
+                                 "restore_s": s}
+        return run
 
 
 def step_profile(stats: list[dict]) -> dict:
