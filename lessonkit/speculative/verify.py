@@ -33,7 +33,7 @@ import torch
 
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.generate import (GenerationResult, SamplingParams, StopChecker, engine_counters,
-                                       finish_stats, probs_from_logits, request_cache, sample_token)
+                                       finish_stats, greedy_picks, probs_from_logits, request_cache, sample_token)
 from lessonkit.engine.model import ROWWISE_MAX
 from lessonkit.speculative.depth import AUTO, K_MAX, parse_draft_depth
 from lessonkit.speculative.drafters import Drafter
@@ -43,7 +43,7 @@ from lessonkit.speculative.states import forward_for
 
 def verify_greedy(target_logits: torch.Tensor, draft_tokens: list[int]) -> tuple[int, int]:
     """Rows [k+1, V] of the target, k drafts -> (number accepted, the target's token after them)."""
-    picks = torch.argmax(target_logits, dim=-1).tolist()
+    picks = greedy_picks(target_logits)
     n = 0
     while n < len(draft_tokens) and picks[n] == draft_tokens[n]:
         n += 1
@@ -182,7 +182,7 @@ def _verify(target, drafter, cache, context: list[int], d: list[int], dq, params
     rows = forward_for(drafter, target, [context[-1]] + d, cache)
     tv = time.perf_counter() - tv
     if params.greedy:
-        n, nxt = verify_greedy(rows, d) if d else (0, int(rows[-1].argmax()))
+        n, nxt = verify_greedy(rows, d)
     else:
         n, nxt = verify_sampling(probs_from_logits(rows, params.temperature, params.top_p), d, dq, gen)
     cache.rollback(pos + 1 + n)
