@@ -154,8 +154,8 @@ def _fake_quantize_binary():
 def _built(monkeypatch, tmp_path, quantize_rc: int):
     """A build that is there, an F32 file already made, and llama-quantize exiting with quantize_rc."""
     monkeypatch.setenv("LESSONKIT_HOME", str(tmp_path))
-    monkeypatch.setattr(bench_llamacpp, "is_built", lambda: True)
-    monkeypatch.setattr(bench_llamacpp, "f32_gguf", lambda q4: tmp_path / "m.F32.gguf")
+    monkeypatch.setattr(bench_llamacpp, "is_built", lambda ggml="native": True)
+    monkeypatch.setattr(bench_llamacpp, "f32_gguf", lambda q4, ggml="native": tmp_path / "m.F32.gguf")
     _fake_quantize_binary()
     monkeypatch.setattr(subprocess, "run", lambda cmd, **k: subprocess.CompletedProcess(cmd, quantize_rc))
     return tmp_path / "m.Q4_1.gguf"
@@ -165,7 +165,7 @@ def _built(monkeypatch, tmp_path, quantize_rc: int):
 def test_q4_0_that_cannot_be_made_is_one_line_and_q4_1_still_runs(monkeypatch, tmp_path, capsys, rc):
     q4 = _built(monkeypatch, tmp_path, rc or 0)
     if rc is None:                                     # llama-quantize absent from the build
-        monkeypatch.setattr(bench_llamacpp, "binary", lambda name: tmp_path / "no" / name)
+        monkeypatch.setattr(bench_llamacpp, "binary", lambda name, ggml="native": tmp_path / "no" / name)
     notes = []
     fns = bench_llamacpp._llamacpp_contenders(q4, notes)
     assert [w for _, w, _ in fns] == ["Q4_1 + Q8_0 (as shipped)", "F32 (llama-quantize)"]
@@ -183,7 +183,7 @@ def test_q4_0_row_when_made(monkeypatch, tmp_path, capsys):
     assert notes == [] and capsys.readouterr().err == ""
 
 
-def _fake_contenders(engines, n_prefill, notes=None):
+def _fake_contenders(engines, n_prefill, notes=None, ggml="native"):
     def rate(decode, prefill):
         return lambda n, g, p: {"decode_tok_s": decode * n, "prefill_tok_s": prefill * n}
     return {("llama.cpp", "Q4_1 + Q8_0 (as shipped)", "q4.gguf"): rate(160.0, 250.0),
@@ -213,3 +213,34 @@ def test_json_carries_the_q4_0_rows(monkeypatch, capsys):
     assert all("native / llama.cpp Q4_0" in r for r in out["ratios"])
     assert "decode, 1 thread(s): native / llama.cpp Q4_0" in {t["name"] for t in out["targets"]}
     assert any("native / llama.cpp Q4_0 1.33x" in n for n in out["notes"])
+
+
+# ---- the AVX2 build: an AVX2 CPU's kernels beside LESSONKIT_KERNEL=avx2 (issue 61) ---------------------------------
+def test_the_avx2_build_is_its_own_folder_and_flags(monkeypatch, tmp_path):
+    from lessonkit.measure import llamacpp
+    monkeypatch.setenv("LESSONKIT_HOME", str(tmp_path))
+    monkeypatch.setattr(llamacpp.platform, "machine", lambda: "x86_64")
+    flags = llamacpp.cmake_flags("avx2")
+    assert "-DGGML_NATIVE=ON" not in flags and {"-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_AVX512=OFF"} <= set(flags)
+    assert llamacpp.home("avx2") != llamacpp.home() and llamacpp.home("avx2").parent == llamacpp.home().parent
+    for tool in llamacpp.tools("avx2"):                  # llama-bench and llama-quantize, with the native flags: stale
+        llamacpp.binary(tool, "avx2").parent.mkdir(parents=True, exist_ok=True)
+        llamacpp.binary(tool, "avx2").write_text("")
+    (llamacpp.home("avx2") / "build.json").write_text(json.dumps({"flags": list(llamacpp.CMAKE_FLAGS)}))
+    assert not llamacpp.is_built("avx2") and not llamacpp.is_built()
+    (llamacpp.home("avx2") / "build.json").write_text(json.dumps({"flags": list(flags)}))
+    assert llamacpp.is_built("avx2") and not llamacpp.is_built()
+
+
+def test_an_unknown_build_is_one_clear_error(no_subprocess, capsys):
+    assert main(["bench", "llamacpp", "--engines", "llamacpp", "--ggml", "avx512vnni"]) == 2
+    err = capsys.readouterr().err
+    assert "--ggml 'avx512vnni'" in err and "native, avx2" in err and "Traceback" not in err
+
+
+def test_the_avx2_build_not_built_says_how(no_subprocess, capsys, monkeypatch):
+    from lessonkit.measure import llamacpp
+    monkeypatch.setattr(llamacpp.platform, "machine", lambda: "x86_64")
+    assert main(["bench", "llamacpp", "--engines", "llamacpp", "--ggml", "avx2"]) == 2
+    err = capsys.readouterr().err
+    assert "lessonkit bench llamacpp --build --ggml avx2" in err and "llamacpp-0.3.36-avx2" in err

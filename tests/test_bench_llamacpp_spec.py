@@ -29,12 +29,12 @@ def recorded(tool: str, case: str, stream: str) -> str:
 
 def test_registered_and_built_with_the_speculative_tools():
     assert BENCHES["llamacpp-spec"] == "lessonkit.bench.bench_llamacpp_spec"
-    assert {tool for tool, _ in spec.LLAMACPP_TOOLS.values()} <= set(bench_llamacpp.TOOLS)
-    assert "-DLLAMA_BUILD_EXAMPLES=ON" in bench_llamacpp.CMAKE_FLAGS   # llama-speculative, llama-lookup: examples
+    assert {tool for tool, _ in spec.LLAMACPP_TOOLS.values()} <= set(run.TOOLS)
+    assert "-DLLAMA_BUILD_EXAMPLES=ON" in run.CMAKE_FLAGS   # llama-speculative, llama-lookup: examples
 
 
 def _fake_build(flags) -> None:
-    for tool in bench_llamacpp.TOOLS:
+    for tool in run.TOOLS:
         bench_llamacpp.binary(tool).parent.mkdir(parents=True, exist_ok=True)
         bench_llamacpp.binary(tool).write_text("")
     (bench_llamacpp.home() / "build.json").write_text(json.dumps({"flags": list(flags)}), encoding="utf-8")
@@ -43,9 +43,9 @@ def _fake_build(flags) -> None:
 def test_build_record_names_todays_flags(monkeypatch, tmp_path):
     monkeypatch.setenv("LESSONKIT_HOME", str(tmp_path))
     assert not bench_llamacpp.is_built()
-    _fake_build([f for f in bench_llamacpp.CMAKE_FLAGS if "EXAMPLES" not in f] + ["-DLLAMA_BUILD_EXAMPLES=OFF"])
+    _fake_build([f for f in run.CMAKE_FLAGS if "EXAMPLES" not in f] + ["-DLLAMA_BUILD_EXAMPLES=OFF"])
     assert not bench_llamacpp.is_built()                   # a build of llama-bench alone, before issue 54: rebuilt
-    _fake_build(bench_llamacpp.CMAKE_FLAGS)
+    _fake_build(run.CMAKE_FLAGS)
     assert bench_llamacpp.is_built()
     bench_llamacpp.binary("llama-speculative").unlink()
     assert not bench_llamacpp.is_built()

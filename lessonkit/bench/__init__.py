@@ -45,5 +45,8 @@ OPTIONS = {
     "engines": ("text", None, "llamacpp: which to measure, from llamacpp,lessonkit,transformers (default all)"),
     "build": ("flag", False, "llamacpp: download the llama-cpp-python sdist and build llama-bench into the cache "
                              "first (minutes)"),
+    "ggml": ("text", None, "llamacpp: the llama.cpp build measured (and made by --build): native (default: GGML_NATIVE, "
+                           "this CPU's best) or avx2 (AVX2 without AVX-512: an AVX2 CPU's kernels, e.g. Zen 3; run "
+                           "beside LESSONKIT_KERNEL=avx2)"),
     "numerics": ("numerics", None, None),
 }

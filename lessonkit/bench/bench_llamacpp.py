@@ -8,6 +8,9 @@ llama.cpp is the one vendored in the llama-cpp-python 0.3.36 sdist, built CPU-on
 GGML_NATIVE) into lessonkit_home()/llamacpp-0.3.36 only when asked (`--build`): never by the README
 commands or the tests. The same build holds llama-completion, llama-lookup and llama-speculative (llama.cpp's
 examples, hence LLAMA_BUILD_EXAMPLES=ON) for `bench llamacpp-spec` (lessonkit.bench.bench_llamacpp_spec).
+`--ggml avx2` measures another build instead, made by `--build --ggml avx2` into lessonkit_home()/llamacpp-0.3.36-avx2:
+AVX2 without AVX-512 or VNNI, the kernels an AVX2 CPU (AMD Zen 3) runs; with LESSONKIT_KERNEL=avx2 the two engines'
+AVX2 paths run side by side on a machine that has AVX-512 (lessonkit.measure.llamacpp.GGML_BUILDS).
 `llama-bench -p 512 -n 128 -r 1 -o json` runs its prefill and decode tests one after the other (each with
 its own warm-up), the same as `-p 512 -n 0` and `-p 0 -n 128`, loading the model once.
 """
@@ -30,7 +33,7 @@ from lessonkit.engine import kernel
 from lessonkit.engine.active import describe
 from lessonkit.errors import LessonkitError
 from lessonkit.engine.threads import pin_torch_threads
-from lessonkit.measure.llamacpp import CMAKE_FLAGS, TOOLS, VERSION, binary, build_record, home, is_built
+from lessonkit.measure.llamacpp import VERSION, binary, build_record, check_ggml, cmake_flags, home, is_built, tools
 from lessonkit.models.gguf_loader import load_smollm2, smollm2_gguf_path, to_transformers
 from lessonkit.models.registry import load_model
 from lessonkit.engine.machine import machine_record
@@ -134,55 +137,57 @@ def fetch_sources(root: Path, log: Path) -> Path:
     return src
 
 
-def build() -> dict:
-    """Download, unpack and build TOOLS (CPU only) unless they are there, built with today's flags."""
-    root = home()
-    if is_built():
-        return build_record()
-    tools = require_tools()
+def build(ggml: str = "native") -> dict:
+    """Download, unpack and build the tools of the `ggml` build (CPU only; measure.llamacpp.GGML_BUILDS) unless they
+    are there, built with today's flags. The sources are unpacked once, into the native build's folder."""
+    root = home(ggml)
+    if is_built(ggml):
+        return build_record(ggml)
+    programs = require_tools()
     root.mkdir(parents=True, exist_ok=True)
     log = root / "build.log"
-    print(f"building llama.cpp {VERSION} (llama-cpp-python sdist) into {root}; log: {log}", file=sys.stderr)
+    print(f"building llama.cpp {VERSION} ({ggml}; llama-cpp-python sdist) into {root}; log: {log}", file=sys.stderr)
     t0 = time.perf_counter()
-    src = fetch_sources(root, log)
-    _run_logged([tools["cmake"], "-S", str(src), "-B", str(root / "build"), "-G", "Ninja",
-                 f"-DCMAKE_MAKE_PROGRAM={tools['ninja']}", *CMAKE_FLAGS], log, "cmake configure")
-    _run_logged([tools["cmake"], "--build", str(root / "build"), "--target", *TOOLS], log, "cmake build")
-    info = {"version": VERSION, "flags": list(CMAKE_FLAGS), "build_s": round(time.perf_counter() - t0, 1),
-            "cpu_count": os.cpu_count()}
+    home().mkdir(parents=True, exist_ok=True)
+    src = fetch_sources(home(), log)
+    _run_logged([programs["cmake"], "-S", str(src), "-B", str(root / "build"), "-G", "Ninja",
+                 f"-DCMAKE_MAKE_PROGRAM={programs['ninja']}", *cmake_flags(ggml)], log, "cmake configure")
+    _run_logged([programs["cmake"], "--build", str(root / "build"), "--target", *tools(ggml)], log, "cmake build")
+    info = {"version": VERSION, "ggml": ggml, "flags": list(cmake_flags(ggml)),
+            "build_s": round(time.perf_counter() - t0, 1), "cpu_count": os.cpu_count()}
     (root / "build.json").write_text(json.dumps(info, indent=1), encoding="utf-8")
     print(f"built in {info['build_s']:.0f} s", file=sys.stderr)
     return info
 
 
-def quantize_command(src: Path, dst: Path, kind: str) -> list[str]:
-    return [str(binary("llama-quantize")), "--allow-requantize", str(src), str(dst), kind]
+def quantize_command(src: Path, dst: Path, kind: str, ggml: str = "native") -> list[str]:
+    return [str(binary("llama-quantize", ggml)), "--allow-requantize", str(src), str(dst), kind]
 
 
-def requantized(q4: Path, kind: str) -> Path:
+def requantized(q4: Path, kind: str, ggml: str = "native") -> Path:
     """The GGUF that `llama-quantize --allow-requantize IN OUT KIND` makes from the shipped file, once, into
-    home(): written as OUT.partial and renamed (removed when the tool fails), reused when present."""
-    out = home() / (q4.name.replace("Q4_1", kind) if "Q4_1" in q4.name else f"{q4.stem}.{kind}.gguf")
+    home(ggml): written as OUT.partial and renamed (removed when the tool fails), reused when present."""
+    out = home(ggml) / (q4.name.replace("Q4_1", kind) if "Q4_1" in q4.name else f"{q4.stem}.{kind}.gguf")
     if out.is_file():
         return out
-    if not binary("llama-quantize").is_file():
-        raise LessonkitError(f"llama-quantize is not in {binary('llama-quantize').parent}")
+    if not binary("llama-quantize", ggml).is_file():
+        raise LessonkitError(f"llama-quantize is not in {binary('llama-quantize', ggml).parent}")
     tmp = out.with_suffix(".partial")
     try:
-        _run_logged(quantize_command(q4, tmp, kind), home() / "quantize.log", f"llama-quantize to {kind}")
+        _run_logged(quantize_command(q4, tmp, kind, ggml), home(ggml) / "quantize.log", f"llama-quantize to {kind}")
         tmp.rename(out)
     finally:
         tmp.unlink(missing_ok=True)
     return out
 
 
-def f32_gguf(q4: Path) -> Path:
-    return requantized(q4, "F32")
+def f32_gguf(q4: Path, ggml: str = "native") -> Path:
+    return requantized(q4, "F32", ggml)
 
 
-def q4_0_gguf(q4: Path) -> Path:
+def q4_0_gguf(q4: Path, ggml: str = "native") -> Path:
     """Q4_0, llama.cpp's fastest format on x86 (repacked for AVX2 / AVX-512 at load; Q4_1 is not)."""
-    return requantized(q4, "Q4_0")
+    return requantized(q4, "Q4_0", ggml)
 
 
 # ---- measuring -----------------------------------------------------------------------------------------
@@ -205,8 +210,8 @@ def parse_bench_json(text: str) -> dict:
     return out
 
 
-def llama_bench(model: Path, threads: int, n_gen: int, n_prompt: int) -> dict:
-    cmd = [str(binary("llama-bench")), "-m", str(model), "-t", str(threads), "-p", str(n_prompt),
+def llama_bench(model: Path, threads: int, n_gen: int, n_prompt: int, ggml: str = "native") -> dict:
+    cmd = [str(binary("llama-bench", ggml)), "-m", str(model), "-t", str(threads), "-p", str(n_prompt),
            "-n", str(n_gen), "-r", "1", "-o", "json"]
     r = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8")
     if r.returncode != 0:
@@ -214,22 +219,23 @@ def llama_bench(model: Path, threads: int, n_gen: int, n_prompt: int) -> dict:
     return parse_bench_json(r.stdout)
 
 
-def _llamacpp_contenders(q4: Path, notes: list[str]) -> dict:
-    """Q4_1 as shipped, Q4_0 and F32. A Q4_0 file that cannot be made is one line (stderr and notes) and no
-    Q4_0 row; the other rows run unchanged."""
-    if not is_built():
-        raise LessonkitError(f"llama.cpp is not built in {home()}: run `lessonkit bench llamacpp --build` once "
-                             "(downloads the llama-cpp-python sdist and compiles llama-bench; minutes), "
+def _llamacpp_contenders(q4: Path, notes: list[str], ggml: str = "native") -> dict:
+    """Q4_1 as shipped, Q4_0 and F32, on the `ggml` build. A Q4_0 file that cannot be made is one line (stderr and
+    notes) and no Q4_0 row; the other rows run unchanged."""
+    if not is_built(ggml):
+        flag = "" if ggml == "native" else f" --ggml {ggml}"
+        raise LessonkitError(f"llama.cpp ({ggml}) is not built in {home(ggml)}: run `lessonkit bench llamacpp --build"
+                             f"{flag}` once (downloads the llama-cpp-python sdist and compiles llama-bench; minutes), "
                              "or leave llamacpp out with --engines lessonkit,transformers")
-    f32 = f32_gguf(q4)
-    out = {("llama.cpp", "Q4_1 + Q8_0 (as shipped)", str(q4)): lambda n, g, p: llama_bench(q4, n, g, p)}
+    f32 = f32_gguf(q4, ggml)
+    out = {("llama.cpp", "Q4_1 + Q8_0 (as shipped)", str(q4)): lambda n, g, p: llama_bench(q4, n, g, p, ggml)}
     try:
-        q4_0 = q4_0_gguf(q4)
-        out[("llama.cpp", "Q4_0 (llama-quantize)", str(q4_0))] = lambda n, g, p: llama_bench(q4_0, n, g, p)
+        q4_0 = q4_0_gguf(q4, ggml)
+        out[("llama.cpp", "Q4_0 (llama-quantize)", str(q4_0))] = lambda n, g, p: llama_bench(q4_0, n, g, p, ggml)
     except LessonkitError as e:
         notes.append(f"no llama.cpp Q4_0 row: {e}")
         print(f"bench llamacpp: {notes[-1]}", file=sys.stderr)
-    out[("llama.cpp", "F32 (llama-quantize)", str(f32))] = lambda n, g, p: llama_bench(f32, n, g, p)
+    out[("llama.cpp", "F32 (llama-quantize)", str(f32))] = lambda n, g, p: llama_bench(f32, n, g, p, ggml)
     return out
 
 
@@ -283,11 +289,11 @@ def _inputs(gguf, n_prefill: int) -> tuple[list[int], list[int]]:
     return prompt, ids.tolist()
 
 
-def contenders(engines: list[str], n_prefill: int, notes: list[str] | None = None) -> dict:
+def contenders(engines: list[str], n_prefill: int, notes: list[str] | None = None, ggml: str = "native") -> dict:
     """{(engine, weights, weights path): run(threads, n_gen, n_prompt) -> {decode_tok_s, prefill_tok_s}}; a row
     left out is a line appended to notes."""
     q4 = smollm2_gguf_path()
-    out = _llamacpp_contenders(q4, notes if notes is not None else []) if "llamacpp" in engines else {}
+    out = _llamacpp_contenders(q4, notes if notes is not None else [], ggml) if "llamacpp" in engines else {}
     if {"lessonkit", "transformers"} & set(engines):
         gguf = load_smollm2(progress=False)
         prompt, prefill = _inputs(gguf, n_prefill)
@@ -365,9 +371,12 @@ def bench(args) -> dict:
     smoke = bool(getattr(args, "smoke", False))
     repeats = 1 if smoke else max(1, getattr(args, "repeats", None) or 5)
     n_gen, n_prompt = SIZES["smoke" if smoke else "full"]
-    build_info = build() if getattr(args, "build", False) else None
-    left_out = []
-    fns = contenders(engines, n_prompt, left_out)
+    ggml = check_ggml(getattr(args, "ggml", None) or "native")
+    build_info = build(ggml) if getattr(args, "build", False) else None
+    left_out = [] if ggml == "native" or kernel.isa() == ggml else [
+        f"llama.cpp's {ggml} build beside lessonkit's {kernel.isa()} path: LESSONKIT_KERNEL={ggml} puts the two "
+        f"engines' {ggml} paths side by side"]
+    fns = contenders(engines, n_prompt, left_out, ggml)
     rows = measure(fns, threads, repeats, n_gen, n_prompt)
     ratios, targets = ratios_and_targets(rows, threads)
     notes = ["smoke sizes (8 decoded, 32 prefilled, 1 repeat): not the issue's figures"] if smoke else []
@@ -375,6 +384,7 @@ def bench(args) -> dict:
         f"{k} {v:.2f}x" for k, v in r.items() if k not in ("threads", "figure") and v is not None)
         for r in ratios if any(v is not None for k, v in r.items() if k not in ("threads", "figure"))]
     return {"bench": "llamacpp", "model": MODEL, "machine": machine_record(), "kernel": describe(),
-            "llamacpp": {"version": VERSION, "dir": str(home()), "built": is_built(), "build": build_info},
+            "llamacpp": {"version": VERSION, "ggml": ggml, "dir": str(home(ggml)), "built": is_built(ggml),
+                         "build": build_info, "flags": list(cmake_flags(ggml))},
             "engines": engines, "threads": threads, "repeats": repeats, "decode_tokens": n_gen,
             "prefill_tokens": n_prompt, "rows": rows, "ratios": ratios, "targets": targets, "notes": notes}

@@ -39,22 +39,51 @@ if platform.machine().lower() in ("x86_64", "amd64"):
                     "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
 
 
-def home() -> Path:
-    return lessonkit_home() / f"llamacpp-{VERSION}"
+# The builds `bench llamacpp --ggml` measures: native (GGML_NATIVE: this CPU's best kernels, every tool) and avx2
+# (AVX2 without AVX-512 or VNNI: the kernels an AVX2 CPU such as AMD Zen 3 runs, built on any x86-64 machine; only
+# what bench llamacpp runs). Beside LESSONKIT_KERNEL=avx2 it puts the two engines' AVX2 paths side by side on a
+# machine that has AVX-512 (issue 61's prefill figure "on every CPU").
+GGML_BUILDS = ("native", "avx2")
+AVX2_FLAGS = ("-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+              "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF")
+BENCH_TOOLS = ("llama-bench", "llama-quantize")
 
 
-def binary(name: str) -> Path:
-    return home() / "build" / "bin" / name
+def check_ggml(ggml: str) -> str:
+    if ggml not in GGML_BUILDS:
+        raise LessonkitError(f"--ggml {ggml!r}: the llama.cpp builds are {', '.join(GGML_BUILDS)}")
+    if ggml != "native" and platform.machine().lower() not in ("x86_64", "amd64"):
+        raise LessonkitError(f"--ggml {ggml}: an x86-64 build; this machine is {platform.machine()}")
+    return ggml
 
 
-def build_record() -> dict:
-    path = home() / "build.json"
+def cmake_flags(ggml: str = "native") -> tuple[str, ...]:
+    if check_ggml(ggml) == "native":
+        return CMAKE_FLAGS
+    return tuple(f for f in CMAKE_FLAGS if f != "-DGGML_NATIVE=ON") + AVX2_FLAGS
+
+
+def tools(ggml: str = "native") -> tuple[str, ...]:
+    return TOOLS if check_ggml(ggml) == "native" else BENCH_TOOLS
+
+
+def home(ggml: str = "native") -> Path:
+    """The build's folder: llamacpp-VERSION (native) or llamacpp-VERSION-avx2; the sources live in the native one."""
+    return lessonkit_home() / (f"llamacpp-{VERSION}" + ("" if check_ggml(ggml) == "native" else f"-{ggml}"))
+
+
+def binary(name: str, ggml: str = "native") -> Path:
+    return home(ggml) / "build" / "bin" / name
+
+
+def build_record(ggml: str = "native") -> dict:
+    path = home(ggml) / "build.json"
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-def is_built() -> bool:
-    """Both tools are there, built with today's flags."""
-    return all(binary(t).is_file() for t in TOOLS) and build_record().get("flags") == list(CMAKE_FLAGS)
+def is_built(ggml: str = "native") -> bool:
+    """The build's tools are there, built with today's flags."""
+    return all(binary(t, ggml).is_file() for t in tools(ggml)) and build_record(ggml).get("flags") == list(cmake_flags(ggml))
 
 
 @dataclass
