@@ -20,7 +20,7 @@ COST = [1.0 + 0.1 * j for j in range(9)]
 class Fresh(SuffixDrafter):
     """The reference: every reset builds the request's trie from scratch (what reset did before it kept a prefix)."""
 
-    def _kept(self, prompt):
+    def _kept(self, seen, prompt):
         return 0
 
 
@@ -113,6 +113,22 @@ def test_the_named_cases_and_that_the_prefix_is_kept():
     assert a.trie is not trie
     _serve([a, b], [([], [1, 2, 1, 2]), ([], []), (prefix, [1, 2, 3])])     # empty prompts
     _serve([a, b], [(prefix + [7], [1, 2]), (prefix + [7, 1], [2, 3])])
+
+
+def test_requests_of_two_kinds_taking_turns_go_on_from_their_own_kinds_trie():
+    """Requests behind two system prompts, taking turns (bench suffix's families): each goes on from the trie its own
+    kind left (parked while the other kind ran), never from scratch; drafts and tries equal a fresh build's (_serve)."""
+    a, b = _pair(COST, 10**6)
+    p1, p2 = [1, 2, 3, 1, 2, 4] * 8, [5, 6, 7, 5, 6, 8] * 8
+    _serve([a, b], [(p1 + [9], [1, 2, 3])])
+    t1 = a.trie
+    _serve([a, b], [(p2 + [9], [5, 6])])
+    t2 = a.trie
+    assert t2 is not t1
+    _serve([a, b], [(p1 + [7, 1], [2, 3])])
+    assert a.trie is t1
+    _serve([a, b], [(p2 + [7], [5]), (p1, [1]), (p2 + [1], [5])])
+    assert a.trie is t2 and len(a.parked) <= 4
 
 
 def test_truncate_leaves_the_trie_of_the_kept_text():

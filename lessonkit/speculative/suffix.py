@@ -63,6 +63,7 @@ from lessonkit.speculative.drafters import Draft
 
 DEPTH = 24          # the trie's depth: a match (at most MAX_MATCH tokens) plus its continuation
 MAX_MATCH = 12      # the longest context suffix looked up
+PARKED = 4          # request tries kept from earlier requests: a new prompt goes on from the one it shares most with
 ALPHA = 0.75        # draft depth <= alpha * match length (SuffixDecoding's max_spec_factor; vLLM's default 1.0)
 MIN_PROB = 0.7      # stop where the estimated chance the whole draft is accepted falls below this (vLLM's 0.1)
 PRIOR = {False: 0.3, True: 0.8}     # cost-aware depth: acceptance before any is seen (went two ways, unanimous)
@@ -249,18 +250,25 @@ class SuffixDrafter:
                            for u in (False, True)}
         self._pending = None        # the last cost-aware proposal: (context length, [(token, source, unanimous)])
         self.seen: list[int] = []   # the text the request's trie holds
+        self.parked: list[tuple[list[int], SuffixTrie]] = []    # earlier requests' (text, trie), latest first
         self.reset([])
 
     def reset(self, prompt_ids: list[int]) -> None:
-        """A new request. Its trie (the request's own) keeps what the previous request's text shares with the new
-        prompt (`_kept`) and feeds the rest; the store's match is found again (the store may have learnt since)."""
+        """A new request. Its trie (the request's own) goes on from the earlier request's trie (the last one's, or
+        one of the PARKED before it: requests of several kinds taking turns) that keeps the most of the new prompt
+        (`_kept`), undoing the rest of that request's text and feeding the rest of the prompt; the store's match is
+        found again (the store may have learnt since)."""
         prompt = list(prompt_ids)
-        keep = self._kept(prompt)
+        if self.seen:
+            self.parked.insert(0, (self.seen, self.trie))
+        keep, at = max(((self._kept(seen, prompt), -i) for i, (seen, _) in enumerate(self.parked)), default=(0, 0))
         if keep:
-            self.frontier = self.trie.truncate(self.seen, keep)
+            seen, self.trie = self.parked.pop(-at)
+            self.frontier = self.trie.truncate(seen, keep)
         else:
             self.trie = SuffixTrie(self.depth)
             self.frontier = [self.trie.root]
+        del self.parked[PARKED:]
         self.seen = prompt[:keep]
         self.store_match = None
         if self.store is not None:      # the kept text's longest suffix in the store: its last max_match tokens decide
@@ -272,11 +280,11 @@ class SuffixDrafter:
         self.prompt_len = len(prompt)
         self._feed(prompt[keep:])
 
-    def _kept(self, prompt: list[int]) -> int:
-        """How many of the previous text's tokens the new request's trie keeps: the prefix it shares with the new
-        prompt, where that is longer than the rest of the previous text (which must be undone); else 0 (built anew)."""
-        keep = common_prefix(self.seen, prompt)
-        return keep if keep > len(self.seen) - keep else 0
+    def _kept(self, seen: list[int], prompt: list[int]) -> int:
+        """How many tokens of an earlier request's text `seen` its trie keeps for the new prompt: the prefix they
+        share, where that is longer than the rest of `seen` (which must be undone); else 0 (build anew)."""
+        keep = common_prefix(seen, prompt)
+        return keep if keep > len(seen) - keep else 0
 
     def _feed(self, tokens: list[int]) -> None:
         trie, frontier, match, mm = self.trie, self.frontier, self.store_match, self.max_match
