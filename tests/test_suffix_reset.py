@@ -24,20 +24,22 @@ class Fresh(SuffixDrafter):
         return 0
 
 
-def shape(node):
-    """A trie as nested lists, children in their dict order (the order decides ties between equal counts)."""
-    return [(t, c.count, shape(c)) for t, c in (node.children or {}).items()]
+def shape(trie, node=None):
+    """A trie (below `node`, the root by default) as nested lists, children in their dict order (the order decides
+    ties between equal counts): node numbers left out, which a trie that freed nodes hands out again in another order."""
+    node = trie.root if node is None else node
+    return [(t, trie.count[c], shape(trie, c)) for t, c in (trie.kids[node] or {}).items()]
 
 
 def _same_state(a: SuffixDrafter, b: SuffixDrafter):
     assert a.seen == b.seen and a.prompt_len == b.prompt_len
-    assert shape(a.trie.root) == shape(b.trie.root) and a.trie.nodes == b.trie.nodes
-    assert [shape(n) for n in a.frontier] == [shape(n) for n in b.frontier]
-    assert [n.count for n in a.frontier] == [n.count for n in b.frontier]
+    assert shape(a.trie) == shape(b.trie) and a.trie.nodes == b.trie.nodes
+    assert [shape(a.trie, n) for n in a.frontier] == [shape(b.trie, n) for n in b.frontier]
+    assert [a.trie.count[n] for n in a.frontier] == [b.trie.count[n] for n in b.frontier]
     if a.store is not None:         # each drafter has its own store, which learnt the same outputs
-        assert shape(a.store.trie.root) == shape(b.store.trie.root)
-        assert [shape(n) for n in a.store_match] == [shape(n) for n in b.store_match]
-        assert [n.count for n in a.store_match] == [n.count for n in b.store_match]
+        assert shape(a.store.trie) == shape(b.store.trie)
+        assert [shape(a.store.trie, n) for n in a.store_match] == [shape(b.store.trie, n) for n in b.store_match]
+        assert [a.store.trie.count[n] for n in a.store_match] == [b.store.trie.count[n] for n in b.store_match]
 
 
 def _serve(drafters, requests, k=4):
@@ -144,8 +146,9 @@ def test_truncate_leaves_the_trie_of_the_kept_text():
             for t in text[:keep]:
                 wf = want.extend(wf, t)
             got = trie.truncate(text, keep)
-            assert shape(trie.root) == shape(want.root) and trie.nodes == want.nodes, (keep, depth)
-            assert [shape(n) for n in got] == [shape(n) for n in wf] and len(got) == len(wf)
+            assert shape(trie) == shape(want) and trie.nodes == want.nodes, (keep, depth)
+            assert [shape(trie, n) for n in got] == [shape(want, n) for n in wf] and len(got) == len(wf)
+            assert len(trie.count) - len(trie.free) == trie.nodes              # every freed number is on the list
 
 
 @pytest.mark.parametrize("cost", [None, COST])

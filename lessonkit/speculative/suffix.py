@@ -63,6 +63,7 @@ from lessonkit.speculative.drafters import Draft
 
 DEPTH = 24          # the trie's depth: a match (at most MAX_MATCH tokens) plus its continuation
 MAX_MATCH = 12      # the longest context suffix looked up
+ROOT = 0            # the root's node number in every trie
 PARKED = 4          # request tries kept from earlier requests: a new prompt goes on from the one it shares most with
 ALPHA = 0.75        # draft depth <= alpha * match length (SuffixDecoding's max_spec_factor; vLLM's default 1.0)
 MIN_PROB = 0.7      # stop where the estimated chance the whole draft is accepted falls below this (vLLM's 0.1)
@@ -73,43 +74,53 @@ PRIOR_OFFERED = 4                   # ... worth this many proposed tokens
 # of the settings tried (alpha 0.5 .. 4, min_prob 0 .. 0.85; docs/speculative.md, "Suffix drafting").
 
 
-class Node:
-    __slots__ = ("count", "children")
-
-    def __init__(self):
-        self.count = 0              # occurrences of this node's substring
-        self.children = None        # token -> Node, made on the first child (most nodes are leaves)
-
-
 class SuffixTrie:
-    """Every substring of the inserted text of at most `depth` tokens, as a path from the root, with counts."""
+    """Every substring of the inserted text of at most `depth` tokens, as a path from the root, with counts.
+
+    Nodes are numbers (ROOT = 0) into two lists: count[n], the occurrences of node n's substring, and kids[n], a dict
+    token -> child node (None for a leaf: most nodes are). Ints in a list and dicts of int -> int are invisible to
+    Python's cyclic garbage collector (CPython tracks neither), so a trie of any size adds nothing to its full passes;
+    as one object per node, a warm store's 36,000 nodes and the request tries made a full pass take 83 ms, inside a
+    request's drafting. Numbers freed by `truncate` are used again."""
 
     def __init__(self, depth: int = DEPTH):
         if not 2 <= depth <= 256:
             raise LessonkitError(f"suffix trie depth {depth!r}: expected 2 .. 256")
         self.depth = depth
-        self.root = Node()
+        self.root = ROOT
+        self.count: list[int] = [0]
+        self.kids: list[dict | None] = [None]
+        self.free: list[int] = []
         self.nodes = 1
 
-    def extend(self, frontier: list[Node], token: int) -> list[Node]:
+    def _node(self) -> int:
+        if self.free:
+            n = self.free.pop()
+            self.count[n], self.kids[n] = 0, None
+            return n
+        self.count.append(0)
+        self.kids.append(None)
+        return len(self.count) - 1
+
+    def extend(self, frontier: list[int], token: int) -> list[int]:
         """Append `token` to a text whose frontier (frontier[i]: node of its last i tokens) is given; returns
         the new frontier. Each node on it counts one more occurrence."""
-        new = [self.root]
+        new, count, kids = [ROOT], self.count, self.kids
         for node in frontier[:self.depth]:
-            ch = node.children
+            ch = kids[node]
             if ch is None:
-                ch = node.children = {}
+                ch = kids[node] = {}
             nxt = ch.get(token)
             if nxt is None:
-                nxt = ch[token] = Node()
+                nxt = ch[token] = self._node()
                 self.nodes += 1
-            nxt.count += 1
+            count[nxt] += 1
             new.append(nxt)
         return new
 
     def add(self, tokens: list[int]) -> None:
         """Insert a whole sequence (its substrings do not run into the previous sequence's)."""
-        frontier = [self.root]
+        frontier = [ROOT]
         for t in tokens:
             frontier = self.extend(frontier, t)
 
@@ -117,30 +128,43 @@ class SuffixTrie:
         """Undo `add(tokens)`: one occurrence less on every path."""
         self.truncate(tokens, 0)
 
-    def truncate(self, text: list[int], keep: int) -> list[Node]:
+    def truncate(self, text: list[int], keep: int) -> list[int]:
         """The trie holds `text` (added as one sequence); undo the extends of text[keep:], leaving the trie that
         text[:keep] alone builds (the same nodes, counts and order of children), and return text[:keep]'s frontier.
         Only the substrings that end at keep or later lose an occurrence: O((len(text) - keep + depth) * depth).
         A node that reaches 0 goes with the chain below it, which this occurrence alone held (a child never counts
         more than its parent)."""
-        frontier = [self.root] + [None] * min(self.depth, keep)
+        count, kids = self.count, self.kids
+        frontier = [ROOT] + [None] * min(self.depth, keep)
         for i in range(max(0, keep - self.depth), len(text)):
-            node, path = self.root, text[i:i + self.depth]
+            node, path = ROOT, text[i:i + self.depth]
             for j, t in enumerate(path):
-                nxt = node.children[t]
+                nxt = kids[node][t]
                 if i + j < keep:                # a substring of the kept text: stays
                     if i + j == keep - 1:
                         frontier[keep - i] = nxt
-                elif nxt.count == 1:            # made after keep: goes, with the chain below it
-                    del node.children[t]
-                    if not node.children:
-                        node.children = None
-                    self.nodes -= len(path) - j
+                elif count[nxt] == 1:           # made after keep: goes, with the chain below it
+                    del kids[node][t]
+                    if not kids[node]:
+                        kids[node] = None
+                    self._drop(nxt, path[j + 1:])
                     break
                 else:
-                    nxt.count -= 1
+                    count[nxt] -= 1
                 node = nxt
         return frontier
+
+    def _drop(self, node: int, below: list[int]) -> None:
+        """Free `node` and the chain below it along the tokens `below` (held by one occurrence alone)."""
+        kids = self.kids
+        for t in below:
+            nxt = kids[node][t]
+            kids[node] = None
+            self.free.append(node)
+            node = nxt
+        kids[node] = None
+        self.free.append(node)
+        self.nodes -= len(below) + 1
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -153,12 +177,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def follow(match: list[Node], token: int, max_match: int) -> list[Node]:
-    """The nodes of the context's suffixes that a trie holds (match[i]: the last i tokens; lengths are
+def follow(trie: SuffixTrie, match: list[int], token: int, max_match: int) -> list[int]:
+    """The nodes of the context's suffixes that `trie` holds (match[i]: the last i tokens; lengths are
     prefix-closed: if a suffix is there, so is every shorter one), after the context grew by `token`."""
-    new = [match[0]]
+    new, kids = [match[0]], trie.kids
     for node in match[:max_match]:
-        ch = node.children
+        ch = kids[node]
         nxt = ch.get(token) if ch else None
         if nxt is None:
             break
@@ -166,23 +190,24 @@ def follow(match: list[Node], token: int, max_match: int) -> list[Node]:
     return new
 
 
-def most_frequent_child(node: Node) -> tuple[int, Node, int]:
+def most_frequent_child(trie: SuffixTrie, node: int) -> tuple[int, int, int]:
     """(token, child, total count of all children) of the child with the largest count (the first one on ties)."""
-    best_t, best, total = -1, None, 0
-    for t, c in node.children.items():
-        total += c.count
-        if best is None or c.count > best.count:
-            best_t, best = t, c
+    best_t, best, best_n, total, count = -1, -1, -1, 0, trie.count
+    for t, c in trie.kids[node].items():
+        n = count[c]
+        total += n
+        if n > best_n:
+            best_t, best, best_n = t, c, n
     return best_t, best, total
 
 
-def greedy_path(node: Node, depth: int, min_prob: float = MIN_PROB) -> tuple[list[int], float]:
+def greedy_path(trie: SuffixTrie, node: int, depth: int, min_prob: float = MIN_PROB) -> tuple[list[int], float]:
     """The most frequent continuation below `node`, at most `depth` tokens: (tokens, score). p_i = product of
     count(child) / count(all children) along the path; stops where p_i < min_prob; score = sum of p_i."""
     toks, p, score = [], 1.0, 0.0
-    while len(toks) < depth and node.children:
-        best_t, best, total = most_frequent_child(node)
-        p *= best.count / total
+    while len(toks) < depth and trie.kids[node]:
+        best_t, best, total = most_frequent_child(trie, node)
+        p *= trie.count[best] / total
         if p < min_prob:
             break
         toks.append(best_t)
@@ -191,14 +216,14 @@ def greedy_path(node: Node, depth: int, min_prob: float = MIN_PROB) -> tuple[lis
     return toks, score
 
 
-def continuation(node: Node, depth: int) -> tuple[list[int], list[bool]]:
+def continuation(trie: SuffixTrie, node: int, depth: int) -> tuple[list[int], list[bool]]:
     """The most frequent continuation below `node`, `depth` tokens at most, and for each token whether it was
     unanimous (every earlier occurrence of the path so far went on with it)."""
     toks, unanimous = [], []
-    while len(toks) < depth and node.children:
-        best_t, best, total = most_frequent_child(node)
+    while len(toks) < depth and trie.kids[node]:
+        best_t, best, total = most_frequent_child(trie, node)
         toks.append(best_t)
-        unanimous.append(best.count == total)
+        unanimous.append(trie.count[best] == total)
         node = best
     return toks, unanimous
 
@@ -267,14 +292,14 @@ class SuffixDrafter:
             self.frontier = self.trie.truncate(seen, keep)
         else:
             self.trie = SuffixTrie(self.depth)
-            self.frontier = [self.trie.root]
+            self.frontier = [ROOT]
         del self.parked[PARKED:]
         self.seen = prompt[:keep]
         self.store_match = None
         if self.store is not None:      # the kept text's longest suffix in the store: its last max_match tokens decide
-            self.store_match = [self.store.trie.root]
+            self.store_match = [ROOT]
             for t in prompt[max(0, keep - self.max_match):keep]:
-                self.store_match = follow(self.store_match, t, self.max_match)
+                self.store_match = follow(self.store.trie, self.store_match, t, self.max_match)
         self._pending = None
         self._context = None        # the context of the last update, not yet indexed
         self.prompt_len = len(prompt)
@@ -291,7 +316,7 @@ class SuffixDrafter:
         for t in tokens:
             frontier = trie.extend(frontier, t)
             if match is not None:
-                match = follow(match, t, mm)
+                match = follow(self.store.trie, match, t, mm)
         self.frontier, self.store_match = frontier, match
         self.seen.extend(tokens)
 
@@ -306,8 +331,8 @@ class SuffixDrafter:
     def _request_draft(self, k: int) -> tuple[list[int], float]:
         f = self.frontier
         for length in range(min(self.max_match, len(f) - 1), 0, -1):     # the longest match that went on
-            if f[length].children:
-                return greedy_path(f[length], spec_depth(length, k, self.alpha), self.min_prob)
+            if self.trie.kids[f[length]]:
+                return greedy_path(self.trie, f[length], spec_depth(length, k, self.alpha), self.min_prob)
         return [], 0.0
 
     def _store_draft(self, k: int) -> tuple[list[int], float]:
@@ -315,7 +340,7 @@ class SuffixDrafter:
         if m is None or len(m) < 2:
             return [], 0.0
         length = len(m) - 1
-        return greedy_path(m[-1], spec_depth(length, k, self.alpha), self.min_prob)
+        return greedy_path(self.store.trie, m[-1], spec_depth(length, k, self.alpha), self.min_prob)
 
     def continuations(self, context: list[int], k: int) -> list[tuple[str, list[int], list[bool]]]:
         """Each source's most frequent continuation of the context's longest match there, k tokens at most, uncut:
@@ -323,12 +348,12 @@ class SuffixDrafter:
         self._catch_up(context)
         nodes, f = [], self.frontier
         for length in range(min(self.max_match, len(f) - 1), 0, -1):     # the longest match that went on
-            if f[length].children:
-                nodes.append(("request", f[length]))
+            if self.trie.kids[f[length]]:
+                nodes.append(("request", self.trie, f[length]))
                 break
         if self.store_match is not None and len(self.store_match) > 1:
-            nodes.append(("store", self.store_match[-1]))
-        return [(source, *continuation(node, k)) for source, node in nodes]
+            nodes.append(("store", self.store.trie, self.store_match[-1]))
+        return [(source, *continuation(trie, node, k)) for source, trie, node in nodes]
 
     def _costed(self, context: list[int], k: int) -> tuple[list[int], str, list[bool]]:
         """Cost-aware depth: each source's continuation cut at its best depth; the source with the higher
