@@ -166,8 +166,9 @@ def quantize_command(src: Path, dst: Path, kind: str, ggml: str = "native") -> l
 
 def requantized(q4: Path, kind: str, ggml: str = "native") -> Path:
     """The GGUF that `llama-quantize --allow-requantize IN OUT KIND` makes from the shipped file, once, into
-    home(ggml): written as OUT.partial and renamed (removed when the tool fails), reused when present."""
-    out = home(ggml) / (q4.name.replace("Q4_1", kind) if "Q4_1" in q4.name else f"{q4.stem}.{kind}.gguf")
+    home() (one file for every build: the native and AVX2 builds made the same bytes, compared with cmp): written as OUT.partial
+    and renamed (removed when the tool fails), reused when present. The `ggml` build's llama-quantize makes it."""
+    out = home() / (q4.name.replace("Q4_1", kind) if "Q4_1" in q4.name else f"{q4.stem}.{kind}.gguf")
     if out.is_file():
         return out
     if not binary("llama-quantize", ggml).is_file():

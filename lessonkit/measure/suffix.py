@@ -17,6 +17,7 @@ from lessonkit.engine.generate import generate, request_cache
 from lessonkit.errors import LessonkitError
 from lessonkit.measure.speculative import plain_runner, spec_runner, speedup_ratios, take_turns
 from lessonkit.prefix_cache.cache import PrefixCache
+from lessonkit.speculative.drafters import common_prefix
 from lessonkit.speculative.suffix import SuffixDrafter
 from lessonkit.speculative.suffix_store import SuffixStore
 from lessonkit.speculative.verify import speculative_generate
@@ -73,15 +74,8 @@ def store_contenders(target, store: SuffixStore, max_new: int, shares=STORE_SHAR
 def shared_prefix_lengths(prompts: list[list[int]]) -> list[int]:
     """Per prompt, the longest prefix it shares with another of `prompts` (a structured family's system turn and
     worked example), at most its length less one: the last prompt token is prefilled, to give the first logits."""
-    out = []
-    for i, p in enumerate(prompts):
-        n = 0
-        for j, q in enumerate(prompts):
-            if i != j:
-                m = next((a for a, (x, y) in enumerate(zip(p, q)) if x != y), min(len(p), len(q)))
-                n = max(n, m)
-        out.append(min(n, len(p) - 1))
-    return out
+    return [min(max((common_prefix(p, q) for j, q in enumerate(prompts) if j != i), default=0), len(p) - 1)
+            for i, p in enumerate(prompts)]
 
 
 class SharedPrefix:

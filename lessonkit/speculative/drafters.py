@@ -59,7 +59,8 @@ class Drafter(Protocol):
     def update(self, context: list[int], num_accepted: int) -> None: ...
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens a and b start with in common."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -166,7 +167,7 @@ class _CachedModel:
 
     def logits_after(self, context: list[int]) -> torch.Tensor:
         """Logits [V] for the position after `context`, reusing every cached position that still matches."""
-        n = _common_prefix(self.ids, context)
+        n = common_prefix(self.ids, context)
         n = min(n, len(context) - 1)           # the last token must be fed to get its logits
         if n < 0:
             raise LessonkitError("a drafter needs a non-empty context")
@@ -185,7 +186,7 @@ class _CachedModel:
     def greedy_after(self, context: list[int], k: int) -> list[int]:
         """k greedy drafts after `context` in one C call (the "C" step only): the context tokens the cache lacks
         and the k - 1 drafts fed through the model's C forward, each argmax in C (CForward.draft_greedy)."""
-        n = min(_common_prefix(self.ids, context), len(context) - 1)
+        n = min(common_prefix(self.ids, context), len(context) - 1)
         if n < 0:
             raise LessonkitError("a drafter needs a non-empty context")
         self.cache.rollback(n)

@@ -59,7 +59,7 @@ so the output is plain greedy's whatever is proposed.
 from __future__ import annotations
 
 from lessonkit.errors import LessonkitError
-from lessonkit.speculative.drafters import Draft
+from lessonkit.speculative.drafters import Draft, common_prefix
 
 DEPTH = 24          # the trie's depth: a match (at most MAX_MATCH tokens) plus its continuation
 MAX_MATCH = 12      # the longest context suffix looked up
@@ -165,16 +165,6 @@ class SuffixTrie:
         kids[node] = None
         self.free.append(node)
         self.nodes -= len(below) + 1
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many tokens a and b start with in common."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def follow(trie: SuffixTrie, match: list[int], token: int, max_match: int) -> list[int]:
