@@ -28,22 +28,24 @@ def _inputs():
             reads[(b, r, "accepted")] = (4.0 + r) * (3 if b == 2 else 0)
             reads[(b, r, "rejected")] = (5.0 + 1.5 * r) * (3 if b == 2 else 0)
     return {"T_s": {1: 0.004, 2: 0.0046, 3: 0.005, 5: 0.0061}, "reads_per_forward": reads, "step_overhead_s": 0.001,
+            "loop_s": {1: 0.001, 2: 0.0013, 3: 0.0016, 5: 0.0019},
             "prefill_s": 0.02, "prefill_reads": {2: 30.0, 32: 0.0}, "budgets": [2, 32], "new_tokens": 24,
             "total_experts": 32, "page_cache_read_s": 2e-4, "read_bytes": 1 << 20}
 
 
 def _as_written(inp, b, a, k, t_read):
     """Lesson 1 section 5's formula, transcribed from its markdown."""
-    T, R, o, n = inp["T_s"], inp["reads_per_forward"], inp["step_overhead_s"], inp["new_tokens"]
+    T, R, o, n = inp["T_s"], inp["reads_per_forward"], inp["loop_s"], inp["new_tokens"]
     P = inp["prefill_s"] + inp["prefill_reads"][b] * t_read
     e = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0
     r_a = a * R[(b, k + 1, "accepted")] + (1 - a) * R[(b, k + 1, "rejected")]
-    return (P + (n - 1) * (T[1] + o + R[(b, 1, "accepted")] * t_read)) / (P + (n - 1) / e * (T[k + 1] + o + r_a * t_read))
+    return ((P + (n - 1) * (T[1] + o[1] + R[(b, 1, "accepted")] * t_read))
+            / (P + (n - 1) / e * (T[k + 1] + o[k + 1] + r_a * t_read)))
 
 
 def test_lesson_1_disk_formula_is_the_codes():
     section = next(c for c in _cells(NB) if c.startswith("## 5. When disk-bound"))
-    assert "T(1) + o + R(1, B) t_read" in section and "T(k+1) + o + R_a(k+1, B) t_read" in section
+    assert "T(1) + o(1) + R(1, B) t_read" in section and "T(k+1) + o(k+1) + R_a(k+1, B) t_read" in section
     assert "R_a = a R_accepted + (1 - a) R_rejected" in section and "E(a, k) = (1 - a^(k+1))/(1 - a)" in section
     inp = _inputs()
     df = disk_cost_model(inp, disk="warm", ks=(1, 2, 4))
@@ -51,6 +53,15 @@ def test_lesson_1_disk_formula_is_the_codes():
     for r in df.itertuples():
         assert r.speedup == pytest.approx(_as_written(inp, r.budget_experts,
                                                       r.acceptance, r.k, t_read), rel=1e-12)
+
+
+def test_a_formula_with_one_loop_overhead_is_caught():
+    """The check can fail: pricing a verify step's loop at the decode step's o(1) (the formula before) differs."""
+    inp = _inputs()
+    r = disk_cost_model(inp, disk="warm", ks=(4,)).query("budget_experts == 2 and acceptance == 0.5").iloc[0]
+    one_o = dict(inp, loop_s={k: inp["loop_s"][1] for k in inp["loop_s"]})
+    assert not math.isclose(r.speedup, _as_written(one_o, 2, 0.5, 4, inp["page_cache_read_s"]), rel_tol=1e-3)
+    assert r.speedup == pytest.approx(_as_written(inp, 2, 0.5, 4, inp["page_cache_read_s"]), rel=1e-12)
 
 
 def test_a_formula_without_the_rejected_rows_is_caught():

@@ -98,7 +98,8 @@ def break_even_table(cost: list[float], c: float, ks) -> pd.DataFrame:
 
 def _misses_along(eng, prompts, rows_of, r: int, n_tokens: int) -> tuple[float, list[int]]:
     """Expert misses per forward of r rows (from an empty expert cache, after each prompt's prefill), the rows
-    taken from rows_of(prompt index, position, r); and each prefill's misses."""
+    taken from rows_of(prompt index, position, r) in whole windows of r (a shorter last window would make fewer
+    misses than a verify of r rows); and each prefill's misses."""
     n_fw = n_miss = 0
     pre = []
     for i, p in enumerate(prompts):
@@ -108,17 +109,34 @@ def _misses_along(eng, prompts, rows_of, r: int, n_tokens: int) -> tuple[float, 
         eng.forward(p, cache)
         pre.append(eng.store.misses)
         eng.store.reset_counters()
-        for pos in range(0, n_tokens - 1, r):
+        for pos in range(0, n_tokens - r + 1, r):
             eng.forward(rows_of(i, pos, r), cache)
             n_fw += 1
         n_miss += eng.store.misses
     return n_miss / max(n_fw, 1), pre
 
+def _loop_s(full, prompts, r: int, n_tokens: int, t_forward: float, seed: int, repeats: int) -> float:
+    """o(r): a step's seconds of r rows beyond T(r), every expert resident, the fastest of `repeats` passes over the
+    prompts: plain greedy (r = 1), or the oracle drafting the continuation itself (every draft right, k = r - 1).
+    What the loop does around the forward (sampling; drafts, acceptance, the cache's rollback), and what a forward
+    inside the loop takes beyond the fastest of the cost curve's interleaved forwards."""
+    def pass_s():
+        if r == 1:
+            runs = [generate(full, p, n_tokens).stats for p in prompts]
+            steps = sum(s["new_tokens"] - 1 for s in runs)
+        else:
+            runs = [speculative_generate(full, OracleDrafter(full, 0.0, seed=seed, horizon=n_tokens + r + 2), p,
+                                         n_tokens, k=r - 1).stats for p in prompts]
+            steps = sum(s["forwards"] for s in runs)
+        return sum(s["wall_s"] - s["ttft_s"] for s in runs) / max(steps, 1)
+    return max(0.0, min(pass_s() for _ in range(repeats)) - t_forward)
+
 def cost_model_inputs(model_dir, prompts: list[list[int]], *, budget_experts=(2, 6, None), rows=(1, 2, 3, 5),
                       max_new_tokens: int = 48, dtype=torch.float32, repeats: int = 3,
                       cost: list[float] | None = None, seed: int = 0) -> dict:
     """The measured inputs of the disk cost model, in seconds: T(r) (the verify cost curve, every expert
-    resident; `cost` if given), the prefill, and per budget the prefill's expert misses and R(r, B): misses per
+    resident; `cost` if given), o(r) (a step's seconds of r rows beyond T(r): the decode loop's at r = 1, the
+    speculative loop's beyond; `_verify_loop_s`), the prefill, and per budget the prefill's expert misses and R(r, B): misses per
     forward of r rows from an empty expert cache along each prompt's greedy continuation (the rows an accepted
     draft brings) and along random tokens after the first row (the rows a rejected draft brings: they route
     more widely); the page-cache read time, the bytes of one expert read, and the prompts (a prediction from these
@@ -129,8 +147,8 @@ def cost_model_inputs(model_dir, prompts: list[list[int]], *, budget_experts=(2,
     cost = cost if cost is not None else measure_cost_curve(full, max(rows) - 1, repeats=repeats)
     gens = [generate(full, p, max_new_tokens) for p in prompts]
     conts = [g.token_ids for g in gens]
-    # a decode step is more than its forward (sampling, stop checks, the cache): that per-step overhead, measured
-    step_s = sum(g.stats["wall_s"] - g.stats["ttft_s"] for g in gens) / max(sum(len(c) - 1 for c in conts), 1)
+    # a step is more than its forward (sampling, stop checks, the cache; a verify's drafts and acceptance): measured
+    loop_s = {r: _loop_s(full, prompts, r, max_new_tokens, cost[r - 1], seed, repeats) for r in rows}
     gen = torch.Generator().manual_seed(seed)
     noise = torch.randint(0, full.config.vocab_size, (len(prompts), max_new_tokens + max(rows)), generator=gen).tolist()
     prefill_s = []
@@ -154,7 +172,7 @@ def cost_model_inputs(model_dir, prompts: list[list[int]], *, budget_experts=(2,
         prefill_reads[b] = float(np.mean(pre))
         io_s, misses, nbytes = io_s + eng.store.io_s, misses + eng.store.misses, nbytes + eng.store.bytes_read
     return {"T_s": {r: cost[r - 1] for r in rows}, "prefill_s": float(np.mean(prefill_s)),
-            "step_overhead_s": max(0.0, step_s - cost[0]),
+            "step_overhead_s": loop_s[1], "loop_s": loop_s,
             "reads_per_forward": reads, "prefill_reads": prefill_reads, "budgets": [nb or total for nb in budget_experts],
             "total_experts": total, "read_bytes": nbytes / misses if misses else full.expert_bytes,
             "page_cache_read_s": io_s / misses if misses else 0.0, "new_tokens": max_new_tokens,
@@ -198,14 +216,17 @@ def disk_label(disk: Disk | str, read_mb_s: float | None = None) -> str:
 
 def _step_seconds(inputs: dict, b: int, t_read: float):
     """The cost model at budget b, in seconds: (the prefill with its reads, a plain step, verify_step(a, k)).
-    Each of a verify's k drafted rows is a rejected (random) token with chance 1 - a: they route more widely."""
+    Each of a verify's k drafted rows is a rejected (random) token with chance 1 - a: they route more widely. A step
+    of r rows costs T(r) + o(r) besides its reads: o(1) the decode loop's, o(r > 1) the speculative loop's
+    (`loop_s`; inputs without it take o(1) for every r)."""
     T, R = inputs["T_s"], inputs["reads_per_forward"]
-    o = inputs.get("step_overhead_s", 0.0)            # per decode or verify step, besides its forward
+    o_plain = inputs.get("step_overhead_s", 0.0)      # per decode or verify step of r rows, besides T(r)
+    o = lambda r: inputs.get("loop_s", {}).get(r, o_plain)
     pre = inputs["prefill_s"] + inputs["prefill_reads"][b] * t_read
 
     def verify_step(a, k):
-        return T[k + 1] + o + (a * R[(b, k + 1, "accepted")] + (1 - a) * R[(b, k + 1, "rejected")]) * t_read
-    return pre, T[1] + o + R[(b, 1, "accepted")] * t_read, verify_step
+        return T[k + 1] + o(k + 1) + (a * R[(b, k + 1, "accepted")] + (1 - a) * R[(b, k + 1, "rejected")]) * t_read
+    return pre, T[1] + o(1) + R[(b, 1, "accepted")] * t_read, verify_step
 
 def disk_cost_model(inputs: dict, *, disk: Disk | str, read_mb_s: float | None = None,
                     acceptances=tuple(np.round(np.linspace(0, 1, 11), 2)), ks=(1, 2, 4)) -> pd.DataFrame:
@@ -214,7 +235,7 @@ def disk_cost_model(inputs: dict, *, disk: Disk | str, read_mb_s: float | None =
     per (budget, acceptance, k) with the predicted speed-up, E(a, k) and the break-even acceptance a* of that
     budget and k."""
     t_read = read_seconds(inputs, parse_disk(disk), read_mb_s)
-    T, n = inputs["T_s"], inputs["new_tokens"]
+    R, n = inputs["reads_per_forward"], inputs["new_tokens"]
     out = []
     for b in inputs["budgets"]:
         pre, plain_step, verify_step = _step_seconds(inputs, b, t_read)
@@ -227,8 +248,7 @@ def disk_cost_model(inputs: dict, *, disk: Disk | str, read_mb_s: float | None =
                             "k": k, "E_tokens_per_verify": e, "speedup": plain / (pre + (n - 1) / e * step),
                             "step_cost_ratio": step / plain_step, "a_star": a_star,
                             "reads_per_plain_step": inputs["reads_per_forward"][(b, 1, "accepted")],
-                            "reads_per_verify": (step - T[k + 1] - inputs.get("step_overhead_s", 0.0)) / t_read
-                            if t_read else 0.0,
+                            "reads_per_verify": a * R[(b, k + 1, "accepted")] + (1 - a) * R[(b, k + 1, "rejected")],
                             "t_read_ms": t_read * 1e3})
     return pd.DataFrame(out)
 
