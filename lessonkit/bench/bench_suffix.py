@@ -224,7 +224,9 @@ def bench(args) -> dict:
     except LessonkitError as e:
         out["notes"].append(f"tiny-moe skipped: {e}")
     else:
-        _section("tiny-moe", moe, {**sizes, "max_new": min(sizes["max_new"], 32)}, repeats, out)
+        moe_sizes = {**sizes, "max_new": min(sizes["max_new"], 32)}
+        made = _section("tiny-moe", moe, moe_sizes, repeats, out)
+        _prefix_section("tiny-moe, behind a prefix cache", moe, made, moe_sizes["max_new"], repeats, out)
     for r in out["rows"]:
         if not r["identical_to_plain"]:
             out["notes"].append(f"NOT IDENTICAL: {r['name']}")
