@@ -135,9 +135,9 @@ def cost_model_inputs(model_dir, prompts: list[list[int]], *, budget_experts=(2,
                       max_new_tokens: int = 48, dtype=torch.float32, repeats: int = 3,
                       cost: list[float] | None = None, seed: int = 0) -> dict:
     """The measured inputs of the disk cost model, in seconds: T(r) (the verify cost curve, every expert
-    resident; `cost` if given), o(r) (a step's seconds of r rows beyond T(r): the decode loop's at r = 1, the
-    speculative loop's beyond; `_verify_loop_s`), the prefill, and per budget the prefill's expert misses and R(r, B): misses per
-    forward of r rows from an empty expert cache along each prompt's greedy continuation (the rows an accepted
+    resident; `cost` if given), o(r) (a step's seconds of r rows beyond T(r), `_loop_s`: the decode loop's at
+    r = 1, the speculative loop's beyond), the prefill, and per budget the prefill's expert misses and R(r, B): misses
+    per forward of r rows from an empty expert cache along each prompt's greedy continuation (the rows an accepted
     draft brings) and along random tokens after the first row (the rows a rejected draft brings: they route
     more widely); the page-cache read time, the bytes of one expert read, and the prompts (a prediction from these
     inputs refuses a timed run on one of them). No disk is simulated: seconds."""
