@@ -220,7 +220,7 @@ def _step_seconds(inputs: dict, b: int, t_read: float):
     of r rows costs T(r) + o(r) besides its reads: o(1) the decode loop's, o(r > 1) the speculative loop's
     (`loop_s`; inputs without it take o(1) for every r)."""
     T, R = inputs["T_s"], inputs["reads_per_forward"]
-    o_plain = inputs.get("step_overhead_s", 0.0)      # per decode or verify step of r rows, besides T(r)
+    o_plain = inputs.get("step_overhead_s", 0.0)      # o(1): a decode step's seconds beyond T(1)
     o = lambda r: inputs.get("loop_s", {}).get(r, o_plain)
     pre = inputs["prefill_s"] + inputs["prefill_reads"][b] * t_read
 

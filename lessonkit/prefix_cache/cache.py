@@ -336,7 +336,7 @@ class PrefixCache:
     def _touch(self, rel: str, ino: int | None = None) -> None:
         """Mark as recently used (LRU): the file's mtime, which `_load_index` takes as its last use; the index
         entry only where the file could not be touched (re-reading and rewriting index.json on every restore took
-        about a third of a restore's seconds)."""
+        about a seventh of a restore's seconds)."""
         with self._locked():
             path = self.dir / rel
             with contextlib.suppress(OSError):
