@@ -78,8 +78,10 @@ def paths_ok() -> bool:
           f"{torch.get_num_threads()} thread(s)")
     print(f"  INFO kernel binary: {kb['binary'] or 'none loaded'} ({kb['binary_why']}); instruction set: "
           f"{kb['isa']} (LESSONKIT_KERNEL=auto|avx512|avx2|neon|portable|mkl chooses)")
-    print(f"  INFO numerics of native blocks: {kb['numerics']} ({kb['numerics_why']}; AVX-512 VNNI "
-          f"{'present' if kb['vnni'] else 'absent'}); LESSONKIT_NUMERICS=exact|int8 chooses, docs/numerics.md")
+    dot = ("vpdpbusd (AVX-512 VNNI)" if kb["vnni"] else "vpmaddubsw" if kb["isa"] in ("avx512", "avx2") else "plain C")
+    print(f"  INFO numerics of native blocks: {kb['numerics']} ({kb['numerics_why']}; the int8 dot on this path: {dot}"
+          f"{', the CPU has VNNI' if kb['cpu_vnni'] and not kb['vnni'] else ''}); LESSONKIT_NUMERICS=exact|int8 "
+          "chooses, docs/numerics.md")
     from lessonkit.engine.c_forward import describe as forward_text, draft_ready
     try:
         print(f"  INFO forward (smollm2-135m, tiny-moe, drafters): {forward_text()}")

@@ -247,3 +247,13 @@ def test_tiny_moe_on_q8_0_blocks_is_row_invariant():
         for i in range(0, len(ids), chunk):
             out.append(eng.forward(ids[i:i + chunk], cache))
         assert torch.equal(torch.cat(out), whole), chunk
+
+
+@needs_c
+def test_the_record_says_which_dot_the_path_takes():
+    """backend()["vnni"] is the path's dot, not the CPU's: the AVX2 path (LESSONKIT_KERNEL=avx2) takes vpmaddubsw
+    on a VNNI CPU too, and machine records must not say vnni there."""
+    assert K.uses_vnni("avx2") is False and K.uses_vnni("portable") is False
+    assert K.uses_vnni("avx512") == K._rowkernel.has_vnni()
+    rec = K.backend()
+    assert rec["vnni"] == K.uses_vnni(rec["backend"]) and rec["cpu_vnni"] == K._rowkernel.has_vnni()

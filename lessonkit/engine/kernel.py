@@ -161,10 +161,17 @@ def numerics_of(code: int) -> str:
     return "int8" if int(code) & PATH_INT8 else "exact"
 
 
+def uses_vnni(backend_name: str | None = None) -> bool:
+    """Whether the int8 products take vpdpbusd on this path: the AVX-512 path on a CPU with AVX-512 VNNI (the AVX2
+    path, LESSONKIT_KERNEL=avx2 included, takes vpmaddubsw; csrc/rowkernel.c decode_path)."""
+    return (backend_name or BACKEND) == "avx512" and _rowkernel is not None and _rowkernel.has_vnni()
+
+
 def backend() -> dict:
     """Which path short forwards take, and why (for `lessonkit doctor`)."""
     return {"backend": BACKEND, "isa": isa(), "why": WHY, "numerics": NUMERICS, "numerics_why": NUMERICS_WHY,
-            "vnni": bool(_rowkernel is not None and _rowkernel.has_vnni()), "built": _rowkernel is not None,
+            "vnni": uses_vnni(), "cpu_vnni": bool(_rowkernel is not None and _rowkernel.has_vnni()),
+            "built": _rowkernel is not None,
             "binary": BINARY, "binary_why": BINARY_WHY,
             "threads": THREADS}
 
