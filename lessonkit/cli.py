@@ -16,6 +16,7 @@ from lessonkit.engine.threads import MAX_THREADS
 from lessonkit.errors import LessonkitError, ran_out_line
 from lessonkit.files.disk import USAGE as DISK_USAGE
 from lessonkit.files.disk import parse_disk
+from lessonkit.files.home_cache import KINDS as CACHE_KINDS
 from lessonkit.speculative.depth import K_MAX, parse_draft_depth
 
 
@@ -128,6 +129,10 @@ def bench_options() -> list:
 COMMANDS = {
     "models": ("list the available models", c.cmd_models, [JSON]),
     "doctor": ("versions, paths, and every model file checked against its SHA-256", c.cmd_doctor, []),
+    "cache": ("what the cache folder holds, by kind, with sizes; --clear KIND ... --yes removes kinds", c.cmd_cache, [
+        arg("--clear", nargs="+", metavar="KIND", choices=(*CACHE_KINDS, "all"), default=None,
+            help=f"kinds to remove (all: every kind): {', '.join(CACHE_KINDS)}; without --yes only says what would go"),
+        arg("--yes", action="store_true", help="remove what --clear names"), JSON]),
     "generate": ("generate text with the engine (and any technique)", c.cmd_generate, [
         MODEL, arg("--prompt", required=True, type=text), arg("--max-new-tokens", type=number(0, COUNT_MAX, integer=True), default=64),
         arg("--temperature", type=number(0, 100, zero_or_from=0.01), default=0.0,

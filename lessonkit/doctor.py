@@ -96,6 +96,11 @@ def paths_ok() -> bool:
     except LessonkitError as e:
         ok = False
         print(f"  FAIL forward: {e}")
+    from lessonkit.files.home_cache import entries, human
+    from lessonkit.files.resources import lessonkit_home
+    rows = entries()
+    print(f"  INFO cache folder: {lessonkit_home()}, {human(sum(r['bytes'] for r in rows))} in {len(rows)} "
+          "entries (`lessonkit cache` lists them by kind, `--clear KIND --yes` removes one)")
     from lessonkit.files.disk import cold_reads
     can, how = cold_reads()
     print("  INFO cold expert reads (bench streaming --disk cold, lesson 1's DISK): "

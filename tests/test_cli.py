@@ -110,7 +110,8 @@ def test_help_is_quick_and_imports_no_torch_or_technique():
                "lessonkit.files.resources",       # the resolver `import lessonkit` exports: pathlib and importlib only
                "lessonkit.speculative", "lessonkit.speculative.depth",   # --draft-k's parser: argparse and errors only
                "lessonkit.engine", "lessonkit.engine.threads",          # --threads' limit, MAX_THREADS: contextlib only
-               "lessonkit.files.disk"}                                  # --disk's parser: os, mmap and errors only
+               "lessonkit.files.disk",                                  # --disk's parser: os, mmap and errors only
+               "lessonkit.files.home_cache"}                            # cache --clear's kinds: fnmatch, shutil only
     code = ("import sys, time; t = time.perf_counter(); from lessonkit.cli import build_parser; build_parser(); "
             "print(time.perf_counter() - t); "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('lessonkit.')))")
