@@ -302,3 +302,16 @@ def test_first_of_drafts_from_the_first_long_enough_source_and_stays_lossless(he
                 r = speculative_generate(target, d, p, 24, k=k, cost=[1.0 + 0.2 * j for j in range(9)], learn_cost=False)
                 assert r.token_ids == ref, f"{cat} k={k}"
         assert d.used["ngram"] > 0 and d.used["head"] > 0, d.used
+
+
+def test_the_pass_shards_are_keyed_by_their_inputs(home):
+    """Two target passes of the same settings over other prompts (a workload list edited) never share a shards'
+    folder: the key holds the inputs' tokens, not only the counts."""
+    from lessonkit.training.feature_head import pass_dir, pass_inputs
+    target, tc = load_model("smollm2-135m"), PRESETS["test"]
+    reqs, windows = pass_inputs(target, tc)
+    edited = {**reqs, "chat": [reqs["chat"][0] + [42]] + reqs["chat"][1:]}
+    same = pass_dir(target, tc, (4, 15), (reqs, windows))
+    assert pass_dir(target, tc, (4, 15), (dict(reqs), list(windows))) == same
+    assert pass_dir(target, tc, (4, 15), (edited, windows)) != same
+    assert pass_dir(target, tc, (4, 15), (reqs, windows[:-1])) != same

@@ -131,9 +131,23 @@ def text_windows(target, tc: HeadTrainConfig) -> list[tuple[str, list[int]]]:
     return out
 
 
-def pass_dir(target, tc: HeadTrainConfig, taps) -> Path:
+def pass_inputs(target, tc: HeadTrainConfig) -> tuple[dict[str, list[list[int]]], list[tuple[str, list[int]]]]:
+    """What the target pass runs: the prompts by category (TRAIN requests, openings to continue) and the corpus
+    windows."""
+    reqs = requests(target, "train", tc.per_category, seed=tc.seed) if tc.per_category else {}
+    if tc.continuations:
+        reqs |= {f"cont-{kind}": ps for kind, ps in
+                 prompts_by_kind(target, n=tc.continuations, max_tokens=48, seed=tc.seed, split="train").items()}
+    return reqs, text_windows(target, tc)
+
+
+def pass_dir(target, tc: HeadTrainConfig, taps, inputs=None) -> Path:
+    """The shards' folder, keyed by everything the pass depends on, its inputs' tokens included: a change of the
+    workload's lists or of the corpus gets a new folder, never the shards of other inputs."""
+    reqs, windows = inputs or pass_inputs(target, tc)
+    digest = hashlib.sha256(json.dumps([sorted(reqs.items()), windows]).encode()).hexdigest()[:12]
     key = json.dumps({**tc.data_key(), "taps": list(taps), "numerics": kernel.NUMERICS,
-                      "rope": _table_digest(target)}, sort_keys=True)
+                      "rope": _table_digest(target), "inputs": digest}, sort_keys=True)
     return (lessonkit_home() / "feature-head" /
             f"{target.name}-{target.fingerprint()[:12]}-{hashlib.sha256(key.encode()).hexdigest()[:10]}")
 
@@ -145,17 +159,15 @@ def _table_digest(target) -> str:
     return hashlib.sha256(m.cos.numpy().tobytes() + m.sin.numpy().tobytes()).hexdigest()[:12]
 
 
-def target_pass(target, tc: HeadTrainConfig, taps, progress: bool = True) -> list[dict]:
+def target_pass(target, tc: HeadTrainConfig, taps, progress: bool = True, inputs=None) -> list[dict]:
     """Every TRAIN request's greedy answer and states, then the teacher-forced corpus windows, from the shards on
     disk where they exist."""
-    reqs = requests(target, "train", tc.per_category, seed=tc.seed) if tc.per_category else {}
-    if tc.continuations:
-        reqs |= {f"cont-{kind}": ps for kind, ps in
-                 prompts_by_kind(target, n=tc.continuations, max_tokens=48, seed=tc.seed, split="train").items()}
+    inputs = inputs or pass_inputs(target, tc)
+    reqs, windows = inputs
     todo = [(cat, lambda p=p: greedy_with_states(target, p, tc.max_new_tokens, taps))
             for cat, ps in reqs.items() for p in ps]
-    todo += [(cat, lambda w=w: text_with_states(target, w, taps)) for cat, w in text_windows(target, tc)]
-    folder = pass_dir(target, tc, taps)
+    todo += [(cat, lambda w=w: text_with_states(target, w, taps)) for cat, w in windows]
+    folder = pass_dir(target, tc, taps, inputs)
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / f"shard-{s // SHARD:04d}.pt" for s in range(0, len(todo), SHARD)]
     bar = tqdm(total=len(todo), desc=f"{target.name} on the training requests and text", disable=not progress)
@@ -294,7 +306,8 @@ def train(target, tc: HeadTrainConfig, out_dir: Path, progress: bool = True, sto
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
     cfg0 = fh.config_for(target, draft_vocab=tc.draft_vocab, intermediate_size=tc.intermediate_size)
-    seqs = target_pass(target, tc, cfg0.taps, progress)
+    inputs = pass_inputs(target, tc)
+    seqs = target_pass(target, tc, cfg0.taps, progress, inputs)
     t_pass = time.perf_counter() - t0
     vocab = choose_vocab(seqs, tc.draft_vocab, target.config.vocab_size)
     index_of = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
@@ -304,7 +317,7 @@ def train(target, tc: HeadTrainConfig, out_dir: Path, progress: bool = True, sto
     params = {k: v.requires_grad_() for k, v in w.items() if k != "vocab"}
     opt = torch.optim.AdamW(params.values(), lr=tc.lr, weight_decay=0.0)
     order = _order(len(seqs), tc.epochs, tc.batch_size, tc.seed, seqs)
-    ckpt = pass_dir(target, tc, cfg0.taps) / f"checkpoint-{_train_key(tc)}.pt"
+    ckpt = pass_dir(target, tc, cfg0.taps, inputs) / f"checkpoint-{_train_key(tc)}.pt"
     step, log, spent = _resume(ckpt, params, opt)
     t1 = time.perf_counter()
     bar = tqdm(total=len(order), initial=step, desc="training the feature head", disable=not progress)
