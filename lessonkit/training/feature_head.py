@@ -44,9 +44,9 @@ SHARD = 40                    # requests per shard of the target pass
 
 @dataclass(frozen=True)
 class HeadTrainConfig:
-    per_category: int = 300           # TRAIN requests per category
+    per_category: int = 450           # TRAIN requests per category
     max_new_tokens: int = 128
-    text_windows: int = 600           # teacher-forced windows of the corpus' train split per kind of text
+    text_windows: int = 400           # teacher-forced windows of the corpus' train split per kind of text
     window: int = 128
     draft_vocab: int = 3072
     intermediate_size: int | None = None   # the head's MLP (None: the target's)

@@ -38,6 +38,18 @@ TRAIN_TOPICS = [
     "the Renaissance", "mountains", "cheese making", "owls", "the speed of light", "soap", "kites", "bridges",
     "the Sahara", "elephants", "yoga", "the calendar", "magnets", "ants", "lighthouses", "the violin", "salt",
     "trains", "umbrellas", "glass", "the printing of money", "sharks", "wool", "the compass",
+    "the human brain", "photography", "submarines", "the Eiffel Tower", "bamboo", "the Arctic", "frogs",
+    "cloud formation", "paper making", "the Nile", "sea turtles", "wolves", "the ancient Greeks", "vitamins",
+    "the human skeleton", "fireworks", "hot air balloons", "the Milky Way", "comets", "autumn leaves", "spiders",
+    "the Vikings", "the Industrial Revolution", "olive oil", "rice farming", "the human eye", "camels", "sand dunes",
+    "the Andes", "marathons", "board games", "the guitar", "opera", "poetry", "the Mona Lisa", "museums", "zoos",
+    "national parks", "wildfires", "floods", "drought", "irrigation", "tractors", "dams", "canals", "skyscrapers",
+    "elevators", "traffic lights", "seat belts", "first aid", "blood types", "allergies", "the common cold",
+    "handwashing", "dental care", "cotton", "silk", "coins", "banks", "taxes", "budgets", "inflation",
+    "supply and demand", "elections", "the United Nations", "passports", "airports", "ships", "pirates", "castles",
+    "knights", "the Middle Ages", "the Aztecs", "the Inca", "Mount Everest", "caves", "minerals", "diamonds", "gold",
+    "copper", "steel", "plastic", "rubber", "clocks", "thermometers", "weather forecasts", "fog", "the seasons",
+    "the equator", "latitude and longitude", "satellites", "GPS",
 ]
 HELDOUT_TOPICS = [
     "rainforests", "the pyramids of Egypt", "nuclear fusion", "octopuses", "the metric system", "jazz",
@@ -47,6 +59,8 @@ TRAIN_ASKS = [
     "Explain {t} in a few sentences.", "What is {t}? Answer briefly.", "Give three facts about {t}.",
     "Write a short paragraph about {t} for a child.", "Why does {t} matter?", "Describe {t} in simple words.",
     "List two common myths about {t} and correct them.", "Summarise what people should know about {t}.",
+    "Write two sentences explaining {t}.", "What are the main ideas behind {t}?", "Share an interesting fact about {t}.",
+    "What should a beginner learn first about {t}?",
 ]
 HELDOUT_ASKS = ["Tell me about {t}.", "How would you explain {t} to a friend?"]
 
@@ -66,6 +80,24 @@ TRAIN_TASKS = [
     "counts the lines of a file", "returns the keys of a dictionary sorted by value", "swaps the keys and values of a dictionary",
     "returns the longest word in a sentence", "computes the power of a number without using **", "splits a list into chunks of size n",
     "checks whether a number is even", "returns the product of a list of numbers",
+    "returns the second largest value in a list", "counts the even numbers in a list", "reverses the words of a sentence",
+    "checks whether a string contains only digits", "returns the first n prime numbers",
+    "converts a list of strings to integers", "removes the vowels from a string", "returns the cumulative sum of a list",
+    "finds the most common item in a list", "checks whether all items of a list are unique",
+    "returns the distance between two points", "converts hours and minutes to minutes",
+    "returns a dictionary counting the words of a text", "pads a string with zeros to length n",
+    "returns the difference between the largest and smallest values", "checks whether a number is a perfect square",
+    "returns the positive numbers of a list", "zips two lists into a dictionary",
+    "returns the characters at even positions of a string", "converts kilometres to miles",
+    "computes the area of a circle", "returns the number of days in a month",
+    "checks whether a password has at least eight characters", "returns the initials of a full name",
+    "repeats each item of a list twice", "returns the sum of the squares of a list", "checks whether a list is empty",
+    "removes the None values from a list", "returns the middle item of a list", "counts the uppercase letters in a string",
+    "rotates a list by k positions", "returns the union of two lists without duplicates", "converts a number to binary",
+    "returns the absolute values of a list", "finds the longest common prefix of a list of strings",
+    "checks whether a sentence contains every letter of the alphabet", "returns the average word length of a sentence",
+    "multiplies every item of a list by n", "returns the index of the largest value in a list",
+    "removes the punctuation from a string",
 ]
 HELDOUT_TASKS = ["sorts a list of tuples by their second item", "returns the median of a list",
                  "checks whether two strings are anagrams", "transposes a matrix given as a list of lists"]
