@@ -17,6 +17,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,16 +61,23 @@ def kind_of(name: str) -> str | None:
     return next((k for k, kind in KINDS.items() if fnmatch.fnmatchcase(base, kind.pattern)), None)
 
 
+def _bytes(path: str | Path) -> int:
+    """A file's size, 0 for a symlink or a file gone since it was listed (another process clearing or writing)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    return 0 if stat.S_ISLNK(st.st_mode) else st.st_size
+
+
 def _size(path: Path) -> tuple[int, int]:
     """(bytes, files) under path, never following a symlink (one counts 0 bytes)."""
     if path.is_symlink() or not path.is_dir():
-        return (0 if path.is_symlink() else path.lstat().st_size), 1
+        return _bytes(path), 1
     total = files = 0
     for root, dirs, names in os.walk(path):         # os.walk does not descend into symlinked folders
-        for n in names:
-            p = os.path.join(root, n)
-            total += 0 if os.path.islink(p) else os.lstat(p).st_size
-            files += 1
+        total += sum(_bytes(os.path.join(root, n)) for n in names)
+        files += len(names)
     return total, files
 
 
