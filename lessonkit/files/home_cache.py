@@ -135,10 +135,10 @@ def _remove(home: Path, name: str) -> str:
     return "removed"
 
 
-def human(n: int) -> str:
-    """Bytes as the largest unit that keeps a number >= 1 (B, KB, MB, GB; powers of 1024)."""
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
+def human(n: float) -> str:
+    """Bytes in the largest unit that keeps a number >= 1 (B, KB, MB, GB; powers of 1024)."""
+    for unit in ("B", "KB", "MB"):
+        if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GB"
