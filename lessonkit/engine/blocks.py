@@ -26,6 +26,7 @@ Shape legend: N output rows, K inputs (a multiple of 32), B = K / 32 blocks per 
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from lessonkit.engine import kernel, packed_layout, row_weight
@@ -58,6 +59,18 @@ def q8_0_rows(w: torch.Tensor) -> torch.Tensor:
 def q8_0_weight(w: torch.Tensor) -> "NativeWeight":
     """A float W [N, K] as a Q8_0 NativeWeight (the weight x @ W.T multiplies by)."""
     return NativeWeight(q8_0_rows(w), w.shape[1], "q8_0")
+
+
+def q4_1_weight(w: torch.Tensor) -> "NativeWeight":
+    """A float W [N, K] (K a multiple of 32) as a Q4_1 NativeWeight: gguf's quantiser (llama.cpp's
+    quantize_row_q4_1: per block of 32, m = the smallest weight, d = (largest - m) / 15, codes round((w - m) / d))."""
+    from gguf import GGMLQuantizationType, quants        # here, not at import: gguf takes a tenth of a second
+
+    n, k = w.shape
+    if k % QK:
+        raise LessonkitError(f"Q4_1 blocks need inputs in multiples of {QK}, got a [{n}, {k}] matrix")
+    raw = quants.quantize(np.ascontiguousarray(w.detach().float().numpy()), GGMLQuantizationType.Q4_1)
+    return NativeWeight(torch.from_numpy(raw), k, "q4_1")
 
 
 def _parts(raw: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:

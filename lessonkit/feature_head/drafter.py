@@ -5,7 +5,7 @@ The drafter declares the head's taps (needs_states), so the target's forwards ov
 target verifies leaves its fused state g behind, at the price of one (T, S D) x (S D, D) product. A draft turn then
 runs the head's one layer once per draft token, on the engine's own C forward: the head is a one-layer Llama whose
 input rows are given (x_p, not a token) and whose output layer is the draft vocabulary's rows of the target's, its
-matrices as Q8_0 blocks (integer dots on the int8 numerics). Without the C kernel the same steps run in PyTorch
+matrices as Q4_1 blocks (C_BLOCKS; integer dots on the int8 numerics). Without the C kernel the same steps run in PyTorch
 (lessonkit.feature_head.head).
 
 State: g [positions, D] for the target's positions, valid below `n_states`; the head's own KV cache, one row
@@ -34,6 +34,10 @@ from lessonkit.speculative.suffix_store import target_numerics
 
 FORMAT = "lessonkit-feature-head-v1"
 HEADS_DIR = workbook_path("data", "models", "feature-head")
+# the blocks the C step multiplies, quantised from the head's float weights at load. Q4_1 reads 0.59 of Q8_0's bytes;
+# a draft turn is memory-bound, so it costs 0.73-0.76 of Q8_0's at k = 1-4, and the held-out acceptance of both
+# shipped heads moved by less than the spread between categories (docs/feature_head.md, "Q4_1 blocks")
+C_BLOCKS = qb.q4_1_weight
 
 
 def head_path(target) -> Path:
@@ -122,9 +126,9 @@ class _CHead:
     """The head's layer and draft-vocabulary output as a one-layer plan for the engine's C forward."""
 
     def __init__(self, cfg: fh.HeadConfig, w: dict, norm: torch.Tensor, rows: torch.Tensor, target):
-        q8 = qb.q8_0_weight
-        self.keep = [q8(torch.cat([w["wq"], w["wk"], w["wv"]])), q8(w["wo"]),
-                     q8(torch.cat([w["w_gate"], w["w_up"]])), q8(w["w_down"]), q8(rows)]
+        q = C_BLOCKS
+        self.keep = [q(torch.cat([w["wq"], w["wk"], w["wv"]])), q(w["wo"]),
+                     q(torch.cat([w["w_gate"], w["w_up"]])), q(w["w_down"]), q(rows)]
         wqkv, wo, gu, down, lm = self.keep
         self.norms = [norm.float().contiguous(), w["attn_norm"].contiguous(), w["mlp_norm"].contiguous()]
         cos, sin = target.model.cos.contiguous(), target.model.sin.contiguous()
@@ -146,7 +150,7 @@ class _CHead:
 
     def chain(self, e_table: torch.Tensor, w_g: torch.Tensor, gnorm: torch.Tensor) -> None:
         """The chained input of rk_draft_greedy: x = e_table[draft] + w_g (RMSNorm(a) * gnorm)."""
-        wg = qb.q8_0_weight(w_g)
+        wg = C_BLOCKS(w_g)
         self.keep += [e_table, wg, gnorm]
         self.chain_args = torch.tensor([e_table.data_ptr(), wg.data.data_ptr(), wg.code, gnorm.data_ptr()],
                                        dtype=torch.int64)
@@ -218,6 +222,8 @@ class FeatureHeadDrafter:
             raise LessonkitError(f"no C forward for the head here: {c_forward.why_not(m)}")
         self.step_path = "C" if c_ok and step != "torch" else "torch"
         self.head = (_CHead if self.step_path == "C" else _TorchHead)(self.cfg, w, norm, rows.float().contiguous(), target)
+        self.step = (f"C step on {self.head.keep[0].kind.upper()} blocks" if self.step_path == "C"
+                     else "PyTorch step on float32 weights")                    # what the card says drafted
         # the input projection split in two: the token half precomputed for the draft vocabulary (drafted tokens are
         # always in it), the state half one product per draft
         D = self.cfg.dim
@@ -226,11 +232,11 @@ class FeatureHeadDrafter:
         scale = torch.cat([w[f"fuse_norm.{i}"] for i in range(self.cfg.n_states)])
         self.fuse_w = (w["fuse"] * scale[None, :]).T.contiguous()                  # [S D, D]
         self.state_w = (self.w_g * w["gnorm"][None, :]).T.contiguous()             # [D, D]
-        # on the C kernel the two products read Q8_0 blocks (a quarter of float32's bytes: a verify step's share of
-        # this work is memory-bound: 0.305 -> 0.105 ms for 3 rows, Intel Xeon family 6 model 207, 2026-12-05)
+        # on the C kernel the two products read C_BLOCKS (an eighth of float32's bytes: a verify step's share of this
+        # work is memory-bound: 0.305 -> 0.105 ms for 3 rows on Q8_0 blocks, Intel Xeon family 6 model 207, 2026-12-05)
         c_step = self.step_path == "C"
-        self.fuse_q = qb.q8_0_weight(self.fuse_w.T.contiguous()) if c_step else None
-        self.state_q = qb.q8_0_weight(self.state_w.T.contiguous()) if c_step else None
+        self.fuse_q = C_BLOCKS(self.fuse_w.T.contiguous()) if c_step else None
+        self.state_q = C_BLOCKS(self.state_w.T.contiguous()) if c_step else None
         self.row_of = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
         self.row_of[self.vocab] = torch.arange(len(self.vocab))
         if self.step_path == "C":

@@ -91,7 +91,8 @@ def _checks_lines(info: dict) -> list[str]:
              f"(numerics_checked in train_log.json: {', '.join(info.get('numerics_checked', []))}; any other is "
              "refused, docs/feature_head.md). Checked = its held-out acceptance measured there as above:"] if checks else []
     for nm, c in checks.items():
-        lines += ["", f"**{nm} numerics** ({c['weights']} weights; greedy, k = {c['k']}, {c['per_category']} held-out "
+        step = f"; drafted by the {c['step']}" if c.get("step") else ""
+        lines += ["", f"**{nm} numerics** ({c['weights']} weights{step}; greedy, k = {c['k']}, {c['per_category']} held-out "
                   f"prompts per category x {c['max_new']} new tokens; {c['threads']} thread(s), {c['cpu']}, "
                   f"{c['date']}, {c['seconds']:.0f} s)", ""] + _table(c["acceptance"])
         lines += ["", f"Reproduce: `python -c \"from lessonkit.measure.feature_head import check_head; "
@@ -114,7 +115,7 @@ def check_head(model: str, numerics: str, folder: str | Path | None = None, *,
     info = json.loads((folder / "train_log.json").read_text(encoding="utf-8"))
     info["numerics_checked"] = list(dict.fromkeys([info["numerics"], *info.get("numerics_checked", []), numerics]))
     info.setdefault("checks", {})[numerics] = {
-        "weights": target.weights, "k": 3, "per_category": per_category, "max_new": 64, "acceptance": evaluation,
+        "weights": target.weights, "step": drafter.step, "k": 3, "per_category": per_category, "max_new": 64, "acceptance": evaluation,
         "threads": torch.get_num_threads(), "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
         "seconds": round(spent, 1)}
     atomic_write(folder / "train_log.json", json.dumps(info, indent=1).encode())
@@ -126,7 +127,7 @@ def check_head(model: str, numerics: str, folder: str | Path | None = None, *,
     return info["checks"][numerics]
 
 
-def write_card(folder: Path, info: dict, evaluation: dict, k: int) -> Path:
+def write_card(folder: Path, info: dict, evaluation: dict, k: int, step: str) -> Path:
     cfg = info["config"]
     lines = [f"# Feature head for {info['target']}", "",
              "EAGLE-3-style drafter (lessonkit/feature_head/): the target's residual streams after layers "
@@ -143,7 +144,7 @@ def write_card(folder: Path, info: dict, evaluation: dict, k: int) -> Path:
              "- draft-vocabulary coverage of the target's greedy picks in the training data: "
              + ", ".join(f"{c} {v:.1%}" for c, v in info["coverage"].items()), "",
              f"## Held-out acceptance (greedy, k = {k}, {CARD_REQUESTS} held-out prompts per category x 64 new tokens, "
-             "acceptance at position i given 1 .. i - 1 accepted)", ""] + _table(evaluation)
+             f"acceptance at position i given 1 .. i - 1 accepted; drafted by the {step})", ""] + _table(evaluation)
     lines += ["", f"Reproduce: `lessonkit train-head --model {info['target']} --numerics {info['numerics']} "
               "--threads 1` (deterministic at one thread for a given torch version)."] + _checks_lines(info)
     path = folder / "card.md"
@@ -170,8 +171,9 @@ def train_and_describe(model: str, preset: str | None, out: str | None, numerics
 def describe_head(target, folder: Path) -> str:
     """Measure the head in `folder` on the held-out requests, write its card (and manifest); one line back."""
     info = json.loads((folder / "train_log.json").read_text(encoding="utf-8"))
-    evaluation = heldout_acceptance(target, FeatureHeadDrafter(target, folder / "head.safetensors"), progress=True)
-    card = write_card(folder, info, evaluation, k=3)
+    drafter = FeatureHeadDrafter(target, folder / "head.safetensors")
+    evaluation = heldout_acceptance(target, drafter, progress=True)
+    card = write_card(folder, info, evaluation, k=3, step=drafter.step)
     write_manifest(folder, ["head.safetensors", "train_log.json", "card.md"])
     return (f"{folder / 'head.safetensors'}, {card.name}: {info['steps']} steps, training {info['train_s']:.0f} s; "
             "held-out acceptance at position 1: " + ", ".join(
