@@ -724,3 +724,42 @@ RK_EXPORT int32_t rk_draft_greedy(const struct rk_model *model, const struct rk_
     free(xn);
     return rc;
 }
+
+/* rk_state_half: the feature head's state half of T target positions in one call (lessonkit/feature_head).
+
+Why. Every position the target verifies hands the head its residual streams at the taps and the top, and the next
+draft turn needs w_g RMSNorm(fuse [RMSNorm(s_1); ...; RMSNorm(s_S)]) of each: two small products and a few norms
+on one or a few rows. From PyTorch that is a dozen dispatched ops, each costing more than its arithmetic, on every
+turn; here it is one crossing.
+
+What. states [T, S, D] float32 (row t: the S streams of one position, each of D values); every stream is scaled by
+1 / sqrt(mean of squares + eps) (no weight: the caller folds the norms' weights into the two matrices), the S scaled
+streams of a row are its S D inputs of the fuse product (native blocks of kind fuse_kind, D outputs), that
+product's row is scaled the same way, and the state product (state_kind, D inputs, D outputs) writes out [T, D].
+Norms as rms_rows (dot_lanes, then x * inv), products as rk_qmatmul on the call's path word. */
+RK_EXPORT int32_t rk_state_half(uintptr_t states_a, int64_t T, int64_t S, int64_t D, uintptr_t fuse, int32_t fuse_kind,
+                                uintptr_t state, int32_t state_kind, float eps, uintptr_t out_a, int32_t path)
+{
+    if (T < 1 || S < 1 || D < 1)
+        return RK_BAD_SIZES;
+    const float *states = (const float *)states_a;
+    float *buf = (float *)malloc((size_t)(T * S * D + T * D) * sizeof(float));
+    if (!buf)
+        return RK_NO_MEMORY;
+    float *g = buf + T * S * D;
+    for (int64_t r = 0; r < T * S; r++) {
+        const float *s = states + r * D;
+        const float inv = 1.0f / sqrtf(dot_lanes(s, s, D) / (float)D + eps);
+        for (int64_t i = 0; i < D; i++) buf[r * D + i] = s[i] * inv;
+    }
+    int32_t rc = rk_qmatmul((uintptr_t)buf, T, S * D, S * D, fuse, fuse_kind, D, (uintptr_t)g, D, path);
+    for (int64_t r = 0; r < T && rc == RK_OK; r++) {
+        float *row = g + r * D;
+        const float inv = 1.0f / sqrtf(dot_lanes(row, row, D) / (float)D + eps);
+        for (int64_t i = 0; i < D; i++) row[i] = row[i] * inv;
+    }
+    if (rc == RK_OK)
+        rc = rk_qmatmul((uintptr_t)g, T, D, D, state, state_kind, D, out_a, D, path);
+    free(buf);
+    return rc;
+}

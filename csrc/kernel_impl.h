@@ -2,7 +2,8 @@
 
 Why. The kernel is five units compiled separately (csrc/build_kernels.py lists them, UNITS), each of which calls
 only units below it in this list, never back up (no unit includes another's .c, no two call each other):
-  forward.c     rk_forward, rk_draft_greedy: a whole Llama forward over M rows, built of products and attention
+  forward.c     rk_forward, rk_draft_greedy, rk_state_half: a whole Llama forward over M rows, built of products
+                and attention
   rowkernel.c   the entry points: sizes and kinds checked, the path word decoded once (decode_path), CPU features
   products.c    one product on a range of strips (float strips, native blocks, the kind table KINDS), run_product
   intdot.c      the int8 numerics: activations quantised, integer block dots, the int layouts

@@ -30,7 +30,7 @@ number. */
 
 #include <stdint.h>
 
-#define RK_ABI 11
+#define RK_ABI 12
 
 enum {
     RK_OK = 0,
@@ -110,5 +110,7 @@ RK_API int32_t rk_profile(int32_t on, uintptr_t out);
 RK_API int32_t rk_forward(const struct rk_model *model, const struct rk_batch *batch);
 RK_API int32_t rk_draft_greedy(const struct rk_model *model, const struct rk_batch *batch, int64_t k, uintptr_t ids,
                                uintptr_t chain, uintptr_t out);
+RK_API int32_t rk_state_half(uintptr_t states, int64_t T, int64_t S, int64_t D, uintptr_t fuse, int32_t fuse_kind,
+                             uintptr_t state, int32_t state_kind, float eps, uintptr_t out, int32_t path);
 
 #endif

@@ -160,6 +160,25 @@ def test_head_c_step_agrees_with_the_torch_step(heads, numerics, bound):
     assert float((oa - ob).abs().max()) <= bound * float(ob.abs().max())
 
 
+@pytest.mark.parametrize("numerics, bound", [("exact", 1e-5), ("int8", 0.02)])
+def test_the_c_state_half_is_the_torch_one(heads, numerics, bound):
+    """The state half of the head's input rows (csrc/forward.c rk_state_half on the C step, a dozen PyTorch ops
+    otherwise), given the blocks' own weights: float order alone on the exact numerics, int8 activation blocks on
+    the int8 numerics (the bounds of the test above)."""
+    target, path = heads[numerics]
+    with active.use(numerics=numerics):
+        a = FeatureHeadDrafter(target, path, step="C")
+    states = torch.randn(3, a.cfg.n_states, a.cfg.dim, generator=torch.Generator().manual_seed(1)) * 4
+    with active.use(numerics=numerics):
+        got = a._state_half(states)
+    blocks = lambda w: w.unpacked().T.contiguous()          # noqa: E731 (the C step's weights, float)
+    fuse_q, state_q, a.fuse_q = a.fuse_q, a.state_q, None
+    a.fuse_w, a.state_w = blocks(fuse_q).T, blocks(state_q).T
+    want = a._state_half(states)
+    assert got.shape == want.shape == (3, a.cfg.dim)
+    assert float((got - want).abs().max()) <= bound * float(want.abs().max())
+
+
 def test_a_foreign_or_damaged_head_is_refused_by_name(heads, tmp_path):
     target, path = heads["int8"]
     w = load_file(str(path))

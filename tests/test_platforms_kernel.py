@@ -38,7 +38,7 @@ CSRC = ROOT / "csrc"
 KERNELS = ROOT / "lessonkit" / "engine" / "kernels"
 ENTRY_POINTS = ["rk_abi", "rk_matmul", "rk_qmatmul", "rk_dequantise", "rk_set_threads", "rk_has_avx2", "rk_has_avx512",
                 "rk_has_vnni", "rk_fma_many", "rk_max_threads", "rk_forward", "rk_draft_greedy", "rk_exp_many",
-                "rk_repack_int", "rk_profile"]
+                "rk_state_half", "rk_repack_int", "rk_profile"]
 # every platform's bits for these (no entry point calls the C library's exp: forward.c's exp_lk is its own);
 # the int8 numerics' (qmatmul_int8, forward_*int8*) are every ISA path's too: integer sums, one float order
 EXACT = ["matmul", "qmatmul", "dequantise", "forward_decode", "forward_last", "forward_moe_decode",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lessonkit.files.resources import PACKAGE_DIR
 
-ABI = 11                                # csrc/rowkernel.c's rk_abi() this module calls
+ABI = 12                                # csrc/rowkernel.c's rk_abi() this module calls
 KERNELS = PACKAGE_DIR / "engine" / "kernels"      # the shipped binaries (csrc/build_kernels.py)
 _SYSTEMS = {"linux": ("linux", ".so"), "win32": ("windows", ".dll"), "darwin": ("macos", ".dylib")}
 _MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}
@@ -88,6 +88,7 @@ class KernelLibrary:
         "rk_forward": [ctypes.POINTER(RkModel), ctypes.POINTER(RkBatch)],
         "rk_draft_greedy": [ctypes.POINTER(RkModel), ctypes.POINTER(RkBatch), _I64, _ADDR, _ADDR, _ADDR],
         "rk_exp_many": [_ADDR, _ADDR, _I64, _I32],
+        "rk_state_half": [_ADDR, _I64, _I64, _I64, _ADDR, _I32, _ADDR, _I32, ctypes.c_float, _ADDR, _I32],
         "rk_profile": [_I32, _ADDR],
     }
 
@@ -173,6 +174,12 @@ class KernelLibrary:
         """a greedy draft turn of k tokens in one call (csrc/forward.c rk_draft_greedy): argmax rows into out [k]"""
         self._check("draft_greedy", self.lib.rk_draft_greedy(ctypes.byref(model), ctypes.byref(batch), k, ids, chain,
                                                              out),
+                    "bad sizes (or a weight kind other than float32, Q4_1, Q8_0)")
+
+    def state_half(self, states, t, s, d, fuse, fuse_kind, state, state_kind, eps, out, path) -> None:
+        """the feature head's state half of t positions (csrc/forward.c rk_state_half): states [t, s, d] -> out [t, d]"""
+        self._check("state_half", self.lib.rk_state_half(states, t, s, d, fuse, fuse_kind, state, state_kind, eps, out,
+                                                         int(path)),
                     "bad sizes (or a weight kind other than float32, Q4_1, Q8_0)")
 
     PROFILE_GROUPS = ("elementwise", "attention products", "attention", "mlp / experts", "output layer",

@@ -239,6 +239,7 @@ class FeatureHeadDrafter:
         self.state_q = C_BLOCKS(self.state_w.T.contiguous()) if c_step else None
         self.row_of = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
         self.row_of[self.vocab] = torch.arange(len(self.vocab))
+        self.row_list, self.vocab_list = self.row_of.tolist(), self.vocab.tolist()   # a turn's few lookups, as lists
         if self.step_path == "C":
             self.head.chain(self.e_table.contiguous(), self.w_g, w["gnorm"].contiguous())
         self.needs_states = tuple(self.cfg.taps)
@@ -272,14 +273,22 @@ class FeatureHeadDrafter:
     def _state_half(self, states: torch.Tensor) -> torch.Tensor:
         """w_g RMSNorm(g) of the target's states [T, S, D]: the state half of the head's input rows, computed once
         per position when the target runs it (self.g holds these, not g itself). The norms' weights are folded into
-        the two matrices (fuse_w, state_w), so a verify step pays a dozen ops here, not forty."""
+        the two matrices (fuse_w, state_w), so a verify step pays a dozen ops here, not forty; on the C step, one
+        call (the dozen dispatched ops cost more than their arithmetic: docs/feature_head.md, "Q4_1 blocks")."""
         eps = self.cfg.norm_eps
+        if self.fuse_q is not None:                     # the C step: one call (csrc/forward.c rk_state_half)
+            s = states.float().contiguous()
+            out = torch.empty(s.shape[0], self.cfg.dim, dtype=torch.float32)
+            f, g = self.fuse_q, self.state_q
+            kernel._rowkernel.state_half(s.data_ptr(), s.shape[0], s.shape[1], s.shape[2], f.data.data_ptr(), f.code,
+                                         g.data.data_ptr(), g.code, eps, out.data_ptr(), f.path)
+            return out
         s = states.float()
         s = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps)
         s = s.reshape(s.shape[0], -1)
-        g = self.fuse_q.rows(s) if self.fuse_q is not None else s @ self.fuse_w
+        g = s @ self.fuse_w
         g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
-        return self.state_q.rows(g) if self.state_q is not None else g @ self.state_w
+        return g @ self.state_w
 
     def reset(self, prompt_ids) -> None:
         self.g = torch.zeros(256, self.cfg.dim)
@@ -320,20 +329,20 @@ class FeatureHeadDrafter:
             keep = next(j for j in range(keep) if self.row_tokens[j] != context[j + 1])
         self.cache.rollback(keep)
         self.row_tokens = self.row_tokens[:keep]
-        toks = torch.tensor(context[keep + 1:n])
-        rows = self.row_of[toks]
-        if bool((rows >= 0).all()):                     # the usual case: every new token is in the draft vocabulary
+        toks = context[keep + 1:n]
+        rows = [self.row_list[t] for t in toks]
+        if min(rows) >= 0:                              # the usual case: every new token is in the draft vocabulary
             e = self.e_table[rows]
         else:
-            e = rms_norm(self.embed[toks].float(), self.w["enorm"], self.cfg.norm_eps) @ self.w_e.T
+            e = rms_norm(self.embed[torch.tensor(toks)].float(), self.w["enorm"], self.cfg.norm_eps) @ self.w_e.T
         x = e + self.g[keep:n - 1]
-        self.row_tokens += toks.tolist()
+        self.row_tokens += toks
         self.real, self.changed_from = n - 1, self.n_states
         self.stats["num_drafts"] += 1
         if self.step_path == "C":                       # the whole turn in one C call
             rows = self.head.turn(x, self.cache, keep, k)
             self.cache.length = n - 1 + k - 1
-            return Draft(self.vocab[rows].tolist())
+            return Draft([self.vocab_list[r] for r in rows])
         a, logits = self.head.rows(x, self.cache, keep)
         self.cache.length = n - 1
         out = []
