@@ -5,8 +5,8 @@ The drafter declares the head's taps (needs_states), so the target's forwards ov
 target verifies leaves its fused state g behind, at the price of one (T, S D) x (S D, D) product. A draft turn then
 runs the head's one layer once per draft token, on the engine's own C forward: the head is a one-layer Llama whose
 input rows are given (x_p, not a token) and whose output layer is the draft vocabulary's rows of the target's, its
-matrices as Q4_1 blocks (C_BLOCKS; integer dots on the int8 numerics). Without the C kernel the same steps run in PyTorch
-(lessonkit.feature_head.head).
+matrices as Q4_1 blocks (C_BLOCKS; integer dots on the int8 numerics), the state half of every verified position one
+C call too (rk_state_half). Without the C kernel the same steps run in PyTorch (lessonkit.feature_head.head).
 
 State: g [positions, D] for the target's positions, valid below `n_states`; the head's own KV cache, one row
 per position p >= 1 (cache index p - 1), of which the first `real` rows were computed from target states and the
@@ -35,8 +35,8 @@ from lessonkit.speculative.suffix_store import target_numerics
 FORMAT = "lessonkit-feature-head-v1"
 HEADS_DIR = workbook_path("data", "models", "feature-head")
 # the blocks the C step multiplies, quantised from the head's float weights at load. Q4_1 reads 0.59 of Q8_0's bytes;
-# a draft turn is memory-bound, so it costs 0.73-0.76 of Q8_0's at k = 1-4, and the held-out acceptance of both
-# shipped heads moved by less than the spread between categories (docs/feature_head.md, "Q4_1 blocks")
+# a draft turn is memory-bound, so it cost 0.71-0.80 of Q8_0's at k = 1-4, and the held-out acceptance of both shipped
+# heads moved by less than one request's worth (docs/feature_head.md, "Q4_1 blocks and the state half in C")
 C_BLOCKS = qb.q4_1_weight
 
 
@@ -232,7 +232,7 @@ class FeatureHeadDrafter:
         scale = torch.cat([w[f"fuse_norm.{i}"] for i in range(self.cfg.n_states)])
         self.fuse_w = (w["fuse"] * scale[None, :]).T.contiguous()                  # [S D, D]
         self.state_w = (self.w_g * w["gnorm"][None, :]).T.contiguous()             # [D, D]
-        # on the C kernel the two products read C_BLOCKS (an eighth of float32's bytes: a verify step's share of this
+        # on the C kernel the two products read C_BLOCKS (a sixth of float32's bytes: a verify step's share of this
         # work is memory-bound: 0.305 -> 0.105 ms for 3 rows on Q8_0 blocks, Intel Xeon family 6 model 207, 2026-12-05)
         c_step = self.step_path == "C"
         self.fuse_q = C_BLOCKS(self.fuse_w.T.contiguous()) if c_step else None
@@ -274,7 +274,8 @@ class FeatureHeadDrafter:
         """w_g RMSNorm(g) of the target's states [T, S, D]: the state half of the head's input rows, computed once
         per position when the target runs it (self.g holds these, not g itself). The norms' weights are folded into
         the two matrices (fuse_w, state_w), so a verify step pays a dozen ops here, not forty; on the C step, one
-        call (the dozen dispatched ops cost more than their arithmetic: docs/feature_head.md, "Q4_1 blocks")."""
+        call (the dozen dispatched ops cost more than their arithmetic: docs/feature_head.md, "Q4_1 blocks and the
+        state half in C")."""
         eps = self.cfg.norm_eps
         if self.fuse_q is not None:                     # the C step: one call (csrc/forward.c rk_state_half)
             s = states.float().contiguous()
