@@ -17,6 +17,7 @@ from lessonkit.engine.generate import generate
 from lessonkit.errors import LessonkitError
 from lessonkit.feature_head.drafter import C_BLOCKS, FeatureHeadDrafter, load_head
 from lessonkit.models.registry import load_model
+from lessonkit.speculative.states import forward_for
 from lessonkit.speculative.verify import speculative_generate
 from lessonkit.training.feature_head import PRESETS, train
 from lessonkit.workloads.corpus import prompts_by_kind
@@ -113,6 +114,28 @@ def test_head_drafts_are_lossless(heads, numerics, threads):
                 assert "forward" not in vars(target)             # the target's own forward: nothing patches it
     finally:
         kernel.set_threads(old)
+
+
+def test_a_window_bounds_the_heads_prompt_pass(heads):
+    """The head attends to at most `window` prompt positions: its first turn runs that many rows, not the prompt's,
+    the output stays plain greedy's, and a window as long as the prompt drafts what no window drafts."""
+    target, path = heads["int8"]
+    with active.use(numerics="int8"):
+        p = requests(target, "heldout", 1)["records"][0]
+        assert len(p) > 40
+        ref = generate(target, p, 16).token_ids
+        heads_by_window = {w: FeatureHeadDrafter(target, path, window=w) for w in (None, 8, len(p))}
+        runs = {w: speculative_generate(target, d, p, 16, k=3) for w, d in heads_by_window.items()}
+        for w, d in heads_by_window.items():
+            assert runs[w].token_ids == ref, w
+            d.reset(p)
+            forward_for(d, target, p, target.new_cache(len(p) + 8))
+            d.propose(p + [ref[0]], 3)
+            assert d.cache.length == min(len(p), w or len(p)) + 2, (w, d.cache.length)
+        same = ("num_draft_tokens", "num_accepted_tokens_per_pos")
+        assert [runs[len(p)].stats[s] for s in same] == [runs[None].stats[s] for s in same]
+    with pytest.raises(LessonkitError, match="window 0"):
+        FeatureHeadDrafter(target, path, window=0)
 
 
 @pytest.mark.parametrize("numerics", NUMERICS)

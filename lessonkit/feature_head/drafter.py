@@ -38,6 +38,11 @@ HEADS_DIR = workbook_path("data", "models", "feature-head")
 # a draft turn is memory-bound, so it cost 0.71-0.80 of Q8_0's at k = 1-4, and the held-out acceptance of both shipped
 # heads moved by less than one request's worth (docs/feature_head.md, "Q4_1 blocks and the state half in C")
 C_BLOCKS = qb.q4_1_weight
+# the head attends to at most this many prompt positions before the request's first draft: its rows for earlier ones
+# are never computed. Head positions are counted from the window's start (RoPE depends on differences alone). The
+# first turn of a request ran the head over the whole prompt, 1.46 target steps for 150 tokens
+# (docs/feature_head.md, "A window on the prompt")
+WINDOW = 64
 
 
 def head_path(target) -> Path:
@@ -206,8 +211,11 @@ class FeatureHeadDrafter:
 
     name = "head"
 
-    def __init__(self, target, path: str | Path | None = None, *, step: str = "auto", any_numerics: bool = False):
-        self.target = target
+    def __init__(self, target, path: str | Path | None = None, *, step: str = "auto", any_numerics: bool = False,
+                 window: int | None = WINDOW):
+        if window is not None and window < 1:
+            raise LessonkitError(f"feature head window {window!r}: expected a number of positions >= 1, or None")
+        self.target, self.window = target, window
         self.cfg, w, self.meta = load_head(target, path, any_numerics=any_numerics)
         self.w, self.vocab = w, w["vocab"]
         m = target.model
@@ -222,8 +230,9 @@ class FeatureHeadDrafter:
             raise LessonkitError(f"no C forward for the head here: {c_forward.why_not(m)}")
         self.step_path = "C" if c_ok and step != "torch" else "torch"
         self.head = (_CHead if self.step_path == "C" else _TorchHead)(self.cfg, w, norm, rows.float().contiguous(), target)
-        self.step = (f"C step on {self.head.keep[0].kind.upper()} blocks" if self.step_path == "C"
-                     else "PyTorch step on float32 weights")                    # what the card says drafted
+        self.step = ((f"C step on {self.head.keep[0].kind.upper()} blocks" if self.step_path == "C"
+                      else "PyTorch step on float32 weights")                   # what the card says drafted
+                     + (f", at most {window} prompt positions" if window else ""))
         # the input projection split in two: the token half precomputed for the draft vocabulary (drafted tokens are
         # always in it), the state half one product per draft
         D = self.cfg.dim
@@ -260,9 +269,12 @@ class FeatureHeadDrafter:
         self.settled = min(self.settled, start)
         self.changed_from = min(self.changed_from, start)
 
-    def _settle(self) -> None:
-        """The state half of every recorded position not yet computed, in one batch."""
-        a, b = self.settled, self.n_states
+    def _settle(self, lo: int = 0) -> None:
+        """The state half of every recorded position from lo on not yet computed, in one batch (g holds it for the
+        positions g_lo .. settled - 1: a window's turns never compute those below it)."""
+        a, b = (self.settled if self.g_lo <= lo <= self.settled else lo), self.n_states
+        if a == lo:
+            self.g_lo = lo
         if a >= b:
             return
         self.g = _room(self.g, b)
@@ -294,7 +306,8 @@ class FeatureHeadDrafter:
     def reset(self, prompt_ids) -> None:
         self.g = torch.zeros(256, self.cfg.dim)
         self.raw = torch.zeros(256, self.cfg.n_states, self.cfg.dim)
-        self.n_states, self.changed_from, self.missing, self.settled = 0, 0, 0, 0
+        self.n_states, self.changed_from, self.missing, self.settled, self.g_lo = 0, 0, 0, 0, 0
+        self.offset = 0                                 # the head position of its cache's row 0, less one
         self.cache.rollback(0)
         self.real, self.row_tokens = 0, []
 
@@ -323,13 +336,15 @@ class FeatureHeadDrafter:
             self._recover_missing(context)
         if self.n_states < n - 1:                       # the target has not run position n - 2 yet
             return Draft([])
-        self._settle()
         # head rows p = 1 .. n - 1 need states 0 .. n - 2 and tokens 1 .. n - 1; keep the rows still valid
         keep = min(self.real, self.changed_from, n - 2)
         if self.row_tokens[:keep] != context[1:keep + 1]:      # (one list comparison: the usual case is equal)
             keep = next(j for j in range(keep) if self.row_tokens[j] != context[j + 1])
-        self.cache.rollback(keep)
-        self.row_tokens = self.row_tokens[:keep]
+        if keep == 0 or keep < self.offset:             # nothing in the head's cache holds: start it at the window
+            self.offset = keep = max(0, n - 1 - self.window) if self.window else 0
+        self.cache.rollback(keep - self.offset)
+        self.row_tokens = context[1:keep + 1]
+        self._settle(keep)
         toks = context[keep + 1:n]
         rows = [self.row_list[t] for t in toks]
         if min(rows) >= 0:                              # the usual case: every new token is in the draft vocabulary
@@ -341,11 +356,11 @@ class FeatureHeadDrafter:
         self.real, self.changed_from = n - 1, self.n_states
         self.stats["num_drafts"] += 1
         if self.step_path == "C":                       # the whole turn in one C call
-            rows = self.head.turn(x, self.cache, keep, k)
-            self.cache.length = n - 1 + k - 1
+            rows = self.head.turn(x, self.cache, keep - self.offset, k)
+            self.cache.length = n - 1 - self.offset + k - 1
             return Draft([self.vocab_list[r] for r in rows])
-        a, logits = self.head.rows(x, self.cache, keep)
-        self.cache.length = n - 1
+        a, logits = self.head.rows(x, self.cache, keep - self.offset)
+        self.cache.length = n - 1 - self.offset
         out = []
         u = a[-1]
         for i in range(k):
