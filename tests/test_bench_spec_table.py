@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lessonkit.bench.spec_table import SUFFIX_K, category_table, warm_suffix_store
+from lessonkit.bench.spec_table import SUFFIX_K, category_table, plain_step_s, warm_suffix_store
 from lessonkit.engine.generate import generate
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import NGramDrafter
@@ -46,3 +46,10 @@ def test_the_structured_category_leaves_the_store_as_it_was_and_equals_plain(tar
     assert all(r["identical_to_plain"] for r in rows)
     assert [list(o) for o in store.outputs] == before                   # measured with learning off
     assert rows[-1]["tokens_per_verify"] > 1                            # the warm store drafted, and was right
+
+
+def test_c_is_over_the_same_rounds_plain_decode_step():
+    """c's denominator: plain greedy's decode seconds (wall less time to first token) per forward after the prefill,
+    over the round's requests; the prefill's seconds and forward stay out."""
+    stats = [{"wall_s": 1.0, "ttft_s": 0.2, "forwards": 5}, {"wall_s": 0.5, "ttft_s": 0.1, "forwards": 3}]
+    assert plain_step_s(stats) == pytest.approx((0.8 + 0.4) / (4 + 2))

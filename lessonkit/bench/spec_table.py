@@ -2,9 +2,9 @@
 requests (lessonkit.workloads.requests: chat, code, records, rewrite; and `structured` from
 lessonkit.workloads.structured: records rewritten field by field, NDJSON lines, tickets scored behind one system
 prompt) and per drafter, plain greedy and the drafter take turns within every round; the row reports mean accepted
-tokens per verify, acceptance by draft position, the draft cost c (seconds per draft token over a plain step's),
-the verify cost T(k+1)/T(1) of the chosen depth, the speed-up (median of rounds, with the spread) and whether the
-output equals plain greedy's.
+tokens per verify, acceptance by draft position, the draft cost c (seconds per draft token over a plain decode step's
+of the same round), the verify cost T(k+1)/T(1) of the chosen depth, the speed-up (median of rounds, with the
+spread) and whether the output equals plain greedy's.
 
 The structured category also measures the suffix drafter with a store warmed on the workload's training split
 (`measure.suffix.warm_suffix_store`: a fresh temporary folder, so every benchmark starts from an empty store) and
@@ -38,10 +38,18 @@ def rounds(fns: dict, prompts: list, n: int) -> dict:
     return {name: (walls[name], [r[0] for r in last[name]], [r[1] for r in last[name]]) for name in fns}
 
 
+def plain_step_s(stats: list[dict]) -> float:
+    """Plain greedy's seconds per decode step over runs' stats (wall less time to first token, over the forwards
+    after the prefill's): c's denominator, from the same round as the draft seconds, so a host whose speed drifts
+    between the cost curve's measurement and the round moves both alike."""
+    return (sum(s["wall_s"] - s["ttft_s"] for s in stats) / max(1, sum(s["forwards"] - 1 for s in stats)))
+
+
 def _category_rows(cat: str, runs: dict, drafters, cost) -> list[dict]:
     """The rows of one category from its rounds (cost: the verify cost curve, seconds of 1 .. K+1 rows)."""
-    plain_walls, ref, _ = runs["plain"]
+    plain_walls, ref, plain_stats = runs["plain"]
     t1 = statistics.median(plain_walls) / max(1, sum(len(o) for o in ref))
+    step = plain_step_s(plain_stats)
     rows = []
     for name in drafters:
         walls, outs, stats = runs[name]
@@ -56,7 +64,7 @@ def _category_rows(cat: str, runs: dict, drafters, cost) -> list[dict]:
             "acceptance_by_position": [round(a, 3) for a in conditional_per_pos(t["num_accepted_tokens_per_pos"],
                                                                                t["num_drafts"])],
             "mean_draft_depth": round(k_mean, 2),
-            "c": (t["draft_s"] / t["num_draft_tokens"]) / (cost[0]) if t["num_draft_tokens"] else None,
+            "c": (t["draft_s"] / t["num_draft_tokens"]) / step if t["num_draft_tokens"] else None,
             "verify_cost": cost[kk] / cost[0], "plain_s_per_token": t1,
             "speedup": statistics.median(ratios), "speedup_spread": [ratios[0], ratios[-1]]})
     return rows
