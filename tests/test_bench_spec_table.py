@@ -46,6 +46,8 @@ def test_the_structured_category_leaves_the_store_as_it_was_and_equals_plain(tar
     assert all(r["identical_to_plain"] for r in rows)
     assert [list(o) for o in store.outputs] == before                   # measured with learning off
     assert rows[-1]["tokens_per_verify"] > 1                            # the warm store drafted, and was right
+    for r in rows:                   # the decode phase: wall less the prefills' time to first token, both sides
+        assert 0 < r["decode_speedup_spread"][0] <= r["decode_speedup"] <= r["decode_speedup_spread"][1]
 
 
 def test_c_is_over_the_same_rounds_plain_decode_step():

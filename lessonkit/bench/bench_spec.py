@@ -20,7 +20,7 @@ import torch
 import transformers
 
 from lessonkit.bench.common import goal
-from lessonkit.bench.spec_table import (SUFFIX_K, category_table, plain_runner, rounds, spec_runner, table_markdown,
+from lessonkit.bench.spec_table import (SUFFIX_K, category_table, plain_runner, spec_runner, table_markdown,
                                         warm_suffix_store)
 from lessonkit.models.convert import export_hf
 from lessonkit.errors import LessonkitError
@@ -35,7 +35,7 @@ from lessonkit.speculative.drafters import ModelDrafter, NGramDrafter
 from lessonkit.speculative.first_of import FirstOf
 from lessonkit.speculative.suffix import SuffixDrafter
 from lessonkit.measure.apart import Apart, check_apart, predict_speedup
-from lessonkit.measure.speculative import measure_apart
+from lessonkit.measure.speculative import measure_apart, take_turns
 from lessonkit.speculative.gate import measure_cost_curve
 from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.workloads.corpus import prompts_by_kind
@@ -47,7 +47,8 @@ def _interleaved(fns: dict, prompts, repeats) -> dict:
     """Each contender over all prompts, `repeats` rounds, the contenders taking turns within a round (after one
     warm-up prompt each), so load drift on a shared machine hits baseline and contenders alike:
     name -> (median total seconds, outputs, stats) of the last round."""
-    return {name: (statistics.median(walls), outs, stats) for name, (walls, outs, stats) in rounds(fns, prompts, repeats).items()}
+    return {name: (statistics.median(walls), outs, stats)
+            for name, (walls, _, outs, stats) in take_turns(fns, prompts, repeats).items()}
 
 
 def _median_run(fn, prompts, repeats):

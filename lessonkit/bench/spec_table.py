@@ -3,8 +3,9 @@ requests (lessonkit.workloads.requests: chat, code, records, rewrite; and `struc
 lessonkit.workloads.structured: records rewritten field by field, NDJSON lines, tickets scored behind one system
 prompt) and per drafter, plain greedy and the drafter take turns within every round; the row reports mean accepted
 tokens per verify, acceptance by draft position, the draft cost c (seconds per draft token over a plain decode step's
-of the same round), the verify cost T(k+1)/T(1) of the chosen depth, the speed-up (median of rounds, with the
-spread) and whether the output equals plain greedy's.
+of the same round), the verify cost T(k+1)/T(1) of the chosen depth, the speed-up end to end and in the decode phase
+(wall less the prefills' time to first token, which no drafter shortens; medians of rounds, with the spread) and
+whether the output equals plain greedy's.
 
 The structured category also measures the suffix drafter with a store warmed on the workload's training split
 (`measure.suffix.warm_suffix_store`: a fresh temporary folder, so every benchmark starts from an empty store) and
@@ -13,29 +14,13 @@ measured with learning off, so no held-out request meets a store that holds its 
 from __future__ import annotations
 
 import statistics
-import time
 
-from lessonkit.measure.speculative import plain_runner, spec_runner
+from lessonkit.measure.speculative import plain_runner, spec_runner, take_turns
 from lessonkit.measure.suffix import SUFFIX_K, warm_suffix_store  # noqa: F401  (bench spec's, from here)
 from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve
 from lessonkit.speculative.verify import total_stats
 from lessonkit.workloads.requests import CATEGORIES, requests
 from lessonkit.workloads.structured import structured_prompts
-
-
-def rounds(fns: dict, prompts: list, n: int) -> dict:
-    """Each contender over all prompts, n rounds, the contenders taking turns within a round (after one warm-up
-    prompt each), so load drift on a shared machine hits baseline and contenders alike:
-    name -> (wall seconds per round, outputs, stats of the last round)."""
-    for fn in fns.values():
-        fn(prompts[0])
-    walls, last = {name: [] for name in fns}, {}
-    for _ in range(n):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            last[name] = [fn(p) for p in prompts]
-            walls[name].append(time.perf_counter() - t0)
-    return {name: (walls[name], [r[0] for r in last[name]], [r[1] for r in last[name]]) for name in fns}
 
 
 def plain_step_s(stats: list[dict]) -> float:
@@ -47,14 +32,15 @@ def plain_step_s(stats: list[dict]) -> float:
 
 def _category_rows(cat: str, runs: dict, drafters, cost) -> list[dict]:
     """The rows of one category from its rounds (cost: the verify cost curve, seconds of 1 .. K+1 rows)."""
-    plain_walls, ref, plain_stats = runs["plain"]
+    plain_walls, plain_decode, ref, plain_stats = runs["plain"]
     t1 = statistics.median(plain_walls) / max(1, sum(len(o) for o in ref))
     step = plain_step_s(plain_stats)
     rows = []
     for name in drafters:
-        walls, outs, stats = runs[name]
+        walls, decode, outs, stats = runs[name]
         t = total_stats(stats)
         ratios = sorted(p / w for p, w in zip(plain_walls, walls))
+        decode_ratios = sorted(p / w for p, w in zip(plain_decode, decode))
         verifies = max(1, t["num_drafts"])
         k_mean = t["num_draft_tokens"] / verifies
         kk = min(len(cost) - 1, round(k_mean))
@@ -66,7 +52,9 @@ def _category_rows(cat: str, runs: dict, drafters, cost) -> list[dict]:
             "mean_draft_depth": round(k_mean, 2),
             "c": (t["draft_s"] / t["num_draft_tokens"]) / step if t["num_draft_tokens"] else None,
             "verify_cost": cost[kk] / cost[0], "plain_s_per_token": t1,
-            "speedup": statistics.median(ratios), "speedup_spread": [ratios[0], ratios[-1]]})
+            "speedup": statistics.median(ratios), "speedup_spread": [ratios[0], ratios[-1]],
+            "decode_speedup": statistics.median(decode_ratios),
+            "decode_speedup_spread": [decode_ratios[0], decode_ratios[-1]]})
     return rows
 
 
@@ -89,16 +77,17 @@ def category_table(target, drafters: dict, *, per_category: int = 3, max_new: in
         fns = {"plain": plain_runner(target, max_new)}           # the depth gates' curve stops at k_max
         fns |= {name: spec_runner(target, d, k, max_new, cost=cost[:k_max + 1])
                 for name, (d, k) in cat_drafters.items()}
-        rows += _category_rows(cat, rounds(fns, cat_prompts, n_rounds), cat_drafters, cost)
+        rows += _category_rows(cat, take_turns(fns, cat_prompts, n_rounds), cat_drafters, cost)
     return rows
 
 
 def table_markdown(rows: list[dict]) -> str:
     head = ("| category | drafter | tokens / verify | acceptance by position | c | T(k+1)/T(1) | speed-up (spread) "
-            "| identical |\n|---|---|---|---|---|---|---|---|\n")
+            "| decode phase (spread) | identical |\n|---|---|---|---|---|---|---|---|---|\n")
     fmt = lambda r: (f"| {r['category']} | {r['drafter']} | {r['tokens_per_verify']:.2f} | "
                      f"{', '.join(f'{a:.2f}' for a in r['acceptance_by_position'][:4])} | "
                      f"{'-' if r['c'] is None else format(r['c'], '.3f')} | {r['verify_cost']:.2f} | "
                      f"{r['speedup']:.2f}x ({r['speedup_spread'][0]:.2f}-{r['speedup_spread'][1]:.2f}) | "
+                     f"{r['decode_speedup']:.2f}x ({r['decode_speedup_spread'][0]:.2f}-{r['decode_speedup_spread'][1]:.2f}) | "
                      f"{'yes' if r['identical_to_plain'] else 'NO'} |")
     return head + "\n".join(fmt(r) for r in rows)

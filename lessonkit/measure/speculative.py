@@ -3,6 +3,7 @@ prompts (outputs compared; contenders taking turns within rounds, `take_turns`),
 total-variation distance of sampled speculation from the target's own sampling. Lesson 1 draws these."""
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -130,8 +131,8 @@ def spec_runner(target, drafter, k, max_new: int, **kw):
 def take_turns(fns: dict, prompts, repeats: int) -> dict:
     """Each contender (prompt -> (tokens, stats), e.g. plain_runner) over all prompts, `repeats` rounds, taking
     turns within a round (after one warm-up prompt each), so load drift on a shared machine hits all alike:
-    name -> (per-round seconds, per-round decode seconds (wall less the prefills' time to first token), outputs,
-    stats) of the last round."""
+    name -> (per-round seconds, per-round decode seconds (wall less the prefills' time to first token; NaN for a
+    contender that reports no stats), outputs, stats) of the last round."""
     for fn in fns.values():
         fn(prompts[0])
     walls, decode, last = {name: [] for name in fns}, {name: [] for name in fns}, {}
@@ -140,7 +141,7 @@ def take_turns(fns: dict, prompts, repeats: int) -> dict:
             t0 = time.perf_counter()
             last[name] = [fn(p) for p in prompts]
             walls[name].append(time.perf_counter() - t0)
-            decode[name].append(walls[name][-1] - sum(r[1]["ttft_s"] for r in last[name]))
+            decode[name].append(walls[name][-1] - sum(r[1]["ttft_s"] if r[1] else math.nan for r in last[name]))
     return {name: (walls[name], decode[name], [r[0] for r in last[name]], [r[1] for r in last[name]]) for name in fns}
 
 
