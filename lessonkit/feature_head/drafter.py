@@ -8,8 +8,9 @@ input rows are given (x_p, not a token) and whose output layer is the draft voca
 matrices as Q4_1 blocks (C_BLOCKS; integer dots on the int8 numerics), the state half of every verified position one
 C call too (rk_state_half). Without the C kernel the same steps run in PyTorch (lessonkit.feature_head.head).
 
-State: g [positions, D] for the target's positions, valid below `n_states`; the head's own KV cache, one row
-per position p >= 1 (cache index p - 1), of which the first `real` rows were computed from target states and the
+State: g [positions, D] for the target's positions, valid from `g_lo` below `settled` (of the `n_states` recorded);
+the head's own KV cache, one row per position p > `offset` (cache index p - 1 - offset: a request's first turn starts
+the cache WINDOW positions before its end), of which those up to `real` were computed from target states and the
 tokens in `row_tokens`; rows past them are the last turn's drafts, rolled back at the next turn.
 """
 from __future__ import annotations
