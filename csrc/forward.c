@@ -140,6 +140,15 @@ static void rms_rows(const float *x, const float *w, float *out, int64_t m, int6
     }
 }
 
+/* rms_rows without a weight (x * inv: the caller folded the weight into the next product); out may be x */
+static void rms_unit_rows(const float *x, float *out, int64_t m, int64_t d, float eps)
+{
+    for (int64_t r = 0; r < m; r++) {
+        const float inv = 1.0f / sqrtf(dot_lanes(x + r * d, x + r * d, d) / (float)d + eps);
+        for (int64_t i = 0; i < d; i++) out[r * d + i] = x[r * d + i] * inv;
+    }
+}
+
 /* rotate-half RoPE of `heads` heads of one row at one position, as the PyTorch forward computes it:
    x * cos + rotate_half(x) * sin, two products then an add */
 static void rope_row(float *x, int64_t heads, int64_t hd, const float *cos, const float *sin)
@@ -736,7 +745,7 @@ What. states [T, S, D] float32 (row t: the S streams of one position, each of D 
 1 / sqrt(mean of squares + eps) (no weight: the caller folds the norms' weights into the two matrices), the S scaled
 streams of a row are its S D inputs of the fuse product (native blocks of kind fuse_kind, D outputs), that
 product's row is scaled the same way, and the state product (state_kind, D inputs, D outputs) writes out [T, D].
-Norms as rms_rows (dot_lanes, then x * inv), products as rk_qmatmul on the call's path word. */
+Norms as rms_unit_rows, products as rk_qmatmul on the call's path word. */
 RK_EXPORT int32_t rk_state_half(uintptr_t states_a, int64_t T, int64_t S, int64_t D, uintptr_t fuse, int32_t fuse_kind,
                                 uintptr_t state, int32_t state_kind, float eps, uintptr_t out_a, int32_t path)
 {
@@ -747,17 +756,10 @@ RK_EXPORT int32_t rk_state_half(uintptr_t states_a, int64_t T, int64_t S, int64_
     if (!buf)
         return RK_NO_MEMORY;
     float *g = buf + T * S * D;
-    for (int64_t r = 0; r < T * S; r++) {
-        const float *s = states + r * D;
-        const float inv = 1.0f / sqrtf(dot_lanes(s, s, D) / (float)D + eps);
-        for (int64_t i = 0; i < D; i++) buf[r * D + i] = s[i] * inv;
-    }
+    rms_unit_rows(states, buf, T * S, D, eps);
     int32_t rc = rk_qmatmul((uintptr_t)buf, T, S * D, S * D, fuse, fuse_kind, D, (uintptr_t)g, D, path);
-    for (int64_t r = 0; r < T && rc == RK_OK; r++) {
-        float *row = g + r * D;
-        const float inv = 1.0f / sqrtf(dot_lanes(row, row, D) / (float)D + eps);
-        for (int64_t i = 0; i < D; i++) row[i] = row[i] * inv;
-    }
+    if (rc == RK_OK)
+        rms_unit_rows(g, g, T, D, eps);
     if (rc == RK_OK)
         rc = rk_qmatmul((uintptr_t)g, T, D, D, state, state_kind, D, out_a, D, path);
     free(buf);

@@ -247,9 +247,9 @@ class FeatureHeadDrafter:
         c_step = self.step_path == "C"
         self.fuse_q = C_BLOCKS(self.fuse_w.T.contiguous()) if c_step else None
         self.state_q = C_BLOCKS(self.state_w.T.contiguous()) if c_step else None
-        self.row_of = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
-        self.row_of[self.vocab] = torch.arange(len(self.vocab))
-        self.row_list, self.vocab_list = self.row_of.tolist(), self.vocab.tolist()   # a turn's few lookups, as lists
+        row_of = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
+        row_of[self.vocab] = torch.arange(len(self.vocab))
+        self.row_list, self.vocab_list = row_of.tolist(), self.vocab.tolist()   # a turn's few lookups, as lists
         if self.step_path == "C":
             self.head.chain(self.e_table.contiguous(), self.w_g, w["gnorm"].contiguous())
         self.needs_states = tuple(self.cfg.taps)
