@@ -72,8 +72,8 @@ def _suffix_drafter(target, arg, **kw):
 def _auto_drafter(target, arg, **kw):
     """'auto': the target's shipped drafters, cheapest first (speculative.first_of): the suffix drafter's match of
     >= 2 tokens (the request and the store of earlier outputs), else the feature head where one ships for the
-    target (its draft model where AUTO_LEARNED names one); the depth gate (k=auto) switches drafting off where it does
-    not pay."""
+    target (its draft model where AUTO_LEARNED names one); under the depth gate (k=auto) the suffix match drafts at
+    its own depth and the gate sets the learned drafter's, switching it off where it does not pay (own_depth)."""
     free = _suffix_drafter(target, arg)
     why = AUTO_LEARNED.get(target.name, "head")
     try:
@@ -81,7 +81,7 @@ def _auto_drafter(target, arg, **kw):
     except LessonkitError:
         learned, why = None, ""
     parts = [(free, 2)] + ([(learned, 1)] if learned is not None else [])
-    return FirstOf(parts, name=f"auto (suffix match >= 2 tokens{', else ' + why if why else ''})")
+    return FirstOf(parts, name=f"auto (suffix match >= 2 tokens{', else ' + why if why else ''})", own_depth=1)
 
 
 # the learned drafter `auto` falls back on, where it is not the target's feature head: tiny-moe's head accepts no

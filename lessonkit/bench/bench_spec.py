@@ -213,9 +213,10 @@ def _table(notes: list, sm, smoke: bool, repeats: int) -> dict:
         head = FeatureHeadDrafter(sm)
         # --draft auto as a benchmark runs it: the suffix drafter over the request alone (learn=False: no request is
         # measured against a store holding its own earlier output), else the head, the depth gate on top
-        auto = FirstOf([(SuffixDrafter(None, learn=False), 2), (head, 1)], name="auto")
+        auto = FirstOf([(SuffixDrafter(None, learn=False), 2), (head, 1)], name="auto", own_depth=1)
         drafters |= {"head k=2": (head, 2), "head k=auto": (head, "auto"), "auto k=auto": (auto, "auto")}
-        structured["auto (warm store) k=auto"] = (FirstOf([(warm, 2), (head, 1)], name="auto (warm store)"), "auto")
+        structured["auto (warm store) k=auto"] = (FirstOf([(warm, 2), (head, 1)], name="auto (warm store)",
+                                                          own_depth=1), "auto")
     except LessonkitError as e:
         notes.append(f"feature-head table rows skipped: {e}")
     rows = category_table(sm, drafters, per_category=1 if smoke else 3, max_new=max_new,

@@ -17,7 +17,9 @@ Depth gate (k="auto"): Cascade's test-then-set (speculative.gate.UtilityGate). A
 k = 0 and the depth the cost model ranks first (E(k) / cost(k), E(k) = 1 + a1 + a1*a2 + ... from running
 per-position acceptance, cost(k) = T(k+1 rows) + k * t_draft from the measured verify cost curve); the
 longer set phase keeps the one whose measured whole steps gave more tokens per second; k = 0 means
-"do not draft", so speculation switches itself off where it does not pay.
+"do not draft", so speculation switches itself off where it does not pay. A FirstOf's free parts (own_depth: the
+suffix match of --draft auto) draft at their own depth outside the gate, whose steps and counts are the learned
+drafter's alone (speculative.first_of, _draft_step).
 
 Statistics use vLLM's names: num_drafts, num_draft_tokens, num_accepted_tokens,
 num_accepted_tokens_per_pos, mean_acceptance_length (= 1 + accepted / drafts, counts the bonus token).
@@ -162,15 +164,40 @@ def _prepare_drafter(drafter, target, params: SamplingParams, prompt: list[int],
     return time.perf_counter() - t
 
 
-def _propose(drafter, context: list[int], kk: int) -> tuple[list[int], torch.Tensor | None, float]:
-    """Up to kk draft tokens, their draft distribution q (None: one-hot) and the seconds it took."""
+def _propose(drafter, context: list[int], kk: int, start: int = 0) -> tuple[list[int], torch.Tensor | None, float]:
+    """Up to kk draft tokens, their draft distribution q (None: one-hot) and the seconds it took; start: the first
+    part of a FirstOf to ask (speculative.first_of)."""
     if kk <= 0:                                       # a step the gate runs without drafting costs nothing here
         return [], None, 0.0
     td = time.perf_counter()
-    draft = drafter.propose(list(context), kk)
+    draft = drafter.propose(list(context), kk, start=start) if start else drafter.propose(list(context), kk)
+    return _tokens(draft, kk) + (time.perf_counter() - td,)
+
+
+def _draft_step(drafter, gate, width: int, context: list[int], room: int):
+    """A step's drafts: (tokens, q, seconds, asked). Under the gate, the parts of a FirstOf that size their own drafts
+    (own_depth, speculative.first_of) are asked first at up to `width` tokens, outside the gate (asked None); the gate
+    picks the depth only for the rest, and only where none of them matched; where that step drafts nothing, their
+    shorter match drafts, outside the gate too."""
+    own = getattr(drafter, "own_depth", 0) if gate else 0
+    t0 = time.perf_counter()
+    if own:
+        draft = drafter.propose_own(list(context), min(width, room))
+        if draft is not None:
+            return _tokens(draft, min(width, room)) + (time.perf_counter() - t0, None)
+    missed = time.perf_counter() - t0                 # a free match that was not there is the learned drafter's cost
+    asked = min(gate.choose() if gate else width, room)
+    d, dq, td = _propose(drafter, context, asked, start=own)
+    short = drafter.take_fallback() if own and not d else None
+    if short is not None:
+        return _tokens(short, min(width, room)) + (td + missed, None)
+    return d, dq, td + missed, asked
+
+
+def _tokens(draft, kk: int) -> tuple[list[int], torch.Tensor | None]:
+    """A draft's first kk tokens and their draft distribution q (None: one-hot)."""
     d = [int(t) for t in draft.tokens[:kk]]
-    dq = draft.probs[:len(d)] if (draft.probs is not None and d) else None
-    return d, dq, time.perf_counter() - td
+    return d, draft.probs[:len(d)] if (draft.probs is not None and d) else None
 
 
 def _verify(target, drafter, cache, context: list[int], d: list[int], dq, params: SamplingParams,
@@ -233,13 +260,12 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
         while not done:
             ts = time.perf_counter()
             room = max_new_tokens - len(out) - 1          # the step emits up to k drafts + 1 own token
-            asked = min(gate.choose() if gate else width, room)
-            d, dq, td = _propose(drafter, context, asked)
+            d, dq, td, asked = _draft_step(drafter, gate, width, context, room)
             n, nxt, tv = _verify(target, drafter, cache, context, d, dq, params, gen)
             tally.step(len(d), n, td, tv, target.model.last_forward["unique_experts"])
             done = any(emit(t) for t in d[:n] + [nxt])
             drafter.update(list(context), n)
-            if gate:                                  # the whole step's seconds: what the test-then-set compares
+            if gate and asked is not None:            # the whole step's seconds: what the test-then-set compares
                 gate.observe(len(d), n, tv, td, asked=asked, step_s=time.perf_counter() - ts)
     finally:
         _finish(drafter, gate)
