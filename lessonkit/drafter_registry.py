@@ -69,12 +69,13 @@ def _suffix_drafter(target, arg, **kw):
     return SuffixDrafter(SuffixStore.for_target(target, arg), autosave=True)
 
 
-def _auto_drafter(target, arg, **kw):
-    """'auto': the target's shipped drafters, cheapest first (speculative.first_of): the suffix drafter's match of
-    >= 2 tokens (the request and the store of earlier outputs), else the feature head where one ships for the
-    target (its draft model where AUTO_LEARNED names one); under the depth gate (k=auto) the suffix match drafts at
-    its own depth and the gate sets the learned drafter's, switching it off where it does not pay (own_depth)."""
-    free = _suffix_drafter(target, arg)
+def auto_drafter(target, free) -> FirstOf:
+    """--draft auto's drafter with `free` as its suffix part: the target's shipped drafters, cheapest first
+    (speculative.first_of): the suffix drafter's match of >= 2 tokens (the request, and the store of earlier outputs
+    where `free` has one), else the feature head where one ships for the target (its draft model where AUTO_LEARNED
+    names one); under the depth gate (k=auto) the match drafts at its own depth and the gate sets the learned
+    drafter's, switching it off where it does not pay (own_depth). The benches pass a suffix drafter that does not
+    learn (no request is measured against a store holding its own earlier output)."""
     why = AUTO_LEARNED.get(target.name, "head")
     try:
         learned = _model_drafter(target, why) if why != "head" else FeatureHeadDrafter(target)
@@ -82,6 +83,11 @@ def _auto_drafter(target, arg, **kw):
         learned, why = None, ""
     parts = [(free, 2)] + ([(learned, 1)] if learned is not None else [])
     return FirstOf(parts, name=f"auto (suffix match >= 2 tokens{', else ' + why if why else ''})", own_depth=1)
+
+
+def _auto_drafter(target, arg, **kw):
+    """'auto' (auto_drafter; the suffix store in lessonkit_home()/suffix) or 'auto:DIR' (the store's folder)."""
+    return auto_drafter(target, _suffix_drafter(target, arg))
 
 
 # the learned drafter `auto` falls back on, where it is not the target's feature head: tiny-moe's head accepts no

@@ -20,6 +20,7 @@ import torch
 import transformers
 
 from lessonkit.bench.common import goal
+from lessonkit.drafter_registry import auto_drafter
 from lessonkit.bench.spec_table import (SUFFIX_K, category_table, plain_runner, spec_runner, table_markdown,
                                         warm_suffix_store)
 from lessonkit.models.convert import export_hf
@@ -32,7 +33,6 @@ from lessonkit.models.registry import load_model
 from lessonkit.measure.grounded import grounded_rows
 from lessonkit.mtp.drafter import MtpDrafter
 from lessonkit.speculative.drafters import ModelDrafter, NGramDrafter
-from lessonkit.speculative.first_of import FirstOf
 from lessonkit.speculative.suffix import SuffixDrafter
 from lessonkit.measure.apart import Apart, check_apart, predict_speedup
 from lessonkit.measure.speculative import measure_apart, take_turns
@@ -106,6 +106,9 @@ def _pair(rows, targets, notes, *, label, target, drafter_fn, hf_kwargs_fn, prom
         spec[name] = (wall, stats)
         rows.append(_row(f"{label}: lessonkit {name}", wall, outs, ref, sum(len(o) for o in outs), stats,
                          speedup=plain_wall / wall))
+    for name in (n for n in spec if n.startswith("auto")):       # --draft auto must never cost more than 5%
+        r = plain_wall / spec[name][0]
+        targets.append(goal(f"{label}: {name} (--draft auto) over plain greedy", round(r, 3), ">= 0.95", r >= 0.95))
     hf_rows = {}
     try:
         hf_plain_dir = _hf_export(target, label)
@@ -191,7 +194,8 @@ def _smollm2_drafters(sm, notes) -> list:
     except LessonkitError as e:
         notes.append(f"MTP rows skipped: {e}")
     try:
-        out += [("head k=2", FeatureHeadDrafter(sm), 2), ("head k=auto", FeatureHeadDrafter(sm), "auto")]
+        out += [("head k=2", FeatureHeadDrafter(sm), 2), ("head k=auto", FeatureHeadDrafter(sm), "auto"),
+                ("auto k=auto", auto_drafter(sm, SuffixDrafter(None, learn=False)), "auto")]
     except LessonkitError as e:
         notes.append(f"feature-head rows skipped: {e}")
     return out
@@ -211,12 +215,10 @@ def _table(notes: list, sm, smoke: bool, repeats: int) -> dict:
     structured = {f"suffix (warm store) k={SUFFIX_K}": (warm, SUFFIX_K)}
     try:
         head = FeatureHeadDrafter(sm)
-        # --draft auto as a benchmark runs it: the suffix drafter over the request alone (learn=False: no request is
-        # measured against a store holding its own earlier output), else the head, the depth gate on top
-        auto = FirstOf([(SuffixDrafter(None, learn=False), 2), (head, 1)], name="auto", own_depth=1)
+        # --draft auto as a benchmark runs it: the suffix drafter over the request alone, else the head, the gate on top
+        auto = auto_drafter(sm, SuffixDrafter(None, learn=False))
         drafters |= {"head k=2": (head, 2), "head k=auto": (head, "auto"), "auto k=auto": (auto, "auto")}
-        structured["auto (warm store) k=auto"] = (FirstOf([(warm, 2), (head, 1)], name="auto (warm store)",
-                                                          own_depth=1), "auto")
+        structured["auto (warm store) k=auto"] = (auto_drafter(sm, warm), "auto")
     except LessonkitError as e:
         notes.append(f"feature-head table rows skipped: {e}")
     rows = category_table(sm, drafters, per_category=1 if smoke else 3, max_new=max_new,
@@ -287,7 +289,8 @@ def bench(args) -> dict:
         _pair(rows, targets, notes, label="tiny-moe", target=tgt,
               drafter_fn=lambda: [("tiny-draft k=2", ModelDrafter(dft, name="tiny-draft"), 2),
                                   ("tiny-draft k=4", ModelDrafter(dft, name="tiny-draft"), 4),
-                                  ("tiny-draft k=auto", ModelDrafter(dft, name="tiny-draft"), "auto")],
+                                  ("tiny-draft k=auto", ModelDrafter(dft, name="tiny-draft"), "auto"),
+                                  ("auto k=auto", auto_drafter(tgt, SuffixDrafter(None, learn=False)), "auto")],
               hf_kwargs_fn=lambda: {"assisted (assistant_model=tiny-draft)": {"assistant_model": _hf_load(_hf_export(dft, "d"))}},
               prompts=prompts, max_new=max_new, repeats=repeats,
               apart=apart_prompts(tgt, prompts, n=1, max_tokens=32))
