@@ -52,6 +52,8 @@ The KV cache: k and v [L, alloc, G, hd] float32, rows start .. start + M - 1 of 
 x [M, D]: the embeddings in (or looked up here from tokens [M] when tokens is not 0), the residual stream out
   (what the PyTorch forward returns as its hidden state).
 logits [M - first, V]: the output layer for rows first .. M - 1 (first = M - 1: the last row only).
+taps [n_taps, M, D]: the residual stream after tap_at[i] layers, for a drafter that reads the target's states (a
+  feature head); copied as the rows leave the layer, so the call computes every bit as it does without them.
 
 Paths. Attention has a portable copy (attention_body) and, for heads of 32 or 64 values, AVX2 and AVX-512
 copies that compute the same floats with more of them in flight: scores for 8 keys at once (the lane tree by
@@ -584,6 +586,11 @@ RK_EXPORT int32_t rk_forward(const struct rk_model *model, const struct rk_batch
     if (L < 1 || D < 1 || H < 1 || G < 1 || H % G || hd < 2 || hd % 2 || I < 1 || V < 1 || M < 1 || start < 0 ||
         start + M > alloc || start + M > c.R || first < 0 || first >= M || E < 1 || A < 1 || A > E)
         return RK_BAD_SIZES;
+    if (batch->n_taps < 0 || (batch->n_taps && (!batch->tap_at || !batch->taps)))
+        return RK_BAD_SIZES;
+    for (int64_t i = 0; i < batch->n_taps; i++)      /* ascending layer counts inside the stack */
+        if (batch->tap_at[i] < 1 || batch->tap_at[i] >= L || (i && batch->tap_at[i] <= batch->tap_at[i - 1]))
+            return RK_BAD_SIZES;
     if (tokens && plan[PLAN_EMBED_KIND] != KIND_F32 && (!block_kind(plan[PLAN_EMBED_KIND]) || D % QK))
         return RK_BAD_KIND;
     for (int64_t l = -1; l < L; l++) {               /* every weight's kind, and K a multiple of 32 for blocks */
@@ -619,6 +626,7 @@ RK_EXPORT int32_t rk_forward(const struct rk_model *model, const struct rk_batch
     a.qkv = qkv, a.ldqkv = nqkv, a.start = start, a.H = H, a.G = G, a.hd = hd, a.nkv = nkv, a.out = att;
     a.scores = scores, a.slen = S, a.scale = 1.0f / sqrtf((float)hd), a.pairs = M * H, a.isa = c.path.isa;
     double t = prof_on ? rk_now_s() : 0.0;
+    int64_t tap = 0;                                 /* the next of batch->tap_at */
     for (int64_t l = 0; l < L && rc == 0; l++) {
         const int64_t *p = plan + PLAN_GLOBALS + PLAN_LAYER * l;
         float *kl = kc + l * alloc * nkv, *vl = vc + l * alloc * nkv;
@@ -662,6 +670,8 @@ RK_EXPORT int32_t rk_forward(const struct rk_model *model, const struct rk_batch
         if (prof_on) { prof_s[3] -= prof_fetch_s - fetched; prof_s[5] += prof_fetch_s - fetched; }
         prof_mark(&t, 3);
         for (int64_t i = 0; i < M * D; i++) x[i] = x[i] + mix[i];
+        if (tap < batch->n_taps && batch->tap_at[tap] == l + 1)
+            memcpy(batch->taps + (tap++) * M * D, x, (size_t)(M * D) * sizeof(float));
         prof_mark(&t, 0);
     }
     if (rc == 0) {
@@ -707,7 +717,7 @@ RK_EXPORT int32_t rk_draft_greedy(const struct rk_model *model, const struct rk_
     struct rk_batch step = *batch;                   /* the catch-up rows, then one row per draft */
     step.first = M - 1, step.routing = NULL, step.unique = NULL;
     int32_t rc = rk_forward(model, &step);
-    step.m = 1, step.first = 0;
+    step.m = 1, step.first = 0, step.n_taps = 0;     /* taps, if any: the catch-up rows' only */
     for (int64_t i = 0; rc == RK_OK; i++) {
         int64_t best = 0;
         for (int64_t j = 1; j < V; j++)

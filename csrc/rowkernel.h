@@ -13,10 +13,11 @@ rk_draft_greedy(model, batch, ...) take
   struct rk_model  what stays the same from call to call: the plan of weight addresses, the dims, eps, the q/k/v
                    clip, the path word, a mixture's expert fetch;
   struct rk_batch  what one call reads and writes: the rows (tokens or embeddings), their count and first
-                   position, which rows want logits and where they go, the experts each row chose, and the KV
-                   cache the rows' keys and values are written into and attended over. The cache sits in the
-                   batch, not the model: a model serves several caches (a drafter's, the target's, a feature
-                   head's tap segments point into one cache at another layer), and a call names the one it writes.
+                   position, which rows want logits and where they go, the experts each row chose, the KV
+                   cache the rows' keys and values are written into and attended over, and the layers whose
+                   residual stream is copied out (taps: a feature head reads them). The cache sits in the batch,
+                   not the model: a model serves several caches (a drafter's, the target's), and a call names the
+                   one it writes.
 Layout of the model's plan (csrc/forward.c documents what each holds): PLAN_GLOBALS int64, then PLAN_LAYER per
 layer; dims is DIMS int64; a MoE layer's expert table is E entries of EXPERT_ENTRY int64.
 Paths: the path word's low two bits are the ISA (enum rk_isa: PATH_PORTABLE, PATH_AVX2, PATH_AVX512; each
@@ -30,7 +31,7 @@ number. */
 
 #include <stdint.h>
 
-#define RK_ABI 12
+#define RK_ABI 13
 
 enum {
     RK_OK = 0,
@@ -86,6 +87,9 @@ struct rk_batch {                 /* one call's rows, what they write and what c
     int64_t *unique;              /* [L] the experts each layer used, or NULL */
     float *k_cache, *v_cache;     /* [L, alloc, G, hd] each: rows start .. start + m - 1 written, 0 .. read */
     int64_t alloc;                /* positions the cache holds */
+    const int64_t *tap_at;        /* [n_taps] layer counts, ascending in 1 .. L - 1, or NULL (n_taps 0) */
+    int64_t n_taps;
+    float *taps;                  /* [n_taps, m, D]: the residual stream after tap_at[i] layers (a feature head's) */
 };
 
 #ifndef RK_API

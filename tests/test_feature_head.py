@@ -70,11 +70,25 @@ def test_tapped_forward_is_the_plain_forward(numerics, threads):
         kernel.set_threads(old)
 
 
+def test_taps_are_the_streams_after_their_layers():
+    """The C forward copies a tap out as its rows leave the layer (struct rk_batch's taps): each is the PyTorch
+    forward's stream after the same layer count, to 1e-5 of its norm (the two paths sum attention in other orders:
+    2.5e-7 and 7e-7 measured), and 1e-2 and more from the streams one layer before or after (0.0069-0.12)."""
+    with active.use(numerics="exact"):
+        sm = load_model("smollm2-135m")
+        ids = sm.encode("def add(a, b):\n    return a + b\n\nprint(add(")
+        _, _, tapped = sm.forward(ids, sm.new_cache(40), taps=(4, 15))
+        with active.use(forward="torch"):
+            ref = load_model("smollm2-135m")
+            _, _, streams = ref.forward(ids, ref.new_cache(40), taps=(3, 4, 5, 14, 15, 16))
+    rel = [[float((t - s).norm() / s.norm()) for s in group] for t, group in zip(tapped, (streams[:3], streams[3:]))]
+    assert all(r[1] < 1e-5 and r[0] > 1e-3 and r[2] > 1e-3 for r in rel), rel
+
+
 @pytest.mark.parametrize("numerics", NUMERICS)
 @pytest.mark.parametrize("budget_mb", [None, 4.0], ids=["resident", "disk"])
 def test_tapped_moe_forward_is_the_plain_forward(numerics, budget_mb):
-    """A mixture of experts split at its taps: each segment fetches its own layers' experts (the fetch is told
-    the segment's first layer), so logits, cache and the experts each layer used are the plain forward's."""
+    """A mixture of experts with taps: logits, cache and the experts each layer used are the plain forward's."""
     with active.use(numerics=numerics):
         moe = load_model("tiny-moe", expert_budget_mb=budget_mb, weights="q8_0" if numerics == "int8" else None)
         if moe.model.c_forward is None:
@@ -142,7 +156,7 @@ def test_a_window_bounds_the_heads_prompt_pass(heads):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("budget_mb", [None, 4.0], ids=["resident", "disk"])
 def test_the_shipped_moe_head_is_lossless(numerics, threads, budget_mb):
-    """tiny-moe's shipped head (taps through the MoE forward, experts fetched per segment): == plain greedy on both
+    """tiny-moe's shipped head (taps through the MoE forward): == plain greedy on both
     numerics, threads 1 and 2, in RAM and under an expert budget; its drafts are mostly right, so the runs verify
     deep drafts too."""
     old = kernel.set_threads(threads)

@@ -120,7 +120,6 @@ class CForward:
         self._held: list = []            # experts fetched during the running forward (their tensors stay alive)
         self._error: BaseException | None = None
         self._fetch = rk.FETCH(self._fetch_expert) if c.is_moe else None
-        self._layer0 = 0                 # the first layer of the running call (a tap segment's)
         self.inputs = self._model(self.plan, self.dims)      # struct rk_model: the same for every call
 
     def _model(self, plan: torch.Tensor, dims: torch.Tensor) -> rk.RkModel:
@@ -131,12 +130,10 @@ class CForward:
                           path=self.path)
 
     @staticmethod
-    def _batch(cache, layer: int = 0, **rows) -> rk.RkBatch:
-        """struct rk_batch of `rows` (tokens, x, m, start, first, logits, routing, unique: addresses as ints) over
-        `cache` from layer `layer` on (a tap segment's first layer)."""
-        step = 4 * layer * cache.k.shape[1] * cache.k.shape[2] * cache.k.shape[3]     # bytes to the layer's rows
-        return rk.RkBatch(k_cache=cache.k.data_ptr() + step, v_cache=cache.v.data_ptr() + step,
-                          alloc=cache.k.shape[1], **rows)
+    def _batch(cache, **rows) -> rk.RkBatch:
+        """struct rk_batch of `rows` (tokens, x, m, start, first, logits, routing, unique, taps: addresses as ints)
+        over `cache`."""
+        return rk.RkBatch(k_cache=cache.k.data_ptr(), v_cache=cache.v.data_ptr(), alloc=cache.k.shape[1], **rows)
 
     def _plan_words(self, model) -> list[int]:
         """The plan (c_plan.plan_words) of the model's weights; a dense model's MLP is expert 0 of each layer."""
@@ -177,7 +174,6 @@ class CForward:
     def _fetch_expert(self, layer: int, expert: int, entry) -> int:
         """The C forward's callback: the expert store's expert (from disk if it must), its addresses into entry;
         with no entry (a NULL pointer), a prefetch hint for the next layer."""
-        layer += self._layer0                     # a tap segment's C call counts its layers from 0
         try:
             if not entry:
                 self.model.store.prefetch(layer, [expert])
@@ -266,12 +262,9 @@ class CForward:
 
     def run_taps(self, tokens: torch.Tensor, x: torch.Tensor | None, cache, start: int, last_only: bool,
                  taps: tuple[int, ...]):
-        """run(), also returning the residual stream after each layer count in `taps` (0 < tap < L, ascending): the
-        forward split into len(taps) + 1 C calls over consecutive layer ranges, each writing its own layers' keys
-        and values (a mixture of experts: each fetching its own layers' experts, the fetch told the segment's first
-        layer). Every layer computes its rows exactly as in one call (the residual stream crosses between calls as
-        the same float32 rows), so logits and cache are the same bits (tests/test_feature_head.py); only the
-        one-layer-ahead prefetch hint stops at a segment's end. x: the embeddings where the lookup is in Python.
+        """run(), also returning the residual stream after each layer count in `taps` (0 < tap < L, ascending): one C
+        call that copies the rows out as they leave those layers (struct rk_batch's taps), so logits and cache are
+        the bits of a call without taps (tests/test_feature_head.py). x: the embeddings where the lookup is in Python.
         Returns (x out [T, D], logits, [stream after each tap [T, D]], experts each layer used [L] or None)."""
         c = self.config
         if list(taps) != sorted(set(taps)) or not all(0 < t < c.n_layers for t in taps):
@@ -285,59 +278,30 @@ class CForward:
         first = T - 1 if last_only else 0
         logits = torch.empty(T - first, int(self.dims[rk.DIM_VOCAB]), dtype=torch.float32)
         unique = torch.zeros(c.n_layers, dtype=torch.int64) if c.is_moe else None
-        bounds = [0, *taps, c.n_layers]
-        out = []
+        tap_at, out = torch.tensor(taps, dtype=torch.int64), torch.empty(len(taps), T, c.dim, dtype=torch.float32)
         with self._lock:
-            for lo, hi in zip(bounds, bounds[1:]):
-                last = hi == c.n_layers
-                model, sink = self._segment(lo, hi, last)
-                batch = self._batch(cache, lo, tokens=tokens.data_ptr() if lo == 0 and lookup else 0,
-                                    x=x.data_ptr(), m=T, start=start, first=first if last else T - 1,
-                                    logits=(logits if last else sink).data_ptr(),
-                                    unique=unique.data_ptr() + 8 * lo if unique is not None else 0)
-                self._call(model, batch, lo, f"C forward segment {lo}..{hi}")
-                if not last:
-                    out.append(x.clone())
-        return x, logits, out, unique
+            batch = self._batch(cache, tokens=tokens.data_ptr() if lookup else 0, x=x.data_ptr(), m=T, start=start,
+                                first=first, logits=logits.data_ptr(),
+                                unique=unique.data_ptr() if unique is not None else 0,
+                                tap_at=tap_at.data_ptr(), n_taps=len(taps), taps=out.data_ptr())
+            self._call(self.inputs, batch)
+        return x, logits, list(out.unbind(0)), unique
 
-    def _call(self, model, batch, layer0: int = 0, what: str = "C forward") -> None:
-        """One rk_forward: the expert tables emptied, the fetch told the first layer's index; an error the fetch
-        raised is raised again here, any other code is one LessonkitError."""
+    def _call(self, model, batch) -> None:
+        """One rk_forward: the expert tables emptied; an error the fetch raised is raised again here, any other code
+        is one LessonkitError."""
         for t in self.tables:
             t.zero_()
-        self._held, self._error, self._layer0 = [], None, layer0
+        self._held, self._error = [], None
         try:
             rc = kernel._rowkernel.forward(model, batch)
         finally:
-            self._held, self._layer0 = [], 0
+            self._held = []
         if rc == rk.RK_FETCH_FAILED:
             err, self._error = self._error, None
             raise err
         if rc:
-            raise LessonkitError(f"{what} failed with code {rc}")
-
-    def _segment(self, lo: int, hi: int, last: bool):
-        """(struct rk_model, scratch logits) of layers lo .. hi - 1; a segment before the last ends in a 16-row
-        float output layer of zeros (the C forward always ends in an output layer) whose rows nobody reads."""
-        key = (lo, hi)
-        memo = self.__dict__.setdefault("_segments", {})
-        if key not in memo:
-            G, P = rk.PLAN_GLOBALS, rk.PLAN_LAYER          # the globals, then equal layers
-            head = self.plan[:G].clone()
-            sink = torch.empty(1, 16, dtype=torch.float32)
-            if not last:
-                ones = torch.ones(self.config.dim, dtype=torch.float32)
-                zeros = torch.zeros(self.config.dim * 16, dtype=torch.float32)   # packed [D, 16] float strips
-                self.keep += [ones, zeros]
-                head[rk.PLAN_FINAL_NORM], head[rk.PLAN_HEAD], head[rk.PLAN_HEAD_KIND] = (ones.data_ptr(),
-                                                                                     zeros.data_ptr(), KIND["f32"])
-            plan = torch.cat([head, self.plan[G + P * lo:G + P * hi]])
-            dims = self.dims.clone()
-            dims[rk.DIM_LAYERS] = hi - lo
-            if not last:
-                dims[rk.DIM_VOCAB] = 16
-            memo[key] = (plan, dims, self._model(plan, dims), sink)     # the tensors stay alive with their model
-        return memo[key][2:]
+            raise LessonkitError(f"C forward failed with code {rc}")
 
     def _run(self, tokens, x, lookup, cache, start, T, first, logits, unique, picks):
         batch = self._batch(cache, tokens=tokens.data_ptr() if lookup else 0, x=x.data_ptr(), m=T, start=start,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lessonkit.files.resources import PACKAGE_DIR
 
-ABI = 12                                # csrc/rowkernel.c's rk_abi() this module calls
+ABI = 13                                # csrc/rowkernel.c's rk_abi() this module calls
 KERNELS = PACKAGE_DIR / "engine" / "kernels"      # the shipped binaries (csrc/build_kernels.py)
 _SYSTEMS = {"linux": ("linux", ".so"), "win32": ("windows", ".dll"), "darwin": ("macos", ".dylib")}
 _MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}
@@ -67,9 +67,11 @@ class RkModel(ctypes.Structure):
 
 class RkBatch(ctypes.Structure):
     """struct rk_batch: one call's rows (tokens or x), their positions, the logits wanted and where they go, the
-    experts each row chose, and the KV cache the rows write and attend over (addresses as ints, 0 for NULL)."""
+    experts each row chose, the KV cache the rows write and attend over, and the layers whose residual stream is
+    copied out (taps; addresses as ints, 0 for NULL)."""
     _fields_ = [("tokens", _ADDR), ("x", _ADDR), ("m", _I64), ("start", _I64), ("first", _I64), ("logits", _ADDR),
-                ("routing", _ADDR), ("unique", _ADDR), ("k_cache", _ADDR), ("v_cache", _ADDR), ("alloc", _I64)]
+                ("routing", _ADDR), ("unique", _ADDR), ("k_cache", _ADDR), ("v_cache", _ADDR), ("alloc", _I64),
+                ("tap_at", _ADDR), ("n_taps", _I64), ("taps", _ADDR)]
 
 
 class KernelLibrary:
