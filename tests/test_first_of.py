@@ -113,3 +113,16 @@ def test_at_a_fixed_depth_own_depth_changes_nothing(sm, case):
 def test_own_depth_past_the_parts_is_refused():
     with pytest.raises(LessonkitError, match="own_depth=3"):
         FirstOf([(object(), 2), (object(), 1)], own_depth=3)
+
+
+def test_the_gate_switches_free_parts_off_where_they_do_not_pay(sm, case):
+    prompt, plain = case
+    ref = prompt + plain
+    wrong = Scripted("free", ref, lengths=[8], wrong_from=0)     # deep drafts, every one wrong
+    r = run(sm, prompt, FirstOf([(wrong, 2), (Scripted("learned", ref), 1)], own_depth=1), "auto")
+    assert r.token_ids == plain
+    # three steps measured (1 token each at T(9) = 1.8 T(1) in the cost model: utility 0.56), then off for 16
+    assert len(wrong.asked) == 3 and r.stats["gate"]["free_utility"] < 1
+    right = Scripted("free", ref, lengths=[8])
+    r = run(sm, prompt, FirstOf([(right, 2), (Scripted("learned", ref), 1)], own_depth=1), "auto")
+    assert r.token_ids == plain and r.stats["gate"]["free_utility"] > 1 and r.stats["drafts_by"]["free"] >= 3

@@ -188,6 +188,9 @@ class UtilityGate:
     steps: int = 0
     last_k: int = 0                               # the depth of the step before
     catch_up: bool = False                        # this step is a phase's first at a new depth (not timed)
+    free_s: list = field(default_factory=list)    # the free parts' last `window` steps: (tokens, drafts, seconds)
+    free_off: int = 0                             # steps left with the free parts off
+    free_span: int = 0                            # the last such span (doubled while it repeats)
 
     @property
     def k_max(self) -> int:
@@ -214,6 +217,36 @@ class UtilityGate:
     def utility(self, k: int) -> float:
         """Expected tokens per step at depth k over the step's cost in steps at k = 0: above 1, drafting pays."""
         return expected_tokens_per_pos(self.measured_acceptance(), k) * self.seconds(0) / self.seconds(k)
+
+    def free_utility(self) -> float | None:
+        """Tokens per second of the steps a FirstOf's free parts drafted (speculative.first_of: outside the gate) over
+        k = 0's, s(0): below 1 their drafts cost more verify rows than they save. None until `test_steps` ran. With
+        measure=False a step's seconds are the cost model's T(drafts + 1)."""
+        if len(self.free_s) < self.test_steps:
+            return None
+        secs = sum(s if self.measure else self.depth.cost[d] for _, d, s in self.free_s)
+        return sum(t for t, _, _ in self.free_s) * self.seconds(0) / secs
+
+    def free_allowed(self) -> bool:
+        """Whether the free parts may draft this step: not for a span after their utility fell below 1 (set_steps,
+        doubled while it repeats, at most max_set: Cascade's test-then-set for them), then tested afresh."""
+        if self.free_off:
+            self.free_off -= 1
+            if not self.free_off:
+                self.free_s = []
+            return False
+        u = self.free_utility()
+        if u is None or u >= 1.0:
+            self.free_span = 0 if u is not None else self.free_span
+            return True
+        self.free_span = min(2 * self.free_span, self.max_set) if self.free_span else self.set_steps
+        self.free_off = self.free_span - 1
+        return False
+
+    def observe_free(self, tokens: int, drafted: int, step_s: float) -> None:
+        """A step the free parts drafted: the tokens it emitted, its drafts and its seconds."""
+        self.free_s.append((tokens, drafted, step_s))
+        del self.free_s[:-self.window]
 
     def _deeper(self, last: int) -> bool:
         """Test twice the depth after `last`: where `last` paid, where it was the first depth tested, or where it measured
@@ -257,6 +290,7 @@ class UtilityGate:
         """Why the run drafted as it did: the last set decision, the utility of each measured depth, the steps."""
         return {"set_k": self.last_set, "tested": list(self.tested), "steps": self.steps,
                 "utility": {k: round(self.utility(k), 3) for k in sorted(self.step_s)},
+                "free_utility": None if self.free_utility() is None else round(self.free_utility(), 3),
                 "rule": f"test-then-set: draft at the depth of highest measured utility where it is above {self.margin}"}
 
     def memory(self) -> dict:
@@ -265,7 +299,8 @@ class UtilityGate:
         return {"accepted": [a / 2 for a in self.depth.accepted], "reached": [r / 2 for r in self.depth.reached],
                 "step_s": {k: list(v) for k, v in self.step_s.items()}, "last_set": self.last_set,
                 "span": self.span, "t_draft": self.depth.t_draft, "plan": list(self.plan), "stage": self.stage,
-                "tested": list(self.tested)}
+                "tested": list(self.tested), "free_s": list(self.free_s), "free_off": self.free_off,
+                "free_span": self.free_span}
 
     def resume(self, memory: dict | None) -> None:
         """Go on where the drafter's last request left off (Cascade's phases outlive a short request): the same
@@ -277,6 +312,8 @@ class UtilityGate:
         self.step_s = {k: list(v) for k, v in memory["step_s"].items()}
         self.last_set, self.span, self.stage = memory["last_set"], memory["span"], memory["stage"]
         self.plan, self.tested = list(memory["plan"]), list(memory["tested"])
+        self.free_s, self.free_off = list(memory.get("free_s", [])), memory.get("free_off", 0)
+        self.free_span = memory.get("free_span", 0)
 
     def observe(self, n_drafted: int, n_accepted: int, verify_s: float, draft_s: float, *, asked: int | None = None,
                 step_s: float | None = None) -> None:

@@ -178,20 +178,31 @@ def _draft_step(drafter, gate, width: int, context: list[int], room: int):
     """A step's drafts: (tokens, q, seconds, asked). Under the gate, the parts of a FirstOf that size their own drafts
     (own_depth, speculative.first_of) are asked first at up to `width` tokens, outside the gate (asked None); the gate
     picks the depth only for the rest, and only where none of them matched; where that step drafts nothing, their
-    shorter match drafts, outside the gate too."""
+    shorter match drafts, outside the gate too. Their steps' utility switches them off for a span where it is below
+    one (UtilityGate.free_allowed)."""
     own = getattr(drafter, "own_depth", 0) if gate else 0
+    free = bool(own) and gate.free_allowed()          # the gate switches them off where they do not pay
     t0 = time.perf_counter()
-    if own:
+    if free:
         draft = drafter.propose_own(list(context), min(width, room))
         if draft is not None:
             return _tokens(draft, min(width, room)) + (time.perf_counter() - t0, None)
     missed = time.perf_counter() - t0                 # a free match that was not there is the learned drafter's cost
     asked = min(gate.choose() if gate else width, room)
     d, dq, td = _propose(drafter, context, asked, start=own)
-    short = drafter.take_fallback() if own and not d else None
+    short = drafter.take_fallback() if free and not d else None
     if short is not None:
         return _tokens(short, min(width, room)) + (td + missed, None)
     return d, dq, td + missed, asked
+
+
+def _observe(gate, drafted: int, n: int, tv: float, td: float, asked: int | None, step_s: float) -> None:
+    """The gate learns from a step: a step at its depth (the whole step's seconds: what the test-then-set compares),
+    or a free part's step (asked None: their own utility)."""
+    if asked is not None:
+        gate.observe(drafted, n, tv, td, asked=asked, step_s=step_s)
+    else:
+        gate.observe_free(n + 1, drafted, step_s)
 
 
 def _tokens(draft, kk: int) -> tuple[list[int], torch.Tensor | None]:
@@ -265,8 +276,8 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
             tally.step(len(d), n, td, tv, target.model.last_forward["unique_experts"])
             done = any(emit(t) for t in d[:n] + [nxt])
             drafter.update(list(context), n)
-            if gate and asked is not None:            # the whole step's seconds: what the test-then-set compares
-                gate.observe(len(d), n, tv, td, asked=asked, step_s=time.perf_counter() - ts)
+            if gate:
+                _observe(gate, len(d), n, tv, td, asked, time.perf_counter() - ts)
     finally:
         _finish(drafter, gate)
     ids, text = checker.trim(out)
