@@ -171,6 +171,9 @@ class UtilityGate:
           k = 0, with E(k) from this run's acceptance counts and s(k) the measured seconds of a whole step at depth
           k (drafting, verify, bookkeeping), for `set_steps` steps, doubled while the choice repeats (Cascade's locality), at most
           `max_set`; then test again.
+    free: the steps a FirstOf's free parts drafted outside the gate (speculative.first_of) have a utility of their own,
+          tokens per second over k = 0's; below one they are switched off for a span (set_steps, doubled while it
+          repeats), then tested afresh (free_allowed).
     With measure=False, s(k) is the cost model's T(k+1) + k t_draft (deterministic, for tests)."""
     depth: DepthGate
     test_steps: int = 3
