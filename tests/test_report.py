@@ -111,3 +111,17 @@ def test_a_formula_mathtext_cannot_parse_stays_as_tex():
     from lessonkit.lessons.offline import render_math
     assert render_math("cost $\\unknowncommand{x}$ here") == 'cost <code class="math-source">\\unknowncommand{x}</code> here'
     assert render_math("price $5 and $6") == "price $5 and $6"          # money, not math
+
+
+def test_the_report_names_the_settings_the_lessons_ran_with(tmp_path, monkeypatch):
+    """`lessonkit run --numerics X`: every lesson adopts X from its SETTINGS parameter, and the report's machine table
+    says X, not the numerics of the process that wrote it (it said exact for a run on the int8 numerics)."""
+    from lessonkit.engine import kernel
+    from lessonkit.engine.settings import RunSettings
+    from lessonkit.report import runner
+    other = "exact" if kernel.NUMERICS == "int8" else "int8"
+    monkeypatch.setattr(runner, "lesson_notebooks", lambda: [lesson_notebooks()[0]])
+    monkeypatch.setattr(runner, "execute_notebook", lambda *a, **k: None)
+    assert runner.run_all(build_dir=tmp_path, settings=RunSettings(numerics=other)) == 0
+    assert json.loads((tmp_path / "summary.json").read_text())["machine"]["numerics"] .startswith(f"{other} (the run's settings")
+    assert kernel.NUMERICS != other                     # and the process's own are back

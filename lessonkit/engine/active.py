@@ -76,12 +76,13 @@ def _enter(stack: contextlib.ExitStack, changes: dict, why: str) -> None:
 
 
 @contextlib.contextmanager
-def use(**changes) -> Iterator[settings.RunSettings]:
+def use(why: str = "chosen for a comparison", **changes) -> Iterator[settings.RunSettings]:
     """Models and weights prepared inside the block take the settings named (kernel="avx2", numerics="int8",
     threads=2, weights="f32", forward="torch"; None leaves one as it is); all are restored after, in the reverse
-    order, whatever the block raises. Yields the settings in force (engine.settings.current())."""
+    order, whatever the block raises; `why` is what describe() says chose them. Yields the settings in force
+    (engine.settings.current())."""
     with contextlib.ExitStack() as stack:
-        _enter(stack, changes, "chosen for a comparison")
+        _enter(stack, changes, why)
         yield settings.current()
 
 

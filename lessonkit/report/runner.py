@@ -4,6 +4,7 @@ build/summary.md (the report: lessonkit.report.html)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import math
 import re
@@ -88,6 +89,18 @@ def write_summary(build_dir: Path, status: dict[str, dict], *, smoke: bool = Fal
                      for n, s in status.items()}}, indent=2), encoding="utf-8")
 
 
+def _described(settings: RunSettings | None):
+    """The run's settings in force in this process while the report describes the machine (each lesson adopted them
+    from its SETTINGS parameter; without this the report named this process's own, e.g. exact numerics for a run
+    of `lessonkit run --numerics int8`)."""
+    from dataclasses import asdict
+
+    from lessonkit.engine import active
+    if settings is None:
+        return contextlib.nullcontext()
+    return active.use("the run's settings", **{k: None if v == "auto" else v for k, v in asdict(settings).items()})
+
+
 def run_all(build_dir: str | Path = "build", smoke: bool = False, only: list[str] | None = None,
             settings: RunSettings | None = None) -> int:
     """Execute the lessons (those whose name contains one of `only`) into build_dir; settings: what each notebook
@@ -114,7 +127,8 @@ def run_all(build_dir: str | Path = "build", smoke: bool = False, only: list[str
             print(f"\n{nb.name} failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         figs = extract_figures(out, build_dir / "figures") if out.exists() else []
         status[nb.stem] = {"status": st, "seconds": time.perf_counter() - t0, "figures": figs}
-    write_summary(build_dir, status, smoke=smoke, total_s=time.perf_counter() - start)
+    with _described(settings):                  # the report's machine table: what the lessons ran with
+        write_summary(build_dir, status, smoke=smoke, total_s=time.perf_counter() - start)
     print(f"executed {len(nbs) - len(failed)}/{len(nbs)} lessons; report: {build_dir / 'report.html'} "
           f"(and {build_dir / 'summary.md'})")
     return 1 if failed else 0
