@@ -284,17 +284,17 @@ class CForward:
                                 first=first, logits=logits.data_ptr(),
                                 unique=unique.data_ptr() if unique is not None else 0,
                                 tap_at=tap_at.data_ptr(), n_taps=len(taps), taps=out.data_ptr())
-            self._call(self.inputs, batch)
+            self._call(batch)
         return x, logits, list(out.unbind(0)), unique
 
-    def _call(self, model, batch) -> None:
+    def _call(self, batch) -> None:
         """One rk_forward: the expert tables emptied; an error the fetch raised is raised again here, any other code
         is one LessonkitError."""
         for t in self.tables:
             t.zero_()
         self._held, self._error = [], None
         try:
-            rc = kernel._rowkernel.forward(model, batch)
+            rc = kernel._rowkernel.forward(self.inputs, batch)
         finally:
             self._held = []
         if rc == rk.RK_FETCH_FAILED:
@@ -308,5 +308,5 @@ class CForward:
                             first=first, logits=logits.data_ptr(),
                             routing=picks.data_ptr() if picks is not None else 0,
                             unique=unique.data_ptr() if unique is not None else 0)
-        self._call(self.inputs, batch)
+        self._call(batch)
         return x, logits, unique, picks

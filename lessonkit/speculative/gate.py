@@ -240,7 +240,8 @@ class UtilityGate:
             return False
         u = self.free_utility()
         if u is None or u >= 1.0:
-            self.free_span = 0 if u is not None else self.free_span
+            if u is not None:                           # they pay: the next span off starts short again
+                self.free_span = 0
             return True
         self.free_span = min(2 * self.free_span, self.max_set) if self.free_span else self.set_steps
         self.free_off = self.free_span - 1
