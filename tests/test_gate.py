@@ -99,3 +99,26 @@ def test_a_phase_first_step_is_not_timed():
     assert any(first for _, first in seen), "a phase at a new depth began"
     assert all(s < 100.0 for times in gate.step_s.values() for s in times)
     assert gate.depth.t_draft < 1.0
+
+
+def test_a_set_phase_ends_where_its_steps_stop_paying():
+    """Records' drafts are right, the prose request after them is not: a set phase at k > 0 must not run its span out
+    at a loss (Cascade's phases outlive a request here): within a few steps of the change the gate tests again."""
+    gate = UtilityGate(DepthGate([1.0 + 0.1 * j for j in range(9)], k_max=8))
+    for _ in range(200):                            # into a set phase with more than 2 * test_steps steps left
+        _run(gate, 1, accept=lambda k: k, step_s=lambda k: 1.0 + 0.1 * k)
+        if gate.stage == "set" and len(gate.plan) > 2 * gate.test_steps:
+            break
+    assert gate.stage == "set" and gate.last_set >= 4 and len(gate.plan) > 2 * gate.test_steps, (gate.stage, gate.plan)
+    ks = _run(gate, 3 * gate.test_steps, accept=lambda k: 0, step_s=lambda k: 1.0 + 0.1 * k)
+    assert 0 in ks, ks
+
+
+def test_it_does_not_climb_where_drafts_are_mostly_wrong():
+    """The hill climb tries a deeper depth only where that depth could pay: with one draft in ten right, a test
+    phase tries one depth and sets k = 0 (each deeper test is steps lost)."""
+    gate = UtilityGate(DepthGate([1.0 + 0.1 * j for j in range(9)], k_max=8))
+    right = iter(range(10_000))
+    ks = _run(gate, 300, accept=lambda k: int(k > 0 and next(right) % 10 == 0), step_s=lambda k: 1.5 + 0.1 * k if k else 1.0)
+    assert len({k for k in ks if k}) == 1, sorted(set(ks))
+    assert ks[-100:].count(0) >= 90

@@ -168,9 +168,11 @@ class UtilityGate:
           twice that depth, and twice again while the deepest tested depth pays or beats the one before it (a hill
           climb; at most three depths a phase); a phase's first step at a new depth is not timed (_deeper, choose);
     set:  of the tested depths the one of highest utility u(k) = E(k) s(0) / s(k), where it is above `margin`, else
-          k = 0, with E(k) from this run's acceptance counts and s(k) the measured seconds of a whole step at depth
-          k (drafting, verify, bookkeeping), for `set_steps` steps, doubled while the choice repeats (Cascade's locality), at most
-          `max_set`; then test again.
+          k = 0, with E(k) the tokens its last `test_steps` steps emitted (this run's acceptance counts where none ran)
+          and s(k) the measured seconds of a whole step at depth k (drafting, verify, bookkeeping), for `set_steps`
+          steps, doubled while the choice repeats (Cascade's locality), at most `max_set`; then test again. A set phase
+          at k > 0 ends early where its own last `test_steps` steps fall below a utility of one (the request changed:
+          records' drafts are right, prose's after them are not; the memory across requests carries the decision over).
     free: the steps a FirstOf's free parts drafted outside the gate (speculative.first_of) have a utility of their own,
           tokens per second over k = 0's; below one they are switched off for a span (set_steps, doubled while it
           repeats), then tested afresh (free_allowed).
@@ -183,6 +185,8 @@ class UtilityGate:
     margin: float = 1.1                           # drafting must promise 10% over k = 0 (the tests are short)
     window: int = 8
     step_s: dict = field(default_factory=dict)    # depth -> seconds of its whole steps, latest last
+    step_tokens: dict = field(default_factory=dict)  # depth -> tokens its steps emitted, latest last
+    set_run: int = 0                              # steps observed in the current set phase
     plan: list = field(default_factory=list)      # depths still to run in this phase
     stage: str = "set"
     tested: list = field(default_factory=list)
@@ -217,9 +221,15 @@ class UtilityGate:
             out.append(acc / reached if reached else (out[-1] if out else 0.0))
         return out
 
+    def tokens(self, k: int) -> float:
+        """Tokens a step at depth k emits: the mean of its last `test_steps` steps (what the drafts gave on this
+        request, not on the ones before), else E(k) from the acceptance counts."""
+        recent = self.step_tokens.get(k, [])[-self.test_steps:]
+        return sum(recent) / len(recent) if recent else expected_tokens_per_pos(self.measured_acceptance(), k)
+
     def utility(self, k: int) -> float:
-        """Expected tokens per step at depth k over the step's cost in steps at k = 0: above 1, drafting pays."""
-        return expected_tokens_per_pos(self.measured_acceptance(), k) * self.seconds(0) / self.seconds(k)
+        """Tokens per step at depth k over the step's cost in steps at k = 0: above 1, drafting pays."""
+        return self.tokens(k) * self.seconds(0) / self.seconds(k)
 
     def free_utility(self) -> float | None:
         """Tokens per second of the steps a FirstOf's free parts drafted (speculative.first_of: outside the gate) over
@@ -253,13 +263,19 @@ class UtilityGate:
         del self.free_s[:-self.window]
 
     def _deeper(self, last: int) -> bool:
-        """Test twice the depth after `last`: where `last` paid, where it was the first depth tested, or where it measured
-        better than the depth tested before it (a hill climb: the cost model ranks the depths from a draft cost per token
-        that it takes to be the same at every depth, and a drafter's fixed cost per call makes deeper drafts cheaper per
-        token than it says)."""
-        if self.utility(last) > self.margin or len(self.tested) == 1:
+        """Test twice the depth after `last`: where `last` paid; else where the deeper depth could still pay (its
+        expected tokens from this run's acceptance over the seconds of `last`'s steps, a bound: deeper steps cost no
+        less) and `last` was the first depth tested or measured better than the one before it (a hill climb: the cost
+        model ranks the depths from a draft cost per token that it takes to be the same at every depth, and a
+        drafter's fixed cost per call makes deeper drafts cheaper per token than it says). A drafter whose drafts are
+        mostly wrong is not tried deeper: its tests cost steps that do not pay."""
+        if self.utility(last) > self.margin:
             return True
-        return self.utility(last) > self.utility(self.tested[-2])
+        deeper = min(2 * last, self.k_max)
+        bound = expected_tokens_per_pos(self.measured_acceptance(), deeper) * self.seconds(0) / self.seconds(last)
+        if bound <= self.margin:
+            return False
+        return len(self.tested) == 1 or self.utility(last) > self.utility(self.tested[-2])
 
     def _next_plan(self) -> list[int]:
         if not self.k_max:
@@ -276,8 +292,8 @@ class UtilityGate:
             return [self.tested[-1]] * self.test_steps
         k = max(self.tested, key=lambda j: (self.utility(j), -j))
         k = k if self.utility(k) > self.margin else 0
-        self.span = min(2 * self.span, self.max_set) if k == self.last_set else self.set_steps
-        self.stage, self.last_set = "set", k
+        self.span = min(2 * self.span, self.max_set) if k == self.last_set and self.span else self.set_steps
+        self.stage, self.last_set, self.set_run = "set", k, 0
         return [k] * self.span
 
     def choose(self) -> int:
@@ -302,6 +318,7 @@ class UtilityGate:
         request outweighs them soon), the step seconds, and the phase with the steps it has left."""
         return {"accepted": [a / 2 for a in self.depth.accepted], "reached": [r / 2 for r in self.depth.reached],
                 "step_s": {k: list(v) for k, v in self.step_s.items()}, "last_set": self.last_set,
+                "step_tokens": {k: list(v) for k, v in self.step_tokens.items()}, "set_run": self.set_run,
                 "span": self.span, "t_draft": self.depth.t_draft, "plan": list(self.plan), "stage": self.stage,
                 "tested": list(self.tested), "free_s": list(self.free_s), "free_off": self.free_off,
                 "free_span": self.free_span}
@@ -314,6 +331,8 @@ class UtilityGate:
         self.depth.accepted, self.depth.reached = list(memory["accepted"]), list(memory["reached"])
         self.depth.t_draft = memory["t_draft"]
         self.step_s = {k: list(v) for k, v in memory["step_s"].items()}
+        self.step_tokens = {k: list(v) for k, v in memory.get("step_tokens", {}).items()}
+        self.set_run = memory.get("set_run", 0)
         self.last_set, self.span, self.stage = memory["last_set"], memory["span"], memory["stage"]
         self.plan, self.tested = list(memory["plan"]), list(memory["tested"])
         self.free_s, self.free_off = list(memory.get("free_s", [])), memory.get("free_off", 0)
@@ -323,7 +342,21 @@ class UtilityGate:
                 step_s: float | None = None) -> None:
         catch_up, self.catch_up = self.catch_up, False
         self.depth.observe(n_drafted, n_accepted, verify_s, None if catch_up else draft_s)
+        k = n_drafted if asked is None else asked
         if step_s is not None and not catch_up:   # the last `window` steps of each depth (all seconds() reads)
-            times = self.step_s.setdefault(n_drafted if asked is None else asked, [])
+            times = self.step_s.setdefault(k, [])
             times.append(step_s)
             del times[:-self.window]
+        emitted = self.step_tokens.setdefault(k, [])
+        emitted.append(n_accepted + 1)
+        del emitted[:-self.window]
+        self._end_set_where_it_stops_paying(k)
+
+    def _end_set_where_it_stops_paying(self, k: int) -> None:
+        """A set phase at k > 0 whose own last `test_steps` steps have a utility below one ends now (a test phase
+        follows, its next span starting short): a request whose drafts are wrong does not pay for the last one's."""
+        if self.stage != "set" or not self.last_set or k != self.last_set:
+            return
+        self.set_run += 1
+        if self.set_run >= self.test_steps and self.plan and self.utility(k) < 1.0:
+            self.plan, self.span = [], 0

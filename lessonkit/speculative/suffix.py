@@ -93,30 +93,40 @@ class SuffixTrie:
         self.free: list[int] = []
         self.nodes = 1
 
-    def _node(self) -> int:
-        if self.free:
-            n = self.free.pop()
-            self.count[n], self.kids[n] = 0, None
-            return n
-        self.count.append(0)
-        self.kids.append(None)
-        return len(self.count) - 1
-
     def extend(self, frontier: list[int], token: int) -> list[int]:
         """Append `token` to a text whose frontier (frontier[i]: node of its last i tokens) is given; returns
-        the new frontier. Each node on it counts one more occurrence."""
-        new, count, kids = [ROOT], self.count, self.kids
-        for node in frontier[:self.depth]:
+        the new frontier. Each node on it counts one more occurrence. The hot loop of suffix drafting: the
+        substrings seen before come first (shortest first); from the first new one on, every longer one is new too
+        (it ends in the new one), so their nodes are made without looking them up."""
+        new, count, kids, path = [ROOT], self.count, self.kids, frontier[:self.depth]
+        for i, node in enumerate(path):
             ch = kids[node]
-            if ch is None:
-                ch = kids[node] = {}
-            nxt = ch.get(token)
+            nxt = None if ch is None else ch.get(token)
             if nxt is None:
-                nxt = ch[token] = self._node()
-                self.nodes += 1
+                self._grow(path[i:], token, new)
+                break
             count[nxt] += 1
             new.append(nxt)
         return new
+
+    def _grow(self, path: list[int], token: int, new: list[int]) -> None:
+        """New nodes for `token` below each node of `path` (freed numbers first), appended to `new`."""
+        count, kids, free = self.count, self.kids, self.free
+        for node in path:
+            if free:
+                nxt = free.pop()
+                count[nxt], kids[nxt] = 1, None
+            else:
+                nxt = len(count)
+                count.append(1)
+                kids.append(None)
+            ch = kids[node]
+            if ch is None:
+                kids[node] = {token: nxt}
+            else:
+                ch[token] = nxt
+            new.append(nxt)
+        self.nodes += len(path)
 
     def add(self, tokens: list[int]) -> None:
         """Insert a whole sequence (its substrings do not run into the previous sequence's)."""
