@@ -49,6 +49,7 @@ def _serve(drafters, requests, k=4):
     for prompt, output in requests:
         for d in drafters:
             d.reset(prompt)
+            d._catch_up(list(prompt))        # the prompt is indexed when a draft is first asked for
         _same_state(*drafters)
         ctx = list(prompt)
         for t in output:
