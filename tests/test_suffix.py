@@ -119,7 +119,11 @@ def test_cost_aware_depth_cuts_where_tokens_per_verify_second_peak_and_learns_ac
     assert d.propose([7, 1, 2], 8).tokens == [3, 4]            # 5 or 6 after "3 4": it went two ways, cut there
     before = {key: list(v) for key, v in d.acceptance.items()}
     d.update([7, 1, 2, 3, 9], 1)                               # the target emitted 3 (accepted), then 9 (not 4)
-    assert d.acceptance[("store", True)] == [before[("store", True)][0] + 1, before[("store", True)][1] + 2]
+    # 3 followed a 2-token match, 4 a 3-token context: each learns in its own match bucket
+    assert d.acceptance[("store", True, 0)] == [before[("store", True, 0)][0] + 1, before[("store", True, 0)][1] + 1]
+    assert d.acceptance[("store", True, 1)] == [before[("store", True, 1)][0], before[("store", True, 1)][1] + 1]
+    # a bucket that saw nothing borrows its source's rate over all lengths (1 of 2 here, on a prior of 0.8 x 4)
+    assert d._rate(("store", True, 2)) == pytest.approx((0.8 * 4 + 1) / (4 + 2))
     with pytest.raises(LessonkitError, match="cost"):
         SuffixDrafter(store, cost=[1.0])
 

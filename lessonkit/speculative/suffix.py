@@ -44,10 +44,13 @@ verify row is not free (smollm2-135m: 9 rows cost ~3x one row), so the depth tha
 drafted token is and on what one more row costs. With the verify cost curve T(1 .. K+1) given, the drafter walks
 the most frequent continuation as deep as k and cuts it at the depth d that maximises expected tokens per
 verify-second, (1 + q_1 + q_1 q_2 + ... + q_1..q_d) / T(d+1). Each q is an acceptance rate the drafter learns
-online per kind of continuation: its source (request or store) and whether every earlier occurrence went on the
-same way (unanimous) or not. Counts alone overstate it: on the held-out structured requests a unanimous store
+online per kind of continuation: its source (request or store), whether every earlier occurrence went on the
+same way (unanimous) or not, and how long a context it follows (the match plus the drafts before it: up to 2, 3-5,
+6 or more tokens; SuffixDecoding's signal that a long match is a sure one). Counts alone overstate it: on the held-out structured requests a unanimous store
 continuation was accepted ~90% of the time, a unanimous request one ~75%, any continuation that had gone two
 ways ~20-40% (the field values, which come from each request's own input; docs/speculative.md, 2026-12-05).
+The match length, replayed on three splits of the training requests (a store of one part, the other measured),
+gave 4-6% more decode-phase speed-up at the cost curve's prices (docs/speculative.md, 2026-12-06).
 The rates start from a prior and are updated from what the target emitted after every proposal, whichever
 drafter proposed it.
 
@@ -69,6 +72,7 @@ ALPHA = 0.75        # draft depth <= alpha * match length (SuffixDecoding's max_
 MIN_PROB = 0.7      # stop where the estimated chance the whole draft is accepted falls below this (vLLM's 0.1)
 PRIOR = {False: 0.3, True: 0.8}     # cost-aware depth: acceptance before any is seen (went two ways, unanimous)
 PRIOR_OFFERED = 4                   # ... worth this many proposed tokens
+MATCH_BUCKETS = (2, 5)              # cost-aware depth: context lengths up to 2, 3-5 and 6+ learn their own acceptance
 # ALPHA and MIN_PROB are tuned to this CPU's verify cost (a 9-row verify costs ~3x a 1-row one, where a GPU's
 # costs about the same): replaying the held-out structured outputs, they gave the most tokens per verify-second
 # of the settings tried (alpha 0.5 .. 4, min_prob 0 .. 0.85; docs/speculative.md, "Suffix drafting").
@@ -240,6 +244,11 @@ def best_depth(q: list[float], cost: list[float]) -> tuple[int, float]:
     return depth, best
 
 
+def match_bucket(length: int) -> int:
+    """The cost-aware depth's class of a drafted token by the length of the context it follows (MATCH_BUCKETS)."""
+    return sum(length > b for b in MATCH_BUCKETS)
+
+
 def spec_depth(match_len: int, k: int, alpha: float) -> int:
     """Adaptive speculation length: at most alpha * match length drafts (at least one), at most k."""
     return min(k, max(1, int(alpha * match_len)))
@@ -270,10 +279,12 @@ class SuffixDrafter:
         self.alpha, self.min_prob, self.learn, self.autosave = alpha, min_prob, learn, autosave
         self.cost = [float(c) for c in cost] if cost is not None else None
         self.sources = {"request": 0, "store": 0, "none": 0}     # which source each proposal came from
-        # (source, unanimous) -> [accepted, offered], from a prior of PRIOR_OFFERED proposals (cost-aware depth)
-        self.acceptance = {(src, u): [PRIOR[u] * PRIOR_OFFERED, PRIOR_OFFERED] for src in ("request", "store")
-                           for u in (False, True)}
-        self._pending = None        # the last cost-aware proposal: (context length, [(token, source, unanimous)])
+        # (source, unanimous, match bucket) -> [accepted, offered], from a prior of PRIOR_OFFERED proposals
+        self.acceptance = {(src, u, b): [0, 0] for src in ("request", "store")
+                           for u in (False, True) for b in range(len(MATCH_BUCKETS) + 1)}
+        self.pooled = {(src, u): [PRIOR[u] * PRIOR_OFFERED, PRIOR_OFFERED] for src in ("request", "store")
+                       for u in (False, True)}
+        self._pending = None        # the last cost-aware proposal: (context length, [(token, acceptance key)])
         self.seen: list[int] = []   # the text the request's trie holds
         self.parked: list[tuple[list[int], SuffixTrie]] = []    # earlier requests' (text, trie), latest first
         self.reset([])
@@ -344,37 +355,50 @@ class SuffixDrafter:
         length = len(m) - 1
         return greedy_path(self.store.trie, m[-1], spec_depth(length, k, self.alpha), self.min_prob)
 
-    def continuations(self, context: list[int], k: int) -> list[tuple[str, list[int], list[bool]]]:
+    def continuations(self, context: list[int], k: int) -> list[tuple[str, list[int], list[tuple[bool, int]]]]:
         """Each source's most frequent continuation of the context's longest match there, k tokens at most, uncut:
-        [(source, tokens, unanimous flags)] (none for a source without a match that went on)."""
+        [(source, tokens, classes)], a token's class (unanimous, match bucket of the context it follows) (none for a
+        source without a match that went on)."""
         self._catch_up(context)
         nodes, f = [], self.frontier
         for length in range(min(self.max_match, len(f) - 1), 0, -1):     # the longest match that went on
             if self.trie.kids[f[length]]:
-                nodes.append(("request", self.trie, f[length]))
+                nodes.append(("request", self.trie, f[length], length))
                 break
         if self.store_match is not None and len(self.store_match) > 1:
-            nodes.append(("store", self.store.trie, self.store_match[-1]))
-        return [(source, *continuation(trie, node, k)) for source, trie, node in nodes]
+            nodes.append(("store", self.store.trie, self.store_match[-1], len(self.store_match) - 1))
+        out = []
+        for source, trie, node, length in nodes:
+            toks, unanimous = continuation(trie, node, k)
+            out.append((source, toks, [(u, match_bucket(length + i)) for i, u in enumerate(unanimous)]))
+        return out
 
-    def _costed(self, context: list[int], k: int) -> tuple[list[int], str, list[bool]]:
+    def _costed(self, context: list[int], k: int) -> tuple[list[int], list[tuple]]:
         """Cost-aware depth: each source's continuation cut at its best depth; the source with the higher
-        expected tokens per verify-second drafts: (tokens, source, unanimous flags)."""
-        best = (0.0, [], "none", [])
-        for source, toks, unanimous in self.continuations(context, k):
-            q = [a / n for a, n in (self.acceptance[(source, u)] for u in unanimous)]
+        expected tokens per verify-second drafts: (tokens, each token's acceptance key)."""
+        best = (0.0, [], [])
+        for source, toks, classes in self.continuations(context, k):
+            keys = [(source, *c) for c in classes]
+            q = [self._rate(key) for key in keys]
             d, rate = best_depth(q, self.cost)
             if d and rate > best[0]:
-                best = (rate, toks[:d], source, unanimous[:d])
-        return best[1], best[2], best[3]
+                best = (rate, toks[:d], keys[:d])
+        return best[1], best[2]
+
+    def _rate(self, key: tuple) -> float:
+        """A kind of continuation's acceptance: its own counts, drawn towards the rate of its source and unanimity
+        over every match length (PRIOR_OFFERED proposals' worth), so a bucket that has seen little borrows."""
+        a, n = self.acceptance[key]
+        pa, pn = self.pooled[key[:2]]
+        return (a + PRIOR_OFFERED * pa / pn) / (n + PRIOR_OFFERED)
 
     def propose(self, context: list[int], k: int) -> Draft:
         if k <= 0:
             return Draft([])
         if self.cost is not None:
-            toks, source, unanimous = self._costed(context, k)
-            self._pending = (len(context), [(t, source, u) for t, u in zip(toks, unanimous)])
-            self.sources[source] += 1
+            toks, keys = self._costed(context, k)
+            self._pending = (len(context), list(zip(toks, keys)))
+            self.sources[keys[0][0] if keys else "none"] += 1
             return Draft(toks)
         self._catch_up(context)
         req, store = self._request_draft(k), self._store_draft(k)
@@ -389,12 +413,13 @@ class SuffixDrafter:
         if self._pending is not None:
             start, proposed = self._pending
             self._pending = None
-            for (tok, source, unanimous), emitted in zip(proposed, context[start:]):
-                counts = self.acceptance[(source, unanimous)]
-                counts[1] += 1
-                if tok != emitted:
+            for (tok, key), emitted in zip(proposed, context[start:]):
+                hit = tok == emitted
+                for counts in (self.acceptance[key], self.pooled[key[:2]]):
+                    counts[0] += hit
+                    counts[1] += 1
+                if not hit:
                     break
-                counts[0] += 1
         self._context = context
 
     def finish(self) -> None:
