@@ -46,11 +46,13 @@ the most frequent continuation as deep as k and cuts it at the depth d that maxi
 verify-second, (1 + q_1 + q_1 q_2 + ... + q_1..q_d) / T(d+1). Each q is an acceptance rate the drafter learns
 online per kind of continuation: its source (request or store), whether every earlier occurrence went on the
 same way (unanimous) or not, and how long a context it follows (the match plus the drafts before it: up to 2, 3-5,
-6 or more tokens; SuffixDecoding's signal that a long match is a sure one). Counts alone overstate it: on the held-out structured requests a unanimous store
+6 or more tokens; SuffixDecoding's signal that a long match is a sure one), each length's rate drawn towards its
+source's over all lengths. Counts alone overstate it: on the held-out structured requests a unanimous store
 continuation was accepted ~90% of the time, a unanimous request one ~75%, any continuation that had gone two
 ways ~20-40% (the field values, which come from each request's own input; docs/speculative.md, 2026-12-05).
 The match length, replayed on three splits of the training requests (a store of one part, the other measured),
-gave 4-6% more decode-phase speed-up at the cost curve's prices (docs/speculative.md, 2026-12-06).
+gave 3-7% more decode-phase speed-up at the cost curve's prices on smollm2-135m, tiny-moe within 1%
+(docs/speculative.md, 2026-12-06).
 The rates start from a prior and are updated from what the target emitted after every proposal, whichever
 drafter proposed it.
 
@@ -279,7 +281,8 @@ class SuffixDrafter:
         self.alpha, self.min_prob, self.learn, self.autosave = alpha, min_prob, learn, autosave
         self.cost = [float(c) for c in cost] if cost is not None else None
         self.sources = {"request": 0, "store": 0, "none": 0}     # which source each proposal came from
-        # (source, unanimous, match bucket) -> [accepted, offered], from a prior of PRIOR_OFFERED proposals
+        # (source, unanimous, match bucket) -> [accepted, offered]; pooled: (source, unanimous) over every bucket,
+        # from a prior of PRIOR_OFFERED proposals (_rate)
         self.acceptance = {(src, u, b): [0, 0] for src in ("request", "store")
                            for u in (False, True) for b in range(len(MATCH_BUCKETS) + 1)}
         self.pooled = {(src, u): [PRIOR[u] * PRIOR_OFFERED, PRIOR_OFFERED] for src in ("request", "store")
