@@ -165,8 +165,9 @@ class UtilityGate:
     """Cascade's test-then-set over whole steps, per request.
 
     test: k = 0 for `test_steps` steps, then the depth the cost model ranks first among k >= 1 for as many, then
-          twice that depth, and twice again while the deepest tested depth pays or beats the one before it (a hill
-          climb; at most three depths a phase); a phase's first step at a new depth is not timed (_deeper, choose);
+          twice that depth, and twice again while the deepest tested depth pays, or beats the one before it where the
+          deeper one could still pay (a hill climb; at most three depths a phase); a phase's first step at a new depth
+          is not timed (_deeper, choose);
     set:  of the tested depths the one of highest utility u(k) = E(k) s(0) / s(k), where it is above `margin`, else
           k = 0, with E(k) the tokens its last `test_steps` steps emitted (this run's acceptance counts where none ran)
           and s(k) the measured seconds of a whole step at depth k (drafting, verify, bookkeeping), for `set_steps`
