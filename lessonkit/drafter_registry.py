@@ -73,10 +73,10 @@ def auto_drafter(target, free) -> FirstOf:
     """--draft auto's drafter with `free` as its suffix part: the target's shipped drafters, cheapest first
     (speculative.first_of): the suffix drafter's match of >= 2 tokens (the request, and the store of earlier outputs
     where `free` has one), else the feature head where one ships for the target (its draft model where AUTO_LEARNED
-    names one); under the depth gate (k=auto) the match drafts at its own depth and the gate sets the learned
+    names one and the target holds every expert in memory: `streams_experts`); under the depth gate (k=auto) the match drafts at its own depth and the gate sets the learned
     drafter's, switching it off where it does not pay (own_depth). The benches pass a suffix drafter that does not
     learn (no request is measured against a store holding its own earlier output)."""
-    why = AUTO_LEARNED.get(target.name, "head")
+    why = "head" if streams_experts(target) else AUTO_LEARNED.get(target.name, "head")
     try:
         learned = _model_drafter(target, why) if why != "head" else FeatureHeadDrafter(target)
     except LessonkitError:
@@ -90,8 +90,17 @@ def _auto_drafter(target, arg, **kw):
     return auto_drafter(target, _suffix_drafter(target, arg))
 
 
-# the learned drafter `auto` falls back on, where it is not the target's feature head: tiny-moe's head accepts no
-# more than tiny-draft (0.9 and more of drafts on its corpus) at about the same c in RAM (docs/speculative.md)
+def streams_experts(target) -> bool:
+    """Whether the target reads experts from disk as it decodes: an expert budget below all of its experts."""
+    store = getattr(target, "store", None)
+    budget = getattr(store, "budget_bytes", None)
+    return budget is not None and budget < store.n_layers * store.n_experts * store.expert_bytes
+
+
+# the learned drafter `auto` falls back on, where it is not the target's feature head, with every expert in memory:
+# tiny-moe's head accepts no more than tiny-draft there and costs more a turn (`auto` with the head 0.77x against
+# 0.86x with tiny-draft, Zen 4). Where experts stream from disk the head drafts (1.74x and 1.59x against 1.24x and
+# 1.45x on the cold disk with 2 experts a layer resident; docs/speculative.md, 2026-12-06)
 AUTO_LEARNED = {"tiny-moe": "tiny-draft"}
 
 # name -> factory(target, arg: str | None, **kw) -> Drafter

@@ -126,3 +126,19 @@ def test_the_gate_switches_free_parts_off_where_they_do_not_pay(sm, case):
     right = Scripted("free", ref, lengths=[8])
     r = run(sm, prompt, FirstOf([(right, 2), (Scripted("learned", ref), 1)], own_depth=1), "auto")
     assert r.token_ids == plain and r.stats["gate"]["free_utility"] > 1 and r.stats["drafts_by"]["free"] >= 3
+
+
+def test_auto_drafts_with_the_head_where_experts_stream_from_disk():
+    """--draft auto's learned part for tiny-moe: tiny-draft with every expert in memory, the feature head where the
+    experts stream from disk (a budget below all of them): the drafter that paid in each regime."""
+    from lessonkit.drafter_registry import auto_drafter, streams_experts
+    from lessonkit.feature_head.drafter import FeatureHeadDrafter
+    from lessonkit.models.registry import load_model
+    from lessonkit.speculative.drafters import ModelDrafter
+    from lessonkit.speculative.suffix import SuffixDrafter
+    in_ram, on_disk = load_model("tiny-moe"), load_model("tiny-moe", expert_budget_mb=2)
+    assert not streams_experts(in_ram) and streams_experts(on_disk)
+    learned = {name: auto_drafter(eng, SuffixDrafter(None, learn=False)).drafters[1][0]
+               for name, eng in (("ram", in_ram), ("disk", on_disk))}
+    assert isinstance(learned["ram"], ModelDrafter) and isinstance(learned["disk"], FeatureHeadDrafter)
+    assert not streams_experts(load_model("tiny-moe", expert_budget_mb=10_000))     # a budget that holds them all
