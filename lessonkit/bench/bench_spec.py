@@ -277,7 +277,8 @@ def agreement(a, b, n_prompts: int = 4) -> float:
 
 def bench(args) -> dict:
     smoke = bool(getattr(args, "smoke", False))
-    repeats = 1 if smoke else 5          # rounds: with 3, tiny-moe's 0.19 ms steps moved its ratios by 25% run to run
+    # rounds, at least 5 (--repeats more): with 3, tiny-moe's 0.19 ms steps moved its ratios by 25% run to run
+    repeats = 1 if smoke else max(5, int(getattr(args, "repeats", 5) or 5))
     rows, targets, notes, table = [], [], [], {}
     max_new = 12 if smoke else 48
     try:   # on the int8 numerics the MoE target is tiny-moe quantised to Q8_0 at load (its accuracy: a note)
