@@ -73,9 +73,10 @@ def auto_drafter(target, free) -> FirstOf:
     """--draft auto's drafter with `free` as its suffix part: the target's shipped drafters, cheapest first
     (speculative.first_of): the suffix drafter's match of >= 2 tokens (the request, and the store of earlier outputs
     where `free` has one), else the feature head where one ships for the target (its draft model where AUTO_LEARNED
-    names one and the target holds every expert in memory: `streams_experts`); under the depth gate (k=auto) the match drafts at its own depth and the gate sets the learned
-    drafter's, switching it off where it does not pay (own_depth). The benches pass a suffix drafter that does not
-    learn (no request is measured against a store holding its own earlier output)."""
+    names one and the target holds every expert in memory: `streams_experts`); under the depth gate (k=auto) the
+    match drafts at its own depth and the gate sets the learned drafter's, switching it off where it does not pay
+    (own_depth). The benches pass a suffix drafter that does not learn (no request is measured against a store
+    holding its own earlier output)."""
     why = "head" if streams_experts(target) else AUTO_LEARNED.get(target.name, "head")
     try:
         learned = _model_drafter(target, why) if why != "head" else FeatureHeadDrafter(target)
