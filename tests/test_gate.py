@@ -119,6 +119,7 @@ def test_it_does_not_climb_where_drafts_are_mostly_wrong():
     phase tries one depth and sets k = 0 (each deeper test is steps lost)."""
     gate = UtilityGate(DepthGate([1.0 + 0.1 * j for j in range(9)], k_max=8))
     right = iter(range(10_000))
-    ks = _run(gate, 300, accept=lambda k: int(k > 0 and next(right) % 10 == 0), step_s=lambda k: 1.5 + 0.1 * k if k else 1.0)
+    ks = _run(gate, 300, accept=lambda k: int(k > 0 and next(right) % 10 == 0),
+              step_s=lambda k: 1.5 + 0.1 * k if k else 1.0)
     assert len({k for k in ks if k}) == 1, sorted(set(ks))
     assert ks[-100:].count(0) >= 90
