@@ -92,10 +92,9 @@ def _auto_drafter(target, arg, **kw):
 
 
 def streams_experts(target) -> bool:
-    """Whether the target reads experts from disk as it decodes: an expert budget below all of its experts."""
+    """Whether the target reads experts from disk as it decodes (ExpertStore.streams; a dense model: never)."""
     store = getattr(target, "store", None)
-    budget = getattr(store, "budget_bytes", None)
-    return budget is not None and budget < store.n_layers * store.n_experts * store.expert_bytes
+    return bool(store is not None and store.streams)
 
 
 # the learned drafter `auto` falls back on, where it is not the target's feature head, with every expert in memory:

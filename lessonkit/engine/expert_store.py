@@ -221,6 +221,11 @@ class ExpertStore:
                 break
             del self._cache[victim]
 
+    @property
+    def streams(self) -> bool:
+        """Whether experts are read from disk as the model decodes: a budget below all of them."""
+        return self.budget_bytes is not None and self.budget_bytes < self.n_layers * self.n_experts * self.expert_bytes
+
     def count_resident_uses(self, keys) -> None:
         """Count uses of experts the caller already holds (the C forward's dense MLP) as get() would: a hit and
         the LRU order for each resident one; one that is not resident is read by get()."""
