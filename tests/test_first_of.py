@@ -63,8 +63,9 @@ def test_own_parts_draft_at_the_widest_depth_outside_the_gate(sm, case):
     assert r.token_ids == plain
     assert free.asked[0] == max(free.asked) == 8              # asked at the gate's k_max, not its depth (later: room)
     assert r.stats["drafts_by"]["free"] > 0
-    gated = r.stats["gate"]["steps"]                          # the gate is asked only where the free part missed
-    assert gated == len(free.asked) - r.stats["drafts_by"]["free"] and len(learned.asked) <= gated
+    gated = r.stats["gate"]["steps"]          # the gate is asked only where the free part missed, or runs plain steps
+    assert gated == len(free.asked) - r.stats["drafts_by"]["free"] + r.stats["gate"]["plain_steps"]
+    assert len(learned.asked) <= gated - r.stats["gate"]["plain_steps"]
 
 
 def test_without_own_depth_the_gate_caps_the_free_part(sm, case):
@@ -142,3 +143,14 @@ def test_auto_drafts_with_the_head_where_experts_stream_from_disk():
                for name, eng in (("ram", in_ram), ("disk", on_disk))}
     assert isinstance(learned["ram"], ModelDrafter) and isinstance(learned["disk"], FeatureHeadDrafter)
     assert not streams_experts(load_model("tiny-moe", expert_budget_mb=10_000))     # a budget that holds them all
+
+
+def test_a_free_part_that_never_matches_pays_for_its_lookups(sm, case):
+    """Steps on which the free part was asked and nothing drafted are counted as its steps (its lookups cost them),
+    so the gate measures its utility and can switch it off, rather than charging them to k = 0."""
+    prompt, plain = case
+    ref = prompt + plain
+    d = FirstOf([(Scripted("free", ref, lengths=[0]), 2), (Scripted("learned", ref, wrong_from=0), 1)], own_depth=1)
+    r = run(sm, prompt, d, "auto", steep=True)
+    assert r.token_ids == plain
+    assert r.stats["drafts_by"]["free"] == 0 and r.stats["gate"]["free_utility"] is not None

@@ -123,3 +123,31 @@ def test_it_does_not_climb_where_drafts_are_mostly_wrong():
               step_s=lambda k: 1.5 + 0.1 * k if k else 1.0)
     assert len({k for k in ks if k}) == 1, sorted(set(ks))
     assert ks[-100:].count(0) >= 90
+
+
+def test_steps_that_ask_nothing_run_plain():
+    """k = 0's steps where no free part is asked (a test phase's, or a set phase's while the free parts are off) are a
+    plain run: its seconds are s(0), every utility's yardstick; a set phase at k = 0 with the free parts on asks them
+    on every step (no plain run), and one with them off runs plain for as long as they stay off."""
+    gate = UtilityGate(DepthGate([1.0] * 5, k_max=4))
+    assert gate.plain_steps(own=True) == gate.test_steps          # a test phase's k = 0 steps ask nothing
+    gate.observe_plain([0.5] * gate.test_steps)
+    assert gate.step_s[0] == [0.5] * gate.test_steps and gate.plain == gate.steps == gate.test_steps
+    assert gate.plain_steps(own=False) == 0                        # the test depth drafts
+    gate.plan, gate.stage = [0] * 10, "set"
+    assert gate.plain_steps(own=True) == 0                         # the free parts are asked each step
+    gate.free_off = 4
+    assert gate.plain_steps(own=True) == 4 and gate.plain_steps(own=False) == 10
+    gate.observe_plain([0.5] * 4)
+    assert gate.free_off == 0 and gate.plan == [0] * 6
+
+
+def test_free_parts_pay_for_their_misses():
+    """A step on which the free parts were asked and nothing drafted is theirs (their lookup cost it), not k = 0's:
+    with lookups that never match, their utility falls below one and the gate switches them off."""
+    gate = UtilityGate(DepthGate([1.0] * 5, k_max=0))
+    gate.observe_plain([1.0] * 3)
+    for _ in range(gate.test_steps):
+        assert gate.free_allowed()
+        gate.observe_free(1, 0, 1.2)
+    assert gate.free_utility() < 1.0 and not gate.free_allowed()

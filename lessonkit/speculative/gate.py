@@ -194,6 +194,7 @@ class UtilityGate:
     last_set: int | None = None
     span: int = 0
     steps: int = 0
+    plain: int = 0                                # of them, steps of plain runs (plain_steps: nothing asked)
     last_k: int = 0                               # the depth of the step before
     catch_up: bool = False                        # this step is a phase's first at a new depth (not timed)
     free_s: list = field(default_factory=list)    # the free parts' last `window` steps: (tokens, drafts, seconds)
@@ -263,6 +264,35 @@ class UtilityGate:
         self.free_s.append((tokens, drafted, step_s))
         del self.free_s[:-self.window]
 
+    def plain_steps(self, own: bool) -> int:
+        """How many of the coming steps run as plain decoding (the loop's plain run, speculative.verify): the leading
+        k = 0 steps of the plan, where no free part is asked either (a test phase's k = 0 steps, a set phase's while
+        the free parts are off, or a drafter without them); 0 where the next step drafts or asks them. Their seconds
+        are s(0), what every utility is measured against: plain decoding's, not a drafting loop's that drafts nothing
+        (on tiny-moe in RAM that loop cost 9% a step over plain's)."""
+        if not self.plan:
+            self._new_phase()
+        if self.plan[0]:
+            return 0
+        n = next((i for i, k in enumerate(self.plan) if k), len(self.plan))
+        if own and self.stage == "set":
+            n = min(n, self.free_off)
+        return n
+
+    def observe_plain(self, seconds: list[float]) -> None:
+        """The plain run's steps (plain_steps): their seconds are k = 0's, each emitted one token."""
+        m = len(seconds)
+        del self.plan[:m]
+        self.steps, self.plain, self.last_k = self.steps + m, self.plain + m, 0
+        times, emitted = self.step_s.setdefault(0, []), self.step_tokens.setdefault(0, [])
+        times.extend(seconds)
+        emitted.extend([1] * m)
+        del times[:-self.window], emitted[:-self.window]
+        if self.stage == "set" and self.free_off:
+            self.free_off = max(0, self.free_off - m)
+            if not self.free_off:
+                self.free_s = []
+
     def _deeper(self, last: int) -> bool:
         """Test twice the depth after `last`: where `last` paid; else where the deeper depth could still pay (its
         expected tokens from this run's acceptance over the seconds of `last`'s steps, a bound: deeper steps cost no
@@ -278,14 +308,23 @@ class UtilityGate:
             return False
         return len(self.tested) == 1 or self.utility(last) > self.utility(self.tested[-2])
 
+    def _first_test(self) -> int:
+        """The depth a test phase starts at: the measured depth of highest utility (a later phase does not climb again
+        from the cost model's first choice: on tiny-moe in RAM each such climb cost ~9 steps at a utility of 0.4-0.7);
+        where none was measured, the depth the cost model ranks first."""
+        measured = [k for k in self.step_s if k and self.step_tokens.get(k)]
+        if measured:
+            return max(measured, key=lambda k: (self.utility(k), -k))
+        return max(range(1, self.k_max + 1), key=lambda k: (self.depth.value(k), -k))
+
     def _next_plan(self) -> list[int]:
         if not self.k_max:
             return [0] * self.max_set
         if self.stage == "set":
             self.stage, self.tested = "test", []
             return [0] * self.test_steps
-        if not self.tested:            # the depth the cost model ranks first, also after a set phase at k = 0
-            self.tested = [max(range(1, self.k_max + 1), key=lambda k: (self.depth.value(k), -k))]
+        if not self.tested:
+            self.tested = [self._first_test()]
             return [self.tested[0]] * self.test_steps
         last = self.tested[-1]
         if len(self.tested) < 3 and last < self.k_max and self._deeper(last):
@@ -300,16 +339,19 @@ class UtilityGate:
     def choose(self) -> int:
         self.steps += 1
         if not self.plan:
-            self.plan = self._next_plan()
-            # a phase's first step catches up what the drafter did not see while it was off (a draft model prefills
-            # the tokens of the steps before): its seconds are not the depth's, so they are not kept
-            self.catch_up = bool(self.plan[0]) and self.plan[0] != self.last_k
+            self._new_phase()
         self.last_k = self.plan[0]
         return self.plan.pop(0)
 
+    def _new_phase(self) -> None:
+        self.plan = self._next_plan()
+        # a phase's first step catches up what the drafter did not see while it was off (a draft model prefills the
+        # tokens of the steps before): its seconds are not the depth's, so they are not kept
+        self.catch_up = bool(self.plan[0]) and self.plan[0] != self.last_k
+
     def summary(self) -> dict:
         """Why the run drafted as it did: the last set decision, the utility of each measured depth, the steps."""
-        return {"set_k": self.last_set, "tested": list(self.tested), "steps": self.steps,
+        return {"set_k": self.last_set, "tested": list(self.tested), "steps": self.steps, "plain_steps": self.plain,
                 "utility": {k: round(self.utility(k), 3) for k in sorted(self.step_s)},
                 "free_utility": None if self.free_utility() is None else round(self.free_utility(), 3),
                 "rule": f"test-then-set: draft at the depth of highest measured utility where it is above {self.margin}"}

@@ -40,7 +40,7 @@ from lessonkit.engine.model import ROWWISE_MAX
 from lessonkit.speculative.depth import AUTO, K_MAX, parse_draft_depth
 from lessonkit.speculative.drafters import Drafter
 from lessonkit.speculative.gate import DepthGate, UtilityGate, cost_curve
-from lessonkit.speculative.states import forward_for
+from lessonkit.speculative.states import forward_for, needs_states
 
 
 def verify_greedy(target_logits: torch.Tensor, draft_tokens: list[int]) -> tuple[int, int]:
@@ -103,6 +103,13 @@ class _Tally:
             self.num_accepted += accepted
             for i in range(accepted):
                 self.per_pos[i] += 1
+
+    def plain(self, steps: int, unique: int, seconds: float) -> None:
+        """A plain run's steps (one row, no drafts)."""
+        self.forwards += steps
+        self.unique += unique
+        self.verify_s += seconds
+        self.k_hist[0] += steps
 
     def stats(self, *, prompt_tokens: int, emitted: int, kept: int, drafter, k, reset_s: float, gate) -> dict:
         extra = {
@@ -193,7 +200,44 @@ def _draft_step(drafter, gate, width: int, context: list[int], room: int):
     short = drafter.take_fallback() if free and not d else None
     if short is not None:
         return _tokens(short, min(width, room)) + (td + missed, None)
-    return d, dq, td + missed, asked
+    # a step without drafts after the free parts were asked is theirs (their lookups cost it), not k = 0's
+    return d, dq, td + missed, None if free and not asked else asked
+
+
+def _spec_step(target, drafter, gate, width: int, cache, context: list[int], room: int, params: SamplingParams, gen,
+               emit, tally: _Tally) -> bool:
+    """One drafting step: the drafts, one verify forward, the tokens it emits; the gate learns from it. Returns
+    whether the run is done."""
+    ts = time.perf_counter()
+    d, dq, td, asked = _draft_step(drafter, gate, width, context, room)
+    n, nxt, tv = _verify(target, drafter, cache, context, d, dq, params, gen)
+    tally.step(len(d), n, td, tv, target.model.last_forward["unique_experts"])
+    done = any(emit(t) for t in d[:n] + [nxt])
+    drafter.update(list(context), n)
+    if gate:
+        _observe(gate, len(d), n, tv, td, asked, time.perf_counter() - ts)
+    return done
+
+
+def _plain_run(target, drafter, cache, context: list[int], n: int, params: SamplingParams, gen, emit,
+               tally: _Tally, gate: UtilityGate) -> bool:
+    """Up to n steps of plain decoding, where the gate drafts nothing and asks no free part (UtilityGate.plain_steps):
+    one row a forward, the drafter handed the target's states and told of every token (update reads the context at
+    once); the gate learns each step's seconds (observe_plain). As lean as `generate`'s loop: these seconds are
+    s(0). Returns whether the run is done."""
+    reads_states = needs_states(drafter) is not None
+    ends, done, unique = [time.perf_counter()], False, 0
+    while not done and len(ends) <= n:
+        t = [context[-1]]
+        logits = (forward_for(drafter, target, t, cache, last_only=True) if reads_states
+                  else target.forward(t, cache, last_only=True))[-1]
+        unique += target.model.last_forward["unique_experts"]
+        done = emit(sample_token(logits, params, gen))
+        drafter.update(context, 0)
+        ends.append(time.perf_counter())
+    tally.plain(len(ends) - 1, unique, ends[-1] - ends[0])
+    gate.observe_plain([b - a for a, b in zip(ends, ends[1:])])
+    return done
 
 
 def _observe(gate, drafted: int, n: int, tv: float, td: float, asked: int | None, step_s: float) -> None:
@@ -269,15 +313,10 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
     try:
         done = max_new_tokens == 0 or emit(sample_token(logits, params, gen))
         while not done:
-            ts = time.perf_counter()
-            room = max_new_tokens - len(out) - 1          # the step emits up to k drafts + 1 own token
-            d, dq, td, asked = _draft_step(drafter, gate, width, context, room)
-            n, nxt, tv = _verify(target, drafter, cache, context, d, dq, params, gen)
-            tally.step(len(d), n, td, tv, target.model.last_forward["unique_experts"])
-            done = any(emit(t) for t in d[:n] + [nxt])
-            drafter.update(list(context), n)
-            if gate:
-                _observe(gate, len(d), n, tv, td, asked, time.perf_counter() - ts)
+            plain = gate.plain_steps(bool(getattr(drafter, "own_depth", 0))) if gate else 0
+            room = max_new_tokens - len(out) - 1          # a step emits up to k drafts + 1 own token
+            done = (_plain_run(target, drafter, cache, context, plain, params, gen, emit, tally, gate) if plain else
+                    _spec_step(target, drafter, gate, width, cache, context, room, params, gen, emit, tally))
     finally:
         _finish(drafter, gate)
     ids, text = checker.trim(out)
