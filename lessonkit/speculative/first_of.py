@@ -12,8 +12,9 @@ depth would cut it short (a gate that switched the head off would switch the mat
 `own_depth` parts are such drafters: the verify loop asks them first (`propose_own`) at up to its widest depth,
 outside the gate, and asks the gate for a depth only where none of them matched (`propose(..., start=own_depth)`);
 where the gate's step drafts nothing, their shorter match (below its min_tokens) drafts (`take_fallback`). Free to
-draft is not free to verify: the gate measures their steps' utility apart (tokens per second over k = 0's) and
-switches them off for a span where it is below one (UtilityGate.free_allowed). At a fixed k every part drafts at
+draft is not free to verify: the gate measures their steps' utility apart (tokens per second over plain decoding's,
+the steps they were asked on and matched nothing included) and switches them off for a span where it is below one
+(UtilityGate.free_allowed). At a fixed k every part drafts at
 most k and the min_tokens hold.
 """
 from __future__ import annotations

@@ -177,6 +177,10 @@ class UtilityGate:
     free: the steps a FirstOf's free parts drafted outside the gate (speculative.first_of) have a utility of their own,
           tokens per second over k = 0's; below one they are switched off for a span (set_steps, doubled while it
           repeats), then tested afresh (free_allowed).
+    plain: k = 0's steps that ask no free part (a test phase's, a set phase's while the free parts are off) run as plain
+          decoding (plain_steps, the loop's plain run): s(0), every utility's yardstick, is plain decoding's, not that
+          of a drafting loop that drafts nothing; a step on which the free parts were asked and nothing was drafted is
+          theirs (their lookups cost it, the catch-up of the tokens a plain run emitted included).
     With measure=False, s(k) is the cost model's T(k+1) + k t_draft (deterministic, for tests)."""
     depth: DepthGate
     test_steps: int = 3
@@ -308,23 +312,14 @@ class UtilityGate:
             return False
         return len(self.tested) == 1 or self.utility(last) > self.utility(self.tested[-2])
 
-    def _first_test(self) -> int:
-        """The depth a test phase starts at: the measured depth of highest utility (a later phase does not climb again
-        from the cost model's first choice: on tiny-moe in RAM each such climb cost ~9 steps at a utility of 0.4-0.7);
-        where none was measured, the depth the cost model ranks first."""
-        measured = [k for k in self.step_s if k and self.step_tokens.get(k)]
-        if measured:
-            return max(measured, key=lambda k: (self.utility(k), -k))
-        return max(range(1, self.k_max + 1), key=lambda k: (self.depth.value(k), -k))
-
     def _next_plan(self) -> list[int]:
         if not self.k_max:
             return [0] * self.max_set
         if self.stage == "set":
             self.stage, self.tested = "test", []
             return [0] * self.test_steps
-        if not self.tested:
-            self.tested = [self._first_test()]
+        if not self.tested:            # the depth the cost model ranks first, also after a set phase at k = 0
+            self.tested = [max(range(1, self.k_max + 1), key=lambda k: (self.depth.value(k), -k))]
             return [self.tested[0]] * self.test_steps
         last = self.tested[-1]
         if len(self.tested) < 3 and last < self.k_max and self._deeper(last):
