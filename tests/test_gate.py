@@ -126,11 +126,13 @@ def test_it_does_not_climb_where_drafts_are_mostly_wrong():
 
 
 def test_steps_that_ask_nothing_run_plain():
-    """k = 0's steps where no free part is asked (a test phase's, or a set phase's while the free parts are off) are a
-    plain run: its seconds are s(0), every utility's yardstick; a set phase at k = 0 with the free parts on asks them
-    on every step (no plain run), and one with them off runs plain for as long as they stay off."""
+    """k = 0's steps where no free part is asked (a drafter without them, or while they are off) are a plain run: its
+    seconds are s(0), every utility's yardstick; while the free parts are on they are asked on every step (no plain
+    run: on records their match drafts most steps), and while they are off the steps run plain as long as they stay
+    off."""
     gate = UtilityGate(DepthGate([1.0] * 5, k_max=4))
-    assert gate.plain_steps(own=True) == gate.test_steps          # a test phase's k = 0 steps ask nothing
+    assert gate.plain_steps(own=True) == 0                         # the test phase's k = 0 steps ask the free parts
+    assert gate.plain_steps(own=False) == gate.test_steps          # ... and ask nothing of a drafter without them
     gate.observe_plain([0.5] * gate.test_steps)
     assert gate.step_s[0] == [0.5] * gate.test_steps and gate.plain == gate.steps == gate.test_steps
     assert gate.plain_steps(own=False) == 0                        # the test depth drafts

@@ -177,7 +177,7 @@ class UtilityGate:
     free: the steps a FirstOf's free parts drafted outside the gate (speculative.first_of) have a utility of their own,
           tokens per second over k = 0's; below one they are switched off for a span (set_steps, doubled while it
           repeats), then tested afresh (free_allowed).
-    plain: k = 0's steps that ask no free part (a test phase's, a set phase's while the free parts are off) run as plain
+    plain: k = 0's steps that ask no free part (the free parts off, or a drafter without them) run as plain
           decoding (plain_steps, the loop's plain run): s(0), every utility's yardstick, is plain decoding's, not that
           of a drafting loop that drafts nothing; a step on which the free parts were asked and nothing was drafted is
           theirs (their lookups cost it, the catch-up of the tokens a plain run emitted included).
@@ -270,18 +270,17 @@ class UtilityGate:
 
     def plain_steps(self, own: bool) -> int:
         """How many of the coming steps run as plain decoding (the loop's plain run, speculative.verify): the leading
-        k = 0 steps of the plan, where no free part is asked either (a test phase's k = 0 steps, a set phase's while
-        the free parts are off, or a drafter without them); 0 where the next step drafts or asks them. Their seconds
-        are s(0), what every utility is measured against: plain decoding's, not a drafting loop's that drafts nothing
-        (on tiny-moe in RAM that loop cost 9% a step over plain's)."""
+        k = 0 steps of the plan, where no free part is asked either (while the free parts are off, or for a drafter
+        without them); 0 where the next step drafts or asks them (a suffix match drafts on most steps of records:
+        a test phase's k = 0 steps asked nothing of it cost those steps' drafts). Their seconds are s(0), what every
+        utility is measured against: plain decoding's, not a drafting loop's that drafts nothing (on tiny-moe in RAM
+        that loop cost 9% a step over plain's); where none ran, the verify cost curve's one row."""
         if not self.plan:
             self._new_phase()
         if self.plan[0]:
             return 0
         n = next((i for i, k in enumerate(self.plan) if k), len(self.plan))
-        if own and self.stage == "set":
-            n = min(n, self.free_off)
-        return n
+        return min(n, self.free_off) if own else n
 
     def observe_plain(self, seconds: list[float]) -> None:
         """The plain run's steps (plain_steps): their seconds are k = 0's, each emitted one token."""
@@ -292,7 +291,7 @@ class UtilityGate:
         times.extend(seconds)
         emitted.extend([1] * m)
         del times[:-self.window], emitted[:-self.window]
-        if self.stage == "set" and self.free_off:
+        if self.free_off:
             self.free_off = max(0, self.free_off - m)
             if not self.free_off:
                 self.free_s = []
