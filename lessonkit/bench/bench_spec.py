@@ -1,6 +1,6 @@
 """`lessonkit bench spec`: plain greedy vs lessonkit speculative vs transformers assisted generation.
 
-Pairs (same prompts, same weights, in one process, median of 5 rounds; plain greedy and each lessonkit contender
+Pairs (same prompts, same weights, in one process, median of at least 5 rounds; plain greedy and each lessonkit contender
 take turns within every round, so load drift hits them alike):
   tiny-moe + tiny-draft     lessonkit ModelDrafter (k=4 and k=auto) vs transformers `assistant_model=`
   smollm2-135m              n-gram, the distilled smollm2-draft (k=4, k=auto) and the MTP head (k=2, k=auto)
