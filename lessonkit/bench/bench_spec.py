@@ -1,7 +1,7 @@
 """`lessonkit bench spec`: plain greedy vs lessonkit speculative vs transformers assisted generation.
 
-Pairs (same prompts, same weights, in one process, median of at least 5 rounds; plain greedy and each lessonkit contender
-take turns within every round, so load drift hits them alike):
+Pairs (same prompts, same weights, in one process, median of at least 5 rounds; plain greedy and each lessonkit
+contender take turns within every round, so load drift hits them alike):
   tiny-moe + tiny-draft     lessonkit ModelDrafter (k=4 and k=auto) vs transformers `assistant_model=`
   smollm2-135m              n-gram, the distilled smollm2-draft (k=4, k=auto) and the MTP head (k=2, k=auto)
                             vs plain greedy and transformers `prompt_lookup_num_tokens=`
