@@ -684,19 +684,68 @@ RK_EXPORT int32_t rk_forward(const struct rk_model *model, const struct rk_batch
     return rc;
 }
 
+/* the state half of T positions: states [T, S, D] -> out [T, D] (rk_state_half says what) */
+static int32_t state_half(const float *states, int64_t T, int64_t S, int64_t D, uintptr_t fuse, int32_t fuse_kind,
+                          uintptr_t state, int32_t state_kind, float eps, float *out, int32_t path)
+{
+    if (T < 1 || S < 1 || D < 1)
+        return RK_BAD_SIZES;
+    float *buf = (float *)malloc((size_t)(T * S * D + T * D) * sizeof(float));
+    if (!buf)
+        return RK_NO_MEMORY;
+    float *g = buf + T * S * D;
+    rms_unit_rows(states, buf, T * S, D, eps);
+    int32_t rc = rk_qmatmul((uintptr_t)buf, T, S * D, S * D, fuse, fuse_kind, D, (uintptr_t)g, D, path);
+    if (rc == RK_OK)
+        rms_unit_rows(g, g, T, D, eps);
+    if (rc == RK_OK)
+        rc = rk_qmatmul((uintptr_t)g, T, D, D, state, state_kind, D, (uintptr_t)out, D, path);
+    free(buf);
+    return rc;
+}
+
+/* a chain's catch-up rows (rk_draft_greedy says what): the state half of positions from .. to - 1 into g, then
+   x[r] = etab[rows[r]] + g[at + r] (rows[r] < 0: x[r] + g[at + r]) */
+static int32_t head_rows(const struct rk_model *model, const int64_t *chain, float *x, int64_t M, int64_t D)
+{
+    const int64_t S = chain[CHAIN_S], from = chain[CHAIN_FROM], to = chain[CHAIN_TO], at = chain[CHAIN_AT];
+    float *g = (float *)(uintptr_t)chain[CHAIN_G];
+    const float *states = (const float *)(uintptr_t)chain[CHAIN_STATES], *etab = (const float *)(uintptr_t)chain[CHAIN_ETAB];
+    const int64_t *rows = (const int64_t *)(uintptr_t)chain[CHAIN_ROWS];
+    if (!g || !rows || at < 0)
+        return RK_BAD_SIZES;
+    if (to > from) {
+        const int32_t rc = state_half(states + from * S * D, to - from, S, D, (uintptr_t)chain[CHAIN_FUSE],
+                                      (int32_t)chain[CHAIN_FUSE_KIND], (uintptr_t)chain[CHAIN_STATE],
+                                      (int32_t)chain[CHAIN_STATE_KIND], model->eps, g + from * D, model->path);
+        if (rc != RK_OK)
+            return rc;
+    }
+    for (int64_t r = 0; r < M; r++) {
+        const float *e = rows[r] >= 0 ? etab + rows[r] * D : x + r * D, *gr = g + (at + r) * D;
+        for (int64_t j = 0; j < D; j++) x[r * D + j] = e[j] + gr[j];
+    }
+    return RK_OK;
+}
+
 /* rk_draft_greedy: a drafter's whole greedy turn in one call (lessonkit/feature_head, and any dense draft model).
 
 Why. A draft turn is k forwards of a small model, each followed by an argmax and the next row's input: from
 Python that is k ctypes crossings and a few PyTorch ops per draft token, a fixed cost (about 0.1 ms here) that is
-as large as a feature head's whole layer. Here the turn is one crossing.
+as large as a feature head's whole layer. Here the turn is one crossing, a feature head's input rows included.
 
 What. The first forward runs the M rows the drafter has not seen yet (tokens looked up in C when tokens is not 0,
-else the caller's rows x [M, D]) at positions start .. start + M - 1 and keeps the last row's logits; then k - 1
-one-row forwards at the following positions. After each forward the argmax of the V logits (the first of equal
-maxima) goes to out[i]; the next row's input is, with chain == 0, the embedding of token ids[out[i]] (ids == 0:
-out[i] itself), and with a chain (int64 [4]: etab, w, w's kind, gnorm; the feature head's input projection split
-in two) x = etab[out[i]] + w (RMSNorm(a) * gnorm), where a is the last forward's output row (the head's state,
-csrc/forward.c's residual stream out) and etab [V, D] float32 the token half precomputed per draft-vocabulary row.
+else rows x [M, D]) at positions start .. start + M - 1 and keeps the last row's logits; then k - 1 one-row
+forwards at the following positions. After each forward the argmax of the V logits (the first of equal maxima)
+goes to out[i]; the next row's input is, with chain == 0, the embedding of token ids[out[i]] (ids == 0: out[i]
+itself). A chain (int64 [CHAIN_WORDS], rowkernel.h) is a feature head's input projection split in two halves, a
+token half etab [V, D] float32 precomputed per draft-vocabulary row and a state half w (RMSNorm(u) * gnorm):
+  - the catch-up rows: first the state half of the target's positions from .. to - 1 (rk_state_half's arithmetic
+    on states [.., S, D] into g [.., D]; none when to <= from), then x[r] = etab[rows[r]] + g[at + r], or, where
+    rows[r] < 0 (a token outside the draft vocabulary), x[r] + g[at + r]: the caller wrote its token half there;
+  - each draft: x = etab[out[i]] + w (RMSNorm(a) * gnorm), a the last forward's output row (the head's state,
+    the residual stream out).
+The additions are the ones PyTorch's e + g made before (one rounding each), so the rows' bits are unchanged.
 Every forward is rk_forward's on the same model (struct rk_model), so the rows' keys and values land in the
 batch's cache as rk_forward writes them. The batch (struct rk_batch) is the first forward's: tokens or x, m,
 start, logits and the cache; its first, routing and unique are not read (the turn keeps the last row's logits, a
@@ -716,7 +765,9 @@ RK_EXPORT int32_t rk_draft_greedy(const struct rk_model *model, const struct rk_
     int64_t token = 0;
     struct rk_batch step = *batch;                   /* the catch-up rows, then one row per draft */
     step.first = M - 1, step.routing = NULL, step.unique = NULL;
-    int32_t rc = rk_forward(model, &step);
+    int32_t rc = chain ? head_rows(model, chain, x, M, D) : RK_OK;
+    if (rc == RK_OK)
+        rc = rk_forward(model, &step);
     step.m = 1, step.first = 0, step.n_taps = 0;     /* taps, if any: the catch-up rows' only */
     for (int64_t i = 0; rc == RK_OK; i++) {
         int64_t best = 0;
@@ -749,7 +800,8 @@ RK_EXPORT int32_t rk_draft_greedy(const struct rk_model *model, const struct rk_
 Why. Every position the target verifies hands the head its residual streams at the taps and the top, and the next
 draft turn needs w_g RMSNorm(fuse [RMSNorm(s_1); ...; RMSNorm(s_S)]) of each: two small products and a few norms
 on one or a few rows. From PyTorch that is a dozen dispatched ops, each costing more than its arithmetic, on every
-turn; here it is one crossing.
+turn. A draft turn computes it inside rk_draft_greedy (its chain's catch-up rows, the helper state_half above); this
+entry point is the same arithmetic alone (the tests compare it with PyTorch's).
 
 What. states [T, S, D] float32 (row t: the S streams of one position, each of D values); every stream is scaled by
 1 / sqrt(mean of squares + eps) (no weight: the caller folds the norms' weights into the two matrices), the S scaled
@@ -759,19 +811,5 @@ Norms as rms_unit_rows, products as rk_qmatmul on the call's path word. */
 RK_EXPORT int32_t rk_state_half(uintptr_t states_a, int64_t T, int64_t S, int64_t D, uintptr_t fuse, int32_t fuse_kind,
                                 uintptr_t state, int32_t state_kind, float eps, uintptr_t out_a, int32_t path)
 {
-    if (T < 1 || S < 1 || D < 1)
-        return RK_BAD_SIZES;
-    const float *states = (const float *)states_a;
-    float *buf = (float *)malloc((size_t)(T * S * D + T * D) * sizeof(float));
-    if (!buf)
-        return RK_NO_MEMORY;
-    float *g = buf + T * S * D;
-    rms_unit_rows(states, buf, T * S, D, eps);
-    int32_t rc = rk_qmatmul((uintptr_t)buf, T, S * D, S * D, fuse, fuse_kind, D, (uintptr_t)g, D, path);
-    if (rc == RK_OK)
-        rms_unit_rows(g, g, T, D, eps);
-    if (rc == RK_OK)
-        rc = rk_qmatmul((uintptr_t)g, T, D, D, state, state_kind, D, out_a, D, path);
-    free(buf);
-    return rc;
+    return state_half((const float *)states_a, T, S, D, fuse, fuse_kind, state, state_kind, eps, (float *)out_a, path);
 }

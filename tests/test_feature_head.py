@@ -216,6 +216,38 @@ def test_the_c_state_half_is_the_torch_one(heads, numerics, bound):
     assert float((got - want).abs().max()) <= bound * float(want.abs().max())
 
 
+@pytest.mark.parametrize("numerics", NUMERICS)
+def test_the_turn_computes_its_rows_as_the_state_half_alone_does(heads, numerics):
+    """A C turn makes its catch-up rows itself (rk_draft_greedy's chain: the state half of the positions not yet
+    computed, then e_table[row] + g): its drafts, the head's keys and values and g equal, bit for bit, a turn whose
+    state half ran alone first (rk_state_half) and whose rows' token halves the caller wrote (rows < 0)."""
+    target, path = heads[numerics]
+    with active.use(numerics=numerics):
+        a = FeatureHeadDrafter(target, path, step="C")
+        D, S = a.cfg.dim, a.cfg.n_states
+        states = torch.randn(7, S, D, generator=torch.Generator().manual_seed(2)) * 4
+        rows = [3, 0, a.cfg.draft_vocab - 1, 17, 5]               # catch-up rows of positions 2 .. 6
+        runs = []
+        for fused in (True, False):
+            g, cache = torch.zeros(7, D), a.cache.__class__(1, a.cache.k.shape[1], a.cfg.n_kv_heads, a.cfg.head_dim)
+            x = torch.zeros(len(rows), D)
+            if fused:
+                span, given = (0, 7), rows
+            else:
+                g[:] = a._state_half(states)
+                span, given = (7, 7), [-1] * len(rows)
+                x[:] = a.e_table[rows]
+            drafts = a.head.turn(x, given, cache, 0, 4, states, span, g, 2)
+            runs.append((drafts, g, cache.k[:, :len(rows) + 3].clone(), cache.v[:, :len(rows) + 3].clone()))
+        # the rows themselves: rk_forward on e_table[rows] + g[2 .. 6] computed here gives the first draft and keys
+        cache = a.cache.__class__(1, a.cache.k.shape[1], a.cfg.n_kv_heads, a.cfg.head_dim)
+        _, logits = a.head.rows(a.e_table[rows] + runs[1][1][2:7], cache, 0)
+    (d1, g1, k1, v1), (d2, g2, k2, v2) = runs
+    assert d1 == d2 and len(d1) == 4 and d1[0] == int(logits.argmax())
+    assert torch.equal(g1, g2) and torch.equal(k1, k2) and torch.equal(v1, v2)
+    assert torch.equal(k1[:, :len(rows)], cache.k[:, :len(rows)]) and k1.abs().sum() > 0
+
+
 def test_a_foreign_or_damaged_head_is_refused_by_name(heads, tmp_path):
     target, path = heads["int8"]
     w = load_file(str(path))

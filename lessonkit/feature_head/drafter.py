@@ -15,6 +15,7 @@ tokens in `row_tokens`; rows past them are the last turn's drafts, rolled back a
 """
 from __future__ import annotations
 
+import ctypes
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -154,21 +155,39 @@ class _CHead:
                                  clip=0.0, path=self.path)        # struct rk_model: the same for every call
         self.logits = torch.empty(1, cfg.draft_vocab, dtype=torch.float32)
 
-    def chain(self, e_table: torch.Tensor, w_g: torch.Tensor, gnorm: torch.Tensor) -> None:
-        """The chained input of rk_draft_greedy: x = e_table[draft] + w_g (RMSNorm(a) * gnorm)."""
+    def chain(self, e_table: torch.Tensor, w_g: torch.Tensor, gnorm: torch.Tensor, fuse, state, n_states: int) -> None:
+        """rk_draft_greedy's chain (rowkernel.h CHAIN_*): a draft's input x = e_table[draft] + w_g (RMSNorm(a) * gnorm);
+        the catch-up rows' state half through the fuse and state products (blocks) of n_states streams a position."""
         wg = C_BLOCKS(w_g)
-        self.keep += [e_table, wg, gnorm]
-        self.chain_args = torch.tensor([e_table.data_ptr(), wg.data.data_ptr(), wg.code, gnorm.data_ptr()],
-                                       dtype=torch.int64)
+        self.keep += [e_table, wg, gnorm, fuse, state]
+        self.words = (ctypes.c_int64 * rk.CHAIN_WORDS)()           # a ctypes array: a turn sets a few words cheaply
+        for at, v in ((rk.CHAIN_ETAB, e_table.data_ptr()), (rk.CHAIN_W, wg.data.data_ptr()), (rk.CHAIN_W_KIND, wg.code),
+                      (rk.CHAIN_GNORM, gnorm.data_ptr()), (rk.CHAIN_S, n_states), (rk.CHAIN_FUSE, fuse.data.data_ptr()),
+                      (rk.CHAIN_FUSE_KIND, fuse.code), (rk.CHAIN_STATE, state.data.data_ptr()),
+                      (rk.CHAIN_STATE_KIND, state.code)):
+            self.words[at] = v
+        self.rows_in = self.out = (ctypes.c_int64 * 0)()
+        self.batch = rk.RkBatch()
 
-    def turn(self, x: torch.Tensor, cache: KVCache, start: int, k: int) -> list[int]:
-        """A whole greedy turn in one C call: the rows x [M, D] at start.., then k - 1 chained drafts; returns the
-        k draft-vocabulary rows (csrc/forward.c rk_draft_greedy) and leaves their keys and values in cache."""
-        x = x.contiguous().clone()
-        out = torch.empty(k, dtype=torch.int64)
-        batch = _batch(cache, x=x.data_ptr(), m=x.shape[0], start=start, logits=self.logits.data_ptr())
-        kernel._rowkernel.draft_greedy(self.inputs, batch, k, 0, self.chain_args.data_ptr(), out.data_ptr())
-        return out.tolist()
+    def turn(self, x: torch.Tensor, rows: list[int], cache: KVCache, start: int, k: int, states: torch.Tensor,
+             span: tuple[int, int], g: torch.Tensor, at: int) -> list[int]:
+        """A whole greedy turn in one C call (csrc/forward.c rk_draft_greedy): the state half of the target's
+        positions span[0] .. span[1] - 1 (states -> g), the catch-up rows x[r] = e_table[rows[r]] + g[at + r] at
+        start.. (rows[r] < 0: x[r] holds that token half already), then k - 1 chained drafts. Returns the k
+        draft-vocabulary rows and leaves their keys and values in cache. x: a scratch of at least len(rows) rows."""
+        M = len(rows)
+        if len(self.rows_in) < M or len(self.out) < k:
+            self.rows_in = (ctypes.c_int64 * max(2 * M, len(self.rows_in)))()
+            self.out = (ctypes.c_int64 * max(2 * k, len(self.out), 16))()
+        self.rows_in[:M] = rows
+        w = self.words
+        w[rk.CHAIN_STATES], w[rk.CHAIN_FROM], w[rk.CHAIN_TO] = states.data_ptr(), span[0], span[1]
+        w[rk.CHAIN_G], w[rk.CHAIN_ROWS], w[rk.CHAIN_AT] = g.data_ptr(), ctypes.addressof(self.rows_in), at
+        b = self.batch
+        b.x, b.m, b.start, b.logits = x.data_ptr(), M, start, self.logits.data_ptr()
+        b.k_cache, b.v_cache, b.alloc = cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1]
+        kernel._rowkernel.draft_greedy(self.inputs, b, k, 0, ctypes.addressof(w), ctypes.addressof(self.out))
+        return self.out[:k]
 
     def rows(self, x: torch.Tensor, cache: KVCache, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """x [M, D] at head positions start.. -> (outputs a [M, D], draft logits of the last row [1, V])."""
@@ -251,7 +270,8 @@ class FeatureHeadDrafter:
         row_of[self.vocab] = torch.arange(len(self.vocab))
         self.row_list, self.vocab_list = row_of.tolist(), self.vocab.tolist()   # a turn's few lookups, as lists
         if self.step_path == "C":
-            self.head.chain(self.e_table.contiguous(), self.w_g, w["gnorm"].contiguous())
+            self.head.chain(self.e_table.contiguous(), self.w_g, w["gnorm"].contiguous(), self.fuse_q, self.state_q,
+                            self.cfg.n_states)
         self.needs_states = tuple(self.cfg.taps)
         self.stats = {"num_drafts": 0, "recomputed_states": 0}
         self.cache = KVCache(1, self.target.model.cos.shape[0], self.cfg.n_kv_heads, self.cfg.head_dim)
@@ -270,18 +290,25 @@ class FeatureHeadDrafter:
         self.settled = min(self.settled, start)
         self.changed_from = min(self.changed_from, start)
 
-    def _settle(self, lo: int = 0) -> None:
-        """The state half of every recorded position from lo on not yet computed, in one batch (g holds it for the
-        positions g_lo .. settled - 1: a window's turns never compute those below it)."""
+    def _settle_span(self, lo: int) -> tuple[int, int]:
+        """The positions from lo on whose state half is not computed yet, (a, b), counted as computed from here on
+        (g holds it for the positions g_lo .. settled - 1: a window's turns never compute those below it); g has room."""
         a, b = (self.settled if self.g_lo <= lo <= self.settled else lo), self.n_states
         if a == lo:
             self.g_lo = lo
         if a >= b:
-            return
+            return a, a
         self.g = _room(self.g, b)
-        with torch.no_grad():
-            self.g[a:b] = self._state_half(self.raw[a:b])
         self.settled = b
+        return a, b
+
+    def _settle(self, lo: int = 0) -> None:
+        """The state half of every recorded position from lo on not yet computed, in one batch (the PyTorch step;
+        the C step computes it inside its turn)."""
+        a, b = self._settle_span(lo)
+        if a < b:
+            with torch.no_grad():
+                self.g[a:b] = self._state_half(self.raw[a:b])
 
     def _state_half(self, states: torch.Tensor) -> torch.Tensor:
         """w_g RMSNorm(g) of the target's states [T, S, D]: the state half of the head's input rows, computed once
@@ -307,6 +334,7 @@ class FeatureHeadDrafter:
     def reset(self, prompt_ids) -> None:
         self.g = torch.zeros(256, self.cfg.dim)
         self.raw = torch.zeros(256, self.cfg.n_states, self.cfg.dim)
+        self.xbuf = torch.zeros(64, self.cfg.dim)       # the C turn's catch-up rows (a scratch it writes)
         self.n_states, self.changed_from, self.missing, self.settled, self.g_lo = 0, 0, 0, 0, 0
         self.offset = 0                                 # the head position of its cache's row 0, less one
         self.cache.rollback(0)
@@ -322,6 +350,12 @@ class FeatureHeadDrafter:
         self.stats["recomputed_states"] += n
 
     # ---- drafting ---------------------------------------------------------------------------------------
+    def _token_half(self, toks: list[int], rows: list[int]) -> torch.Tensor:
+        """w_e RMSNorm(emb(t)) of the tokens (their draft-vocabulary rows: e_table's, where in it)."""
+        if min(rows) >= 0:                              # the usual case: every new token is in the draft vocabulary
+            return self.e_table[rows]
+        return rms_norm(self.embed[torch.tensor(toks)].float(), self.w["enorm"], self.cfg.norm_eps) @ self.w_e.T
+
     def _x(self, token: int, u: torch.Tensor, in_vocab_row: int | None) -> torch.Tensor:
         e = (self.e_table[in_vocab_row] if in_vocab_row is not None else
              rms_norm(self.embed[torch.tensor([token])].float()[0], self.w["enorm"], self.cfg.norm_eps) @ self.w_e.T)
@@ -344,22 +378,22 @@ class FeatureHeadDrafter:
         if keep == 0 or keep < self.offset:             # nothing in the head's cache holds: start it at the window
             self.offset = keep = max(0, n - 1 - self.window) if self.window else 0
         self.cache.rollback(keep - self.offset)
-        self.row_tokens = context[1:keep + 1]
-        self._settle(keep)
         toks = context[keep + 1:n]
         rows = [self.row_list[t] for t in toks]
-        if min(rows) >= 0:                              # the usual case: every new token is in the draft vocabulary
-            e = self.e_table[rows]
-        else:
-            e = rms_norm(self.embed[torch.tensor(toks)].float(), self.w["enorm"], self.cfg.norm_eps) @ self.w_e.T
-        x = e + self.g[keep:n - 1]
-        self.row_tokens += toks
-        self.real, self.changed_from = n - 1, self.n_states
+        self.row_tokens = context[1:n]
         self.stats["num_drafts"] += 1
-        if self.step_path == "C":                       # the whole turn in one C call
-            rows = self.head.turn(x, self.cache, keep - self.offset, k)
+        if self.step_path == "C":                       # the whole turn in one C call, the state half included
+            span = self._settle_span(keep)
+            self.xbuf = _room(self.xbuf, len(toks))
+            if min(rows) < 0:                           # a token outside the draft vocabulary: its token half here
+                self.xbuf[:len(toks)] = self._token_half(toks, rows)
+            drafted = self.head.turn(self.xbuf, rows, self.cache, keep - self.offset, k, self.raw, span, self.g, keep)
+            self.real, self.changed_from = n - 1, self.n_states
             self.cache.length = n - 1 - self.offset + k - 1
-            return Draft([self.vocab_list[r] for r in rows])
+            return Draft([self.vocab_list[r] for r in drafted])
+        self._settle(keep)
+        x = self._token_half(toks, rows) + self.g[keep:n - 1]
+        self.real, self.changed_from = n - 1, self.n_states
         a, logits = self.head.rows(x, self.cache, keep - self.offset)
         self.cache.length = n - 1 - self.offset
         out = []
