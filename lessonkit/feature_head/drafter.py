@@ -387,8 +387,9 @@ class FeatureHeadDrafter:
         if self.step_path == "C":                       # the whole turn in one C call, the state half included
             span = self._settle_span(keep)
             self.xbuf = _room(self.xbuf, len(toks))
-            if min(rows) < 0:                           # a token outside the draft vocabulary: its token half here
-                self.xbuf[:len(toks)] = self._token_half(toks, rows)
+            if min(rows) < 0:                           # tokens outside the draft vocabulary: their token half here
+                out = [i for i, r in enumerate(rows) if r < 0]
+                self.xbuf[out] = self._token_half([toks[i] for i in out], [-1] * len(out))
             drafted = self.head.turn(self.xbuf, rows, self.cache, keep - self.offset, k, self.raw, span, self.g, keep)
             self.real, self.changed_from = n - 1, self.n_states
             self.cache.length = n - 1 - self.offset + k - 1
