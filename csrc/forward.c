@@ -704,13 +704,27 @@ static int32_t state_half(const float *states, int64_t T, int64_t S, int64_t D, 
     return rc;
 }
 
+/* a token's half of a head's input row, where the token is outside the draft vocabulary: we RMSNorm(emb(t)) (the
+   norm's weight folded into we), into out [D]; tmp: D floats */
+static int32_t token_half(const struct rk_model *model, const int64_t *chain, int64_t token, int64_t D, float *tmp,
+                          float *out)
+{
+    const int32_t rc = embed_row(model->plan, token, D, tmp);
+    if (rc != RK_OK)
+        return rc;
+    rms_unit_rows(tmp, tmp, 1, D, model->eps);
+    return rk_qmatmul((uintptr_t)tmp, 1, D, D, (uintptr_t)chain[CHAIN_WE], (int32_t)chain[CHAIN_WE_KIND], D,
+                      (uintptr_t)out, D, model->path);
+}
+
 /* a chain's catch-up rows (rk_draft_greedy says what): the state half of positions from .. to - 1 into g, then
-   x[r] = etab[rows[r]] + g[at + r] (rows[r] < 0: x[r] + g[at + r]) */
+   x[r] = etab[rows[r]] + g[at + r] (rows[r] < 0: token_half(tokens[r]) + g[at + r]) */
 static int32_t head_rows(const struct rk_model *model, const int64_t *chain, float *x, int64_t M, int64_t D)
 {
     const int64_t S = chain[CHAIN_S], from = chain[CHAIN_FROM], to = chain[CHAIN_TO], at = chain[CHAIN_AT];
     float *g = (float *)(uintptr_t)chain[CHAIN_G];
-    const float *states = (const float *)(uintptr_t)chain[CHAIN_STATES], *etab = (const float *)(uintptr_t)chain[CHAIN_ETAB];
+    const float *states = (const float *)(uintptr_t)chain[CHAIN_STATES];
+    const float *etab = (const float *)(uintptr_t)chain[CHAIN_ETAB];
     const int64_t *rows = (const int64_t *)(uintptr_t)chain[CHAIN_ROWS];
     if (!g || !rows || at < 0)
         return RK_BAD_SIZES;
@@ -721,11 +735,23 @@ static int32_t head_rows(const struct rk_model *model, const int64_t *chain, flo
         if (rc != RK_OK)
             return rc;
     }
-    for (int64_t r = 0; r < M; r++) {
+    const int64_t *tokens = (const int64_t *)(uintptr_t)chain[CHAIN_TOKENS];
+    float *tmp = NULL;
+    int32_t rc = RK_OK;
+    for (int64_t r = 0; r < M && rc == RK_OK; r++) {
         const float *e = rows[r] >= 0 ? etab + rows[r] * D : x + r * D, *gr = g + (at + r) * D;
-        for (int64_t j = 0; j < D; j++) x[r * D + j] = e[j] + gr[j];
+        if (rows[r] < 0) {                           /* outside the draft vocabulary: the token half here */
+            if (!tokens || !chain[CHAIN_WE])
+                rc = RK_BAD_SIZES;
+            else if (!tmp && !(tmp = (float *)malloc((size_t)D * sizeof(float))))
+                rc = RK_NO_MEMORY;
+            else
+                rc = token_half(model, chain, tokens[r], D, tmp, x + r * D);
+        }
+        for (int64_t j = 0; j < D && rc == RK_OK; j++) x[r * D + j] = e[j] + gr[j];
     }
-    return RK_OK;
+    free(tmp);
+    return rc;
 }
 
 /* rk_draft_greedy: a drafter's whole greedy turn in one call (lessonkit/feature_head, and any dense draft model).
@@ -742,7 +768,9 @@ itself). A chain (int64 [CHAIN_WORDS], rowkernel.h) is a feature head's input pr
 token half etab [V, D] float32 precomputed per draft-vocabulary row and a state half w (RMSNorm(u) * gnorm):
   - the catch-up rows: first the state half of the target's positions from .. to - 1 (rk_state_half's arithmetic
     on states [.., S, D] into g [.., D]; none when to <= from), then x[r] = etab[rows[r]] + g[at + r], or, where
-    rows[r] < 0 (a token outside the draft vocabulary), x[r] + g[at + r]: the caller wrote its token half there;
+    rows[r] < 0 (token tokens[r] is outside the draft vocabulary), its token half computed here: the model plan's
+    embedding row of the token (the target's table), scaled to unit RMS, times we (blocks of kind we_kind, D
+    inputs and outputs: the input projection's token half with the norm's weight folded in), plus g[at + r];
   - each draft: x = etab[out[i]] + w (RMSNorm(a) * gnorm), a the last forward's output row (the head's state,
     the residual stream out).
 The additions are the ones PyTorch's e + g made before (one rounding each), so the rows' bits are unchanged.

@@ -31,7 +31,7 @@ number. */
 
 #include <stdint.h>
 
-#define RK_ABI 14
+#define RK_ABI 15
 
 enum {
     RK_OK = 0,
@@ -64,7 +64,7 @@ enum { EXPERT_GATE_UP = 0, EXPERT_GATE_UP_KIND = 1, EXPERT_DOWN = 2, EXPERT_DOWN
 enum {                          /* rk_draft_greedy's chain: a feature head's input rows (csrc/forward.c says how) */
     CHAIN_ETAB = 0, CHAIN_W = 1, CHAIN_W_KIND = 2, CHAIN_GNORM = 3, CHAIN_STATES = 4, CHAIN_S = 5, CHAIN_FROM = 6,
     CHAIN_TO = 7, CHAIN_G = 8, CHAIN_FUSE = 9, CHAIN_FUSE_KIND = 10, CHAIN_STATE = 11, CHAIN_STATE_KIND = 12,
-    CHAIN_ROWS = 13, CHAIN_AT = 14, CHAIN_WORDS = 15
+    CHAIN_ROWS = 13, CHAIN_AT = 14, CHAIN_TOKENS = 15, CHAIN_WE = 16, CHAIN_WE_KIND = 17, CHAIN_WORDS = 18
 };
 
 /* fetch(layer, expert, entry): fills entry[EXPERT_ENTRY] (gate_up address, its kind, down address, its kind;

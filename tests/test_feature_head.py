@@ -216,36 +216,61 @@ def test_the_c_state_half_is_the_torch_one(heads, numerics, bound):
     assert float((got - want).abs().max()) <= bound * float(want.abs().max())
 
 
+def _head_cache(a):
+    return a.cache.__class__(1, a.cache.k.shape[1], a.cfg.n_kv_heads, a.cfg.head_dim)
+
+
 @pytest.mark.parametrize("numerics", NUMERICS)
 def test_the_turn_computes_its_rows_as_the_state_half_alone_does(heads, numerics):
     """A C turn makes its catch-up rows itself (rk_draft_greedy's chain: the state half of the positions not yet
     computed, then e_table[row] + g): its drafts, the head's keys and values and g equal, bit for bit, a turn whose
-    state half ran alone first (rk_state_half) and whose rows' token halves the caller wrote (rows < 0)."""
+    state half ran alone first (rk_state_half), and the first draft and keys equal rk_forward's on rows made here."""
     target, path = heads[numerics]
     with active.use(numerics=numerics):
         a = FeatureHeadDrafter(target, path, step="C")
         D, S = a.cfg.dim, a.cfg.n_states
         states = torch.randn(7, S, D, generator=torch.Generator().manual_seed(2)) * 4
         rows = [3, 0, a.cfg.draft_vocab - 1, 17, 5]               # catch-up rows of positions 2 .. 6
+        toks = [a.vocab_list[r] for r in rows]
         runs = []
         for fused in (True, False):
-            g, cache = torch.zeros(7, D), a.cache.__class__(1, a.cache.k.shape[1], a.cfg.n_kv_heads, a.cfg.head_dim)
-            x = torch.zeros(len(rows), D)
-            if fused:
-                span, given = (0, 7), rows
-            else:
+            g, cache = torch.zeros(7, D), _head_cache(a)
+            if not fused:
                 g[:] = a._state_half(states)
-                span, given = (7, 7), [-1] * len(rows)
-                x[:] = a.e_table[rows]
-            drafts = a.head.turn(x, given, cache, 0, 4, states, span, g, 2)
+            drafts = a.head.turn(torch.zeros(len(rows), D), toks, rows, cache, 0, 4, states,
+                                 (0, 7) if fused else (7, 7), g, 2)
             runs.append((drafts, g, cache.k[:, :len(rows) + 3].clone(), cache.v[:, :len(rows) + 3].clone()))
-        # the rows themselves: rk_forward on e_table[rows] + g[2 .. 6] computed here gives the first draft and keys
-        cache = a.cache.__class__(1, a.cache.k.shape[1], a.cfg.n_kv_heads, a.cfg.head_dim)
+        cache = _head_cache(a)
         _, logits = a.head.rows(a.e_table[rows] + runs[1][1][2:7], cache, 0)
     (d1, g1, k1, v1), (d2, g2, k2, v2) = runs
     assert d1 == d2 and len(d1) == 4 and d1[0] == int(logits.argmax())
     assert torch.equal(g1, g2) and torch.equal(k1, k2) and torch.equal(v1, v2)
     assert torch.equal(k1[:, :len(rows)], cache.k[:, :len(rows)]) and k1.abs().sum() > 0
+
+
+@pytest.mark.parametrize("numerics, bound", [("exact", 1e-5), ("int8", 0.02)])
+def test_a_token_outside_the_draft_vocabulary_gets_its_token_half_in_c(heads, numerics, bound):
+    """A catch-up token outside the draft vocabulary (its row < 0): the turn computes its token half from the
+    target's embedding row and the token half's blocks (w_e with the norm's weight folded in); the keys it leaves
+    are those of rows made here from the blocks' own weights, to the bounds of the tests above."""
+    target, path = heads[numerics]
+    with active.use(numerics=numerics):
+        a = FeatureHeadDrafter(target, path, step="C")
+        D, eps = a.cfg.dim, a.cfg.norm_eps
+        outside = [t for t in range(target.config.vocab_size) if a.row_list[t] < 0][:3]
+        toks, rows = [outside[0], a.vocab_list[4], outside[1], outside[2]], [-1, 4, -1, -1]
+        g = torch.randn(6, D, generator=torch.Generator().manual_seed(3))
+        cache = _head_cache(a)
+        a.head.turn(torch.zeros(4, D), toks, rows, cache, 0, 1, torch.zeros(1, a.cfg.n_states, D), (0, 0), g, 2)
+        we = a.head.keep[-1].unpacked().T                   # the token half's blocks, float [out, in]
+        e = a.embed[torch.tensor(toks)].float()
+        x = (e * torch.rsqrt(e.pow(2).mean(-1, keepdim=True) + eps)) @ we.T
+        x[1] = a.e_table[4]
+        want = _head_cache(a)
+        a.head.rows(x + g[2:6], want, 0)
+    got, ref = cache.k[:, :4], want.k[:, :4]
+    assert float((got - ref).abs().max()) <= bound * float(ref.abs().max())
+    assert torch.equal(got[:, 1:2], ref[:, 1:2])             # the row in the vocabulary: the same bits
 
 
 def test_a_foreign_or_damaged_head_is_refused_by_name(heads, tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lessonkit.files.resources import PACKAGE_DIR
 
-ABI = 14                                # csrc/rowkernel.c's rk_abi() this module calls
+ABI = 15                                # csrc/rowkernel.c's rk_abi() this module calls
 KERNELS = PACKAGE_DIR / "engine" / "kernels"      # the shipped binaries (csrc/build_kernels.py)
 _SYSTEMS = {"linux": ("linux", ".so"), "win32": ("windows", ".dll"), "darwin": ("macos", ".dylib")}
 _MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}
@@ -56,7 +56,8 @@ ISA_NAMES = ("portable", "avx2", "avx512")              # enum rk_isa's values b
 EXPERT_GATE_UP, EXPERT_GATE_UP_KIND, EXPERT_DOWN, EXPERT_DOWN_KIND, EXPERT_ENTRY = range(5)
 # rk_draft_greedy's chain: a feature head's input rows (csrc/forward.c)
 (CHAIN_ETAB, CHAIN_W, CHAIN_W_KIND, CHAIN_GNORM, CHAIN_STATES, CHAIN_S, CHAIN_FROM, CHAIN_TO, CHAIN_G, CHAIN_FUSE,
- CHAIN_FUSE_KIND, CHAIN_STATE, CHAIN_STATE_KIND, CHAIN_ROWS, CHAIN_AT, CHAIN_WORDS) = range(16)
+ CHAIN_FUSE_KIND, CHAIN_STATE, CHAIN_STATE_KIND, CHAIN_ROWS, CHAIN_AT, CHAIN_TOKENS, CHAIN_WE, CHAIN_WE_KIND,
+ CHAIN_WORDS) = range(19)
 
 FETCH = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64))  # rk_fetch_fn
 _ADDR, _I64, _I32 = ctypes.c_size_t, ctypes.c_int64, ctypes.c_int32

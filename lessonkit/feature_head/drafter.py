@@ -146,10 +146,13 @@ class _CHead:
         vectors = {"norm": f, "cos": cos, "sin": sin, "layers.0.attn_norm": a, "layers.0.mlp_norm": m}
         weights = {"lm_head": lm, "layers.0.wqkv": wqkv, "layers.0.wo": wo, "layers.0.gate_up": gu,
                    "layers.0.down": down}
-        one = _one_layer(cfg)                                    # a dense one-layer model, no embedding
+        one = _one_layer(cfg)                  # a dense one-layer model; its embedding the target's (a token's half)
+        fwd = target.model.c_forward
+        embedding = (tuple(int(fwd.plan[i]) for i in (rk.PLAN_EMBED, rk.PLAN_EMBED_KIND, rk.PLAN_EMBED_ROWS))
+                     if fwd is not None else (0, c_forward.KIND["f32"], 0))
         self.plan = torch.tensor(c_plan.plan_words(one, lambda n: vectors[n].data_ptr(),
                                                    lambda n: (weights[n].data.data_ptr(), weights[n].code),
-                                                   (0, c_forward.KIND["f32"], 0)), dtype=torch.int64)
+                                                   embedding), dtype=torch.int64)
         self.dims = torch.tensor(c_plan.dims_words(one, cfg.draft_vocab, cos.shape[0]), dtype=torch.int64)
         self.path = int(lm.path)
         self.eps = float(cfg.norm_eps)
@@ -157,34 +160,39 @@ class _CHead:
                                  clip=0.0, path=self.path)        # struct rk_model: the same for every call
         self.logits = torch.empty(1, cfg.draft_vocab, dtype=torch.float32)
 
-    def chain(self, e_table: torch.Tensor, w_g: torch.Tensor, gnorm: torch.Tensor, fuse, state, n_states: int) -> None:
+    def chain(self, e_table: torch.Tensor, w_g: torch.Tensor, gnorm: torch.Tensor, fuse, state, n_states: int,
+              w_e: torch.Tensor) -> None:
         """rk_draft_greedy's chain (rowkernel.h CHAIN_*): a draft's input x = e_table[draft] + w_g (RMSNorm(a) * gnorm);
-        the catch-up rows' state half through the fuse and state products (blocks) of n_states streams a position."""
-        wg = C_BLOCKS(w_g)
-        self.keep += [e_table, wg, gnorm, fuse, state]
+        the catch-up rows' state half through the fuse and state products (blocks) of n_states streams a position;
+        a catch-up token outside the draft vocabulary's token half through w_e (its norm's weight folded in)."""
+        wg, we = C_BLOCKS(w_g), C_BLOCKS(w_e)
+        self.keep += [e_table, wg, gnorm, fuse, state, we]
         self.words = (ctypes.c_int64 * rk.CHAIN_WORDS)()           # a ctypes array: a turn sets a few words cheaply
         for at, v in ((rk.CHAIN_ETAB, e_table.data_ptr()), (rk.CHAIN_W, wg.data.data_ptr()), (rk.CHAIN_W_KIND, wg.code),
                       (rk.CHAIN_GNORM, gnorm.data_ptr()), (rk.CHAIN_S, n_states), (rk.CHAIN_FUSE, fuse.data.data_ptr()),
                       (rk.CHAIN_FUSE_KIND, fuse.code), (rk.CHAIN_STATE, state.data.data_ptr()),
-                      (rk.CHAIN_STATE_KIND, state.code)):
+                      (rk.CHAIN_STATE_KIND, state.code), (rk.CHAIN_WE, we.data.data_ptr()), (rk.CHAIN_WE_KIND, we.code)):
             self.words[at] = v
-        self.rows_in = self.out = (ctypes.c_int64 * 0)()
+        self.rows_in = self.tokens_in = self.out = (ctypes.c_int64 * 0)()
         self.batch = rk.RkBatch()
 
-    def turn(self, x: torch.Tensor, rows: list[int], cache: KVCache, start: int, k: int, states: torch.Tensor,
-             span: tuple[int, int], g: torch.Tensor, at: int) -> list[int]:
+    def turn(self, x: torch.Tensor, tokens: list[int], rows: list[int], cache: KVCache, start: int, k: int,
+             states: torch.Tensor, span: tuple[int, int], g: torch.Tensor, at: int) -> list[int]:
         """A whole greedy turn in one C call (csrc/forward.c rk_draft_greedy): the state half of the target's
-        positions span[0] .. span[1] - 1 (states -> g), the catch-up rows x[r] = e_table[rows[r]] + g[at + r] at
-        start.. (rows[r] < 0: x[r] holds that token half already), then k - 1 chained drafts. Returns the k
-        draft-vocabulary rows and leaves their keys and values in cache. x: a scratch of at least len(rows) rows."""
+        positions span[0] .. span[1] - 1 (states -> g), the catch-up rows x[r] = e_table[rows[r]] + g[at + r] of
+        `tokens` at start.. (rows[r] < 0: a token outside the draft vocabulary, its token half computed in C), then
+        k - 1 chained drafts. Returns the k draft-vocabulary rows and leaves their keys and values in cache.
+        x: a scratch of at least len(rows) rows."""
         M = len(rows)
         if len(self.rows_in) < M or len(self.out) < k:
             self.rows_in = (ctypes.c_int64 * max(2 * M, len(self.rows_in)))()
+            self.tokens_in = (ctypes.c_int64 * len(self.rows_in))()
             self.out = (ctypes.c_int64 * max(2 * k, len(self.out), 16))()
-        self.rows_in[:M] = rows
+        self.rows_in[:M], self.tokens_in[:M] = rows, tokens
         w = self.words
         w[rk.CHAIN_STATES], w[rk.CHAIN_FROM], w[rk.CHAIN_TO] = states.data_ptr(), span[0], span[1]
         w[rk.CHAIN_G], w[rk.CHAIN_ROWS], w[rk.CHAIN_AT] = g.data_ptr(), ctypes.addressof(self.rows_in), at
+        w[rk.CHAIN_TOKENS] = ctypes.addressof(self.tokens_in)
         b = self.batch
         b.x, b.m, b.start, b.logits = x.data_ptr(), M, start, self.logits.data_ptr()
         b.k_cache, b.v_cache, b.alloc = cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[1]
@@ -247,9 +255,12 @@ class FeatureHeadDrafter:
         rows = (embed[self.vocab].float() if target.config.tie_embeddings else m.float_weight("lm_head")[self.vocab])
         if step not in ("auto", "C", "torch"):
             raise ValueError(f"head step {step!r}: expected auto, C or torch")
-        c_ok = c_forward.why_not(m) is None and kernel._rowkernel is not None and kernel.BACKEND != "mkl"
+        why = (c_forward.why_not(m) or (f"the target runs no C forward ({m.forward_why})" if m.c_forward is None else
+               None if m.c_forward.embed_in_c else "the target's embedding is looked up in Python (untied blocks)"))
+        # (the C turn computes a token's half from the target's table: its C forward's embedding)
+        c_ok = why is None and kernel._rowkernel is not None and kernel.BACKEND != "mkl"
         if step == "C" and not c_ok:
-            raise LessonkitError(f"no C forward for the head here: {c_forward.why_not(m)}")
+            raise LessonkitError(f"no C forward for the head here: {why}")
         self.step_path = "C" if c_ok and step != "torch" else "torch"
         self.head = (_CHead if self.step_path == "C" else _TorchHead)(self.cfg, w, norm, rows.float().contiguous(), target)
         self.step = ((f"C step on {self.head.keep[0].kind.upper()} blocks" if self.step_path == "C"
@@ -273,7 +284,7 @@ class FeatureHeadDrafter:
         self.row_list, self.vocab_list = row_of.tolist(), self.vocab.tolist()   # a turn's few lookups, as lists
         if self.step_path == "C":
             self.head.chain(self.e_table.contiguous(), self.w_g, w["gnorm"].contiguous(), self.fuse_q, self.state_q,
-                            self.cfg.n_states)
+                            self.cfg.n_states, self.w_e * w["enorm"][None, :])
         self.needs_states = tuple(self.cfg.taps)
         self.stats = {"num_drafts": 0, "recomputed_states": 0}
         self.cache = KVCache(1, self.target.model.cos.shape[0], self.cfg.n_kv_heads, self.cfg.head_dim)
@@ -387,10 +398,8 @@ class FeatureHeadDrafter:
         if self.step_path == "C":                       # the whole turn in one C call, the state half included
             span = self._settle_span(keep)
             self.xbuf = _room(self.xbuf, len(toks))
-            if min(rows) < 0:                           # tokens outside the draft vocabulary: their token half here
-                out = [i for i, r in enumerate(rows) if r < 0]
-                self.xbuf[out] = self._token_half([toks[i] for i in out], [-1] * len(out))
-            drafted = self.head.turn(self.xbuf, rows, self.cache, keep - self.offset, k, self.raw, span, self.g, keep)
+            drafted = self.head.turn(self.xbuf, toks, rows, self.cache, keep - self.offset, k, self.raw, span, self.g,
+                                     keep)
             self.real, self.changed_from = n - 1, self.n_states
             self.cache.length = n - 1 - self.offset + k - 1
             return Draft([self.vocab_list[r] for r in drafted])
