@@ -20,7 +20,7 @@ import torch
 import transformers
 
 from lessonkit.bench.common import goal
-from lessonkit.drafter_registry import auto_drafter
+from lessonkit.drafter_registry import auto_drafter, draft_weights
 from lessonkit.bench.spec_table import (SUFFIX_K, category_table, plain_runner, spec_runner, table_markdown,
                                         warm_suffix_store)
 from lessonkit.models.convert import export_hf
@@ -259,9 +259,9 @@ def _grounded(rows, targets, smoke, repeats) -> None:
 
 
 def tiny_moe_weights() -> str | None:
-    """tiny-moe's weights for this run: Q8_0 blocks on the int8 numerics (so its products take integer dots), else
-    the float model."""
-    return "q8_0" if kernel.NUMERICS == "int8" else None
+    """tiny-moe's (and tiny-draft's) weights for this run: Q8_0 blocks on the int8 numerics (so its products take
+    integer dots), else the float model (drafter_registry.draft_weights)."""
+    return draft_weights()
 
 
 def agreement(a, b, n_prompts: int = 4) -> float:
@@ -282,10 +282,12 @@ def bench(args) -> dict:
     rows, targets, notes, table = [], [], [], {}
     max_new = 12 if smoke else 48
     try:   # on the int8 numerics the MoE target is tiny-moe quantised to Q8_0 at load (its accuracy: a note)
-        tgt, dft = load_model("tiny-moe", weights=tiny_moe_weights()), load_model("tiny-draft")
+        tgt = load_model("tiny-moe", weights=tiny_moe_weights())
+        dft = load_model("tiny-draft", weights=draft_weights())
         if tgt.weights == "q8_0":
-            notes.append(f"tiny-moe on Q8_0 blocks (int8 numerics): greedy token equals the float model's at "
-                         f"{agreement(tgt, load_model('tiny-moe', weights='f32')):.1%} of prefill positions")
+            same = agreement(tgt, load_model("tiny-moe", weights="f32"))
+            notes.append("tiny-moe and tiny-draft on Q8_0 blocks (int8 numerics): tiny-moe's greedy token equals "
+                         f"the float model's at {same:.1%} of prefill positions")
     except LessonkitError as e:
         notes.append(f"tiny-moe / tiny-draft pair skipped: {e}")
     else:
