@@ -773,7 +773,8 @@ token half etab [V, D] float32 precomputed per draft-vocabulary row and a state 
     inputs and outputs: the input projection's token half with the norm's weight folded in), plus g[at + r];
   - each draft: x = etab[out[i]] + w (RMSNorm(a) * gnorm), a the last forward's output row (the head's state,
     the residual stream out).
-The additions are the ones PyTorch's e + g made before (one rounding each), so the rows' bits are unchanged.
+A row in the draft vocabulary is the one PyTorch's e + g made before (one rounding), bit for bit; a token outside
+it now takes its token half from w_e's blocks (PyTorch multiplied its float weights): a draft, never an output.
 Every forward is rk_forward's on the same model (struct rk_model), so the rows' keys and values land in the
 batch's cache as rk_forward writes them. The batch (struct rk_batch) is the first forward's: tokens or x, m,
 start, logits and the cache; its first, routing and unique are not read (the turn keeps the last row's logits, a
