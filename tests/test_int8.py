@@ -253,17 +253,19 @@ def test_tiny_moe_on_q8_0_blocks_is_row_invariant():
 @pytest.mark.parametrize("numerics, weights, want", [("int8", None, "q8_0"), ("exact", None, "f32"),
                                                      ("int8", "f32", "f32")])
 def test_a_draft_model_takes_the_numerics_blocks_and_drafts_losslessly(numerics, weights, want):
-    """`--draft tiny-draft` (and `auto`'s draft model): on the int8 numerics the draft model is quantised to Q8_0
+    """`--draft tiny-draft` (and `auto`'s draft model, lesson 1's pair): on the int8 numerics the draft model is quantised to Q8_0
     blocks at load, so its products take integer dots; on the exact numerics, or where weights were asked for, its
     own weights. Either way the output is plain greedy's, token for token."""
     from lessonkit.drafter_registry import make_drafter
     from lessonkit.engine.generate import generate
+    from lessonkit.measure.speculative import lesson_models
     from lessonkit.models.registry import load_model
     from lessonkit.speculative.verify import speculative_generate
     with active.use(numerics=numerics, weights=weights):
         target = load_model("tiny-moe")
         d = make_drafter("tiny-draft", target)
         assert d.engine.weights == want
+        assert lesson_models("tiny-moe", "tiny-draft")[1].weights == want      # lesson 1's pair loads it alike
         ids = list(range(5, 29))
         assert speculative_generate(target, d, ids, 24, k=4).token_ids == generate(target, ids, 24).token_ids
 

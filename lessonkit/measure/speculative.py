@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from lessonkit.drafter_registry import draft_weights
 from lessonkit.engine.generate import generate, probs_from_logits
 from lessonkit.models.registry import load_model
 from lessonkit.measure.apart import Apart
@@ -152,8 +153,11 @@ def speedup_ratios(plain: list[float], walls: list[float]) -> dict:
 
 
 def lesson_models(model: str = "tiny-moe", draft: str = "tiny-draft", *, expert_budget_mb=None):
-    """(target, draft engine, a note naming them)."""
-    return load_model(model, expert_budget_mb=expert_budget_mb), load_model(draft), f"{model} + {draft}"
+    """(target, draft engine, a note naming them). The draft model takes the numerics' blocks as `--draft` loads it
+    (drafter_registry.draft_weights: Q8_0 on the int8 numerics), so a lesson's pair costs what the commands' does."""
+    weights = draft_weights()
+    note = f"{model} + {draft}" + (f" ({weights} blocks)" if weights else "")
+    return load_model(model, expert_budget_mb=expert_budget_mb), load_model(draft, weights=weights), note
 
 def sampling_tv(target, draft_engine, prompt: list[int], *, n: int = 20_000, temperature: float = 1.0, seed: int = 0):
     """Total-variation distance between the target's next-token distribution and the first token emitted
