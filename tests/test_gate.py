@@ -153,3 +153,49 @@ def test_free_parts_pay_for_their_misses():
         assert gate.free_allowed()
         gate.observe_free(1, 0, 1.2)
     assert gate.free_utility() < 1.0 and not gate.free_allowed()
+
+
+def _measured(gate: UtilityGate, seconds: dict, accepted_of_50: list[int]) -> UtilityGate:
+    """A gate that has seen 50 drafts reach each position, `accepted_of_50[i]` of them accepted at position i + 1,
+    and eight whole steps at each depth of `seconds` (depth -> seconds a step)."""
+    n = gate.k_max
+    gate.depth.reached = [50] * n
+    gate.depth.accepted = (accepted_of_50 + [0] * n)[:n]
+    gate.step_s = {k: [s] * 8 for k, s in seconds.items()}
+    return gate
+
+
+def test_a_depth_is_judged_by_every_steps_acceptance_not_its_last_three():
+    """Half of the drafts right at every position (E(1) = 1.5 tokens a step at 1.2 plain steps: a utility of 1.25),
+    but depth 1's last three steps happened to be rejections: the set decision must rest on the counts of every
+    drafting step, not on three steps' luck (docs/speculative.md, "The utility gate against a fixed depth"); a set
+    phase's early end still reads its own last steps (a request whose drafts stopped being right)."""
+    gate = _measured(UtilityGate(DepthGate([1.0] * 5, k_max=4)), {0: 1.0, 1: 1.2}, [25, 25, 25, 25])
+    gate.step_tokens = {0: [1] * 8, 1: [1, 1, 1]}
+    assert gate.utility(1) == pytest.approx(1.5 / 1.2) and gate.utility(1, recent=True) < 1.0
+    gate.stage, gate.tested = "test", [1]
+    gate.depth.k_max = 1                                 # nothing deeper to climb to: the phase decides now
+    assert gate._next_plan()[0] == 1
+
+
+def test_a_deeper_depth_that_lost_is_not_tested_again():
+    """Depth 2's remembered steps took two plain steps for 1.75 tokens (utility 0.875) where depth 1 gives 1.25: a
+    test phase that finds depth 1 paying does not spend three steps on depth 2 again; a depth never measured is
+    still climbed to where depth 1 pays."""
+    seconds = {0: 1.0, 1: 1.2, 2: 2.0}
+    gate = _measured(UtilityGate(DepthGate([1.0] * 5, k_max=4)), seconds, [25, 25, 25, 25])
+    gate.stage, gate.tested = "test", [1]
+    assert gate._next_plan()[0] == 1 and gate.tested == [1]         # set at depth 1, no test of depth 2
+    fresh = _measured(UtilityGate(DepthGate([1.0] * 5, k_max=4)), {0: 1.0, 1: 1.2}, [25, 25, 25, 25])
+    fresh.stage, fresh.tested = "test", [1]
+    assert fresh._next_plan()[0] == 2 and fresh.tested == [1, 2]
+
+
+def test_a_test_phase_starts_at_the_best_measured_depth():
+    """Depths 1 and 3 ran (3 the better by its measured steps); the next test phase starts at 3, not where the cost
+    model's forward-only seconds rank first."""
+    gate = _measured(UtilityGate(DepthGate([1.0 + 0.01 * j for j in range(5)], k_max=4)),
+                     {0: 1.0, 1: 1.3, 3: 1.5}, [45, 45, 45, 45])
+    assert max(range(1, 5), key=gate.depth.value) != 3
+    gate.stage, gate.tested = "test", []
+    assert gate._next_plan() == [3] * gate.test_steps

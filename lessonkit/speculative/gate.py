@@ -164,15 +164,17 @@ class DepthGate:
 class UtilityGate:
     """Cascade's test-then-set over whole steps, per request.
 
-    test: k = 0 for `test_steps` steps, then the depth the cost model ranks first among k >= 1 for as many, then
-          twice that depth, and twice again while the deepest tested depth pays, or beats the one before it where the
-          deeper one could still pay (a hill climb; at most three depths a phase); a phase's first step at a new depth
-          is not timed (_deeper, choose);
+    test: k = 0 for `test_steps` steps, then the measured depth k >= 1 of highest utility (before any ran, the
+          one the cost model ranks first) for as many, then twice that depth, and twice again while the deepest tested depth
+          pays, or beats the one before it where the deeper one could still pay (a hill climb; at most three depths a
+          phase; a depth whose remembered steps lost to the last one's is not tested again); a phase's first step at a
+          new depth is not timed (_deeper, choose);
     set:  of the tested depths the one of highest utility u(k) = E(k) s(0) / s(k), where it is above `margin`, else
-          k = 0, with E(k) the tokens its last `test_steps` steps emitted (this run's acceptance counts where none ran)
+          k = 0, with E(k) from this run's per-position acceptance counts (every drafting step adds to them)
           and s(k) the measured seconds of a whole step at depth k (drafting, verify, bookkeeping), for `set_steps`
           steps, doubled while the choice repeats (Cascade's locality), at most `max_set`; then test again. A set phase
-          at k > 0 ends early where its own last `test_steps` steps fall below a utility of one (the request changed:
+          at k > 0 ends early where its own last `test_steps` steps (their tokens, not the counts) fall below a
+          utility of one (the request changed:
           records' drafts are right, prose's after them are not; the memory across requests carries the decision over).
     free: the steps a FirstOf's free parts drafted outside the gate (speculative.first_of) have a utility of their own,
           tokens per second over k = 0's; below one they are switched off for a span (set_steps, doubled while it
@@ -228,14 +230,22 @@ class UtilityGate:
         return out
 
     def tokens(self, k: int) -> float:
-        """Tokens a step at depth k emits: the mean of its last `test_steps` steps (what the drafts gave on this
-        request, not on the ones before), else E(k) from the acceptance counts."""
-        recent = self.step_tokens.get(k, [])[-self.test_steps:]
-        return sum(recent) / len(recent) if recent else expected_tokens_per_pos(self.measured_acceptance(), k)
+        """Tokens a step at depth k emits: E(k) from the per-position acceptance counts, which every drafting step
+        adds to whatever its depth. A depth's own last `test_steps` steps are too few: at an acceptance near 0.5
+        their mean moved by about 0.3 token between phases, and the set decision followed that noise
+        (docs/speculative.md, "The utility gate against a fixed depth")."""
+        return expected_tokens_per_pos(self.measured_acceptance(), k)
 
-    def utility(self, k: int) -> float:
-        """Tokens per step at depth k over the step's cost in steps at k = 0: above 1, drafting pays."""
-        return self.tokens(k) * self.seconds(0) / self.seconds(k)
+    def recent_tokens(self, k: int) -> float:
+        """Tokens a step at depth k emitted over its last `test_steps` steps (what the drafts give on this request
+        now, not on the ones before), else tokens(k)."""
+        recent = self.step_tokens.get(k, [])[-self.test_steps:]
+        return sum(recent) / len(recent) if recent else self.tokens(k)
+
+    def utility(self, k: int, recent: bool = False) -> float:
+        """Tokens per step at depth k over the step's cost in steps at k = 0: above 1, drafting pays. recent: from
+        its last steps' tokens (recent_tokens) instead of the acceptance counts."""
+        return (self.recent_tokens(k) if recent else self.tokens(k)) * self.seconds(0) / self.seconds(k)
 
     def free_utility(self) -> float | None:
         """Tokens per second of the steps a FirstOf's free parts drafted (speculative.first_of: outside the gate) over
@@ -303,9 +313,11 @@ class UtilityGate:
         model ranks the depths from a draft cost per token that it takes to be the same at every depth, and a
         drafter's fixed cost per call makes deeper drafts cheaper per token than it says). A drafter whose drafts are
         mostly wrong is not tried deeper: its tests cost steps that do not pay."""
+        deeper = min(2 * last, self.k_max)
+        if self.step_s.get(deeper) and self.utility(deeper) <= self.utility(last):
+            return False                        # its remembered steps lost to `last`'s: not tested again
         if self.utility(last) > self.margin:
             return True
-        deeper = min(2 * last, self.k_max)
         bound = expected_tokens_per_pos(self.measured_acceptance(), deeper) * self.seconds(0) / self.seconds(last)
         if bound <= self.margin:
             return False
@@ -317,8 +329,8 @@ class UtilityGate:
         if self.stage == "set":
             self.stage, self.tested = "test", []
             return [0] * self.test_steps
-        if not self.tested:            # the depth the cost model ranks first, also after a set phase at k = 0
-            self.tested = [max(range(1, self.k_max + 1), key=lambda k: (self.depth.value(k), -k))]
+        if not self.tested:            # also after a set phase at k = 0
+            self.tested = [self._first_depth()]
             return [self.tested[0]] * self.test_steps
         last = self.tested[-1]
         if len(self.tested) < 3 and last < self.k_max and self._deeper(last):
@@ -329,6 +341,15 @@ class UtilityGate:
         self.span = min(2 * self.span, self.max_set) if k == self.last_set and self.span else self.set_steps
         self.stage, self.last_set, self.set_run = "set", k, 0
         return [k] * self.span
+
+    def _first_depth(self) -> int:
+        """A test phase's first depth k >= 1: of the depths whose steps were measured, the one of highest utility;
+        before any was, the one the cost model ranks first (its seconds are a forward's alone, fewer than a whole
+        step's, so a depth never run must not be compared with measured ones: it would always look better)."""
+        measured = [k for k in range(1, self.k_max + 1) if self.step_s.get(k)]
+        if measured:
+            return max(measured, key=lambda k: (self.utility(k), -k))
+        return max(range(1, self.k_max + 1), key=lambda k: (self.depth.value(k), -k))
 
     def choose(self) -> int:
         self.steps += 1
@@ -395,5 +416,5 @@ class UtilityGate:
         if self.stage != "set" or not self.last_set or k != self.last_set:
             return
         self.set_run += 1
-        if self.set_run >= self.test_steps and self.plan and self.utility(k) < 1.0:
+        if self.set_run >= self.test_steps and self.plan and self.utility(k, recent=True) < 1.0:
             self.plan, self.span = [], 0
