@@ -164,18 +164,18 @@ class DepthGate:
 class UtilityGate:
     """Cascade's test-then-set over whole steps, per request.
 
-    test: k = 0 for `test_steps` steps, then the measured depth k >= 1 of highest utility (before any ran, the
-          one the cost model ranks first) for as many, then twice that depth, and twice again while the deepest tested depth
-          pays, or beats the one before it where the deeper one could still pay (a hill climb; at most three depths a
-          phase; a depth whose remembered steps lost to the last one's is not tested again); a phase's first step at a
-          new depth is not timed (_deeper, choose);
+    test: k = 0 for `test_steps` steps, then the measured depth k >= 1 of highest utility (before any ran, the one
+          the cost model ranks first) for as many, then twice that depth, and twice again while the deepest tested
+          depth pays, or beats the one before it where the deeper one could still pay (a hill climb; at most three
+          depths a phase; a depth whose remembered steps lost to the last one's is not tested again); a phase's first
+          step at a new depth is not timed (_deeper, choose);
     set:  of the tested depths the one of highest utility u(k) = E(k) s(0) / s(k), where it is above `margin`, else
           k = 0, with E(k) from this run's per-position acceptance counts (every drafting step adds to them)
           and s(k) the measured seconds of a whole step at depth k (drafting, verify, bookkeeping), for `set_steps`
           steps, doubled while the choice repeats (Cascade's locality), at most `max_set`; then test again. A set phase
           at k > 0 ends early where its own last `test_steps` steps (their tokens, not the counts) fall below a
-          utility of one (the request changed:
-          records' drafts are right, prose's after them are not; the memory across requests carries the decision over).
+          utility of one (the request changed: records' drafts are right, prose's after them are not; the memory
+          across requests carries the decision over).
     free: the steps a FirstOf's free parts drafted outside the gate (speculative.first_of) have a utility of their own,
           tokens per second over k = 0's; below one they are switched off for a span (set_steps, doubled while it
           repeats), then tested afresh (free_allowed).
