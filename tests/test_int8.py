@@ -253,9 +253,9 @@ def test_tiny_moe_on_q8_0_blocks_is_row_invariant():
 @pytest.mark.parametrize("numerics, weights, want", [("int8", None, "q8_0"), ("exact", None, "f32"),
                                                      ("int8", "f32", "f32")])
 def test_a_draft_model_takes_the_numerics_blocks_and_drafts_losslessly(numerics, weights, want):
-    """`--draft tiny-draft` (and `auto`'s draft model, lesson 1's pair): on the int8 numerics the draft model is quantised to Q8_0
-    blocks at load, so its products take integer dots; on the exact numerics, or where weights were asked for, its
-    own weights. Either way the output is plain greedy's, token for token."""
+    """`--draft tiny-draft` (and `auto`'s draft model, lesson 1's pair): on the int8 numerics the draft model is
+    quantised to Q8_0 blocks at load, so its products take integer dots; on the exact numerics, or where weights were
+    asked for, its own weights. Either way the output is plain greedy's, token for token."""
     from lessonkit.drafter_registry import make_drafter
     from lessonkit.engine.generate import generate
     from lessonkit.measure.speculative import lesson_models
