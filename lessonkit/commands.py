@@ -441,8 +441,10 @@ def cmd_train_mtp(args) -> int:
 
 def cmd_train_head(args) -> int:
     from lessonkit.measure.feature_head import train_and_describe
+    from lessonkit.engine.settings import physical_cores
     use_threads(args.threads)
-    return train_and_describe(args.model, args.preset, args.out, use_numerics(args.numerics)[1])
+    return train_and_describe(args.model, args.preset, args.out, use_numerics(args.numerics)[1],
+                              args.pass_workers or physical_cores())
 
 
 def cmd_mtp_doctor(args) -> int:

@@ -389,6 +389,27 @@ def test_a_killed_training_run_resumes_to_the_same_bits(home, tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.budget(90, "the test preset's target pass twice, once on two spawned processes")
+def test_the_pass_on_two_processes_writes_the_sequential_passs_bits(tmp_path, monkeypatch):
+    """The missing shards on two processes (training.pass_workers) hold the bits one process writes."""
+    from lessonkit.training import target_pass as tp
+    from lessonkit.training.feature_head import fh
+    monkeypatch.setattr(tp, "SHARD", 3)               # the test preset's 11 items in 4 shards
+    with active.use(numerics="int8"):
+        target, tc = load_model("smollm2-135m"), PRESETS["test"]
+        taps = fh.config_for(target, draft_vocab=tc.draft_vocab, intermediate_size=tc.intermediate_size).taps
+        runs = []
+        for workers in (1, 2):
+            monkeypatch.setenv("LESSONKIT_HOME", str(tmp_path / f"workers-{workers}"))
+            runs.append(tp.target_pass(target, tc, taps, progress=False, workers=workers))
+    assert len(list((tmp_path / "workers-2").rglob("shard-*.pt"))) == 4
+    one, two = runs
+    assert len(one) == len(two) == 11
+    for a, b in zip(one, two):
+        assert a.keys() == b.keys() and (a["category"], a["prompt_len"]) == (b["category"], b["prompt_len"])
+        assert all(torch.equal(a[k], b[k]) for k in ("tokens", "states", "picks"))
+
+
 def test_no_evaluation_prompt_is_a_training_request():
     """The split of lessonkit.workloads.requests: the bench's and lessons' prompts (held-out requests, corpus
     held-out prompts, grounded requests) never appear in the head's training requests."""

@@ -152,8 +152,9 @@ def write_card(folder: Path, info: dict, evaluation: dict, k: int, step: str) ->
     return path
 
 
-def train_and_describe(model: str, preset: str | None, out: str | None, numerics: str) -> int:
-    """`lessonkit train-head`: train with the model's preset, measure held-out acceptance, write the card."""
+def train_and_describe(model: str, preset: str | None, out: str | None, numerics: str, workers: int = 1) -> int:
+    """`lessonkit train-head`: train with the model's preset (the target pass on `workers` processes), measure
+    held-out acceptance, write the card."""
     if preset is not None and preset not in PRESETS:
         raise LessonkitError(f"unknown preset {preset!r}: known {', '.join(PRESETS)}")
     tc = PRESETS.get(preset or model)
@@ -161,7 +162,7 @@ def train_and_describe(model: str, preset: str | None, out: str | None, numerics
         raise LessonkitError(f"no feature-head preset for {model}: pass --preset ({', '.join(PRESETS)})")
     target = load_model(model, weights=tc.weights)
     folder = Path(out) if out else HEADS_DIR / target.name
-    info = train(target, tc, folder)
+    info = train(target, tc, folder, workers=workers)
     info |= {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "threads": torch.get_num_threads()}
     atomic_write(folder / "train_log.json", json.dumps(info, indent=1).encode())
     print(describe_head(target, folder))

@@ -1,11 +1,8 @@
 """Training a feature head (lessonkit.feature_head) on its frozen target: self-distillation, training-time test.
 
-1. The target pass: the target answers the TRAIN requests of lessonkit.workloads.requests greedily (a model of the
-   corpus, tiny-moe, continues openings of the corpus' train split instead), on the engine
-   itself (the numerics the head will draft beside), and every position's states at the taps and the top, and the
-   target's greedy pick after it, are kept (bfloat16 states). Shards of SHARD requests are written atomically under
-   $LESSONKIT_HOME/feature-head/, keyed by the target's fingerprint, the numerics and the data settings: a killed
-   pass resumes at the first missing shard.
+1. The target pass (lessonkit.training.target_pass): the target's greedy answers to the TRAIN requests and
+   teacher-forced corpus windows, with its states at the taps and the top and its greedy pick at every position, in
+   shards on disk (a killed pass resumes; the missing shards may run on several processes, same bits).
 2. The draft vocabulary: the `draft_vocab` tokens the target picks most often in that pass, every category weighing
    the same (choose_vocab).
 3. The loop: AdamW over the head's weights (the target's embedding, final norm and output rows are frozen), each
@@ -35,11 +32,7 @@ from lessonkit.engine.model import rms_norm
 from lessonkit.errors import LessonkitError
 from lessonkit.feature_head import head as fh
 from lessonkit.files.atomic import atomic_write
-from lessonkit.files.resources import lessonkit_home
-from lessonkit.workloads.corpus import EOT, KINDS, load_documents, prompts_by_kind, spread_slots
-from lessonkit.workloads.requests import requests
-
-SHARD = 40                    # requests per shard of the target pass
+from lessonkit.training.target_pass import pass_dir, pass_inputs, target_pass
 
 
 @dataclass(frozen=True)
@@ -89,110 +82,7 @@ PRESETS = {
 }
 
 
-# ----------------------------------------------------------------------------- 1. the target pass
-def greedy_with_states(target, prompt: list[int], max_new: int, taps: tuple[int, ...]) -> dict:
-    """The target's greedy answer to `prompt` and, for every position but the last, its states [n - 1, S, D]
-    (bfloat16: taps then top) and its greedy pick after that position."""
-    cache = target.new_cache(len(prompt) + max_new + 1)
-    logits, top, tapped = target.forward(prompt, cache, taps=taps)
-    states = [torch.stack([*tapped, top], 1).to(torch.bfloat16)]
-    picks = [logits.argmax(-1)]
-    tokens = list(prompt)
-    eos = set(target.config.eos_ids or [])
-    for _ in range(max_new - 1):
-        t = int(picks[-1][-1])
-        tokens.append(t)
-        if t in eos:
-            break
-        logits, top, tapped = target.forward([t], cache, taps=taps)
-        states.append(torch.stack([*tapped, top], 1).to(torch.bfloat16))
-        picks.append(logits.argmax(-1))
-    else:
-        tokens.append(int(picks[-1][-1]))
-    return {"tokens": torch.tensor(tokens), "states": torch.cat(states)[:len(tokens) - 1],
-            "picks": torch.cat(picks)[:len(tokens) - 1], "prompt_len": len(prompt)}
-
-
-def text_with_states(target, tokens: list[int], taps: tuple[int, ...]) -> dict:
-    """One teacher-forced window: the target's states and greedy picks at every position but the last."""
-    logits, top, tapped = target.forward(tokens, target.new_cache(len(tokens)), taps=taps)
-    return {"tokens": torch.tensor(tokens), "states": torch.stack([*tapped, top], 1)[:-1].to(torch.bfloat16),
-            "picks": logits.argmax(-1)[:-1], "prompt_len": 1}
-
-
-def text_windows(target, tc: HeadTrainConfig) -> list[tuple[str, list[int]]]:
-    """(kind, tokens) of `text_windows` windows per kind, seeded slots spread over the corpus' whole train split."""
-    out = []
-    for kind in KINDS:
-        ids = [t for d in load_documents(kind, "train") if d.strip() for t in target.encode(d + EOT)]
-        slots = len(ids) // tc.window
-        for s in spread_slots(slots, min(tc.text_windows, slots), tc.seed):
-            out.append((f"text-{kind}", ids[s * tc.window:(s + 1) * tc.window]))
-    return out
-
-
-def pass_inputs(target, tc: HeadTrainConfig) -> tuple[dict[str, list[list[int]]], list[tuple[str, list[int]]]]:
-    """What the target pass runs: the prompts by category (TRAIN requests, openings to continue) and the corpus
-    windows."""
-    reqs = requests(target, "train", tc.per_category, seed=tc.seed) if tc.per_category else {}
-    if tc.continuations:
-        reqs |= {f"cont-{kind}": ps for kind, ps in
-                 prompts_by_kind(target, n=tc.continuations, max_tokens=48, seed=tc.seed, split="train").items()}
-    return reqs, text_windows(target, tc)
-
-
-def pass_dir(target, tc: HeadTrainConfig, taps, inputs=None) -> Path:
-    """The shards' folder, keyed by everything the pass depends on, its inputs' tokens included: a change of the
-    workload's lists or of the corpus gets a new folder, never the shards of other inputs."""
-    reqs, windows = inputs or pass_inputs(target, tc)
-    digest = hashlib.sha256(json.dumps([sorted(reqs.items()), windows]).encode()).hexdigest()[:12]
-    key = json.dumps({**tc.data_key(), "taps": list(taps), "numerics": kernel.NUMERICS,
-                      "rope": _table_digest(target), "inputs": digest}, sort_keys=True)
-    return (lessonkit_home() / "feature-head" /
-            f"{target.name}-{target.fingerprint()[:12]}-{hashlib.sha256(key.encode()).hexdigest()[:10]}")
-
-
-def _table_digest(target) -> str:
-    """The RoPE tables' bytes: the states depend on them as much as on the weights (a change of tables, as in
-    9fef46f, must not reuse shards computed with the old ones)."""
-    m = target.model
-    return hashlib.sha256(m.cos.numpy().tobytes() + m.sin.numpy().tobytes()).hexdigest()[:12]
-
-
-def target_pass(target, tc: HeadTrainConfig, taps, progress: bool = True, inputs=None) -> list[dict]:
-    """Every TRAIN request's greedy answer and states, then the teacher-forced corpus windows, from the shards on
-    disk where they exist."""
-    inputs = inputs or pass_inputs(target, tc)
-    reqs, windows = inputs
-    todo = [(cat, lambda p=p: greedy_with_states(target, p, tc.max_new_tokens, taps))
-            for cat, ps in reqs.items() for p in ps]
-    todo += [(cat, lambda w=w: text_with_states(target, w, taps)) for cat, w in windows]
-    folder = pass_dir(target, tc, taps, inputs)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / f"shard-{s // SHARD:04d}.pt" for s in range(0, len(todo), SHARD)]
-    bar = tqdm(total=len(todo), desc=f"{target.name} on the training requests and text", disable=not progress)
-    for s, path in zip(range(0, len(todo), SHARD), paths):
-        if path.exists():
-            bar.update(len(todo[s:s + SHARD]))
-            continue
-        shard = []
-        for cat, run in todo[s:s + SHARD]:
-            shard.append({**run(), "category": cat})
-            bar.update(1)
-        atomic_write(path, lambda tmp: torch.save(shard, tmp))
-        del shard          # nothing computed stays: small tensors kept between the forwards' large temporaries
-                           # fragmented glibc's heap (about 20 MB a window; a 3,000-sequence pass was killed at 22 GB)
-    bar.close()
-    return [seq for path in paths for seq in _shard(path)]      # computed or not, every shard read back the same way
-
-
-def _shard(path: Path) -> list[dict]:
-    try:
-        return torch.load(path, weights_only=True)
-    except Exception as e:
-        raise LessonkitError(f"{path}: unreadable shard of the target pass ({e}); delete it to recompute") from None
-
-
+# ----------------------------------------------------------------------------- 2. the draft vocabulary
 def choose_vocab(seqs: list[dict], n: int, vocab_size: int) -> torch.Tensor:
     """The n tokens the target picks most often in its answers, each category weighing the same (a token's score:
     the sum over categories of its share of that category's picks), so the corpus windows, most of the positions,
@@ -218,7 +108,7 @@ def coverage(seqs: list[dict], vocab: torch.Tensor, answers_only: bool = True) -
     return out
 
 
-# ----------------------------------------------------------------------------- 2. the loop
+# ----------------------------------------------------------------------------- 3. the loop
 @dataclass
 class Frozen:
     embed: torch.Tensor       # [V_target, D] float32
@@ -300,14 +190,16 @@ def _order(n: int, epochs: int, batch: int, seed: int, seqs: list[dict]) -> list
     return out
 
 
-def train(target, tc: HeadTrainConfig, out_dir: Path, progress: bool = True, stop_after: int | None = None) -> dict:
+def train(target, tc: HeadTrainConfig, out_dir: Path, progress: bool = True, stop_after: int | None = None,
+          workers: int = 1) -> dict:
     """Train (or resume) the head for `target`; writes out_dir/{head.safetensors, train_log.json, card.md}.
-    stop_after: stop (as if killed) after that many steps, leaving only the checkpoint."""
+    stop_after: stop (as if killed) after that many steps, leaving only the checkpoint. workers: processes for the
+    target pass's missing shards (the same bits on any count)."""
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
     cfg0 = fh.config_for(target, draft_vocab=tc.draft_vocab, intermediate_size=tc.intermediate_size)
     inputs = pass_inputs(target, tc)
-    seqs = target_pass(target, tc, cfg0.taps, progress, inputs)
+    seqs = target_pass(target, tc, cfg0.taps, progress, inputs, workers)
     t_pass = time.perf_counter() - t0
     vocab = choose_vocab(seqs, tc.draft_vocab, target.config.vocab_size)
     index_of = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
