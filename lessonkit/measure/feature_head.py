@@ -138,15 +138,18 @@ def write_card(folder: Path, info: dict, evaluation: dict, k: int, step: str) ->
              f"- trained for: {info['target']} (weights {info['target_fingerprint'][:12]}), target pass on the "
              f"{info['numerics']} numerics" + (f" ({info['train']['weights']} blocks)" if info['train'].get('weights') else ""),
              f"- data: {info['requests']} sequences ({info['positions']:,} positions): {_sources(info['train'])}",
-             f"- time: target pass {info['pass_s']:.0f} s in the training process (shards already on disk are read, "
-             f"not recomputed), training {info['train_s']:.0f} s ({info['steps']} steps) on "
-             f"{info['threads']} thread(s), {info['cpu']}, {info['date']}",
+             f"- time: target pass {info['pass_s']:.0f} s in the training process"
+             + (f" on {info['pass_workers']} processes" if info.get("pass_workers", 1) > 1 else "")
+             + f" (shards already on disk are read, not recomputed), training {info['train_s']:.0f} s ({info['steps']} "
+             f"steps) on {info['threads']} thread(s), {info['cpu']}, {info['date']}",
              "- draft-vocabulary coverage of the target's greedy picks in the training data: "
              + ", ".join(f"{c} {v:.1%}" for c, v in info["coverage"].items()), "",
              f"## Held-out acceptance (greedy, k = {k}, {CARD_REQUESTS} held-out prompts per category x 64 new tokens, "
              f"acceptance at position i given 1 .. i - 1 accepted; drafted by the {step})", ""] + _table(evaluation)
     lines += ["", f"Reproduce: `lessonkit train-head --model {info['target']} --numerics {info['numerics']} "
-              "--threads 1` (deterministic at one thread for a given torch version)."] + _checks_lines(info)
+              f"--threads {info['threads']}` (" + ("deterministic at one thread for a given torch version)." if
+              info["threads"] == 1 else "torch's products split over its threads; the bits are checked deterministic "
+              "at one thread only, where training takes longer).")] + _checks_lines(info)
     path = folder / "card.md"
     atomic_write(path, ("\n".join(lines) + "\n").encode())
     return path

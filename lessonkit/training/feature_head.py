@@ -238,7 +238,7 @@ def train(target, tc: HeadTrainConfig, out_dir: Path, progress: bool = True, sto
     info = {"target": target.name, "target_fingerprint": target.fingerprint(), "numerics": kernel.NUMERICS,
             "config": cfg0.to_dict(), "train": tc.settings(),
             "requests": len(seqs), "positions": int(sum(len(s["picks"]) for s in seqs)),
-            "coverage": coverage(seqs, vocab), "pass_s": round(t_pass, 1),
+            "coverage": coverage(seqs, vocab), "pass_s": round(t_pass, 1), "pass_workers": workers,
             "train_s": round(spent + time.perf_counter() - t1, 1), "steps": step,
             "threads": torch.get_num_threads(), "log_every_10": log[::10] + [log[-1]]}
     save_head(out_dir, final, info)
