@@ -1,8 +1,9 @@
 """The target pass's missing shards on several processes (lessonkit.training.target_pass).
 
-Why: one decode step of a 135M target hardly gets faster on a second kernel thread (a step of one row is a few
-milliseconds of short products: lessonkit.engine.threads), but two processes that each answer their own requests
-decode twice the tokens. The pass is most of a head's training budget, so on 2 cores it takes about half as long.
+Why: one decode step of a 135M target hardly gets faster on a second kernel thread (a row's products are short:
+the pass took about 0.59 s a request on two threads against 0.63 on one, docs/feature_head.md), but two processes
+that each answer their own requests decode nearly twice the tokens (1.62x on 2 cores). The pass is a large part of a
+head's training budget.
 
 Same bits: each shard is computed whole by one process, on one kernel thread, with the parent's kernel path,
 numerics, weights and forward (engine.active.adopt), on a target loaded by name whose fingerprint must equal the
