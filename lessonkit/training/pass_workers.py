@@ -38,7 +38,7 @@ def _start(name: str, weights: str, fingerprint: str, run_settings: dict) -> Non
         _TARGET = e
 
 
-def _shard(compute, path: str, items: list[tuple], max_new: int, taps: tuple[int, ...]) -> int:
+def _run_shard(compute, path: str, items: list[tuple], max_new: int, taps: tuple[int, ...]) -> int:
     if isinstance(_TARGET, Exception):
         raise _TARGET
     return compute(_TARGET, Path(path), items, max_new, taps)
@@ -53,7 +53,7 @@ def run_shards(target, compute, jobs: list[tuple[Path, list[tuple]]], max_new: i
     ctx = multiprocessing.get_context("spawn")
     try:
         with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx, initializer=_start, initargs=args) as pool:
-            futures = [pool.submit(_shard, compute, str(path), items, max_new, tuple(taps)) for path, items in jobs]
+            futures = [pool.submit(_run_shard, compute, str(path), items, max_new, tuple(taps)) for path, items in jobs]
             for f in as_completed(futures):
                 tick(f.result())
     except BrokenProcessPool:

@@ -138,8 +138,8 @@ def target_pass(target, tc, taps, progress: bool = True, inputs=None, workers: i
         if workers > 1 and len(missing) > 1:
             from lessonkit.training.pass_workers import run_shards
             run_shards(target, compute_shard, missing, tc.max_new_tokens, taps, workers, bar.update)
-        for path, its in missing:
-            if not path.exists():
+        else:
+            for path, its in missing:
                 compute_shard(target, path, its, tc.max_new_tokens, taps, bar.update)
     return [seq for path, _ in jobs for seq in _shard(path)]      # computed or not, every shard read back the same way
 
