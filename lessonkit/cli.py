@@ -253,7 +253,8 @@ COMMANDS = {
         arg("--preset", default=None, help="training preset (smollm2-135m, test); default: the model's"),
         arg("--out", default=None, help="output folder (default data/models/feature-head/<model>/)"), FORCE,
         arg("--numerics", default="int8", choices=("exact", "int8"), help="the numerics of the target pass"),
-        arg("--threads", type=THREAD_COUNT, default=1, help="C kernel threads, and torch's (1: deterministic bits)"),
+        arg("--threads", type=THREAD_COUNT, default=2,
+            help="C kernel threads, and torch's (the head's bits depend on the count; the shipped ones: 2)"),
         arg("--pass-workers", type=THREAD_COUNT, default=None,
             help="processes for the target pass (default: the physical cores; the same shards on any count)")]),
     "mtp-doctor": ("diagnose an MTP head (acceptance, controls, quantisation)", c.cmd_mtp_doctor, [

@@ -371,7 +371,32 @@ def test_the_shipped_heads_are_checked_on_both_numerics():
 
 
 @pytest.mark.budget(90, "three short training runs of the test preset")
-def test_a_killed_training_run_resumes_to_the_same_bits(home, tmp_path):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_killed_training_run_resumes_to_the_same_bits(tmp_path, monkeypatch, threads):
+    """On one torch thread and on two (the shipped smollm2-135m head trained on two): same bits after a kill."""
+    monkeypatch.setenv("LESSONKIT_HOME", str(tmp_path / "home"))      # a checkpoint of its own thread count
+    torch.set_num_threads(threads)
+    try:
+        _kill_and_resume(tmp_path)
+    finally:
+        torch.set_num_threads(1)
+
+
+def test_a_checkpoint_is_resumed_only_on_its_thread_count(tmp_path, monkeypatch):
+    monkeypatch.setenv("LESSONKIT_HOME", str(tmp_path / "home"))
+    with active.use(numerics="int8"):
+        target = load_model("smollm2-135m")
+        assert train(target, PRESETS["test"], tmp_path / "out", progress=False, stop_after=2) == {"stopped_at": 2}
+        torch.set_num_threads(2)
+        try:
+            with pytest.raises(LessonkitError, match=r"checkpoint-.*written on 1 torch thread.*resumed on 2"):
+                train(target, PRESETS["test"], tmp_path / "out", progress=False)
+        finally:
+            torch.set_num_threads(1)
+    assert not (tmp_path / "out" / "head.safetensors").exists()
+
+
+def _kill_and_resume(tmp_path):
     with active.use(numerics="int8"):
         target = load_model("smollm2-135m")
         tc = PRESETS["test"]

@@ -147,9 +147,8 @@ def write_card(folder: Path, info: dict, evaluation: dict, k: int, step: str) ->
              f"## Held-out acceptance (greedy, k = {k}, {CARD_REQUESTS} held-out prompts per category x 64 new tokens, "
              f"acceptance at position i given 1 .. i - 1 accepted; drafted by the {step})", ""] + _table(evaluation)
     lines += ["", f"Reproduce: `lessonkit train-head --model {info['target']} --numerics {info['numerics']} "
-              f"--threads {info['threads']}` (" + ("deterministic at one thread for a given torch version)." if
-              info["threads"] == 1 else "torch's products split over its threads; the bits are checked deterministic "
-              "at one thread only, where training takes longer).")] + _checks_lines(info)
+              f"--threads {info['threads']}` (deterministic for a given torch version and thread count: torch "
+              "splits a sum over its threads, so another count gives other bits)."] + _checks_lines(info)
     path = folder / "card.md"
     atomic_write(path, ("\n".join(lines) + "\n").encode())
     return path

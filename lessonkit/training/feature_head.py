@@ -74,7 +74,7 @@ class HeadTrainConfig:
 
 
 PRESETS = {
-    "smollm2-135m": HeadTrainConfig(),
+    "smollm2-135m": HeadTrainConfig(epochs=5),         # on 2 threads: the pass and the loop inside 60 minutes
     "tiny-moe": HeadTrainConfig(per_category=0, continuations=400, max_new_tokens=96, text_windows=600, draft_vocab=1024,
                                 weights="q8_0"),
     "test": HeadTrainConfig(per_category=2, max_new_tokens=6, text_windows=1, window=16, draft_vocab=64, intermediate_size=64, epochs=2,
@@ -228,7 +228,8 @@ def train(target, tc: HeadTrainConfig, out_dir: Path, progress: bool = True, sto
         bar.set_postfix(loss=f"{log[-1][1]:.3f}", acc1=f"{per_step[0][1]:.2f}")
         if step % tc.checkpoint_every == 0 or step == len(order):
             snap = {"params": {k: v.detach().clone() for k, v in params.items()}, "opt": opt.state_dict(),
-                    "step": step, "log": log, "train_s": spent + time.perf_counter() - t1}
+                    "step": step, "log": log, "train_s": spent + time.perf_counter() - t1,
+                    "threads": torch.get_num_threads()}
             atomic_write(ckpt, lambda tmp: torch.save(snap, tmp))
         if stop_after is not None and step >= stop_after and step < len(order):
             bar.close()
@@ -247,11 +248,19 @@ def train(target, tc: HeadTrainConfig, out_dir: Path, progress: bool = True, sto
 
 def _resume(ckpt: Path, params: dict, opt) -> tuple[int, list, float]:
     """(step, log, training seconds so far) from the checkpoint, its weights and optimiser state loaded; a fresh
-    start without one."""
+    start without one. A checkpoint written on another torch thread count is refused: a step's bits may depend on
+    it (a sum split over threads), so the resumed head would be neither count's."""
     if not ckpt.exists():
         return 0, [], 0.0
     try:
         st = torch.load(ckpt, weights_only=True)
+    except Exception as e:
+        raise LessonkitError(f"{ckpt}: unreadable training checkpoint ({e}); delete it to start over") from None
+    written_on, now = (st.get("threads") if isinstance(st, dict) else None), torch.get_num_threads()
+    if written_on not in (None, now):
+        raise LessonkitError(f"{ckpt}: a training checkpoint written on {written_on} torch thread(s), resumed on "
+                             f"{now}; resume with --threads {written_on}, or delete it to start over")
+    try:
         with torch.no_grad():
             for k, v in st["params"].items():
                 params[k].copy_(v)
