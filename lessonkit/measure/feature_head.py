@@ -138,8 +138,8 @@ def write_card(folder: Path, info: dict, evaluation: dict, k: int, step: str) ->
              f"- trained for: {info['target']} (weights {info['target_fingerprint'][:12]}), target pass on the "
              f"{info['numerics']} numerics" + (f" ({info['train']['weights']} blocks)" if info['train'].get('weights') else ""),
              f"- data: {info['requests']} sequences ({info['positions']:,} positions): {_sources(info['train'])}",
-             f"- time: target pass {info['pass_s']:.0f} s in the training process"
-             + (f" on {info['pass_workers']} processes" if info.get("pass_workers", 1) > 1 else "")
+             f"- time: target pass {info['pass_s']:.0f} s "
+             + (f"on {info['pass_workers']} processes" if (info.get("pass_workers") or 1) > 1 else "in the training process")
              + f" (shards already on disk are read, not recomputed), training {info['train_s']:.0f} s ({info['steps']} "
              f"steps) on {info['threads']} thread(s), {info['cpu']}, {info['date']}",
              "- draft-vocabulary coverage of the target's greedy picks in the training data: "
