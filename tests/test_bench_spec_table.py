@@ -55,3 +55,35 @@ def test_c_is_over_the_same_rounds_plain_decode_step():
     over the round's requests; the prefill's seconds and forward stay out."""
     stats = [{"wall_s": 1.0, "ttft_s": 0.2, "forwards": 5}, {"wall_s": 0.5, "ttft_s": 0.1, "forwards": 3}]
     assert plain_step_s(stats) == pytest.approx((0.8 + 0.4) / (4 + 2))
+
+
+def _contender(outputs_by_round: list):
+    """A contender whose outputs per round are given (after one warm-up call); its stats count its calls."""
+    calls = []
+
+    def run(p):
+        calls.append(p)
+        rnd = max(0, (len(calls) - 2) // 2)            # 1 warm-up call, then 2 prompts a round
+        return outputs_by_round[rnd][(len(calls) - 2) % 2], {"ttft_s": 0.0, "call": len(calls)}
+    return run
+
+
+@pytest.mark.parametrize("bad_round", [0, 1, 2])
+def test_take_turns_says_a_contender_differed_in_any_round_not_only_the_last(bad_round):
+    from lessonkit.measure.speculative import take_turns
+    plain = [[[1, 2], [3]]] * 3
+    other = [[[1, 2], [3]] if r != bad_round else [[1, 2], [4]] for r in range(3)]
+    runs = take_turns({"plain": _contender(plain), "drafter": _contender(other)}, ["a", "b"], 3)
+    assert runs["plain"][2] == [[1, 2], [3]]
+    assert runs["drafter"][2] == [[1, 2], [4]] and runs["drafter"][2] != runs["plain"][2]
+    same = take_turns({"plain": _contender(plain), "drafter": _contender(plain)}, ["a", "b"], 3)
+    assert same["drafter"][2] == same["plain"][2]
+
+
+def test_take_turns_keeps_every_rounds_stats_where_asked():
+    from lessonkit.measure.speculative import take_turns
+    plain = [[[1], [2]]] * 3
+    last = take_turns({"plain": _contender(plain)}, ["a", "b"], 3)["plain"][3]
+    every = take_turns({"plain": _contender(plain)}, ["a", "b"], 3, every_round=True)["plain"][3]
+    assert [s["call"] for s in last] == [6, 7]
+    assert [s["call"] for s in every] == [2, 3, 4, 5, 6, 7]

@@ -3,9 +3,10 @@ requests (lessonkit.workloads.requests: chat, code, records, rewrite; and `struc
 lessonkit.workloads.structured: records rewritten field by field, NDJSON lines, tickets scored behind one system
 prompt) and per drafter, plain greedy and the drafter take turns within every round; the row reports mean accepted
 tokens per verify, acceptance by draft position, the draft cost c (seconds per draft token over a plain decode step's
-of the same round), the verify cost T(k+1)/T(1) of the chosen depth, the speed-up end to end and in the decode phase
-(wall less the prefills' time to first token, which no drafter shortens; medians of rounds, with the spread) and
-whether the output equals plain greedy's.
+of the same rounds; these three over every round, as a gated drafter drafts differently from round to round), the
+verify cost T(k+1)/T(1) of the chosen depth, the speed-up end to end and in the decode phase (wall less the prefills'
+time to first token, which no drafter shortens; medians of rounds, with the spread) and whether the output equals
+plain greedy's in every round.
 
 The structured category also measures the suffix drafter with a store warmed on the workload's training split
 (`measure.suffix.warm_suffix_store`: a fresh temporary folder, so every benchmark starts from an empty store) and
@@ -25,7 +26,7 @@ from lessonkit.workloads.structured import structured_prompts
 
 def plain_step_s(stats: list[dict]) -> float:
     """Plain greedy's seconds per decode step over runs' stats (wall less time to first token, over the forwards
-    after the prefill's): c's denominator, from the same round as the draft seconds, so a host whose speed drifts
+    after the prefill's): c's denominator, from the same rounds as the draft seconds, so a host whose speed drifts
     between the cost curve's measurement and the round moves both alike."""
     return (sum(s["wall_s"] - s["ttft_s"] for s in stats) / max(1, sum(s["forwards"] - 1 for s in stats)))
 
@@ -77,7 +78,7 @@ def category_table(target, drafters: dict, *, per_category: int = 3, max_new: in
         fns = {"plain": plain_runner(target, max_new)}           # the depth gates' curve stops at k_max
         fns |= {name: spec_runner(target, d, k, max_new, cost=cost[:k_max + 1])
                 for name, (d, k) in cat_drafters.items()}
-        rows += _category_rows(cat, take_turns(fns, cat_prompts, n_rounds), cat_drafters, cost)
+        rows += _category_rows(cat, take_turns(fns, cat_prompts, n_rounds, every_round=True), cat_drafters, cost)
     return rows
 
 

@@ -129,21 +129,31 @@ def spec_runner(target, drafter, k, max_new: int, **kw):
     return lambda p: (lambda r: (r.token_ids, r.stats))(speculative_generate(target, drafter, p, max_new, k=k, **kw))
 
 
-def take_turns(fns: dict, prompts, repeats: int) -> dict:
+def take_turns(fns: dict, prompts, repeats: int, every_round: bool = False) -> dict:
     """Each contender (prompt -> (tokens, stats), e.g. plain_runner) over all prompts, `repeats` rounds, taking
     turns within a round (after one warm-up prompt each), so load drift on a shared machine hits all alike:
     name -> (per-round seconds, per-round decode seconds (wall less the prefills' time to first token; NaN for a
-    contender that reports no stats), outputs, stats) of the last round."""
+    contender that reports no stats), outputs, stats). Outputs: the last round's, or, where a contender's outputs
+    differed from the first contender's (the baseline's) in some round, that round's: compared with the baseline's,
+    they say whether every round was identical (a gated drafter drafts differently from round to round). Stats: the
+    last round's, or every round's (every_round: a gated drafter's acceptance over all its rounds)."""
     for fn in fns.values():
         fn(prompts[0])
-    walls, decode, last = {name: [] for name in fns}, {name: [] for name in fns}, {}
+    base = next(iter(fns))
+    walls, decode, stats = {name: [] for name in fns}, {name: [] for name in fns}, {name: [] for name in fns}
+    last, differed = {}, {}
     for _ in range(repeats):
         for name, fn in fns.items():
             t0 = time.perf_counter()
             last[name] = [fn(p) for p in prompts]
             walls[name].append(time.perf_counter() - t0)
             decode[name].append(walls[name][-1] - sum(r[1]["ttft_s"] if r[1] else math.nan for r in last[name]))
-    return {name: (walls[name], decode[name], [r[0] for r in last[name]], [r[1] for r in last[name]]) for name in fns}
+            stats[name] = (stats[name] if every_round else []) + [r[1] for r in last[name]]
+            outs = [r[0] for r in last[name]]
+            if name not in differed and outs != [r[0] for r in last[base]]:
+                differed[name] = outs
+    return {name: (walls[name], decode[name], differed.get(name, [r[0] for r in last[name]]), stats[name])
+            for name in fns}
 
 
 def speedup_ratios(plain: list[float], walls: list[float]) -> dict:
