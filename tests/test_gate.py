@@ -199,3 +199,29 @@ def test_a_test_phase_starts_at_the_best_measured_depth():
     assert max(range(1, 5), key=gate.depth.value) != 3
     gate.stage, gate.tested = "test", []
     assert gate._next_plan() == [3] * gate.test_steps
+
+
+def test_acceptance_by_position_counts_only_steps_that_drafted_that_deep():
+    """Two steps, every draft right: one drafts 1 token, one 3. Position 2 was drafted once and accepted once: 1.0
+    (taking every step that accepted position 1 as having drafted position 2 reads 0.5)."""
+    from lessonkit.speculative.gate import acceptance_by_position, conditional_per_pos
+    from lessonkit.speculative.verify import _Tally
+    tally = _Tally(width=4)
+    tally.step(1, 1, 0.0, 0.0, 0)
+    tally.step(3, 3, 0.0, 0.0, 0)
+    tally.step(2, 0, 0.0, 0.0, 0)
+    stats = {"num_accepted_tokens_per_pos": tally.per_pos, "num_drafts": tally.num_drafts,
+             "num_reached_per_pos": tally.reached}
+    assert tally.reached == [3, 1, 1, 0]
+    assert acceptance_by_position(stats) == [2 / 3, 1.0, 1.0, 0.0]
+    assert conditional_per_pos(tally.per_pos, tally.num_drafts)[1] == 0.5
+
+
+def test_a_gated_run_of_right_drafts_reads_full_acceptance_at_every_depth_it_drafted(target):
+    from lessonkit.speculative.gate import acceptance_by_position
+    from lessonkit.speculative.verify import total_stats
+    runs = [speculative_generate(target, OracleDrafter(target, 0.0), p, 40, k="auto").stats for p in ([1, 2, 3], [4, 5])]
+    t = total_stats(runs)
+    assert len({k for s in runs for k in s["k_hist"]}) > 2, "the gate drafted to several depths"
+    acc = acceptance_by_position(t)
+    assert [a for a, r in zip(acc, t["num_reached_per_pos"]) if r] == [1.0] * sum(1 for r in t["num_reached_per_pos"] if r)

@@ -18,7 +18,7 @@ import statistics
 
 from lessonkit.measure.speculative import plain_runner, spec_runner, take_turns
 from lessonkit.measure.suffix import SUFFIX_K, warm_suffix_store  # noqa: F401  (bench spec's, from here)
-from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve
+from lessonkit.speculative.gate import acceptance_by_position, measure_cost_curve
 from lessonkit.speculative.verify import total_stats
 from lessonkit.workloads.requests import CATEGORIES, requests
 from lessonkit.workloads.structured import structured_prompts
@@ -48,8 +48,7 @@ def _category_rows(cat: str, runs: dict, drafters, cost) -> list[dict]:
         rows.append({
             "category": cat, "drafter": name, "identical_to_plain": outs == ref,
             "tokens_per_verify": 1 + t["num_accepted_tokens"] / verifies,
-            "acceptance_by_position": [round(a, 3) for a in conditional_per_pos(t["num_accepted_tokens_per_pos"],
-                                                                               t["num_drafts"])],
+            "acceptance_by_position": [round(a, 3) for a in acceptance_by_position(t)],
             "mean_draft_depth": round(k_mean, 2),
             "c": (t["draft_s"] / t["num_draft_tokens"]) / step if t["num_draft_tokens"] else None,
             "verify_cost": cost[kk] / cost[0], "plain_s_per_token": t1,

@@ -417,7 +417,7 @@ def on_this_machine(predict, best_k_fn=None, smoke: bool = False, seed: int = 0)
     from lessonkit.measure.speculative import measure_apart
     from lessonkit.models.registry import load_model
     from lessonkit.speculative.drafters import ModelDrafter
-    from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve
+    from lessonkit.speculative.gate import acceptance_by_position, measure_cost_curve
     from lessonkit.speculative.verify import speculative_generate, total_stats
     from lessonkit.workloads.corpus import prompts_by_kind
     from lessonkit.engine.threads import pin_torch_threads
@@ -437,7 +437,7 @@ def on_this_machine(predict, best_k_fn=None, smoke: bool = False, seed: int = 0)
         plain = p if plain is None or p["wall_s"] < plain["wall_s"] else plain
         spec = s if spec is None or s["wall_s"] < spec["wall_s"] else spec
     acc, c = list(apart.acceptance), apart.c
-    measured, timed_acc = plain["wall_s"] / spec["wall_s"], conditional_per_pos(spec["num_accepted_tokens_per_pos"], spec["num_drafts"])
+    measured, timed_acc = plain["wall_s"] / spec["wall_s"], acceptance_by_position(spec)
     print(f"measured apart (other prompts): a_i = {', '.join(f'{a:.2f}' for a in acc)}, c = {c:.3f}; T(k+1)/T(1) = "
           f"{', '.join(f'{t / cost[0]:.2f}' for t in cost)}; timed: speed-up at k = {k}: {measured:.2f}x "
           f"(its own a_i {', '.join(f'{a:.2f}' for a in timed_acc)}, which no prediction reads)")

@@ -27,7 +27,7 @@ from lessonkit.measure.speculative import _timed_runs, drafter_table
 from lessonkit.models.registry import load_model
 from lessonkit.speculative.drafters import ModelDrafter, c_step_why_not
 from lessonkit.measure.apart import Apart, predict_speedup
-from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve
+from lessonkit.speculative.gate import acceptance_by_position, measure_cost_curve
 from lessonkit.speculative.gate import breakdown_speedup
 from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.drafter_registry import make_drafter
@@ -52,7 +52,7 @@ def acceptance_by_kind(target, drafters: dict, prompts: dict[str, list[list[int]
     for dn, kind in tqdm(jobs, desc="acceptance", leave=False):
         sts = [speculative_generate(target, drafters[dn], p, max_new_tokens, k=k).stats for p in prompts[kind]]
         t = total_stats(sts)
-        cond = conditional_per_pos(t["num_accepted_tokens_per_pos"], t["num_drafts"])
+        cond = acceptance_by_position(t)
         rows.append({"drafter": dn, "kind": kind, "acceptance_rate": t["acceptance_rate"],
                      "mean_acceptance_length": t["mean_acceptance_length"],
                      "tokens_per_forward": t["tokens_per_forward"], "num_drafts": t["num_drafts"],
@@ -212,7 +212,7 @@ def speedup_vs_k(target, drafter, prompts: list[list[int]], *, apart: Apart, ks=
                 best[k] = tot
     plain, runs = best[0], {k: best[k] for k in ks}
     t_tok = plain["wall_s"] / plain["new_tokens"]
-    cond = conditional_per_pos(runs[kmax]["num_accepted_tokens_per_pos"], runs[kmax]["num_drafts"])
+    cond = acceptance_by_position(runs[kmax])
     rows = []
     for k in ks:
         r = runs[k]

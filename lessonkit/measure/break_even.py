@@ -19,7 +19,7 @@ from lessonkit.files.disk import MB, Disk, parse_disk
 from lessonkit.measure.apart import Apart, InSample, check_apart, predict_times
 from lessonkit.measure.disk import warm_up
 from lessonkit.speculative.drafters import ModelDrafter, OracleDrafter
-from lessonkit.speculative.gate import (conditional_per_pos, expected_tokens, expected_tokens_per_pos,
+from lessonkit.speculative.gate import (acceptance_by_position, expected_tokens, expected_tokens_per_pos,
                                         measure_cost_curve)
 from lessonkit.speculative.verify import speculative_generate, total_stats
 
@@ -322,8 +322,7 @@ def drafter_on_disk(model_dir, draft_engine, prompts: list[list[int]], apart_pro
         drafters = [drafter_of(full) for _ in apart_prompts]           # a fresh drafter per prompt
         apart = total_stats([speculative_generate(full, d, p, n, k=k).stats for d, p in zip(drafters, apart_prompts)])
         name = drafters[0].name if drafters else draft_engine.name
-        a, per_pos = apart["acceptance_rate"], conditional_per_pos(apart["num_accepted_tokens_per_pos"],
-                                                                   apart["num_drafts"])
+        a, per_pos = apart["acceptance_rate"], acceptance_by_position(apart)
         e, c = expected_tokens_per_pos(per_pos, k), apart["draft_s"] / apart["num_draft_tokens"] / plain_step
         ratio = verify_step(a, k) / plain_step + k * c       # a verify step's cost in plain steps, drafts included
         stats = inputs_apart(inputs, also=apart_prompts, acceptance=tuple(per_pos), c=c,

@@ -20,7 +20,7 @@ from lessonkit.files.atomic import atomic_write
 from lessonkit.engine.machine import cpu_name
 from lessonkit.models.integrity import write_manifest
 from lessonkit.models.registry import load_model
-from lessonkit.speculative.gate import conditional_per_pos
+from lessonkit.speculative.gate import acceptance_by_position
 from lessonkit.speculative.verify import speculative_generate, total_stats
 from lessonkit.training.feature_head import PRESETS, train
 from lessonkit.workloads.corpus import prompts_by_kind
@@ -54,8 +54,7 @@ def heldout_prompts(target, per_category: int) -> dict[str, list[list[int]]]:
 
 
 def _summary(t: dict) -> dict:
-    return {"acceptance_by_position": [round(a, 3) for a in conditional_per_pos(t["num_accepted_tokens_per_pos"],
-                                                                                t["num_drafts"])],
+    return {"acceptance_by_position": [round(a, 3) for a in acceptance_by_position(t)],
             "tokens_per_verify": round(1 + t["num_accepted_tokens"] / max(1, t["num_drafts"]), 3),
             "draft_tokens": t["num_draft_tokens"]}
 

@@ -15,7 +15,7 @@ from lessonkit.drafter_registry import draft_weights
 from lessonkit.engine.generate import generate, probs_from_logits
 from lessonkit.models.registry import load_model
 from lessonkit.measure.apart import Apart
-from lessonkit.speculative.gate import conditional_per_pos, measure_cost_curve
+from lessonkit.speculative.gate import acceptance_by_position, measure_cost_curve
 from lessonkit.speculative.gate import breakdown_speedup
 from lessonkit.speculative.verify import speculative_generate, total_stats, verify_sampling
 
@@ -91,7 +91,7 @@ def drafter_table(target, drafters: dict, prompts: list[list[int]], *, k: int = 
     rows = []
     for name in drafters:
         r = best[name]
-        cond = conditional_per_pos(r["num_accepted_tokens_per_pos"], r["num_drafts"])
+        cond = acceptance_by_position(r)
         rows.append({"model": target.name, "drafter": name, "k": k, "acceptance_rate": r["acceptance_rate"],
                      **{f"a{i + 1}": a for i, a in enumerate(cond)},
                      "c": (r["draft_s"] / r["num_draft_tokens"] / t_tok) if r["num_draft_tokens"] else 0.0,
@@ -105,7 +105,7 @@ def per_position_acceptance(target, drafter, prompts: list[list[int]], *, k: int
     """The conditional acceptance a_1..a_k of `drafter` on `prompts` (untimed): measured apart from the runs whose
     tokens per verify step it predicts."""
     tot = total_stats([speculative_generate(target, drafter, p, max_new_tokens, k=k).stats for p in prompts])
-    return conditional_per_pos(tot["num_accepted_tokens_per_pos"], tot["num_drafts"])
+    return acceptance_by_position(tot)
 
 def measure_apart(target, drafter, prompts: list[list[int]], *, k: int = 4, max_new_tokens: int = 32,
                   cost=(), source: str = "other prompts") -> Apart:
@@ -117,7 +117,7 @@ def measure_apart(target, drafter, prompts: list[list[int]], *, k: int = 4, max_
     t_tok = (plain["wall_s"] - plain["ttft_s"]) / max(plain["new_tokens"] - plain["runs"], 1)
     c = spec["draft_s"] / spec["num_draft_tokens"] / t_tok if spec["num_draft_tokens"] else 0.0
     return Apart(prompts=tuple(tuple(p) for p in prompts), source=source, cost=tuple(cost), c=c,
-                 acceptance=tuple(conditional_per_pos(spec["num_accepted_tokens_per_pos"], spec["num_drafts"])))
+                 acceptance=tuple(acceptance_by_position(spec)))
 
 def plain_runner(target, max_new: int):
     """prompt -> (plain greedy's tokens, stats)."""

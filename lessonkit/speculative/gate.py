@@ -57,6 +57,18 @@ def conditional_per_pos(per_pos: list[int], num_drafts: int) -> list[float]:
     return out
 
 
+def acceptance_by_position(stats: dict) -> list[float]:
+    """a_i = P(position i accepted | positions < i accepted) from a run's stats: the drafts accepted at i over the
+    steps whose drafts reached i with every earlier one accepted (num_reached_per_pos). Where steps draft to
+    different depths (a gate, a lookup that finds fewer tokens) a step that accepted i - 1 need not have drafted
+    i, and conditional_per_pos, which assumes it did, reads deeper positions too low; stats without the counts
+    (results saved before they were kept) take that reading. A position no step reached reads 0.0, as there."""
+    reached = stats.get("num_reached_per_pos")
+    if reached is None:
+        return conditional_per_pos(stats["num_accepted_tokens_per_pos"], stats["num_drafts"])
+    return [a / r if r else 0.0 for a, r in zip(stats["num_accepted_tokens_per_pos"], reached)]
+
+
 def breakdown_speedup(plain: dict, spec: dict, k: int, cost: list[float]) -> float:
     """A run's speed-up rebuilt from its own measured parts (a breakdown, not a prediction: the parts come from the
     runs it explains): the plain run's prefill and per-token time, E(k) from the per-position acceptance, the cost
@@ -65,7 +77,7 @@ def breakdown_speedup(plain: dict, spec: dict, k: int, cost: list[float]) -> flo
     n_dec = plain["new_tokens"] - plain["runs"]               # tokens after the first of each run
     t_tok = (plain["wall_s"] - plain["ttft_s"]) / max(n_dec, 1)
     t_draft = spec["draft_s"] / spec["num_draft_tokens"] if spec["num_draft_tokens"] else 0.0
-    e = expected_tokens_per_pos(conditional_per_pos(spec["num_accepted_tokens_per_pos"], spec["num_drafts"]), k)
+    e = expected_tokens_per_pos(acceptance_by_position(spec), k)
     step = t_tok * cost[k] / cost[0] + k * t_draft
     return plain["wall_s"] / (plain["ttft_s"] + n_dec / e * step)
 

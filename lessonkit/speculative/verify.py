@@ -22,7 +22,9 @@ suffix match of --draft auto) draft at their own depth outside the gate, whose s
 drafter's alone (speculative.first_of, _draft_step).
 
 Statistics use vLLM's names: num_drafts, num_draft_tokens, num_accepted_tokens,
-num_accepted_tokens_per_pos, mean_acceptance_length (= 1 + accepted / drafts, counts the bonus token).
+num_accepted_tokens_per_pos, mean_acceptance_length (= 1 + accepted / drafts, counts the bonus token); and
+num_reached_per_pos, the steps whose drafts reached position i with every earlier draft accepted (the denominator of
+the acceptance at i where steps draft to different depths: speculative.gate.acceptance_by_position).
 """
 from __future__ import annotations
 
@@ -84,12 +86,14 @@ class _Tally:
     num_draft_tokens: int = 0
     num_accepted: int = 0
     per_pos: list = field(default_factory=list)
+    reached: list = field(default_factory=list)    # steps whose drafts reached position i, every earlier one accepted
     k_hist: Counter = field(default_factory=Counter)
     draft_s: float = 0.0
     verify_s: float = 0.0
 
     def __post_init__(self):
         self.per_pos = [0] * self.width
+        self.reached = [0] * self.width
 
     def step(self, drafted: int, accepted: int, draft_s: float, verify_s: float, unique: int) -> None:
         self.forwards += 1
@@ -103,6 +107,8 @@ class _Tally:
             self.num_accepted += accepted
             for i in range(accepted):
                 self.per_pos[i] += 1
+            for i in range(min(accepted + 1, drafted)):
+                self.reached[i] += 1
 
     def plain(self, steps: int, unique: int, seconds: float) -> None:
         """A plain run's steps (one row, no drafts)."""
@@ -116,6 +122,7 @@ class _Tally:
             "prompt_tokens": prompt_tokens, "drafter": getattr(drafter, "name", type(drafter).__name__),
             "k": k, "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted, "num_accepted_tokens_per_pos": self.per_pos,
+            "num_reached_per_pos": self.reached,
             "mean_acceptance_length": 1 + self.num_accepted / self.num_drafts if self.num_drafts else None,
             "acceptance_rate": self.num_accepted / self.num_draft_tokens if self.num_draft_tokens else None,
             "tokens_per_forward": kept / max(self.forwards, 1),
@@ -327,19 +334,26 @@ def speculative_generate(target, drafter: Drafter, prompt_ids: list[int], max_ne
     return GenerationResult(ids, text, stats)
 
 
+def _add_lists(a: list, b: list) -> list:
+    """Element-wise sum of two count lists, the shorter padded with zeros."""
+    return [x + y for x, y in zip(a + [0] * (len(b) - len(a)), b + [0] * (len(a) - len(b)))]
+
+
 def total_stats(results) -> dict:
     """The stats of several runs added up, with acceptance, tokens per forward and per-token rates recomputed."""
     tot = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "new_tokens": 0, "forwards": 0,
            "wall_s": 0.0, "ttft_s": 0.0, "runs": 0, "draft_s": 0.0, "verify_s": 0.0, "bytes_read": 0, "unique_experts": 0,
            "expert_hits": 0, "expert_misses": 0}
-    per_pos = []
+    per_pos, reached = [], []
     for st in results:
         st = {**st, "runs": 1}
         for key in tot:
             tot[key] += st.get(key) or 0
-        pp = st.get("num_accepted_tokens_per_pos") or []
-        per_pos = [a + b for a, b in zip(per_pos + [0] * (len(pp) - len(per_pos)), pp + [0] * (len(per_pos) - len(pp)))]
+        per_pos = _add_lists(per_pos, st.get("num_accepted_tokens_per_pos") or [])
+        reached = None if reached is None or "num_reached_per_pos" not in st else _add_lists(reached, st["num_reached_per_pos"])
     tot["num_accepted_tokens_per_pos"] = per_pos
+    if reached is not None:
+        tot["num_reached_per_pos"] = reached
     tot["acceptance_rate"] = tot["num_accepted_tokens"] / tot["num_draft_tokens"] if tot["num_draft_tokens"] else None
     tot["mean_acceptance_length"] = 1 + tot["num_accepted_tokens"] / tot["num_drafts"] if tot["num_drafts"] else None
     tot["tokens_per_forward"] = tot["new_tokens"] / tot["forwards"] if tot["forwards"] else None
