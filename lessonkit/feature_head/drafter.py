@@ -1,7 +1,7 @@
 """The feature head as a drafter (the drafter protocol of lessonkit.speculative.drafters).
 
-The drafter declares the head's taps (needs_states), so the target's forwards over its sequence are split there
-(lessonkit.speculative.states; engine forward(taps=...): the same bits, the same cache) and every position the
+The drafter declares the head's taps (needs_states), so the target's forwards over its sequence copy the residual
+stream out there (lessonkit.speculative.states; engine forward(taps=...): the same bits, the same cache) and every position the
 target verifies leaves its states behind (their fused state g costs one (T, S D) x (S D, D) product, at the next
 turn). A draft turn
 runs the head's one layer once per draft token, on the engine's own C forward: the head is a one-layer Llama whose
