@@ -46,7 +46,8 @@ from lessonkit.engine.machine import machine_record
 def _interleaved(fns: dict, prompts, repeats) -> dict:
     """Each contender over all prompts, `repeats` rounds, the contenders taking turns within a round (after one
     warm-up prompt each), so load drift on a shared machine hits baseline and contenders alike:
-    name -> (median total seconds, outputs, stats) (take_turns': stats of the last round, outputs of every round)."""
+    name -> (median total seconds, outputs, stats of the last round); outputs as take_turns gives them: those of a
+    round that differed from plain greedy's, where one did."""
     return {name: (statistics.median(walls), outs, stats)
             for name, (walls, _, outs, stats) in take_turns(fns, prompts, repeats).items()}
 

@@ -1,14 +1,13 @@
 """The feature head as a drafter (the drafter protocol of lessonkit.speculative.drafters).
 
 The drafter declares the head's taps (needs_states), so the target's forwards over its sequence copy the residual
-stream out there (lessonkit.speculative.states; engine forward(taps=...): the same bits, the same cache) and every position the
-target verifies leaves its states behind (their fused state g costs one (T, S D) x (S D, D) product, at the next
-turn). A draft turn
-runs the head's one layer once per draft token, on the engine's own C forward: the head is a one-layer Llama whose
-input rows are given (x_p, not a token) and whose output layer is the draft vocabulary's rows of the target's, its
-matrices as Q4_1 blocks (C_BLOCKS; integer dots on the int8 numerics). A turn is one C call (rk_draft_greedy), the
-state half of the positions verified since the last turn included. Without the C kernel the same steps run in
-PyTorch (lessonkit.feature_head.head).
+stream out there (lessonkit.speculative.states; engine forward(taps=...): the same bits, the same cache) and every
+position the target verifies leaves its states behind (their fused state g costs one (T, S D) x (S D, D) product, at
+the next turn). A draft turn runs the head's one layer once per draft token, on the engine's own C forward: the head
+is a one-layer Llama whose input rows are given (x_p, not a token) and whose output layer is the draft vocabulary's
+rows of the target's, its matrices as Q4_1 blocks (C_BLOCKS; integer dots on the int8 numerics). A turn is one C
+call (rk_draft_greedy), the state half of the positions verified since the last turn included. Without the C kernel
+the same steps run in PyTorch (lessonkit.feature_head.head).
 
 State: g [positions, D] for the target's positions, valid from `g_lo` below `settled` (of the `n_states` recorded);
 the head's own KV cache, one row per position p > `offset` (cache index p - 1 - offset: a request's first turn starts

@@ -350,7 +350,8 @@ def total_stats(results) -> dict:
         for key in tot:
             tot[key] += st.get(key) or 0
         per_pos = _add_lists(per_pos, st.get("num_accepted_tokens_per_pos") or [])
-        reached = None if reached is None or "num_reached_per_pos" not in st else _add_lists(reached, st["num_reached_per_pos"])
+        if reached is not None:              # kept only where every run counted them
+            reached = _add_lists(reached, st["num_reached_per_pos"]) if "num_reached_per_pos" in st else None
     tot["num_accepted_tokens_per_pos"] = per_pos
     if reached is not None:
         tot["num_reached_per_pos"] = reached
