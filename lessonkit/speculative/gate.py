@@ -57,6 +57,15 @@ def conditional_per_pos(per_pos: list[int], num_drafts: int) -> list[float]:
     return out
 
 
+def count_step(accepted: list, reached: list, n_drafted: int, n_accepted: int) -> None:
+    """One verify step into per-position counts: position i was reached (drafted, every earlier draft accepted) for
+    i < min(n_accepted + 1, n_drafted), and accepted for i < n_accepted. The gate and a run's stats count alike."""
+    for i in range(min(n_accepted + 1, n_drafted)):
+        reached[i] += 1
+    for i in range(n_accepted):
+        accepted[i] += 1
+
+
 def acceptance_by_position(stats: dict) -> list[float]:
     """a_i = P(position i accepted | positions < i accepted) from a run's stats: the drafts accepted at i over the
     steps whose drafts reached i with every earlier one accepted (num_reached_per_pos). Where steps draft to
@@ -161,10 +170,7 @@ class DepthGate:
         return k
 
     def observe(self, n_drafted: int, n_accepted: int, verify_s: float, draft_s: float | None) -> None:
-        for i in range(min(n_accepted + 1, n_drafted)):
-            self.reached[i] += 1
-        for i in range(n_accepted):
-            self.accepted[i] += 1
+        count_step(self.accepted, self.reached, n_drafted, n_accepted)
         r = n_drafted                          # forward had n_drafted + 1 rows -> cost index n_drafted
         if self.learn_cost:
             self.cost[r] = (1 - self.ema) * self.cost[r] + self.ema * verify_s

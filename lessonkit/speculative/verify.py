@@ -41,7 +41,7 @@ from lessonkit.engine.generate import (GenerationResult, SamplingParams, StopChe
 from lessonkit.engine.model import ROWWISE_MAX
 from lessonkit.speculative.depth import AUTO, K_MAX, parse_draft_depth
 from lessonkit.speculative.drafters import Drafter
-from lessonkit.speculative.gate import DepthGate, UtilityGate, cost_curve
+from lessonkit.speculative.gate import DepthGate, UtilityGate, cost_curve, count_step
 from lessonkit.speculative.states import forward_for, needs_states
 
 
@@ -105,10 +105,7 @@ class _Tally:
             self.num_drafts += 1
             self.num_draft_tokens += drafted
             self.num_accepted += accepted
-            for i in range(accepted):
-                self.per_pos[i] += 1
-            for i in range(min(accepted + 1, drafted)):
-                self.reached[i] += 1
+            count_step(self.per_pos, self.reached, drafted, accepted)
 
     def plain(self, steps: int, unique: int, seconds: float) -> None:
         """A plain run's steps (one row, no drafts)."""
