@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from lessonkit.engine import active, kernel
 from lessonkit.engine.engine import Engine
 from lessonkit.engine.generate import generate
+from lessonkit.engine.machine import cpu_name
 from lessonkit.errors import LessonkitError
 from lessonkit.feature_head.drafter import C_BLOCKS, FeatureHeadDrafter, load_head
 from lessonkit.models.registry import load_model
@@ -402,6 +403,8 @@ def _kill_and_resume(tmp_path):
         tc = PRESETS["test"]
         alone = tmp_path / "alone"
         train(target, tc, alone, progress=False)
+        log = json.loads((alone / "train_log.json").read_text())          # where it ran, for its card (describe_head)
+        assert log["cpu"] == cpu_name() and log["date"] and log["threads"] == torch.get_num_threads()
         from lessonkit.training.feature_head import pass_dir, _train_key, fh
         ckpt = pass_dir(target, tc, fh.config_for(target, draft_vocab=tc.draft_vocab,
                                                    intermediate_size=tc.intermediate_size).taps) / f"checkpoint-{_train_key(tc)}.pt"

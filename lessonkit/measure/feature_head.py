@@ -163,9 +163,7 @@ def train_and_describe(model: str, preset: str | None, out: str | None, numerics
         raise LessonkitError(f"no feature-head preset for {model}: pass --preset ({', '.join(PRESETS)})")
     target = load_model(model, weights=tc.weights)
     folder = Path(out) if out else HEADS_DIR / target.name
-    info = train(target, tc, folder, workers=workers)
-    info |= {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), "threads": torch.get_num_threads()}
-    atomic_write(folder / "train_log.json", json.dumps(info, indent=1).encode())
+    train(target, tc, folder, workers=workers)        # its train_log.json names the CPU, date and threads
     print(describe_head(target, folder))
     return 0
 

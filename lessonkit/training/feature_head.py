@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from lessonkit.engine import kernel
+from lessonkit.engine.machine import cpu_name
 from lessonkit.engine.model import rms_norm
 from lessonkit.errors import LessonkitError
 from lessonkit.feature_head import head as fh
@@ -241,7 +242,8 @@ def train(target, tc: HeadTrainConfig, out_dir: Path, progress: bool = True, sto
             "requests": len(seqs), "positions": int(sum(len(s["picks"]) for s in seqs)),
             "coverage": coverage(seqs, vocab), "pass_s": round(t_pass, 1), "pass_workers": workers,
             "train_s": round(spent + time.perf_counter() - t1, 1), "steps": step,
-            "threads": torch.get_num_threads(), "log_every_10": log[::10] + [log[-1]]}
+            "threads": torch.get_num_threads(), "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
+            "log_every_10": log[::10] + [log[-1]]}
     save_head(out_dir, final, info)
     return info
 
