@@ -1,7 +1,10 @@
 """Issue 57's first "done when": every shipped drafter's greedy output equals plain greedy's, token for token, on
 both numerics and on 1 and 2 kernel threads. One prompt per kind of text, depths 1, 3 and the gate, on the
 drafter's own target (the feature heads' exactness over more settings is in tests/test_feature_head.py; the
-suffix drafter's over its store in tests/test_suffix.py)."""
+suffix drafter's over its store in tests/test_suffix.py). The grammar drafter is not here: on these prompts, and on
+the structured requests, its built-in grammars force no token (the models write JSON with a space after each colon,
+which the compact grammars leave and the loose ones do not force), so it would prove nothing; its exactness is in
+tests/test_grammar.py."""
 from __future__ import annotations
 
 import pytest
@@ -9,6 +12,7 @@ import pytest
 from lessonkit.drafter_registry import make_drafter
 from lessonkit.engine import active, kernel
 from lessonkit.engine.generate import generate
+from lessonkit.models.registry import load_model
 from lessonkit.speculative.verify import speculative_generate
 from lessonkit.workloads.corpus import prompts_by_kind
 
@@ -22,12 +26,11 @@ NEW = 10
 
 
 @needs_c
-@pytest.mark.budget(120, "ten drafters x 2 numerics x 2 thread counts, 3 prompts x 3 depths of 10 tokens each")
+@pytest.mark.budget(90, "loads the target and its drafter on the numerics asked, 3 prompts x 3 depths and plain")
 @pytest.mark.parametrize("numerics", ["exact", "int8"])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("model, spec", PAIRS, ids=[f"{m}+{s.split(':')[0]}" for m, s in PAIRS])
 def test_every_shipped_drafter_equals_plain_greedy(model, spec, numerics, threads, tmp_path):
-    from lessonkit.models.registry import load_model
     with active.use(numerics=numerics, threads=threads):
         target = load_model(model)
         d = make_drafter(spec.format(tmp=tmp_path / "suffix"), target)
