@@ -18,8 +18,10 @@ from lessonkit.workloads.corpus import prompts_by_kind
 
 needs_c = pytest.mark.skipif(kernel.BACKEND == "mkl", reason="the C kernel is not the active backend")
 
-# (target, --draft spec): every drafter the workbook ships for its two real targets, `auto` included
-PAIRS = [("tiny-moe", "tiny-draft"), ("tiny-moe", "head"), ("tiny-moe", "ngram"), ("tiny-moe", "auto:{tmp}"),
+# (target, --draft spec): every drafter the workbook ships for its two real targets, `auto` included (this grid took
+# over tests/test_speculative.py's named-drafter test, which ran the draft models and MTP on one setting only)
+PAIRS = [("tiny-moe", "tiny-draft"), ("tiny-moe", "model:tiny-draft-corpus"), ("tiny-moe", "head"),
+         ("tiny-moe", "ngram"), ("tiny-moe", "auto:{tmp}"),
          ("smollm2-135m", "smollm2-draft"), ("smollm2-135m", "mtp"), ("smollm2-135m", "head"),
          ("smollm2-135m", "ngram"), ("smollm2-135m", "suffix:{tmp}"), ("smollm2-135m", "auto:{tmp}")]
 NEW = 10
@@ -29,7 +31,7 @@ NEW = 10
 @pytest.mark.budget(90, "loads the target and its drafter on the numerics asked, 3 prompts x 3 depths and plain")
 @pytest.mark.parametrize("numerics", ["exact", "int8"])
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("model, spec", PAIRS, ids=[f"{m}+{s.split(':')[0]}" for m, s in PAIRS])
+@pytest.mark.parametrize("model, spec", PAIRS, ids=[f"{m}+{s.replace('{tmp}', '').rstrip(':')}" for m, s in PAIRS])
 def test_every_shipped_drafter_equals_plain_greedy(model, spec, numerics, threads, tmp_path):
     with active.use(numerics=numerics, threads=threads):
         target = load_model(model)

@@ -452,27 +452,6 @@ def test_a_c_draft_turn_refuses_what_does_not_fit(tiny):
         d.propose(list(range(d.model.cache.max_len)), 2)
 
 
-@pytest.mark.parametrize("model,drafter", [("tiny-moe", "tiny-draft"), ("tiny-moe", "tiny-draft-corpus"),
-                                           ("smollm2-135m", "smollm2-draft"), ("smollm2-135m", "mtp")])
-def test_greedy_identical_named_drafters(model, drafter):
-    """Every shipped drafter, by its `--draft` name, on its target: k = 1, 3 and auto, one prompt per kind."""
-    from lessonkit.models.registry import SHIPPED, load_model
-    _registry(model)
-    if drafter in SHIPPED:
-        _registry(drafter)
-    eng = load_model(model)
-    d = make_drafter(drafter if drafter in DRAFTERS else f"model:{drafter}", eng)
-    try:
-        for kind, ps in prompts_by_kind(eng, n=1, max_tokens=32).items():
-            ref = generate(eng, ps[0], 12).token_ids
-            for k in (1, 3, "auto"):
-                out = speculative_generate(eng, d, ps[0], 12, k=k, cost=[1.0 + 0.05 * j for j in range(9)])
-                assert out.token_ids == ref, f"{drafter} {kind} k={k}"
-    finally:
-        if hasattr(d, "close"):
-            d.close()
-
-
 def test_drafter_comparison_measures_every_drafter_side_by_side(tiny):
     """Lesson 1's table: the oracle that is never wrong accepts at every position, the one that is always
     wrong at none; every run is checked against plain greedy; c and the prediction come from the run."""
